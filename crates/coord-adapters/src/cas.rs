@@ -1,0 +1,460 @@
+//! The CAS engine: snapshot → decide → txn asserting every key read → on
+//! rejection decide again from the returned entries.
+//!
+//! The window between reading and writing is not wished away: the txn
+//! asserts the version of every key in the [`View`] the decision saw, so a
+//! decision only commits if nothing it read changed. A rejected txn returns
+//! the current entries, so the next decision costs no extra read.
+//!
+//! **One round trip when uncontended.** The engine remembers the last entry
+//! it saw for each key (a bounded cache). A decision over keys it has seen
+//! starts from the cache; keys it has never seen are assumed missing. The
+//! txn's asserts verify the guess: a wrong guess is just a rejected txn that
+//! returns the truth. Decisions that write nothing are confirmed by an
+//! assert-only txn unless they came from one consistent read made in the
+//! same call, so a stale cache never becomes an answer.
+//!
+//! **Indeterminate txns** (connection lost after sending) are resolved by a
+//! fresh snapshot: if every asserted key is still at its asserted version the
+//! txn did not commit and the engine decides again; if every put landed
+//! byte-for-byte it did commit; otherwise the error is returned. This is
+//! sound because every adapter puts a freshly minted token in at least one
+//! value of every commit.
+//!
+//! **Bounded.** After [`CasOptions::max_attempts`] rejected txns the engine
+//! gives up with [`Error::ConflictRetriesExhausted`]; rejections after the
+//! first are followed by a jittered exponential backoff.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use coord_backend::{Assert, Backend, Entry, Error, InvalidInput, Mutation, Version};
+
+/// Tuning of a [`CasEngine`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct CasOptions {
+    /// Txns tried before giving up with [`Error::ConflictRetriesExhausted`].
+    pub max_attempts: u32,
+    /// First backoff after a second rejection; doubles up to `max_backoff`.
+    pub base_backoff: Duration,
+    /// Longest backoff between attempts.
+    pub max_backoff: Duration,
+    /// Start decisions from remembered entries (and "missing" for unseen keys)
+    /// instead of a snapshot: one round trip when the guess is right, two when wrong.
+    pub optimistic: bool,
+    /// How many keys the engine remembers (cleared when full).
+    pub cache_capacity: usize,
+}
+
+impl Default for CasOptions {
+    fn default() -> Self {
+        CasOptions {
+            max_attempts: 64,
+            base_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(50),
+            optimistic: true,
+            cache_capacity: 10_000,
+        }
+    }
+}
+
+/// What a decision returns to the engine.
+#[derive(Debug)]
+pub enum Decision<T> {
+    /// Answer without writing anything.
+    Return(T),
+    /// Apply `mutations` (every written key must be in the view), then answer `then`.
+    Commit {
+        /// The writes; at least one put must carry a freshly minted token.
+        mutations: Vec<Mutation>,
+        /// The answer once the txn applied.
+        then: T,
+    },
+    /// The decision needs more keys (e.g. task dependencies): add them and decide again.
+    Expand(Vec<String>),
+}
+
+/// The keys a decision sees, as of one read (or a best guess the txn will verify).
+#[derive(Clone, Debug, Default)]
+pub struct View {
+    entries: BTreeMap<String, Entry>,
+}
+
+impl View {
+    /// The entry of `key`; missing when the key was not part of the view.
+    pub fn entry(&self, key: &str) -> Entry {
+        self.entries
+            .get(key)
+            .cloned()
+            .unwrap_or_else(|| Entry::missing(key))
+    }
+
+    /// The value of `key`, if it exists.
+    pub fn value(&self, key: &str) -> Option<&[u8]> {
+        self.entries.get(key).and_then(|e| e.value.as_deref())
+    }
+
+    /// The version of `key` ([`Version::MISSING`] when it does not exist).
+    pub fn version(&self, key: &str) -> Version {
+        self.entries
+            .get(key)
+            .map(|e| e.version)
+            .unwrap_or(Version::MISSING)
+    }
+
+    /// Whether `key` is part of the view.
+    pub fn contains(&self, key: &str) -> bool {
+        self.entries.contains_key(key)
+    }
+
+    /// The keys of the view.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+
+    fn asserts(&self) -> Vec<Assert> {
+        self.entries
+            .values()
+            .map(|e| Assert::at(e.key.clone(), e.version))
+            .collect()
+    }
+}
+
+/// Counters of one engine, for benchmarks and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CasStats {
+    /// Snapshots sent.
+    pub snapshots: u64,
+    /// Txns sent (applied or rejected).
+    pub txns: u64,
+    /// Txns rejected because an assert did not hold.
+    pub rejections: u64,
+}
+
+impl CasStats {
+    /// Store calls made (snapshots + txns): each is one round trip on a networked store.
+    pub fn round_trips(&self) -> u64 {
+        self.snapshots + self.txns
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    snapshots: AtomicU64,
+    txns: AtomicU64,
+    rejections: AtomicU64,
+}
+
+/// The CAS loop every adapter decides through. Cheap to clone (shared state).
+#[derive(Clone, Debug)]
+pub struct CasEngine {
+    backend: Arc<dyn Backend>,
+    options: CasOptions,
+    cache: Arc<Mutex<HashMap<String, Entry>>>,
+    counters: Arc<Counters>,
+}
+
+impl CasEngine {
+    /// An engine over `backend` with default options.
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        Self::with_options(backend, CasOptions::default())
+    }
+
+    /// An engine over `backend` with `options`.
+    pub fn with_options(backend: Arc<dyn Backend>, options: CasOptions) -> Self {
+        CasEngine {
+            backend,
+            options,
+            cache: Arc::default(),
+            counters: Arc::default(),
+        }
+    }
+
+    /// The backend this engine writes to.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// Counters since creation.
+    pub fn stats(&self) -> CasStats {
+        CasStats {
+            snapshots: self.counters.snapshots.load(Ordering::Relaxed),
+            txns: self.counters.txns.load(Ordering::Relaxed),
+            rejections: self.counters.rejections.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A consistent snapshot of `keys` (counted, and remembered in the cache).
+    pub async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>, Error> {
+        self.counters.snapshots.fetch_add(1, Ordering::Relaxed);
+        let entries = self.backend.snapshot(keys).await?;
+        self.remember(&entries);
+        Ok(entries)
+    }
+
+    /// Run one decision to completion.
+    ///
+    /// `decide` is called with a view of `keys` (plus any keys it asked for
+    /// with [`Decision::Expand`]) and may be called several times: it must
+    /// be a pure function of the view (and of values it captured, such as
+    /// the time and a minted token). Its own errors end the loop unchanged.
+    pub async fn decide<T, E, F>(&self, keys: &[String], mut decide: F) -> Result<T, E>
+    where
+        F: FnMut(&View) -> Result<Decision<T>, E>,
+        E: From<Error>,
+    {
+        let mut view = View::default();
+        // Whether `view` is exactly one consistent read of every key in it.
+        let mut consistent = false;
+        if self.options.optimistic {
+            self.fill_from_cache(&mut view, keys);
+        } else {
+            self.read_into(&mut view, keys).await?;
+            consistent = true;
+        }
+        let mut rejections = 0u32;
+        let mut expansions = 0u32;
+        loop {
+            match decide(&view)? {
+                Decision::Expand(more) => {
+                    expansions += 1;
+                    if expansions > self.options.max_attempts {
+                        return Err(Error::ConflictRetriesExhausted {
+                            attempts: expansions,
+                        }
+                        .into());
+                    }
+                    let fresh: Vec<String> =
+                        more.into_iter().filter(|k| !view.contains(k)).collect();
+                    if fresh.is_empty() {
+                        return Err(Error::InvalidInput(InvalidInput::Argument(
+                            "decision asked to expand with keys it already has".into(),
+                        ))
+                        .into());
+                    }
+                    if self.options.optimistic {
+                        self.fill_from_cache(&mut view, &fresh);
+                        consistent = false;
+                    } else {
+                        let mut all: Vec<String> = view.keys().map(str::to_owned).collect();
+                        all.extend(fresh);
+                        view = View::default();
+                        self.read_into(&mut view, &all).await?;
+                        consistent = true;
+                    }
+                }
+                Decision::Return(answer) if consistent => return Ok(answer),
+                Decision::Return(answer) => {
+                    // Confirm the guessed view with an assert-only txn.
+                    match self.commit(&mut view, &[]).await? {
+                        true => return Ok(answer),
+                        false => {
+                            consistent = true;
+                            self.after_rejection(&mut rejections).await?;
+                        }
+                    }
+                }
+                Decision::Commit { mutations, then } => {
+                    if let Some(stray) = mutations.iter().find(|m| !view.contains(m.key())) {
+                        return Err(Error::InvalidInput(InvalidInput::Argument(format!(
+                            "decision writes {:?} without having read it",
+                            stray.key()
+                        )))
+                        .into());
+                    }
+                    match self.commit(&mut view, &mutations).await {
+                        Ok(true) => return Ok(then),
+                        Ok(false) => {
+                            consistent = true;
+                            self.after_rejection(&mut rejections).await?;
+                        }
+                        Err(error) if error.is_indeterminate() => {
+                            match self.resolve_indeterminate(&mut view, &mutations).await? {
+                                Some(true) => return Ok(then),
+                                Some(false) => consistent = true,
+                                None => return Err(error.into()),
+                            }
+                        }
+                        Err(error) => return Err(error.into()),
+                    }
+                }
+            }
+        }
+    }
+
+    async fn after_rejection(&self, rejections: &mut u32) -> Result<(), Error> {
+        *rejections += 1;
+        if *rejections >= self.options.max_attempts {
+            return Err(Error::ConflictRetriesExhausted {
+                attempts: *rejections,
+            });
+        }
+        if *rejections > 1 {
+            let exp = self
+                .options
+                .base_backoff
+                .saturating_mul(1 << (*rejections - 2).min(16));
+            let cap = exp.min(self.options.max_backoff);
+            let jittered = cap.mul_f64(rand::random::<f64>());
+            tokio::time::sleep(jittered).await;
+        }
+        Ok(())
+    }
+
+    /// Send the txn; on success update the cache, on rejection refresh `view`.
+    async fn commit(&self, view: &mut View, mutations: &[Mutation]) -> Result<bool, Error> {
+        self.counters.txns.fetch_add(1, Ordering::Relaxed);
+        let outcome = self.backend.txn(&view.asserts(), mutations).await?;
+        if outcome.applied {
+            let written: Vec<Entry> = mutations
+                .iter()
+                .map(|m| match m {
+                    Mutation::Put { key, value } => {
+                        Entry::present(key.clone(), Version(view.version(key).0 + 1), value.clone())
+                    }
+                    // A deleted key reads as missing; its hidden counter is not needed to assert it.
+                    Mutation::Delete { key } => Entry::missing(key.clone()),
+                })
+                .collect();
+            self.remember(&written);
+            Ok(true)
+        } else {
+            self.counters.rejections.fetch_add(1, Ordering::Relaxed);
+            self.remember(&outcome.current);
+            for entry in outcome.current {
+                view.entries.insert(entry.key.clone(), entry);
+            }
+            Ok(false)
+        }
+    }
+
+    /// After an indeterminate txn: `Some(true)` = it committed, `Some(false)`
+    /// = it did not (view refreshed), `None` = cannot tell.
+    async fn resolve_indeterminate(
+        &self,
+        view: &mut View,
+        mutations: &[Mutation],
+    ) -> Result<Option<bool>, Error> {
+        let keys: Vec<String> = view.keys().map(str::to_owned).collect();
+        let mut attempt = 0;
+        let entries = loop {
+            match self.snapshot(&keys).await {
+                Ok(entries) => break entries,
+                Err(e) if e.is_retryable() && attempt < 5 => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(20 << attempt)).await;
+                }
+                Err(_) => return Ok(None),
+            }
+        };
+        let now: HashMap<&str, &Entry> = entries.iter().map(|e| (e.key.as_str(), e)).collect();
+        let untouched = view
+            .entries
+            .values()
+            .all(|e| now.get(e.key.as_str()).map(|n| n.version) == Some(e.version));
+        let puts_landed = mutations.iter().any(|m| matches!(m, Mutation::Put { .. }))
+            && mutations.iter().all(|m| match m {
+                Mutation::Put { key, value } => {
+                    now.get(key.as_str()).and_then(|e| e.value.as_ref()) == Some(value)
+                }
+                Mutation::Delete { key } => now.get(key.as_str()).is_some_and(|e| !e.exists()),
+            });
+        if puts_landed {
+            return Ok(Some(true));
+        }
+        if untouched && !mutations.is_empty() {
+            *view = View::default();
+            for entry in entries {
+                view.entries.insert(entry.key.clone(), entry);
+            }
+            return Ok(Some(false));
+        }
+        Ok(None)
+    }
+
+    async fn read_into(&self, view: &mut View, keys: &[String]) -> Result<(), Error> {
+        for entry in self.snapshot(keys).await? {
+            view.entries.insert(entry.key.clone(), entry);
+        }
+        Ok(())
+    }
+
+    fn fill_from_cache(&self, view: &mut View, keys: &[String]) {
+        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        for key in keys {
+            let entry = cache
+                .get(key)
+                .cloned()
+                .unwrap_or_else(|| Entry::missing(key.clone()));
+            view.entries.insert(key.clone(), entry);
+        }
+    }
+
+    fn remember(&self, entries: &[Entry]) {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() + entries.len() > self.options.cache_capacity {
+            cache.clear();
+        }
+        for entry in entries {
+            cache.insert(entry.key.clone(), entry.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use coord_backend::BackendExt;
+    use coord_memory::SingleProcessMemoryBackend;
+
+    fn counter_step(view: &View) -> Result<Decision<u64>, Error> {
+        let n = view
+            .value("n")
+            .map(|v| String::from_utf8_lossy(v).parse::<u64>().unwrap())
+            .unwrap_or(0);
+        Ok(Decision::Commit {
+            mutations: vec![Mutation::put("n", (n + 1).to_string())],
+            then: n + 1,
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn increments_race_to_exact_total() {
+        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("cas").unwrap());
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let engine = CasEngine::new(backend.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..50 {
+                    engine
+                        .decide::<_, Error, _>(&["n".into()], counter_step)
+                        .await
+                        .unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(backend.get("n").await.unwrap().value.unwrap(), b"400");
+    }
+
+    #[tokio::test]
+    async fn uncontended_decision_costs_one_round_trip() {
+        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("cas").unwrap());
+        let engine = CasEngine::new(backend);
+        engine
+            .decide::<_, Error, _>(&["n".into()], counter_step)
+            .await
+            .unwrap();
+        engine
+            .decide::<_, Error, _>(&["n".into()], counter_step)
+            .await
+            .unwrap();
+        assert_eq!(engine.stats().round_trips(), 2);
+        assert_eq!(engine.stats().rejections, 0);
+    }
+}

@@ -1,0 +1,123 @@
+//! Store URLs: `memory://`, `sqlite://PATH`, `redis://`, `rediss://`,
+//! `postgres://`, `etcd://host:port[,host:port]`, each with an optional
+//! `?namespace=NAME` (default [`DEFAULT_NAMESPACE`]).
+//!
+//! This module only splits a URL into scheme, namespace and the rest; each
+//! store crate interprets the rest, and the `coord` facade crate maps schemes
+//! to stores.
+
+use crate::{validate_namespace, Error, Result};
+
+/// The namespace used when a URL names none.
+pub const DEFAULT_NAMESPACE: &str = "coord";
+
+/// A parsed store URL.
+///
+/// ```
+/// use coord_backend::StoreUrl;
+///
+/// let url = StoreUrl::parse("sqlite://data/coord.db?namespace=billing").unwrap();
+/// assert_eq!(url.scheme(), "sqlite");
+/// assert_eq!(url.namespace(), "billing");
+/// assert_eq!(url.without_namespace(), "sqlite://data/coord.db");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreUrl {
+    scheme: String,
+    namespace: String,
+    without_namespace: String,
+}
+
+impl StoreUrl {
+    /// Parse a store URL; the scheme must be followed by `://`.
+    pub fn parse(raw: &str) -> Result<Self> {
+        let (scheme, rest) = raw.split_once("://").ok_or_else(|| {
+            Error::Config(format!(
+                "store URL {raw:?} has no scheme (expected e.g. sqlite://coord.db)"
+            ))
+        })?;
+        if scheme.is_empty()
+            || !scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '+')
+        {
+            return Err(Error::Config(format!(
+                "store URL {raw:?} has an invalid scheme"
+            )));
+        }
+        let (body, query) = match rest.split_once('?') {
+            Some((body, query)) => (body, Some(query)),
+            None => (rest, None),
+        };
+        let mut namespace = None;
+        let mut kept = Vec::new();
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("namespace", value)) => {
+                    let decoded = url::form_urlencoded::parse(format!("n={value}").as_bytes())
+                        .next()
+                        .map(|(_, v)| v.into_owned())
+                        .unwrap_or_default();
+                    namespace = Some(decoded);
+                }
+                _ => kept.push(pair),
+            }
+        }
+        let namespace = namespace.unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
+        validate_namespace(&namespace)?;
+        let mut without_namespace = format!("{scheme}://{body}");
+        if !kept.is_empty() {
+            without_namespace.push('?');
+            without_namespace.push_str(&kept.join("&"));
+        }
+        Ok(StoreUrl {
+            scheme: scheme.to_ascii_lowercase(),
+            namespace,
+            without_namespace,
+        })
+    }
+
+    /// The scheme, lower-cased (`sqlite`, `redis`, ...).
+    pub fn scheme(&self) -> &str {
+        &self.scheme
+    }
+
+    /// The namespace (from `?namespace=`, or [`DEFAULT_NAMESPACE`]).
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The URL without the `namespace` query parameter, as the store's client expects it.
+    pub fn without_namespace(&self) -> &str {
+        &self.without_namespace
+    }
+
+    /// Everything after `scheme://` and before `?` (a path for SQLite, hosts for etcd).
+    pub fn body(&self) -> &str {
+        let rest = &self.without_namespace[self.scheme.len() + 3..];
+        rest.split_once('?').map(|(b, _)| b).unwrap_or(rest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses() {
+        let u =
+            StoreUrl::parse("postgres://u:p@h:5432/db?sslmode=require&namespace=a%3Ab").unwrap();
+        assert_eq!(u.namespace(), "a:b");
+        assert_eq!(
+            u.without_namespace(),
+            "postgres://u:p@h:5432/db?sslmode=require"
+        );
+        assert_eq!(u.body(), "u:p@h:5432/db");
+        assert_eq!(
+            StoreUrl::parse("memory://").unwrap().namespace(),
+            DEFAULT_NAMESPACE
+        );
+        assert!(StoreUrl::parse("nope").is_err());
+        assert!(StoreUrl::parse("memory://?namespace={x}").is_err());
+    }
+}

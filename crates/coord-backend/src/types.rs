@@ -1,0 +1,161 @@
+use std::fmt;
+
+/// The version of one key: 0 means "the key does not exist".
+///
+/// A store bumps a key's version by exactly 1 on every successful write (put
+/// or delete) and never hands out the same version twice for one key, also
+/// after a delete and a re-create: a deleted key keeps a tombstone (or an
+/// equivalent counter) so that a stale assert can never pass again (ABA).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Version(pub u64);
+
+impl Version {
+    /// The version of a key that does not exist (never written, or deleted).
+    pub const MISSING: Version = Version(0);
+
+    /// Whether this is [`Version::MISSING`].
+    pub fn is_missing(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+/// One key as a snapshot (or a rejected txn) saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// The key, relative to the backend's namespace.
+    pub key: String,
+    /// The current version; [`Version::MISSING`] when the key does not exist.
+    pub version: Version,
+    /// The current value (an independent copy); `None` when the key does not exist.
+    pub value: Option<Vec<u8>>,
+}
+
+impl Entry {
+    /// An entry for a key that does not exist.
+    pub fn missing(key: impl Into<String>) -> Self {
+        Entry {
+            key: key.into(),
+            version: Version::MISSING,
+            value: None,
+        }
+    }
+
+    /// An entry for an existing key.
+    pub fn present(key: impl Into<String>, version: Version, value: Vec<u8>) -> Self {
+        Entry {
+            key: key.into(),
+            version,
+            value: Some(value),
+        }
+    }
+
+    /// Whether the key exists.
+    pub fn exists(&self) -> bool {
+        self.value.is_some()
+    }
+}
+
+/// A txn precondition: the key's current version must equal `version`
+/// ([`Version::MISSING`] = "the key must not exist").
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Assert {
+    /// The key, relative to the backend's namespace.
+    pub key: String,
+    /// The version the key must have right now.
+    pub version: Version,
+}
+
+impl Assert {
+    /// Assert that `key` is at `version`.
+    pub fn at(key: impl Into<String>, version: Version) -> Self {
+        Assert {
+            key: key.into(),
+            version,
+        }
+    }
+
+    /// Assert that `key` does not exist.
+    pub fn missing(key: impl Into<String>) -> Self {
+        Assert::at(key, Version::MISSING)
+    }
+}
+
+/// A write applied by a successful txn. Each written key's version moves by exactly 1.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mutation {
+    /// Create or overwrite `key` with `value`.
+    Put {
+        /// The key, relative to the backend's namespace.
+        key: String,
+        /// The new value.
+        value: Vec<u8>,
+    },
+    /// Delete `key`. Its version still moves by 1 (kept in a tombstone), so a
+    /// later re-create gets a version never seen before. Deleting a missing
+    /// key is allowed and still bumps the hidden counter.
+    Delete {
+        /// The key, relative to the backend's namespace.
+        key: String,
+    },
+}
+
+impl Mutation {
+    /// A put.
+    pub fn put(key: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        Mutation::Put {
+            key: key.into(),
+            value: value.into(),
+        }
+    }
+
+    /// A delete.
+    pub fn delete(key: impl Into<String>) -> Self {
+        Mutation::Delete { key: key.into() }
+    }
+
+    /// The key this mutation writes.
+    pub fn key(&self) -> &str {
+        match self {
+            Mutation::Put { key, .. } | Mutation::Delete { key } => key,
+        }
+    }
+}
+
+/// The answer of [`Backend::txn`](crate::Backend::txn).
+///
+/// `applied = false` is a normal answer, not an error: some assert did not
+/// hold and nothing was written. `current` then holds the entries of every
+/// asserted key as the store saw them when it checked (one per distinct key,
+/// in assert order), so a CAS loop can decide again without another round
+/// trip. When `applied = true`, `current` is empty.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TxnOutcome {
+    /// Whether every assert held and every mutation was applied.
+    pub applied: bool,
+    /// On rejection: the current entries of the asserted keys. Empty when applied.
+    pub current: Vec<Entry>,
+}
+
+impl TxnOutcome {
+    /// A successful txn.
+    pub fn applied() -> Self {
+        TxnOutcome {
+            applied: true,
+            current: Vec::new(),
+        }
+    }
+
+    /// A rejected txn with the current entries of the asserted keys.
+    pub fn rejected(current: Vec<Entry>) -> Self {
+        TxnOutcome {
+            applied: false,
+            current,
+        }
+    }
+}

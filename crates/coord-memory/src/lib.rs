@@ -1,0 +1,177 @@
+//! The in-process reference store: **atomic within one process only**.
+//!
+//! [`SingleProcessMemoryBackend`] keeps every namespace in a map behind one
+//! mutex. The three primitives are exactly atomic, but only for callers that
+//! share the same instance in the same process. Two processes (or two
+//! instances) each have their own map: used as a "distributed" store it
+//! silently dedupes nothing. It exists as the floor under the adapters'
+//! contract suites and as the shape to copy when writing a real store.
+//!
+//! ```
+//! use coord_backend::{Assert, Backend, Mutation};
+//! use coord_memory::SingleProcessMemoryBackend;
+//!
+//! # tokio_test();
+//! # fn tokio_test() {
+//! # let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+//! # rt.block_on(async {
+//! let store = SingleProcessMemoryBackend::new("demo").unwrap();
+//! let out = store
+//!     .txn(&[Assert::missing("k")], &[Mutation::put("k", b"v".to_vec())])
+//!     .await
+//!     .unwrap();
+//! assert!(out.applied);
+//! # });
+//! # }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use async_trait::async_trait;
+use coord_backend::{
+    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, Entry,
+    Limits, Mutation, Result, TxnOutcome, Version,
+};
+
+/// One key's cell: its version counter survives deletes (tombstone = `value: None`).
+#[derive(Clone, Debug, Default)]
+struct Cell {
+    version: u64,
+    value: Option<Vec<u8>>,
+}
+
+type Namespace = BTreeMap<String, Cell>;
+
+/// Process-wide shared maps for [`SingleProcessMemoryBackend::shared`], one per name.
+fn registry() -> &'static Mutex<HashMap<String, Arc<Mutex<Namespace>>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<String, Arc<Mutex<Namespace>>>>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// The in-process reference backend. Its atomicity comes from a mutex in this
+/// process: **never use it to coordinate two processes.**
+#[derive(Clone, Debug)]
+pub struct SingleProcessMemoryBackend {
+    namespace: String,
+    cells: Arc<Mutex<Namespace>>,
+    limits: Limits,
+}
+
+impl SingleProcessMemoryBackend {
+    /// A fresh, empty store for `namespace`.
+    pub fn new(namespace: &str) -> Result<Self> {
+        validate_namespace(namespace)?;
+        Ok(SingleProcessMemoryBackend {
+            namespace: namespace.to_owned(),
+            cells: Arc::default(),
+            limits: Limits::DEFAULT,
+        })
+    }
+
+    /// The store `memory://?namespace=NAME` names: every call with the same
+    /// namespace in this process returns a handle on the same map.
+    pub fn shared(namespace: &str) -> Result<Self> {
+        validate_namespace(namespace)?;
+        let mut registry = registry().lock().unwrap_or_else(|e| e.into_inner());
+        let cells = registry.entry(namespace.to_owned()).or_default().clone();
+        Ok(SingleProcessMemoryBackend {
+            namespace: namespace.to_owned(),
+            cells,
+            limits: Limits::DEFAULT,
+        })
+    }
+
+    /// The same store with other limits (tests of large values).
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Namespace> {
+        // A panic while holding the lock cannot leave a half-applied txn:
+        // mutations are applied only after every check passed, without panicking paths.
+        self.cells.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn entry_of(cells: &Namespace, key: &str) -> Entry {
+    match cells.get(key) {
+        Some(Cell {
+            version,
+            value: Some(value),
+        }) => Entry::present(key, Version(*version), value.clone()),
+        _ => Entry::missing(key),
+    }
+}
+
+fn current_version(cells: &Namespace, key: &str) -> Version {
+    match cells.get(key) {
+        Some(Cell {
+            version,
+            value: Some(_),
+        }) => Version(*version),
+        _ => Version::MISSING,
+    }
+}
+
+#[async_trait]
+impl Backend for SingleProcessMemoryBackend {
+    fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
+        validate_keys(keys, &self.limits)?;
+        let cells = self.lock();
+        let mut seen = std::collections::HashSet::new();
+        Ok(keys
+            .iter()
+            .filter(|k| seen.insert(k.as_str()))
+            .map(|k| entry_of(&cells, k))
+            .collect())
+    }
+
+    async fn txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
+        validate_txn(asserts, mutations, &self.limits)?;
+        let mut cells = self.lock();
+        if asserts
+            .iter()
+            .any(|a| current_version(&cells, &a.key) != a.version)
+        {
+            let mut seen = std::collections::HashSet::new();
+            let current = asserts
+                .iter()
+                .filter(|a| seen.insert(a.key.as_str()))
+                .map(|a| entry_of(&cells, &a.key))
+                .collect();
+            return Ok(TxnOutcome::rejected(current));
+        }
+        for mutation in mutations {
+            let cell = cells.entry(mutation.key().to_owned()).or_default();
+            cell.version += 1;
+            cell.value = match mutation {
+                Mutation::Put { value, .. } => Some(value.clone()),
+                Mutation::Delete { .. } => None,
+            };
+        }
+        Ok(TxnOutcome::applied())
+    }
+
+    async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
+        validate_prefix(prefix, &self.limits)?;
+        let cells = self.lock();
+        Ok(cells
+            .range(prefix.to_owned()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .filter(|(_, c)| c.value.is_some())
+            .map(|(k, _)| k.clone())
+            .collect())
+    }
+}
