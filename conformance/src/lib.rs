@@ -25,6 +25,11 @@
 mod harness;
 
 pub mod backend;
+pub mod board;
+pub mod fault;
+pub mod lock;
+pub mod scheduler;
+pub mod sideeffect;
 
 pub use harness::{
     factory, run_case, run_cases, unique_namespace, BackendFactory, BoxFuture, Case, CaseReport,

@@ -8,7 +8,10 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
+pub mod board;
 pub mod cas;
+pub mod lock;
+pub mod sideeffect;
 pub mod token;
 
 pub use cas::{CasEngine, CasOptions, CasStats, Decision, View};

@@ -1,0 +1,1 @@
+//! The board suite (not written yet).

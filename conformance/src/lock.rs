@@ -1,0 +1,1 @@
+//! The lock suite (not written yet).

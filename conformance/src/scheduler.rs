@@ -1,0 +1,1 @@
+//! The scheduler suite (not written yet).

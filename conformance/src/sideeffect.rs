@@ -1,0 +1,1 @@
+//! The sideeffect suite (not written yet).

@@ -1,0 +1,1 @@
+//! board adapter (not written yet).

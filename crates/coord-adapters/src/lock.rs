@@ -1,0 +1,1 @@
+//! lock adapter (not written yet).

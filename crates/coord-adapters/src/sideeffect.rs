@@ -1,0 +1,1 @@
+//! sideeffect adapter (not written yet).
