@@ -140,3 +140,21 @@ pub async fn run_cases(
     }
     reports
 }
+
+/// The value of a test-server variable such as `COORD_TEST_REDIS_URL`.
+///
+/// When it is unset this prints a loud `SKIPPED` line and returns `None`,
+/// unless `COORD_REQUIRE_SERVERS=1` (set by CI), where a missing server is a
+/// failure and this panics.
+pub fn server_env(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(value) if !value.trim().is_empty() => Some(value),
+        _ => {
+            if std::env::var("COORD_REQUIRE_SERVERS").as_deref() == Ok("1") {
+                panic!("{var} is unset but COORD_REQUIRE_SERVERS=1: a skipped store is a failure");
+            }
+            eprintln!("SKIPPED: {var} is unset; the tests of this store did not run");
+            None
+        }
+    }
+}
