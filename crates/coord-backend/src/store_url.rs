@@ -92,6 +92,13 @@ impl StoreUrl {
         &self.without_namespace
     }
 
+    /// The same store under another namespace, as a URL string.
+    pub fn with_namespace(&self, namespace: &str) -> String {
+        let encoded: String = url::form_urlencoded::byte_serialize(namespace.as_bytes()).collect();
+        let sep = if self.without_namespace.contains('?') { '&' } else { '?' };
+        format!("{}{sep}namespace={encoded}", self.without_namespace)
+    }
+
     /// Everything after `scheme://` and before `?` (a path for SQLite, hosts for etcd).
     pub fn body(&self) -> &str {
         let rest = &self.without_namespace[self.scheme.len() + 3..];
@@ -118,6 +125,9 @@ mod tests {
             DEFAULT_NAMESPACE
         );
         assert!(StoreUrl::parse("nope").is_err());
+        let again = StoreUrl::parse(&u.with_namespace("x y")).unwrap();
+        assert_eq!(again.namespace(), "x y");
+        assert_eq!(again.without_namespace(), u.without_namespace());
         assert!(StoreUrl::parse("memory://?namespace={x}").is_err());
     }
 }

@@ -1,3 +1,83 @@
-//! coord (work in progress).
+//! coord: distributed coordination decided once, run on any atomic store.
+//!
+//! This facade picks a store from a URL and re-exports the layers:
+//! [`backend`] (the three primitives), [`adapters`] (locks, task board, side
+//! effects, all decided by one CAS engine).
+//!
+//! | URL | store | atomic across |
+//! | --- | --- | --- |
+//! | `memory://?namespace=NS` | [`coord_memory::SingleProcessMemoryBackend`] | ONE process only (tests, demos) |
+//! | `sqlite://PATH` | `coord_sqlite` (feature `sqlite`) | the processes of one host |
+//! | `redis://`, `rediss://`, `redis+cluster://` | `coord_redis` (feature `redis`) | one Redis primary (see docs/shapes.md) |
+//! | `postgres://`, `postgresql://` | `coord_postgres` (feature `postgres`) | the database |
+//! | `etcd://host:port[,host:port]` | `coord_etcd` (feature `etcd`) | the etcd cluster (raft) |
+//!
+//! Every URL takes `?namespace=NAME` (default `coord`): applications sharing
+//! one store never see each other's keys.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), coord::backend::Error> {
+//! use coord::backend::{Assert, Mutation};
+//!
+//! let store = coord::connect("memory://?namespace=example").await?;
+//! let out = store
+//!     .txn(&[Assert::missing("greeting")], &[Mutation::put("greeting", b"hello".to_vec())])
+//!     .await?;
+//! assert!(out.applied);
+//! # Ok(())
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
+
+use std::sync::Arc;
+
+pub use coord_adapters as adapters;
+pub use coord_backend as backend;
+
+use coord_backend::{Backend, Error, Result, StoreUrl};
+
+/// Open the store a URL names. See the table in the crate docs.
+pub async fn connect(url: &str) -> Result<Arc<dyn Backend>> {
+    let parsed = StoreUrl::parse(url)?;
+    match parsed.scheme() {
+        "memory" => {
+            if !parsed.body().is_empty() {
+                return Err(Error::Config(format!(
+                    "memory:// takes no path (got {:?}); use memory://?namespace=NAME",
+                    parsed.body()
+                )));
+            }
+            Ok(Arc::new(coord_memory::SingleProcessMemoryBackend::shared(
+                parsed.namespace(),
+            )?))
+        }
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Arc::new(coord_sqlite::SqliteBackend::connect(&parsed).await?)),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
+            Ok(Arc::new(coord_redis::RedisBackend::connect(&parsed).await?))
+        }
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Arc::new(
+            coord_postgres::PostgresBackend::connect(&parsed).await?,
+        )),
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => Ok(Arc::new(coord_etcd::EtcdBackend::connect(&parsed).await?)),
+        other => Err(Error::Config(format!(
+            "unknown store scheme {other:?} (known: memory, sqlite, redis, rediss, redis+cluster, postgres, etcd; \
+             a store may also be compiled out by a cargo feature)"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn unknown_scheme_is_a_config_error() {
+        let err = super::connect("nope://x").await.unwrap_err();
+        assert!(matches!(err, coord_backend::Error::Config(_)), "{err}");
+        assert!(super::connect("memory://some/path").await.is_err());
+    }
+}

@@ -1,4 +1,60 @@
-//! coordctl (work in progress).
+//! `coordctl`: run the demo, check a store against every contract suite,
+//! benchmark it, and (for operators) inspect and reconcile side effects.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
-fn main() {}
+
+mod conformance;
+mod demo;
+mod progress;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// coord's command-line tool.
+#[derive(Debug, Parser)]
+#[command(name = "coordctl", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Race several worker processes on shared keys of one store and check the totals.
+    Demo(demo::DemoArgs),
+    /// Run every contract suite against a store URL and print a pass/fail table.
+    Conformance(conformance::ConformanceArgs),
+    /// Internal: one worker process of `demo`.
+    #[command(hide = true)]
+    DemoWorker(demo::WorkerArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("coordctl: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Demo(args) => demo::run(args).await,
+            Command::DemoWorker(args) => demo::worker(args).await,
+            Command::Conformance(args) => conformance::run(args).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("coordctl: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
