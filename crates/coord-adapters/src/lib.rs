@@ -5,6 +5,13 @@
 //! EVERY key the decision read; when the txn is rejected, decide again from
 //! the entries it returned. Stores only make the primitives atomic; no
 //! adapter knows which store it runs on.
+//!
+//! - [`cas`]: the CAS engine every adapter decides through.
+//! - [`lock`]: locks with fencing tokens ([`GenericLock`] over any backend),
+//!   waiting acquisition and a renewing [`LockGuard`].
+//! - [`board`]: a task board with dependencies and takeover generations.
+//! - [`sideeffect`]: at-most-once side effects: the store adapter, the
+//!   [`Runner`], [`sideeffect::FencedSink`] and reconciliation.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
@@ -14,5 +21,12 @@ pub mod lock;
 pub mod sideeffect;
 pub mod token;
 
+pub use board::{Board, BoardAdapter, BoardError};
 pub use cas::{CasEngine, CasOptions, CasStats, Decision, View};
+pub use lock::{GenericLock, Lock, LockError, LockExt, LockGuard, LockHandle};
+pub use sideeffect::{Runner, SideEffectAdapter, SideEffectError, SideEffectStore};
 pub use token::mint_token;
+
+/// Re-exported so other crates can implement [`Backend`](coord_backend::Backend),
+/// [`Lock`], [`Board`] or [`SideEffectStore`] without naming the dependency.
+pub use async_trait::async_trait;

@@ -1,0 +1,722 @@
+//! The lock and board suites on the in-process memory store, and proof that
+//! each suite goes red on deliberately broken adapters (a check that cannot
+//! fail is a defect).
+//!
+//! The broken adapters are small in-process doubles with one bug switched on
+//! at a time. Each double with no bug switched on passes every check, so a
+//! red check below is caused by the bug, not by the double.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+use coord_adapters::board::{
+    validate_claim, validate_task_id, Board, BoardError, ClaimedTask, Task, TaskSpec, TaskState,
+};
+use coord_adapters::lock::{
+    async_trait, validate_lock_input, GenericLock, Lock, LockError, LockHandle, LockOptions,
+    LostReason,
+};
+use coord_adapters::mint_token;
+use coord_backend::{Backend, Clock, ManualClock, Mutation, SystemClock};
+use coord_conformance::board::{self as board_suite, board_factory, BoardEnv};
+use coord_conformance::lock::{self as lock_suite, lock_factory, LockEnv, TimeControl};
+use coord_conformance::{factory, unique_namespace, BackendFactory, CheckResult};
+use coord_memory::SingleProcessMemoryBackend;
+
+fn memory() -> BackendFactory {
+    factory(|namespace| async move {
+        Ok(Arc::new(SingleProcessMemoryBackend::shared(&namespace)?) as Arc<dyn Backend>)
+    })
+}
+
+/// The generic adapters on the memory store, time moved by a `ManualClock`.
+mod generic_lock {
+    coord_conformance::lock_tests!(super::memory());
+}
+
+mod generic_board {
+    coord_conformance::board_tests!(super::memory());
+}
+
+/// The generic lock again, judging time with the system clock: runs the
+/// real-time paths of the suite that native locks (Redis, ...) will use.
+mod real_time_lock {
+    use super::*;
+
+    fn env() -> LockEnv {
+        let namespace = unique_namespace("real_time_lock");
+        LockEnv::new(
+            lock_factory(move || {
+                let namespace = namespace.clone();
+                async move {
+                    let backend = Arc::new(SingleProcessMemoryBackend::shared(&namespace)?);
+                    let options = LockOptions::default().with_clock(Arc::new(SystemClock));
+                    Ok(Arc::new(GenericLock::with_options(backend, options)) as Arc<dyn Lock>)
+                }
+            }),
+            TimeControl::Real {
+                ttl: Duration::from_millis(500),
+            },
+        )
+    }
+
+    coord_conformance::native_lock_tests!(env());
+}
+
+async fn must_fail(check: impl Future<Output = CheckResult>, what: &str) {
+    match check.await {
+        Err(failure) => eprintln!("{what}: red as expected: {failure}"),
+        Ok(()) => panic!("{what}: the check passed against a deliberately broken adapter"),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Broken locks
+
+#[derive(Clone, Copy, Debug, Default)]
+struct LockBugs {
+    /// release frees the key whatever the handle.
+    release_ignores_token: bool,
+    /// renew extends whoever holds the key.
+    renew_ignores_token: bool,
+    /// every grant gets fence 1.
+    fence_not_bumped: bool,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    fence: u64,
+    holder: Option<(String, u64)>,
+}
+
+/// A mutex-backed lock with switchable bugs (one process; a test double).
+#[derive(Debug)]
+struct BuggyLock {
+    slots: Mutex<HashMap<String, Slot>>,
+    clock: Arc<ManualClock>,
+    bugs: LockBugs,
+}
+
+impl BuggyLock {
+    fn env(bugs: LockBugs) -> LockEnv {
+        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+        let lock: Arc<dyn Lock> = Arc::new(BuggyLock {
+            slots: Mutex::default(),
+            clock: clock.clone(),
+            bugs,
+        });
+        LockEnv::new(
+            lock_factory(move || {
+                let lock = lock.clone();
+                async move { Ok(lock) }
+            }),
+            TimeControl::Manual(clock),
+        )
+    }
+
+    fn lost(handle: &LockHandle) -> LockError {
+        LockError::Lost {
+            key: handle.key().to_owned(),
+            reason: LostReason::NotHeld,
+        }
+    }
+}
+
+#[async_trait]
+impl Lock for BuggyLock {
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
+        validate_lock_input(key, ttl)?;
+        let now = self.clock.now_millis();
+        let mut slots = self.slots.lock().unwrap();
+        let slot = slots.entry(key.to_owned()).or_default();
+        if slot.holder.as_ref().is_some_and(|(_, exp)| *exp > now) {
+            return Ok(None);
+        }
+        slot.fence = if self.bugs.fence_not_bumped {
+            1
+        } else {
+            slot.fence + 1
+        };
+        let token = mint_token();
+        let expires = now + ttl.as_millis() as u64;
+        slot.holder = Some((token.clone(), expires));
+        Ok(Some(LockHandle::new(
+            key,
+            token,
+            slot.fence,
+            ttl,
+            UNIX_EPOCH + Duration::from_millis(expires),
+        )))
+    }
+
+    async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
+        let now = self.clock.now_millis();
+        let mut slots = self.slots.lock().unwrap();
+        let slot = slots.entry(handle.key().to_owned()).or_default();
+        match &mut slot.holder {
+            Some((token, exp))
+                if *exp > now && (self.bugs.renew_ignores_token || token == handle.token()) =>
+            {
+                *exp = now + handle.ttl().as_millis() as u64;
+                Ok(())
+            }
+            _ => Err(Self::lost(handle)),
+        }
+    }
+
+    async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
+        let now = self.clock.now_millis();
+        let mut slots = self.slots.lock().unwrap();
+        let slot = slots.entry(handle.key().to_owned()).or_default();
+        let holds = slot
+            .holder
+            .as_ref()
+            .is_some_and(|(token, exp)| *exp > now && token == handle.token());
+        if holds || self.bugs.release_ignores_token {
+            slot.holder = None;
+            Ok(())
+        } else {
+            Err(Self::lost(&handle))
+        }
+    }
+}
+
+/// A lock over the store that reads, decides, then writes WITHOUT asserting
+/// what it read (the "read-decide-write in three calls" anti-pattern).
+#[derive(Debug)]
+struct CheckThenWriteLock {
+    backend: Arc<dyn Backend>,
+    clock: Arc<ManualClock>,
+}
+
+impl CheckThenWriteLock {
+    fn env() -> LockEnv {
+        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+        let namespace = unique_namespace("check_then_write");
+        let lock_clock = clock.clone();
+        LockEnv::new(
+            lock_factory(move || {
+                let namespace = namespace.clone();
+                let clock = lock_clock.clone();
+                async move {
+                    let backend = Arc::new(SingleProcessMemoryBackend::shared(&namespace)?);
+                    Ok(Arc::new(CheckThenWriteLock { backend, clock }) as Arc<dyn Lock>)
+                }
+            }),
+            TimeControl::Manual(clock),
+        )
+    }
+
+    /// `(fence, token, expires_ms)`; token empty = free.
+    async fn read(&self, key: &str) -> Result<(u64, String, u64), LockError> {
+        let entry = self.backend.snapshot(&[key.to_owned()]).await?.remove(0);
+        let Some(value) = entry.value else {
+            return Ok((0, String::new(), 0));
+        };
+        let text = String::from_utf8(value).unwrap();
+        let mut parts = text.split(' ');
+        let fence = parts.next().unwrap().parse().unwrap();
+        let token = parts.next().unwrap().to_owned();
+        let expires = parts.next().unwrap().parse().unwrap();
+        Ok((fence, token, expires))
+    }
+
+    async fn write(
+        &self,
+        key: &str,
+        fence: u64,
+        token: &str,
+        expires: u64,
+    ) -> Result<(), LockError> {
+        let value = format!("{fence} {token} {expires}");
+        self.backend.txn(&[], &[Mutation::put(key, value)]).await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Lock for CheckThenWriteLock {
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
+        validate_lock_input(key, ttl)?;
+        let now = self.clock.now_millis();
+        let (fence, token, expires) = self.read(key).await?;
+        if !token.is_empty() && expires > now {
+            return Ok(None);
+        }
+        // The bug: the decision is not asserted at write time. The pause only
+        // widens the window every such implementation has.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let token = mint_token();
+        let expires = now + ttl.as_millis() as u64;
+        self.write(key, fence + 1, &token, expires).await?;
+        Ok(Some(LockHandle::new(
+            key,
+            token,
+            fence + 1,
+            ttl,
+            UNIX_EPOCH + Duration::from_millis(expires),
+        )))
+    }
+
+    async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
+        let now = self.clock.now_millis();
+        let (fence, token, expires) = self.read(handle.key()).await?;
+        if token != handle.token() || expires <= now {
+            return Err(BuggyLock::lost(handle));
+        }
+        let expires = now + handle.ttl().as_millis() as u64;
+        self.write(handle.key(), fence, &token, expires).await
+    }
+
+    async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
+        let now = self.clock.now_millis();
+        let (fence, token, expires) = self.read(handle.key()).await?;
+        if token != handle.token() || expires <= now {
+            return Err(BuggyLock::lost(&handle));
+        }
+        self.write(handle.key(), fence, "", 0).await
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Broken boards
+
+#[derive(Clone, Copy, Debug, Default)]
+struct BoardBugs {
+    claim_ignores_deps: bool,
+    renew_ignores_token: bool,
+    release_ignores_token: bool,
+    generation_not_bumped: bool,
+    /// claim checks, pauses, then writes: not atomic.
+    racy_claim: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Rec {
+    spec: TaskSpec,
+    generation: u64,
+    /// (agent, token, expires_ms)
+    claim: Option<(String, String, u64)>,
+    /// (agent, result)
+    done: Option<(String, Vec<u8>)>,
+}
+
+/// A mutex-backed board with switchable bugs (one process; a test double).
+#[derive(Debug)]
+struct BuggyBoard {
+    tasks: Mutex<BTreeMap<String, Rec>>,
+    clock: Arc<ManualClock>,
+    bugs: BoardBugs,
+}
+
+impl BuggyBoard {
+    fn env(bugs: BoardBugs) -> BoardEnv {
+        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+        let board: Arc<dyn Board> = Arc::new(BuggyBoard {
+            tasks: Mutex::default(),
+            clock: clock.clone(),
+            bugs,
+        });
+        BoardEnv::new(
+            board_factory(move || {
+                let board = board.clone();
+                async move { Ok(board) }
+            }),
+            clock,
+        )
+    }
+
+    fn task(rec: &Rec, now: u64) -> Task {
+        let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+        let state = match (&rec.done, &rec.claim) {
+            (Some((agent, result)), _) => TaskState::Completed {
+                agent: agent.clone(),
+                result: result.clone(),
+            },
+            (None, Some((agent, _, exp))) if *exp > now => TaskState::Claimed {
+                agent: agent.clone(),
+                expires_at: at(*exp),
+            },
+            (None, Some((agent, _, exp))) => TaskState::Expired {
+                agent: agent.clone(),
+                expired_at: at(*exp),
+            },
+            (None, None) => TaskState::Open,
+        };
+        Task {
+            id: rec.spec.id.clone(),
+            payload: rec.spec.payload.clone(),
+            deps: rec.spec.deps.clone(),
+            generation: rec.generation,
+            state,
+        }
+    }
+
+    /// The live claim's token must match (unless `ignore`), else LeaseLost.
+    fn holder<'a>(
+        tasks: &'a mut BTreeMap<String, Rec>,
+        id: &str,
+        token: &str,
+        now: u64,
+        ignore: bool,
+    ) -> Result<&'a mut Rec, BoardError> {
+        let rec = tasks
+            .get_mut(id)
+            .ok_or_else(|| BoardError::NotFound { id: id.to_owned() })?;
+        if rec.done.is_some() {
+            return Err(BoardError::Completed { id: id.to_owned() });
+        }
+        match &rec.claim {
+            Some((_, t, exp)) if *exp > now && (ignore || t == token) => Ok(rec),
+            _ => Err(BoardError::LeaseLost { id: id.to_owned() }),
+        }
+    }
+}
+
+#[async_trait]
+impl Board for BuggyBoard {
+    async fn add(&self, task: TaskSpec) -> Result<(), BoardError> {
+        validate_task_id(&task.id)?;
+        for dep in &task.deps {
+            validate_task_id(dep)?;
+            if *dep == task.id {
+                return Err(BoardError::Invalid(coord_backend::InvalidInput::Argument(
+                    "self dependency".into(),
+                )));
+            }
+        }
+        let mut tasks = self.tasks.lock().unwrap();
+        match tasks.get(&task.id) {
+            Some(rec) if rec.spec == task => Ok(()),
+            Some(_) => Err(BoardError::AlreadyExists { id: task.id }),
+            None => {
+                let rec = Rec {
+                    spec: task,
+                    generation: 0,
+                    claim: None,
+                    done: None,
+                };
+                tasks.insert(rec.spec.id.clone(), rec);
+                Ok(())
+            }
+        }
+    }
+
+    async fn claim(&self, id: &str, agent: &str, ttl: Duration) -> Result<ClaimedTask, BoardError> {
+        validate_claim(id, agent, ttl)?;
+        let now = self.clock.now_millis();
+        let decide = |tasks: &BTreeMap<String, Rec>| -> Result<Rec, BoardError> {
+            let rec = tasks
+                .get(id)
+                .ok_or_else(|| BoardError::NotFound { id: id.to_owned() })?;
+            if rec.done.is_some() {
+                return Err(BoardError::Completed { id: id.to_owned() });
+            }
+            if let Some((holder, _, exp)) = &rec.claim {
+                if *exp > now {
+                    return Err(BoardError::AlreadyClaimed {
+                        id: id.to_owned(),
+                        agent: holder.clone(),
+                        expires_at: UNIX_EPOCH + Duration::from_millis(*exp),
+                    });
+                }
+            }
+            let pending: Vec<String> = rec
+                .spec
+                .deps
+                .iter()
+                .filter(|d| !tasks.get(*d).is_some_and(|r| r.done.is_some()))
+                .cloned()
+                .collect();
+            if !pending.is_empty() && !self.bugs.claim_ignores_deps {
+                return Err(BoardError::DependenciesNotMet {
+                    id: id.to_owned(),
+                    pending,
+                });
+            }
+            Ok(rec.clone())
+        };
+        let mut rec = if self.bugs.racy_claim {
+            let rec = decide(&self.tasks.lock().unwrap())?;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            rec
+        } else {
+            decide(&self.tasks.lock().unwrap())?
+        };
+        let mut tasks = self.tasks.lock().unwrap();
+        if !self.bugs.racy_claim {
+            // Decide again under the same lock hold as the write.
+            rec = decide(&tasks)?;
+        }
+        let token = mint_token();
+        let expires = now + ttl.as_millis() as u64;
+        if !self.bugs.generation_not_bumped || rec.generation == 0 {
+            rec.generation += 1;
+        }
+        rec.claim = Some((agent.to_owned(), token.clone(), expires));
+        tasks.insert(id.to_owned(), rec.clone());
+        Ok(ClaimedTask {
+            id: id.to_owned(),
+            payload: rec.spec.payload,
+            deps: rec.spec.deps,
+            agent: agent.to_owned(),
+            token,
+            generation: rec.generation,
+            expires_at: UNIX_EPOCH + Duration::from_millis(expires),
+        })
+    }
+
+    async fn renew(&self, id: &str, token: &str, ttl: Duration) -> Result<ClaimedTask, BoardError> {
+        validate_claim(id, "renewer", ttl)?;
+        let now = self.clock.now_millis();
+        let mut tasks = self.tasks.lock().unwrap();
+        let rec = Self::holder(&mut tasks, id, token, now, self.bugs.renew_ignores_token)?;
+        let (agent, held_token, _) = rec.claim.clone().unwrap();
+        let expires = now + ttl.as_millis() as u64;
+        rec.claim = Some((agent.clone(), held_token, expires));
+        Ok(ClaimedTask {
+            id: id.to_owned(),
+            payload: rec.spec.payload.clone(),
+            deps: rec.spec.deps.clone(),
+            agent,
+            token: token.to_owned(),
+            generation: rec.generation,
+            expires_at: UNIX_EPOCH + Duration::from_millis(expires),
+        })
+    }
+
+    async fn release(&self, id: &str, token: &str) -> Result<(), BoardError> {
+        let now = self.clock.now_millis();
+        let mut tasks = self.tasks.lock().unwrap();
+        let rec = Self::holder(&mut tasks, id, token, now, self.bugs.release_ignores_token)?;
+        rec.claim = None;
+        Ok(())
+    }
+
+    async fn complete(&self, id: &str, token: &str, result: Vec<u8>) -> Result<(), BoardError> {
+        let now = self.clock.now_millis();
+        let mut tasks = self.tasks.lock().unwrap();
+        let rec = Self::holder(&mut tasks, id, token, now, false)?;
+        let agent = rec.claim.take().unwrap().0;
+        rec.done = Some((agent, result));
+        Ok(())
+    }
+
+    async fn get(&self, id: &str) -> Result<Task, BoardError> {
+        validate_task_id(id)?;
+        let now = self.clock.now_millis();
+        let tasks = self.tasks.lock().unwrap();
+        tasks
+            .get(id)
+            .map(|rec| Self::task(rec, now))
+            .ok_or_else(|| BoardError::NotFound { id: id.to_owned() })
+    }
+
+    async fn list(&self) -> Result<Vec<Task>, BoardError> {
+        let now = self.clock.now_millis();
+        let tasks = self.tasks.lock().unwrap();
+        Ok(tasks.values().map(|rec| Self::task(rec, now)).collect())
+    }
+}
+
+/// Every board check on a fresh `make()` (checks expect an empty board), panicking on the first red.
+async fn board_checks_pass(make: impl Fn() -> BoardEnv, what: &str) {
+    let checks: Vec<(&str, CheckResult)> = vec![
+        ("claim_race", board_suite::claim_race(make()).await),
+        (
+            "unmet_dependencies_refused",
+            board_suite::unmet_dependencies_refused(make()).await,
+        ),
+        (
+            "claim_after_dependencies_complete",
+            board_suite::claim_after_dependencies_complete(make()).await,
+        ),
+        (
+            "generation_increases_on_takeover",
+            board_suite::generation_increases_on_takeover(make()).await,
+        ),
+        (
+            "renew_checks_ownership",
+            board_suite::renew_checks_ownership(make()).await,
+        ),
+        (
+            "release_and_complete_by_token",
+            board_suite::release_and_complete_by_token(make()).await,
+        ),
+        (
+            "completed_not_claimable",
+            board_suite::completed_not_claimable(make()).await,
+        ),
+        (
+            "list_shows_everything",
+            board_suite::list_shows_everything(make()).await,
+        ),
+        (
+            "board_bad_input",
+            board_suite::board_bad_input(make()).await,
+        ),
+    ];
+    for (name, result) in checks {
+        if let Err(failure) = result {
+            panic!("{what}: board::{name} failed: {failure}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The doubles without bugs pass: the reds below come from the bugs.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bug_free_doubles_pass_every_check() {
+    for case in lock_suite::native_cases() {
+        if let Err(failure) = (case.run)(BuggyLock::env(LockBugs::default())).await {
+            panic!("bug-free BuggyLock: lock::{} failed: {failure}", case.name);
+        }
+    }
+    board_checks_pass(
+        || BuggyBoard::env(BoardBugs::default()),
+        "bug-free BuggyBoard",
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// Each suite goes red on a broken lock.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_suite_red_when_release_ignores_the_token() {
+    let bugs = LockBugs {
+        release_ignores_token: true,
+        ..LockBugs::default()
+    };
+    must_fail(
+        lock_suite::stale_handle_refused(BuggyLock::env(bugs)),
+        "stale_handle_refused",
+    )
+    .await;
+    must_fail(
+        lock_suite::release_then_relock(BuggyLock::env(bugs)),
+        "release_then_relock",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_suite_red_when_renew_ignores_the_token() {
+    let bugs = LockBugs {
+        renew_ignores_token: true,
+        ..LockBugs::default()
+    };
+    must_fail(
+        lock_suite::stale_handle_refused(BuggyLock::env(bugs)),
+        "stale_handle_refused",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_suite_red_when_the_fence_is_not_bumped() {
+    let bugs = LockBugs {
+        fence_not_bumped: true,
+        ..LockBugs::default()
+    };
+    must_fail(
+        lock_suite::fence_increases(BuggyLock::env(bugs)),
+        "fence_increases",
+    )
+    .await;
+    must_fail(
+        lock_suite::waiting_lock_acquires_after_release(BuggyLock::env(bugs)),
+        "waiting_lock_acquires_after_release",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_suite_red_when_try_lock_checks_then_writes() {
+    must_fail(
+        lock_suite::try_lock_race(CheckThenWriteLock::env()),
+        "try_lock_race",
+    )
+    .await;
+    must_fail(
+        lock_suite::mutual_exclusion(CheckThenWriteLock::env()),
+        "mutual_exclusion",
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// Each suite goes red on a broken board.
+
+fn buggy_board(bugs: BoardBugs) -> BoardEnv {
+    BuggyBoard::env(bugs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn board_suite_red_when_claim_ignores_dependencies() {
+    let bugs = BoardBugs {
+        claim_ignores_deps: true,
+        ..BoardBugs::default()
+    };
+    must_fail(
+        board_suite::unmet_dependencies_refused(buggy_board(bugs)),
+        "unmet_dependencies_refused",
+    )
+    .await;
+    must_fail(
+        board_suite::claim_after_dependencies_complete(buggy_board(bugs)),
+        "claim_after_dependencies_complete",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn board_suite_red_when_renew_ignores_the_token() {
+    let bugs = BoardBugs {
+        renew_ignores_token: true,
+        ..BoardBugs::default()
+    };
+    must_fail(
+        board_suite::renew_checks_ownership(buggy_board(bugs)),
+        "renew_checks_ownership",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn board_suite_red_when_release_ignores_the_token() {
+    let bugs = BoardBugs {
+        release_ignores_token: true,
+        ..BoardBugs::default()
+    };
+    must_fail(
+        board_suite::release_and_complete_by_token(buggy_board(bugs)),
+        "release_and_complete_by_token",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn board_suite_red_when_the_generation_is_not_bumped() {
+    let bugs = BoardBugs {
+        generation_not_bumped: true,
+        ..BoardBugs::default()
+    };
+    must_fail(
+        board_suite::generation_increases_on_takeover(buggy_board(bugs)),
+        "generation_increases_on_takeover",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn board_suite_red_when_claim_checks_then_writes() {
+    let bugs = BoardBugs {
+        racy_claim: true,
+        ..BoardBugs::default()
+    };
+    must_fail(board_suite::claim_race(buggy_board(bugs)), "claim_race").await;
+}

@@ -1,1 +1,0 @@
-//! board adapter (not written yet).

@@ -1,0 +1,590 @@
+//! [`BoardAdapter`]: the task board decided over the three primitives of any backend.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use coord_backend::{Backend, Clock, Error, InvalidInput, Mutation, SystemClock};
+
+use super::record::{at_millis, ClaimRecord, DoneRecord, TaskRecord};
+use super::{
+    validate_claim, validate_spec, validate_task_id, validate_ttl, Board, BoardError, ClaimedTask,
+    Task, TaskSpec,
+};
+use crate::cas::{CasEngine, CasOptions, CasStats, Decision, View};
+use crate::mint_token;
+
+/// Options of a [`BoardAdapter`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct BoardOptions {
+    /// Where expiry is read from (written into records and judged against).
+    pub clock: Arc<dyn Clock>,
+    /// Prefix of the board's records in the namespace (default `board/`):
+    /// several boards can share one namespace under different prefixes.
+    pub key_prefix: String,
+    /// Tuning of the CAS loop.
+    pub cas: CasOptions,
+}
+
+impl Default for BoardOptions {
+    fn default() -> Self {
+        BoardOptions {
+            clock: Arc::new(SystemClock),
+            key_prefix: "board/".to_owned(),
+            cas: CasOptions::default(),
+        }
+    }
+}
+
+impl BoardOptions {
+    /// Judge expiry with `clock` (tests inject a `ManualClock`).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Keep the board's records under another prefix.
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Tune the CAS loop.
+    pub fn with_cas(mut self, cas: CasOptions) -> Self {
+        self.cas = cas;
+        self
+    }
+}
+
+/// A [`Board`] over any [`Backend`]: one record per task
+/// (`<prefix>task/<id>`) holding its payload, dependencies, generation,
+/// live claim and completion, decided through the [`CasEngine`].
+///
+/// A claim costs one txn once the engine has seen the task and its
+/// dependencies; a cold claim of a task with dependencies costs a few more
+/// (each wrong guess is a rejected txn that returns the truth).
+#[derive(Clone, Debug)]
+pub struct BoardAdapter {
+    engine: CasEngine,
+    clock: Arc<dyn Clock>,
+    prefix: String,
+}
+
+/// `Return(Err(..))`: refusals go through the engine so that a refusal
+/// decided from a remembered (possibly stale) record is confirmed first.
+fn refuse<T>(error: impl Into<BoardError>) -> Result<Decision<Result<T, BoardError>>, BoardError> {
+    Ok(Decision::Return(Err(error.into())))
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl BoardAdapter {
+    /// A board over `backend` with default options (system clock, prefix `board/`).
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        Self::with_options(backend, BoardOptions::default())
+    }
+
+    /// A board over `backend` with `options`.
+    pub fn with_options(backend: Arc<dyn Backend>, options: BoardOptions) -> Self {
+        BoardAdapter {
+            engine: CasEngine::with_options(backend, options.cas),
+            clock: options.clock,
+            prefix: options.key_prefix,
+        }
+    }
+
+    /// Store calls made so far (for tests and benchmarks).
+    pub fn stats(&self) -> CasStats {
+        self.engine.stats()
+    }
+
+    fn tasks_prefix(&self) -> String {
+        format!("{}task/", self.prefix)
+    }
+
+    fn task_key(&self, id: &str) -> String {
+        format!("{}task/{id}", self.prefix)
+    }
+
+    fn read(&self, view: &View, id: &str) -> Result<Option<TaskRecord>, Error> {
+        let key = self.task_key(id);
+        view.value(&key)
+            .map(|bytes| TaskRecord::decode(&key, id, bytes))
+            .transpose()
+    }
+
+    /// Replace the payload and dependencies of a task that is neither
+    /// completed nor held by a live claim (an operator's repair of a wrong
+    /// topology). Its generation is kept; an expired claim is dropped.
+    ///
+    /// Claims racing this change are decided again on the new dependency
+    /// list (their txn asserts the task record).
+    pub async fn redefine(&self, spec: TaskSpec) -> Result<(), BoardError> {
+        let spec = normalize(spec)?;
+        self.check_fits(&spec)?;
+        let key = self.task_key(&spec.id);
+        let now = self.clock.now_millis();
+        self.engine
+            .decide::<Result<(), BoardError>, BoardError, _>(std::slice::from_ref(&key), |view| {
+                let record = match self.read(view, &spec.id) {
+                    Ok(Some(record)) => record,
+                    Ok(None) => {
+                        return refuse(BoardError::NotFound {
+                            id: spec.id.clone(),
+                        })
+                    }
+                    Err(e) => return refuse(e),
+                };
+                if record.done.is_some() {
+                    return refuse(BoardError::Completed {
+                        id: spec.id.clone(),
+                    });
+                }
+                if let Some(claim) = record.live_claim(now) {
+                    return refuse(BoardError::AlreadyClaimed {
+                        id: spec.id.clone(),
+                        agent: claim.agent.clone(),
+                        expires_at: at_millis(claim.expires_ms),
+                    });
+                }
+                let redefined = TaskRecord {
+                    payload: spec.payload.clone(),
+                    deps: spec.deps.clone(),
+                    claim: None,
+                    nonce: mint_token(),
+                    ..record
+                };
+                Ok(Decision::Commit {
+                    mutations: vec![Mutation::put(key.clone(), redefined.encode())],
+                    then: Ok(()),
+                })
+            })
+            .await?
+    }
+
+    /// A claim reads the task and every dependency in one txn: refuse a task
+    /// the store could never claim, rather than storing it.
+    fn check_fits(&self, spec: &TaskSpec) -> Result<(), BoardError> {
+        let max = self.engine.backend().limits().max_keys_per_call;
+        if spec.deps.len() + 1 > max {
+            return Err(BoardError::Invalid(InvalidInput::TooManyKeys {
+                count: spec.deps.len() + 1,
+                max,
+            }));
+        }
+        Ok(())
+    }
+
+    /// The decision shared by `release` and `complete`: the token must hold the live claim.
+    fn holder_check<'r>(
+        &self,
+        record: Option<&'r TaskRecord>,
+        id: &str,
+        token: &str,
+        now: u64,
+    ) -> Result<&'r TaskRecord, BoardError> {
+        let record = record.ok_or_else(|| BoardError::NotFound { id: id.to_owned() })?;
+        if record.done.is_some() {
+            return Err(BoardError::Completed { id: id.to_owned() });
+        }
+        match record.live_claim(now) {
+            Some(claim) if claim.token == token => Ok(record),
+            _ => Err(BoardError::LeaseLost { id: id.to_owned() }),
+        }
+    }
+}
+
+/// Validate a spec and drop duplicate dependencies (keeping their order).
+fn normalize(mut spec: TaskSpec) -> Result<TaskSpec, BoardError> {
+    validate_spec(&spec)?;
+    let mut seen = HashSet::new();
+    spec.deps.retain(|d| seen.insert(d.clone()));
+    Ok(spec)
+}
+
+#[async_trait]
+impl Board for BoardAdapter {
+    async fn add(&self, task: TaskSpec) -> Result<(), BoardError> {
+        let spec = normalize(task)?;
+        self.check_fits(&spec)?;
+        let key = self.task_key(&spec.id);
+        self.engine
+            .decide::<Result<(), BoardError>, BoardError, _>(std::slice::from_ref(&key), |view| {
+                match self.read(view, &spec.id) {
+                    Ok(Some(existing)) => {
+                        if existing.payload == spec.payload && existing.deps == spec.deps {
+                            Ok(Decision::Return(Ok(())))
+                        } else {
+                            refuse(BoardError::AlreadyExists {
+                                id: spec.id.clone(),
+                            })
+                        }
+                    }
+                    Ok(None) => {
+                        let record = TaskRecord {
+                            id: spec.id.clone(),
+                            payload: spec.payload.clone(),
+                            deps: spec.deps.clone(),
+                            generation: 0,
+                            claim: None,
+                            done: None,
+                            nonce: mint_token(),
+                        };
+                        Ok(Decision::Commit {
+                            mutations: vec![Mutation::put(key.clone(), record.encode())],
+                            then: Ok(()),
+                        })
+                    }
+                    Err(e) => refuse(e),
+                }
+            })
+            .await?
+    }
+
+    async fn claim(&self, id: &str, agent: &str, ttl: Duration) -> Result<ClaimedTask, BoardError> {
+        validate_claim(id, agent, ttl)?;
+        let key = self.task_key(id);
+        let now = self.clock.now_millis();
+        let expires_ms = now.saturating_add(millis(ttl));
+        let token = mint_token();
+        self.engine
+            .decide::<Result<ClaimedTask, BoardError>, BoardError, _>(
+                std::slice::from_ref(&key),
+                |view| {
+                    let record = match self.read(view, id) {
+                        Ok(Some(record)) => record,
+                        Ok(None) => return refuse(BoardError::NotFound { id: id.to_owned() }),
+                        Err(e) => return refuse(e),
+                    };
+                    if record.done.is_some() {
+                        return refuse(BoardError::Completed { id: id.to_owned() });
+                    }
+                    if let Some(claim) = record.live_claim(now) {
+                        return refuse(BoardError::AlreadyClaimed {
+                            id: id.to_owned(),
+                            agent: claim.agent.clone(),
+                            expires_at: at_millis(claim.expires_ms),
+                        });
+                    }
+                    // The dependency list lives in the record, so its keys are only
+                    // known now. Whatever the list says in THIS view is read and
+                    // asserted; if it changed since an earlier round, the new keys
+                    // are added here (and stale extra keys are merely asserted too).
+                    let unread: Vec<String> = record
+                        .deps
+                        .iter()
+                        .map(|d| self.task_key(d))
+                        .filter(|k| !view.contains(k))
+                        .collect();
+                    if !unread.is_empty() {
+                        return Ok(Decision::Expand(unread));
+                    }
+                    let mut pending = Vec::new();
+                    for dep in &record.deps {
+                        match self.read(view, dep) {
+                            Ok(Some(d)) if d.done.is_some() => {}
+                            Ok(_) => pending.push(dep.clone()),
+                            Err(e) => return refuse(e),
+                        }
+                    }
+                    if !pending.is_empty() {
+                        return refuse(BoardError::DependenciesNotMet {
+                            id: id.to_owned(),
+                            pending,
+                        });
+                    }
+                    let generation = record.generation + 1;
+                    let claimed = TaskRecord {
+                        generation,
+                        claim: Some(ClaimRecord {
+                            agent: agent.to_owned(),
+                            token: token.clone(),
+                            expires_ms,
+                        }),
+                        nonce: mint_token(),
+                        ..record.clone()
+                    };
+                    Ok(Decision::Commit {
+                        mutations: vec![Mutation::put(key.clone(), claimed.encode())],
+                        then: Ok(ClaimedTask {
+                            id: id.to_owned(),
+                            payload: record.payload,
+                            deps: record.deps,
+                            agent: agent.to_owned(),
+                            token: token.clone(),
+                            generation,
+                            expires_at: at_millis(expires_ms),
+                        }),
+                    })
+                },
+            )
+            .await?
+    }
+
+    async fn renew(&self, id: &str, token: &str, ttl: Duration) -> Result<ClaimedTask, BoardError> {
+        validate_task_id(id)?;
+        validate_ttl(ttl)?;
+        let key = self.task_key(id);
+        let now = self.clock.now_millis();
+        self.engine
+            .decide::<Result<ClaimedTask, BoardError>, BoardError, _>(
+                std::slice::from_ref(&key),
+                |view| {
+                    let record = match self.read(view, id) {
+                        Ok(record) => record,
+                        Err(e) => return refuse(e),
+                    };
+                    let record = match self.holder_check(record.as_ref(), id, token, now) {
+                        Ok(record) => record.clone(),
+                        Err(e) => return refuse(e),
+                    };
+                    let claim = record.claim.clone().expect("checked: a live claim");
+                    // A clock stepping back must not shorten a lease already granted.
+                    let expires_ms = now.saturating_add(millis(ttl)).max(claim.expires_ms);
+                    let renewed = TaskRecord {
+                        claim: Some(ClaimRecord {
+                            expires_ms,
+                            ..claim.clone()
+                        }),
+                        nonce: mint_token(),
+                        ..record.clone()
+                    };
+                    Ok(Decision::Commit {
+                        mutations: vec![Mutation::put(key.clone(), renewed.encode())],
+                        then: Ok(ClaimedTask {
+                            id: id.to_owned(),
+                            payload: record.payload,
+                            deps: record.deps,
+                            agent: claim.agent,
+                            token: token.to_owned(),
+                            generation: record.generation,
+                            expires_at: at_millis(expires_ms),
+                        }),
+                    })
+                },
+            )
+            .await?
+    }
+
+    async fn release(&self, id: &str, token: &str) -> Result<(), BoardError> {
+        validate_task_id(id)?;
+        let key = self.task_key(id);
+        let now = self.clock.now_millis();
+        self.engine
+            .decide::<Result<(), BoardError>, BoardError, _>(std::slice::from_ref(&key), |view| {
+                let record = match self.read(view, id) {
+                    Ok(record) => record,
+                    Err(e) => return refuse(e),
+                };
+                let record = match self.holder_check(record.as_ref(), id, token, now) {
+                    Ok(record) => record.clone(),
+                    Err(e) => return refuse(e),
+                };
+                let released = TaskRecord {
+                    claim: None,
+                    nonce: mint_token(),
+                    ..record
+                };
+                Ok(Decision::Commit {
+                    mutations: vec![Mutation::put(key.clone(), released.encode())],
+                    then: Ok(()),
+                })
+            })
+            .await?
+    }
+
+    async fn complete(&self, id: &str, token: &str, result: Vec<u8>) -> Result<(), BoardError> {
+        validate_task_id(id)?;
+        if token.is_empty() {
+            return Err(BoardError::Invalid(InvalidInput::Argument(
+                "empty claim token".into(),
+            )));
+        }
+        let key = self.task_key(id);
+        let now = self.clock.now_millis();
+        self.engine
+            .decide::<Result<(), BoardError>, BoardError, _>(std::slice::from_ref(&key), |view| {
+                let record = match self.read(view, id) {
+                    Ok(record) => record,
+                    Err(e) => return refuse(e),
+                };
+                // A retry of the completion that already landed is a no-op.
+                if let Some(done) = record.as_ref().and_then(|r| r.done.as_ref()) {
+                    if done.token == token && done.result == result {
+                        return Ok(Decision::Return(Ok(())));
+                    }
+                }
+                let record = match self.holder_check(record.as_ref(), id, token, now) {
+                    Ok(record) => record.clone(),
+                    Err(e) => return refuse(e),
+                };
+                let agent = record
+                    .claim
+                    .as_ref()
+                    .map(|c| c.agent.clone())
+                    .unwrap_or_default();
+                let completed = TaskRecord {
+                    claim: None,
+                    done: Some(DoneRecord {
+                        agent,
+                        token: token.to_owned(),
+                        result: result.clone(),
+                    }),
+                    nonce: mint_token(),
+                    ..record
+                };
+                Ok(Decision::Commit {
+                    mutations: vec![Mutation::put(key.clone(), completed.encode())],
+                    then: Ok(()),
+                })
+            })
+            .await?
+    }
+
+    async fn get(&self, id: &str) -> Result<Task, BoardError> {
+        validate_task_id(id)?;
+        let key = self.task_key(id);
+        let entries = self.engine.snapshot(std::slice::from_ref(&key)).await?;
+        let now = self.clock.now_millis();
+        match entries.first().and_then(|e| e.value.as_deref()) {
+            Some(bytes) => Ok(TaskRecord::decode(&key, id, bytes)?.to_task(now)),
+            None => Err(BoardError::NotFound { id: id.to_owned() }),
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<Task>, BoardError> {
+        let prefix = self.tasks_prefix();
+        let keys = self.engine.backend().keys(&prefix).await?;
+        let per_call = self.engine.backend().limits().max_keys_per_call.max(1);
+        let mut tasks = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(per_call) {
+            let entries = self.engine.snapshot(chunk).await?;
+            let now = self.clock.now_millis();
+            for entry in entries {
+                // Records are never deleted; a key listed but gone is skipped, not invented.
+                let Some(bytes) = entry.value.as_deref() else {
+                    continue;
+                };
+                let id = &entry.key[prefix.len()..];
+                tasks.push(TaskRecord::decode(&entry.key, id, bytes)?.to_task(now));
+            }
+        }
+        tasks.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(tasks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use coord_backend::ManualClock;
+    use coord_memory::SingleProcessMemoryBackend;
+
+    fn board(backend: Arc<dyn Backend>, clock: Arc<ManualClock>) -> BoardAdapter {
+        BoardAdapter::with_options(backend, BoardOptions::default().with_clock(clock))
+    }
+
+    #[tokio::test]
+    async fn warm_uncontended_claim_costs_one_round_trip() {
+        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("b").unwrap());
+        let clock = Arc::new(ManualClock::at_millis(1_000_000));
+        let board = board(backend, clock);
+        board.add(TaskSpec::new("a", b"x".to_vec())).await.unwrap();
+        board
+            .add(TaskSpec::new("b", b"y".to_vec()).with_deps(["a"]))
+            .await
+            .unwrap();
+        let a = board
+            .claim("a", "agent", Duration::from_secs(5))
+            .await
+            .unwrap();
+        board.complete("a", &a.token, vec![]).await.unwrap();
+        let before = board.stats();
+        let b = board
+            .claim("b", "agent", Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(board.stats().round_trips() - before.round_trips(), 1);
+        assert_eq!(b.generation, 1);
+    }
+
+    #[tokio::test]
+    async fn completing_twice_with_the_same_token_is_a_no_op() {
+        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("b").unwrap());
+        let clock = Arc::new(ManualClock::at_millis(1_000_000));
+        let board = board(backend, clock);
+        board.add(TaskSpec::new("a", b"x".to_vec())).await.unwrap();
+        let a = board
+            .claim("a", "agent", Duration::from_secs(5))
+            .await
+            .unwrap();
+        board.complete("a", &a.token, b"r".to_vec()).await.unwrap();
+        board.complete("a", &a.token, b"r".to_vec()).await.unwrap();
+        assert!(matches!(
+            board.complete("a", &a.token, b"other".to_vec()).await,
+            Err(BoardError::Completed { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn malformed_task_record_is_reported() {
+        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("b").unwrap());
+        backend
+            .txn(&[], &[Mutation::put("board/task/t", b"{}".to_vec())])
+            .await
+            .unwrap();
+        let board = BoardAdapter::new(backend);
+        let err = board
+            .claim("t", "agent", Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, BoardError::Store(Error::MalformedRecord { .. })),
+            "{err:?}"
+        );
+        assert!(matches!(
+            board.list().await,
+            Err(BoardError::Store(Error::MalformedRecord { .. }))
+        ));
+    }
+
+    #[tokio::test]
+    async fn too_many_dependencies_for_one_txn_are_refused_up_front() {
+        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("b").unwrap());
+        let board = BoardAdapter::new(backend);
+        let deps: Vec<String> = (0..128).map(|i| format!("d{i}")).collect();
+        assert!(matches!(
+            board
+                .add(TaskSpec::new("t", vec![]).with_deps(deps.clone()))
+                .await,
+            Err(BoardError::Invalid(InvalidInput::TooManyKeys { .. }))
+        ));
+        assert!(matches!(
+            board.get("t").await,
+            Err(BoardError::NotFound { .. })
+        ));
+        board
+            .add(TaskSpec::new("t", vec![]).with_deps(deps[..127].to_vec()))
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn duplicate_dependencies_are_stored_once_and_self_dependency_refused() {
+        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("b").unwrap());
+        let board = BoardAdapter::new(backend);
+        board
+            .add(TaskSpec::new("t", vec![]).with_deps(["a", "a", "b"]))
+            .await
+            .unwrap();
+        assert_eq!(board.get("t").await.unwrap().deps, vec!["a", "b"]);
+        assert!(matches!(
+            board.add(TaskSpec::new("s", vec![]).with_deps(["s"])).await,
+            Err(BoardError::Invalid(_))
+        ));
+    }
+}

@@ -1,0 +1,323 @@
+//! A task board (SPEC §2b, seed 001 `taskboard.Board`).
+//!
+//! # Contract
+//!
+//! Tasks have an id, a payload and dependencies (ids of other tasks).
+//!
+//! - [`Board::add`] / [`Board::seed`] put tasks on the board; adding an id
+//!   that exists with the same content is a no-op, with other content it is
+//!   [`BoardError::AlreadyExists`].
+//! - [`Board::claim`] is one atomic step. It succeeds only when the task is
+//!   not completed, not held by a live claim, and **every dependency is
+//!   completed**; it mints a fresh random token and a takeover
+//!   **generation** strictly greater than every earlier claim of the task.
+//!   A claim whose lease expired can be taken over by anyone.
+//! - [`Board::renew`] is an ownership check, not a heartbeat: a wrong token
+//!   or an expired lease gets [`BoardError::LeaseLost`] and nothing changes.
+//! - [`Board::release`] / [`Board::complete`] act only for the token of the
+//!   live claim (anything else: [`BoardError::LeaseLost`], nothing changes).
+//!   A completed task is never claimable again; completing again with the
+//!   same token and result is a no-op (safe to retry).
+//! - [`Board::list`] shows every task with its state.
+//!
+//! # Boundary
+//!
+//! [`BoardAdapter`] decides over the primitives of any
+//! [`coord_backend::Backend`] through the CAS engine, so it is as atomic as
+//! that store. A claim reads the task, then (after decoding its dependency
+//! list) the dependency records too, and its txn asserts all of them: a
+//! dependency that is un-completed or a dependency list that changes between
+//! the read and the commit makes the txn fail, and the claim is decided again
+//! on the new list. Expiry is judged with the adapter's clock (instances must
+//! agree on time within a bound well below the lease TTLs). [`Board::list`]
+//! reads each task consistently, but not the whole board at one instant.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use coord_adapters::board::{Board, BoardAdapter, BoardError, TaskSpec};
+//! use coord_memory::SingleProcessMemoryBackend;
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let board = BoardAdapter::new(Arc::new(SingleProcessMemoryBackend::new("demo")?));
+//! board.seed(vec![
+//!     TaskSpec::new("fetch", b"https://example.invalid/data".to_vec()),
+//!     TaskSpec::new("index", b"".to_vec()).with_deps(["fetch"]),
+//! ]).await?;
+//!
+//! let ttl = Duration::from_secs(60);
+//! // `index` waits for `fetch`.
+//! assert!(matches!(board.claim("index", "agent-1", ttl).await, Err(BoardError::DependenciesNotMet { .. })));
+//! let fetch = board.claim("fetch", "agent-1", ttl).await?;
+//! board.complete("fetch", &fetch.token, b"42 rows".to_vec()).await?;
+//! let index = board.claim("index", "agent-2", ttl).await?;
+//! assert_eq!(index.generation, 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+use std::fmt::Debug;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use coord_backend::InvalidInput;
+
+mod adapter;
+mod record;
+
+pub use adapter::{BoardAdapter, BoardOptions};
+
+/// A task to put on the board.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskSpec {
+    /// The task's id (non-empty, unique on the board).
+    pub id: String,
+    /// Opaque bytes for the agent that claims it.
+    pub payload: Vec<u8>,
+    /// Ids of the tasks that must be completed before this one can be claimed.
+    pub deps: Vec<String>,
+}
+
+impl TaskSpec {
+    /// A task without dependencies.
+    pub fn new(id: impl Into<String>, payload: impl Into<Vec<u8>>) -> Self {
+        TaskSpec {
+            id: id.into(),
+            payload: payload.into(),
+            deps: Vec::new(),
+        }
+    }
+
+    /// The same task, depending on `deps`.
+    pub fn with_deps<I, S>(mut self, deps: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.deps = deps.into_iter().map(Into::into).collect();
+        self
+    }
+}
+
+/// A task as the board shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Task {
+    /// The task's id.
+    pub id: String,
+    /// Its payload.
+    pub payload: Vec<u8>,
+    /// Ids of the tasks it depends on.
+    pub deps: Vec<String>,
+    /// The generation of the latest claim (0 = never claimed).
+    pub generation: u64,
+    /// Its state, judged at the time of the read.
+    pub state: TaskState,
+}
+
+/// Where a task stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TaskState {
+    /// Nobody holds it (never claimed, or released).
+    Open,
+    /// An agent holds a live claim.
+    Claimed {
+        /// Who claimed it.
+        agent: String,
+        /// When the lease runs out unless renewed.
+        expires_at: SystemTime,
+    },
+    /// The last claim's lease ran out: anyone may take the task over.
+    Expired {
+        /// Who held it.
+        agent: String,
+        /// When the lease ran out.
+        expired_at: SystemTime,
+    },
+    /// Done for good.
+    Completed {
+        /// Who completed it.
+        agent: String,
+        /// The result it was completed with.
+        result: Vec<u8>,
+    },
+}
+
+/// A successful claim (or renewal): the credentials for renew / release / complete.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClaimedTask {
+    /// The task's id.
+    pub id: String,
+    /// Its payload.
+    pub payload: Vec<u8>,
+    /// Its dependencies (all completed at the time of the claim).
+    pub deps: Vec<String>,
+    /// Who claimed it.
+    pub agent: String,
+    /// The random token of this claim: a credential, not for logs.
+    pub token: String,
+    /// The takeover generation: greater than that of every earlier claim of
+    /// this task (use it as a fencing token downstream).
+    pub generation: u64,
+    /// When the lease runs out unless renewed.
+    pub expires_at: SystemTime,
+}
+
+impl Debug for ClaimedTask {
+    // The token is a credential: keep it out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimedTask")
+            .field("id", &self.id)
+            .field("agent", &self.agent)
+            .field("generation", &self.generation)
+            .field("expires_at", &self.expires_at)
+            .field("deps", &self.deps)
+            .field("payload_len", &self.payload.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Errors of [`Board`] operations. Every refusal leaves the board unchanged.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BoardError {
+    /// No task with this id.
+    #[error("task {id:?} not found")]
+    NotFound {
+        /// The task id.
+        id: String,
+    },
+    /// A task with this id exists with another payload or other dependencies.
+    #[error("task {id:?} already exists with different content")]
+    AlreadyExists {
+        /// The task id.
+        id: String,
+    },
+    /// Some dependencies are not completed (or do not exist yet).
+    #[error("task {id:?} waits for {pending:?}")]
+    DependenciesNotMet {
+        /// The task id.
+        id: String,
+        /// The dependencies that are not completed.
+        pending: Vec<String>,
+    },
+    /// Another claim is live.
+    #[error("task {id:?} is claimed by {agent:?}")]
+    AlreadyClaimed {
+        /// The task id.
+        id: String,
+        /// Who holds it.
+        agent: String,
+        /// When that lease runs out unless renewed.
+        expires_at: SystemTime,
+    },
+    /// The token does not hold a live claim (wrong token, expired, taken
+    /// over, released): stop working on the task.
+    #[error("lease on task {id:?} lost")]
+    LeaseLost {
+        /// The task id.
+        id: String,
+    },
+    /// The task is completed.
+    #[error("task {id:?} is completed")]
+    Completed {
+        /// The task id.
+        id: String,
+    },
+    /// The call was refused before touching the store (empty id or agent,
+    /// TTL under one millisecond, a task depending on itself, ...).
+    #[error("invalid board input: {0}")]
+    Invalid(InvalidInput),
+    /// The store failed (unreachable, indeterminate, malformed record, too
+    /// much contention).
+    #[error("board store error: {0}")]
+    Store(coord_backend::Error),
+}
+
+impl From<coord_backend::Error> for BoardError {
+    fn from(error: coord_backend::Error) -> Self {
+        match error {
+            coord_backend::Error::InvalidInput(invalid) => BoardError::Invalid(invalid),
+            other => BoardError::Store(other),
+        }
+    }
+}
+
+/// A task board. Object safe: use `Arc<dyn Board>`. See the [module docs](self)
+/// for the contract (checked by `coord_conformance::board`).
+#[async_trait]
+pub trait Board: Send + Sync + Debug {
+    /// Put a task on the board (no-op if it exists with the same content).
+    async fn add(&self, task: TaskSpec) -> Result<(), BoardError>;
+
+    /// Put several tasks on the board, one after another.
+    async fn seed(&self, tasks: Vec<TaskSpec>) -> Result<(), BoardError> {
+        for task in tasks {
+            self.add(task).await?;
+        }
+        Ok(())
+    }
+
+    /// Claim `id` for `agent` for `ttl`, atomically, if every dependency is completed.
+    async fn claim(&self, id: &str, agent: &str, ttl: Duration) -> Result<ClaimedTask, BoardError>;
+
+    /// Extend the lease of the claim holding `token` to `ttl` from now.
+    async fn renew(&self, id: &str, token: &str, ttl: Duration) -> Result<ClaimedTask, BoardError>;
+
+    /// Give the task back (it becomes claimable; its generation stays).
+    async fn release(&self, id: &str, token: &str) -> Result<(), BoardError>;
+
+    /// Mark the task completed with `result`.
+    async fn complete(&self, id: &str, token: &str, result: Vec<u8>) -> Result<(), BoardError>;
+
+    /// One task.
+    async fn get(&self, id: &str) -> Result<Task, BoardError>;
+
+    /// Every task on the board, sorted by id.
+    async fn list(&self) -> Result<Vec<Task>, BoardError>;
+}
+
+/// Checks every board implementation should run first.
+pub fn validate_task_id(id: &str) -> Result<(), BoardError> {
+    if id.is_empty() {
+        return Err(BoardError::Invalid(InvalidInput::EmptyKey));
+    }
+    if id.contains('\0') {
+        return Err(BoardError::Invalid(InvalidInput::NulByte(id.to_owned())));
+    }
+    Ok(())
+}
+
+/// Checks of a claim's agent and TTL every board implementation should run first.
+pub fn validate_claim(id: &str, agent: &str, ttl: Duration) -> Result<(), BoardError> {
+    validate_task_id(id)?;
+    if agent.is_empty() {
+        return Err(BoardError::Invalid(InvalidInput::Argument(
+            "empty agent name".into(),
+        )));
+    }
+    validate_ttl(ttl)
+}
+
+fn validate_ttl(ttl: Duration) -> Result<(), BoardError> {
+    if ttl < Duration::from_millis(1) {
+        return Err(BoardError::Invalid(InvalidInput::Argument(format!(
+            "lease ttl must be at least 1 ms, got {ttl:?}"
+        ))));
+    }
+    Ok(())
+}
+
+fn validate_spec(spec: &TaskSpec) -> Result<(), BoardError> {
+    validate_task_id(&spec.id)?;
+    for dep in &spec.deps {
+        validate_task_id(dep)?;
+        if dep == &spec.id {
+            return Err(BoardError::Invalid(InvalidInput::Argument(format!(
+                "task {:?} depends on itself",
+                spec.id
+            ))));
+        }
+    }
+    Ok(())
+}

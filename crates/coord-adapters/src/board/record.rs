@@ -1,0 +1,146 @@
+//! How a task is stored: one JSON record per task, state and generation included.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use coord_backend::Error;
+use serde::{Deserialize, Serialize};
+
+use super::{Task, TaskState};
+
+/// What is stored under `<prefix>task/<id>`. Records are never deleted, so
+/// the generation counter survives releases and completions.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(super) struct TaskRecord {
+    pub(super) id: String,
+    #[serde(with = "hex")]
+    pub(super) payload: Vec<u8>,
+    pub(super) deps: Vec<String>,
+    /// Generation of the latest claim (0 = never claimed).
+    pub(super) generation: u64,
+    pub(super) claim: Option<ClaimRecord>,
+    pub(super) done: Option<DoneRecord>,
+    /// Fresh per write, so an indeterminate txn can be told apart from
+    /// someone else's identical write.
+    pub(super) nonce: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(super) struct ClaimRecord {
+    pub(super) agent: String,
+    pub(super) token: String,
+    pub(super) expires_ms: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(super) struct DoneRecord {
+    pub(super) agent: String,
+    /// The token that completed the task: a retry of the same completion is a no-op.
+    pub(super) token: String,
+    #[serde(with = "hex")]
+    pub(super) result: Vec<u8>,
+}
+
+pub(super) fn at_millis(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+impl TaskRecord {
+    pub(super) fn decode(key: &str, id: &str, bytes: &[u8]) -> Result<Self, Error> {
+        let record: TaskRecord = serde_json::from_slice(bytes)
+            .map_err(|e| Error::malformed(key, format!("not a task record: {e}")))?;
+        if record.id != id {
+            return Err(Error::malformed(
+                key,
+                format!("record names task {:?}, expected {id:?}", record.id),
+            ));
+        }
+        Ok(record)
+    }
+
+    pub(super) fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a task record always serializes")
+    }
+
+    /// The live claim at `now`, if any.
+    pub(super) fn live_claim(&self, now: u64) -> Option<&ClaimRecord> {
+        self.claim.as_ref().filter(|c| c.expires_ms > now)
+    }
+
+    pub(super) fn to_task(&self, now: u64) -> Task {
+        let state = match (&self.done, &self.claim) {
+            (Some(done), _) => TaskState::Completed {
+                agent: done.agent.clone(),
+                result: done.result.clone(),
+            },
+            (None, Some(c)) if c.expires_ms > now => TaskState::Claimed {
+                agent: c.agent.clone(),
+                expires_at: at_millis(c.expires_ms),
+            },
+            (None, Some(c)) => TaskState::Expired {
+                agent: c.agent.clone(),
+                expired_at: at_millis(c.expires_ms),
+            },
+            (None, None) => TaskState::Open,
+        };
+        Task {
+            id: self.id.clone(),
+            payload: self.payload.clone(),
+            deps: self.deps.clone(),
+            generation: self.generation,
+            state,
+        }
+    }
+}
+
+/// Bytes as lowercase hex: half the size of a JSON number array, and readable.
+mod hex {
+    use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        let mut out = String::with_capacity(bytes.len() * 2);
+        for b in bytes {
+            out.push_str(&format!("{b:02x}"));
+        }
+        s.serialize_str(&out)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(d)?;
+        if text.len() % 2 != 0 {
+            return Err(D::Error::custom("odd number of hex digits"));
+        }
+        (0..text.len())
+            .step_by(2)
+            .map(|i| {
+                text.get(i..i + 2)
+                    .filter(|pair| pair.bytes().all(|c| c.is_ascii_hexdigit()))
+                    .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+                    .ok_or_else(|| D::Error::custom("invalid hex digit"))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_round_trips_through_hex() {
+        let record = TaskRecord {
+            id: "t".into(),
+            payload: vec![0, 1, 0x7f, 0x80, 0xff],
+            deps: vec![],
+            generation: 3,
+            claim: None,
+            done: None,
+            nonce: "n".into(),
+        };
+        let bytes = record.encode();
+        assert!(String::from_utf8_lossy(&bytes).contains("\"00017f80ff\""));
+        let back = TaskRecord::decode("k", "t", &bytes).unwrap();
+        assert_eq!(back.payload, record.payload);
+        assert!(TaskRecord::decode("k", "other", &bytes).is_err());
+        assert!(TaskRecord::decode("k", "t", b"{\"id\":\"t\",\"payload\":\"0g\"}").is_err());
+    }
+}

@@ -1,1 +1,0 @@
-//! lock adapter (not written yet).

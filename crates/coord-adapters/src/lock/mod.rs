@@ -1,0 +1,260 @@
+//! Locks with fencing tokens (SPEC §2a, seed 000 `LockingPlugin`).
+//!
+//! # Contract
+//!
+//! A [`Lock`] grants a string key to one holder at a time for a TTL:
+//!
+//! - [`Lock::try_lock`] answers `Ok(Some(handle))` when the caller got the
+//!   lock, `Ok(None)` when someone else holds it (contention is not a
+//!   failure), and `Err` only when the store is broken or the input is bad.
+//! - [`Lock::renew`] extends the lease **and** checks ownership: a handle
+//!   whose lease expired, was taken over or was released gets
+//!   [`LockError::Lost`] and nothing changes.
+//! - [`Lock::release`] frees the lock only for the handle that holds it; a
+//!   stale handle can neither renew nor release a newer holder's lock.
+//! - Every grant carries a **fencing token** ([`LockHandle::fence`]): per key,
+//!   strictly increasing, allocated in the same atomic step as the grant, and
+//!   never reset by a release. Pass it to whatever the lock protects and let
+//!   that side refuse writes with a lower fence: that keeps safety
+//!   independent of clocks and pauses, which a TTL alone cannot.
+//!
+//! On top of any `Lock`: [`LockExt::lock`] waits with exponential backoff and
+//! jitter until a timeout, and [`LockGuard`] renews in the background and
+//! tells the holder (a signal it can await) the moment the lock is lost.
+//!
+//! # Boundary
+//!
+//! [`GenericLock`] decides over the three primitives of any
+//! [`coord_backend::Backend`], so it is exactly as atomic as that store (on
+//! `coord_memory::SingleProcessMemoryBackend` that means one process only:
+//! a development and test lock, never a distributed one). Expiry is judged
+//! with the adapter's [`coord_backend::Clock`]: instances must agree on time
+//! within a bound well below the TTLs they use; a skewed clock can let a
+//! lease be taken over early (liveness and exclusivity of the *lease*), but
+//! the fence still orders holders, so a store that checks fences stays safe.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use coord_adapters::lock::{GenericLock, Lock};
+//! use coord_memory::SingleProcessMemoryBackend;
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let store = Arc::new(SingleProcessMemoryBackend::new("demo")?);
+//! let lock = GenericLock::new(store);
+//!
+//! let first = lock.try_lock("reports", Duration::from_secs(30)).await?.expect("free");
+//! assert!(lock.try_lock("reports", Duration::from_secs(30)).await?.is_none()); // held
+//! let fence = first.fence();
+//! lock.release(first).await?;
+//!
+//! let second = lock.try_lock("reports", Duration::from_secs(30)).await?.expect("free again");
+//! assert!(second.fence() > fence); // fences survive release
+//! # lock.release(second).await?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+use std::fmt::Debug;
+use std::time::{Duration, SystemTime};
+
+use coord_backend::InvalidInput;
+
+mod generic;
+mod guard;
+mod wait;
+
+pub use generic::{GenericLock, LockOptions};
+pub use guard::{GuardOptions, LockGuard, LostSignal};
+pub use wait::{LockExt, WaitOptions};
+
+/// Re-exported so that other `Lock` implementations (native locks, test
+/// doubles) can implement the trait without depending on `async-trait` themselves.
+pub use async_trait::async_trait;
+
+/// A lock service: one holder per key at a time, with fencing tokens.
+///
+/// Object safe: pass `Arc<dyn Lock>` around and pick the implementation at
+/// run time. See the [module docs](self) for the contract every
+/// implementation must meet (checked by `coord_conformance::lock`).
+#[async_trait]
+pub trait Lock: Send + Sync + Debug {
+    /// Take `key` for `ttl` if nobody holds it.
+    ///
+    /// `Ok(None)`: someone else holds it (retry later). `Err`: the store is
+    /// broken ([`LockError::Store`]) or the input is bad ([`LockError::Invalid`]:
+    /// empty key, TTL under one millisecond).
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError>;
+
+    /// Extend the lease of `handle` by its TTL, counted from now, if it still holds the lock.
+    ///
+    /// Expired, taken over or released → [`LockError::Lost`], nothing changes.
+    async fn renew(&self, handle: &LockHandle) -> Result<(), LockError>;
+
+    /// Give the lock up. A handle that no longer holds the lock (expired,
+    /// taken over, already released) gets [`LockError::Lost`] and nothing
+    /// changes: a stale holder never frees a newer holder's lock.
+    async fn release(&self, handle: LockHandle) -> Result<(), LockError>;
+}
+
+/// Proof of holding a lock, returned by [`Lock::try_lock`]. Treat it as
+/// opaque and hand it back unchanged to [`Lock::renew`] / [`Lock::release`].
+///
+/// Cloning it does not copy the lock: clones are the same holder, and once
+/// one of them released, all are stale.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LockHandle {
+    key: String,
+    token: String,
+    fence: u64,
+    ttl: Duration,
+    expires_at: SystemTime,
+}
+
+impl LockHandle {
+    /// A handle, for [`Lock`] implementations only: `token` must be fresh
+    /// and random for every grant (see [`crate::mint_token`]) and `fence`
+    /// must follow the fencing rules of the [module docs](self).
+    pub fn new(
+        key: impl Into<String>,
+        token: impl Into<String>,
+        fence: u64,
+        ttl: Duration,
+        expires_at: SystemTime,
+    ) -> Self {
+        LockHandle {
+            key: key.into(),
+            token: token.into(),
+            fence,
+            ttl,
+            expires_at,
+        }
+    }
+
+    /// The locked key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The fencing token: strictly greater than that of every earlier holder of this key.
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// The TTL the lock was taken with (renewals extend by this much).
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// When the lease granted at acquisition expires, by the implementation's
+    /// clock. Renewals extend the stored lease, not this copy.
+    pub fn expires_at(&self) -> SystemTime {
+        self.expires_at
+    }
+
+    /// The random token of this grant, for [`Lock`] implementations only.
+    /// It is a credential: do not log it.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+}
+
+impl Debug for LockHandle {
+    // The token is a credential: keep it out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockHandle")
+            .field("key", &self.key)
+            .field("fence", &self.fence)
+            .field("ttl", &self.ttl)
+            .field("expires_at", &self.expires_at)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a handle no longer holds its lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The lease ran out (nobody took the lock over yet, but anyone may).
+    Expired,
+    /// Another holder took the lock (it has a higher fence).
+    TakenOver,
+    /// The lock is not held by this handle: released, never granted, or the
+    /// implementation cannot tell which of the above happened.
+    NotHeld,
+}
+
+impl std::fmt::Display for LostReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LostReason::Expired => "the lease expired",
+            LostReason::TakenOver => "another holder took it over",
+            LostReason::NotHeld => "it is not held by this handle",
+        })
+    }
+}
+
+/// Errors of [`Lock`] operations. Contention is not an error (`Ok(None)`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// The handle no longer holds the lock; stop doing the protected work.
+    /// Nothing was changed.
+    #[error("lock {key:?} lost: {reason}")]
+    Lost {
+        /// The key of the handle.
+        key: String,
+        /// What happened.
+        reason: LostReason,
+    },
+    /// A waiting [`LockExt::lock`] gave up: the lock stayed held by others.
+    #[error("timed out after {waited:?} waiting for lock {key:?}")]
+    Timeout {
+        /// The key waited for.
+        key: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+    /// The call was refused before touching the store (empty key, TTL under
+    /// one millisecond, key too long for the store); nothing changed.
+    #[error("invalid lock input: {0}")]
+    Invalid(InvalidInput),
+    /// The store failed (unreachable, indeterminate, malformed record,
+    /// too much contention). Do not assume you hold the lock.
+    #[error("lock store error: {0}")]
+    Store(coord_backend::Error),
+}
+
+impl LockError {
+    /// Whether this is [`LockError::Lost`].
+    pub fn is_lost(&self) -> bool {
+        matches!(self, LockError::Lost { .. })
+    }
+}
+
+impl From<coord_backend::Error> for LockError {
+    fn from(error: coord_backend::Error) -> Self {
+        match error {
+            // The store refused the input itself (e.g. a key over its limit).
+            coord_backend::Error::InvalidInput(invalid) => LockError::Invalid(invalid),
+            other => LockError::Store(other),
+        }
+    }
+}
+
+/// The input checks every implementation should run first: a non-empty key
+/// without NUL bytes and a TTL of at least one millisecond.
+pub fn validate_lock_input(key: &str, ttl: Duration) -> Result<(), LockError> {
+    if key.is_empty() {
+        return Err(LockError::Invalid(InvalidInput::EmptyKey));
+    }
+    if key.contains('\0') {
+        return Err(LockError::Invalid(InvalidInput::NulByte(key.to_owned())));
+    }
+    if ttl < Duration::from_millis(1) {
+        return Err(LockError::Invalid(InvalidInput::Argument(format!(
+            "lock ttl must be at least 1 ms, got {ttl:?}"
+        ))));
+    }
+    Ok(())
+}

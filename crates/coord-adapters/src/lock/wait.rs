@@ -1,0 +1,134 @@
+//! Waiting for a lock: retries with exponential backoff and jitter until a timeout.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::{validate_lock_input, Lock, LockError, LockHandle};
+
+/// How [`LockExt::lock_with`] waits.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct WaitOptions {
+    /// Give up with [`LockError::Timeout`] after this long (real time).
+    pub timeout: Duration,
+    /// Pause after the first refusal; doubles after each further one.
+    pub base_backoff: Duration,
+    /// Longest pause between attempts.
+    pub max_backoff: Duration,
+}
+
+impl WaitOptions {
+    /// Wait up to `timeout` with the default backoff (10 ms doubling up to 500 ms).
+    pub fn with_timeout(timeout: Duration) -> Self {
+        WaitOptions {
+            timeout,
+            base_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(500),
+        }
+    }
+
+    /// Another backoff: first pause `base`, doubling up to `max`.
+    pub fn with_backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.base_backoff = base;
+        self.max_backoff = max.max(base);
+        self
+    }
+
+    /// The pause after `refusals` refusals: "equal jitter" (half fixed, half
+    /// random) so waiters spread out but never spin.
+    fn pause(&self, refusals: u32) -> Duration {
+        let cap = self
+            .base_backoff
+            .saturating_mul(1u32 << refusals.saturating_sub(1).min(20))
+            .min(self.max_backoff);
+        cap / 2 + (cap / 2).mul_f64(rand::random::<f64>())
+    }
+}
+
+/// What Redisson / etcd / Curator users expect on top of [`Lock`]; usable with any lock.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use coord_adapters::lock::{GenericLock, Lock, LockError, LockExt};
+/// use coord_memory::SingleProcessMemoryBackend;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let lock: Arc<dyn Lock> = Arc::new(GenericLock::new(Arc::new(SingleProcessMemoryBackend::new("demo")?)));
+/// let ttl = Duration::from_secs(30);
+/// let held = lock.lock("nightly", ttl, Duration::from_secs(1)).await?;
+/// // Someone holds it, and keeps it: the waiting call gives up after its timeout.
+/// let waited = lock.lock("nightly", ttl, Duration::from_millis(50)).await;
+/// assert!(matches!(waited, Err(LockError::Timeout { .. })));
+/// lock.release(held).await?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[async_trait]
+pub trait LockExt: Lock {
+    /// Wait until `key` is free and take it for `ttl`, retrying with
+    /// exponential backoff and jitter; give up with [`LockError::Timeout`]
+    /// after `timeout`. A store error ends the wait at once (it is not
+    /// contention: the caller should see it).
+    async fn lock(
+        &self,
+        key: &str,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<LockHandle, LockError> {
+        self.lock_with(key, ttl, &WaitOptions::with_timeout(timeout))
+            .await
+    }
+
+    /// [`LockExt::lock`] with explicit [`WaitOptions`].
+    async fn lock_with(
+        &self,
+        key: &str,
+        ttl: Duration,
+        wait: &WaitOptions,
+    ) -> Result<LockHandle, LockError> {
+        validate_lock_input(key, ttl)?;
+        let started = Instant::now();
+        let deadline = started + wait.timeout;
+        let mut refusals = 0u32;
+        loop {
+            if let Some(handle) = self.try_lock(key, ttl).await? {
+                return Ok(handle);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(LockError::Timeout {
+                    key: key.to_owned(),
+                    waited: now - started,
+                });
+            }
+            refusals += 1;
+            // The last attempt happens at the deadline, not a backoff after it.
+            tokio::time::sleep_until((now + wait.pause(refusals)).min(deadline)).await;
+        }
+    }
+}
+
+impl<L: Lock + ?Sized> LockExt for L {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_stays_within_its_cap() {
+        let wait = WaitOptions::with_timeout(Duration::from_secs(1))
+            .with_backoff(Duration::from_millis(8), Duration::from_millis(100));
+        for refusals in 1..40 {
+            let pause = wait.pause(refusals);
+            let cap =
+                Duration::from_millis(8 << (refusals - 1).min(20)).min(Duration::from_millis(100));
+            assert!(
+                pause >= cap / 2 && pause <= cap,
+                "{refusals}: {pause:?} vs cap {cap:?}"
+            );
+        }
+    }
+}

@@ -1,1 +1,0 @@
-//! sideeffect adapter (not written yet).

@@ -1,0 +1,545 @@
+//! [`SideEffectAdapter`]: the apply side of the gate (acquire, complete,
+//! release, renew, mark_uncertain, abandon) decided over the CAS engine.
+//!
+//! Every method reads the records it decides on (`se/act/<key>`,
+//! `se/res/<resource>`) through [`CasEngine::decide`], so the txn asserts
+//! each of them: a decision commits only if nothing it read changed.
+//! Refusals are returned as answers of the decision (not as early errors),
+//! so a refusal derived from a stale cache is confirmed by the store first.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use coord_backend::{Backend, Clock, Error, Mutation, SystemClock};
+
+use super::error::SideEffectError;
+use super::record::{
+    act_key, decode, encode, intent_is_live, lease_is_current, millis_to_time, res_key, ttl_millis,
+    ActRecord, Holder, KeyState, ResRecord,
+};
+use super::store::SideEffectStore;
+use super::types::{
+    Acquired, Action, EffectResult, Execution, Fence, KeyStatus, Lease, Outcome, ReconcileClaim,
+    Resolution, ResourceStatus, RetrySafety,
+};
+use crate::{mint_token, CasEngine, Decision};
+
+/// What a decision answers: the call's own result (refusals included).
+pub(crate) type Answer<T> = Result<T, SideEffectError>;
+pub(crate) type Step<T> = Result<Decision<Answer<T>>, SideEffectError>;
+
+pub(crate) fn answer<T>(answer: Answer<T>) -> Step<T> {
+    Ok(Decision::Return(answer))
+}
+
+/// The one [`SideEffectStore`] implementation, over any [`Backend`].
+///
+/// Expiry is judged with the injected [`Clock`] (the system clock by
+/// default): instances sharing a store must agree on time within a fraction
+/// of the TTLs they use. Clocks only affect liveness; fences keep safety.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use coord_adapters::sideeffect::{Action, Outcome, SideEffectAdapter, SideEffectStore};
+/// use coord_memory::SingleProcessMemoryBackend;
+///
+/// let backend = Arc::new(SingleProcessMemoryBackend::new("docs")?);
+/// let store = SideEffectAdapter::new(backend);
+/// let action = Action::new("order-1/email", "mailer");
+///
+/// let acquired = store.acquire(&action, Duration::from_secs(30)).await?;
+/// assert_eq!(acquired.outcome, Outcome::Applied);
+/// let lease = acquired.lease.expect("a grant comes with a lease");
+/// // ... send the e-mail, passing lease.fence downstream ...
+/// store.complete(&action, &lease, "sent".into()).await?;
+///
+/// let again = store.acquire(&action, Duration::from_secs(30)).await?;
+/// assert_eq!(again.outcome, Outcome::Replayed);
+/// assert_eq!(again.result.unwrap().as_bytes(), b"sent");
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct SideEffectAdapter {
+    engine: CasEngine,
+    clock: Arc<dyn Clock>,
+}
+
+impl SideEffectAdapter {
+    /// An adapter over `backend` judging expiry with the system clock.
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        Self::with_clock(backend, Arc::new(SystemClock))
+    }
+
+    /// An adapter over `backend` judging expiry with `clock`.
+    pub fn with_clock(backend: Arc<dyn Backend>, clock: Arc<dyn Clock>) -> Self {
+        Self::with_engine(CasEngine::new(backend), clock)
+    }
+
+    /// An adapter deciding through `engine` (shared cache and counters).
+    pub fn with_engine(engine: CasEngine, clock: Arc<dyn Clock>) -> Self {
+        SideEffectAdapter { engine, clock }
+    }
+
+    /// The CAS engine (its [`stats`](CasEngine::stats) count round trips).
+    pub fn engine(&self) -> &CasEngine {
+        &self.engine
+    }
+
+    /// The clock expiry is judged with.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    pub(crate) fn now(&self) -> u64 {
+        self.clock.now_millis()
+    }
+
+    /// Refuse an action that cannot be stored, before any I/O.
+    pub(crate) fn check_action(&self, action: &Action) -> Result<(), SideEffectError> {
+        let max = self.engine.backend().limits().max_key_bytes;
+        let invalid = |why: String| Err(SideEffectError::InvalidAction(why));
+        if action.key.is_empty() {
+            return invalid("empty idempotency key".into());
+        }
+        if action.resource.is_empty() {
+            return invalid("empty resource".into());
+        }
+        for (what, value, stored) in [
+            ("key", &action.key, act_key(&action.key)),
+            ("resource", &action.resource, res_key(&action.resource)),
+        ] {
+            if value.contains('\0') {
+                return invalid(format!("NUL byte in {what} {value:?}"));
+            }
+            if stored.len() > max {
+                return invalid(format!(
+                    "{what} of {} bytes does not fit the store's {max}-byte keys",
+                    value.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_ttl(ttl: Duration) -> Result<u64, SideEffectError> {
+        if ttl.is_zero() {
+            return Err(SideEffectError::InvalidAction("zero TTL".into()));
+        }
+        Ok(ttl_millis(ttl))
+    }
+
+    /// What the store holds for `key` (one consistent read; inspection only,
+    /// never a basis for a decision).
+    pub async fn key_status(&self, key: &str) -> Result<KeyStatus, SideEffectError> {
+        let ak = act_key(key);
+        let entries = self.engine.snapshot(std::slice::from_ref(&ak)).await?;
+        let act: Option<ActRecord> = super::record::decode_bytes(&ak, entries[0].value.as_deref())?;
+        let Some(act) = act else {
+            return Ok(KeyStatus::Idle);
+        };
+        Ok(match act.state {
+            KeyState::Idle => KeyStatus::Idle,
+            KeyState::Uncertain { reason, .. } => KeyStatus::Uncertain { reason },
+            KeyState::Completed { result, .. } => KeyStatus::Completed {
+                result: EffectResult(result),
+            },
+            KeyState::Intent {
+                resource,
+                fence,
+                token,
+                ..
+            } => {
+                let rk = res_key(&resource);
+                let entries = self.engine.snapshot(std::slice::from_ref(&rk)).await?;
+                let res: Option<ResRecord> =
+                    super::record::decode_bytes(&rk, entries[0].value.as_deref())?;
+                KeyStatus::InFlight {
+                    live: intent_is_live(&token, res.as_ref(), self.now()),
+                    resource,
+                    fence: Fence(fence),
+                }
+            }
+        })
+    }
+
+    /// What the store holds for `resource` (inspection only).
+    pub async fn resource_status(&self, resource: &str) -> Result<ResourceStatus, SideEffectError> {
+        let rk = res_key(resource);
+        let entries = self.engine.snapshot(std::slice::from_ref(&rk)).await?;
+        let res: Option<ResRecord> = super::record::decode_bytes(&rk, entries[0].value.as_deref())?;
+        let now = self.now();
+        Ok(match res {
+            None => ResourceStatus {
+                highest_fence: Fence(0),
+                holder: None,
+                expires_at: None,
+                live: false,
+            },
+            Some(res) => ResourceStatus {
+                highest_fence: Fence(res.fence),
+                live: res.live_holder(now).is_some(),
+                expires_at: res.holder.as_ref().map(|h| millis_to_time(h.expires_ms)),
+                holder: res.holder.map(|h| h.key),
+            },
+        })
+    }
+}
+
+#[async_trait]
+impl SideEffectStore for SideEffectAdapter {
+    async fn acquire(&self, action: &Action, ttl: Duration) -> Result<Acquired, SideEffectError> {
+        self.check_action(action)?;
+        let ttl_ms = Self::check_ttl(ttl)?;
+        let now = self.now();
+        let expires_ms = now.saturating_add(ttl_ms);
+        let token = mint_token();
+        let w = mint_token();
+        let ak = act_key(&action.key);
+        let rk = res_key(&action.resource);
+        let decided = self
+            .engine
+            .decide(&[ak.clone(), rk.clone()], |view| -> Step<Acquired> {
+                let act: Option<ActRecord> = decode(view, &ak)?;
+                let res: Option<ResRecord> = decode(view, &rk)?;
+                // Key-level states outrank the resource: a done or unknown key
+                // must never be reported as merely "busy".
+                match act.as_ref().map(|a| &a.state) {
+                    Some(KeyState::Completed { result, .. }) => {
+                        return answer(Ok(Acquired::replayed(EffectResult(result.clone()))));
+                    }
+                    Some(KeyState::Uncertain { .. }) => {
+                        return answer(Ok(Acquired::without_lease(Outcome::Uncertain)));
+                    }
+                    Some(KeyState::Intent {
+                        resource,
+                        token: intent_token,
+                        retry_safety,
+                        ..
+                    }) => {
+                        let irk = res_key(resource);
+                        if !view.contains(&irk) {
+                            return Ok(Decision::Expand(vec![irk]));
+                        }
+                        let ires: Option<ResRecord> = decode(view, &irk)?;
+                        if intent_is_live(intent_token, ires.as_ref(), now) {
+                            return answer(Ok(Acquired::without_lease(Outcome::Contended)));
+                        }
+                        // The holder died or released between grant and
+                        // complete: it may have applied. Only an action the
+                        // host declared retry-safe (at grant time AND now)
+                        // may be granted again.
+                        let regrant = *retry_safety == RetrySafety::Safe
+                            && action.retry_safety == RetrySafety::Safe;
+                        if !regrant {
+                            return answer(Ok(Acquired::without_lease(Outcome::Uncertain)));
+                        }
+                    }
+                    Some(KeyState::Idle) | None => {}
+                }
+                if res.as_ref().and_then(|r| r.live_holder(now)).is_some() {
+                    return answer(Ok(Acquired::without_lease(Outcome::Contended)));
+                }
+                let fence = res
+                    .as_ref()
+                    .map_or(0, |r| r.fence)
+                    .checked_add(1)
+                    .ok_or_else(|| Error::malformed(rk.clone(), "fence counter exhausted"))?;
+                let new_res = ResRecord {
+                    fence,
+                    holder: Some(Holder {
+                        key: action.key.clone(),
+                        token: token.clone(),
+                        expires_ms,
+                    }),
+                    w: w.clone(),
+                };
+                let new_act = ActRecord {
+                    state: KeyState::Intent {
+                        resource: action.resource.clone(),
+                        fence,
+                        token: token.clone(),
+                        retry_safety: action.retry_safety,
+                        since_ms: now,
+                    },
+                    reconcile: None,
+                    w: w.clone(),
+                };
+                let lease = Lease {
+                    resource: action.resource.clone(),
+                    fence: Fence(fence),
+                    token: token.clone(),
+                    holder: action.key.clone(),
+                    expires_at: millis_to_time(expires_ms),
+                };
+                Ok(Decision::Commit {
+                    mutations: vec![
+                        Mutation::put(&rk, encode(&new_res)),
+                        Mutation::put(&ak, encode(&new_act)),
+                    ],
+                    then: Ok(Acquired::applied(lease)),
+                })
+            })
+            .await?;
+        if let Ok(acquired) = &decided {
+            tracing::debug!(
+                key = %action.key,
+                resource = %action.resource,
+                outcome = %acquired.outcome,
+                fence = acquired.lease.as_ref().map(|l| l.fence.0),
+                "sideeffect acquire"
+            );
+        }
+        decided
+    }
+
+    async fn complete(
+        &self,
+        action: &Action,
+        lease: &Lease,
+        result: EffectResult,
+    ) -> Result<EffectResult, SideEffectError> {
+        self.check_action(action)?;
+        let now = self.now();
+        let w = mint_token();
+        let ak = act_key(&action.key);
+        let rk = res_key(&action.resource);
+        self.engine
+            .decide(&[ak.clone(), rk.clone()], |view| -> Step<EffectResult> {
+                let act: Option<ActRecord> = decode(view, &ak)?;
+                let res: Option<ResRecord> = decode(view, &rk)?;
+                if let Some(KeyState::Completed { result, .. }) = act.as_ref().map(|a| &a.state) {
+                    // First result wins; nothing is written.
+                    return answer(Ok(EffectResult(result.clone())));
+                }
+                let Some(mut new_res) = res.filter(|r| lease_is_current(Some(r), action, lease))
+                else {
+                    return answer(Err(SideEffectError::FenceStale));
+                };
+                match act.map(|a| a.state) {
+                    Some(KeyState::Uncertain { .. }) => {
+                        answer(Err(SideEffectError::OutcomeUnknown {
+                            reason: "the key is marked uncertain; only a resolution completes it"
+                                .into(),
+                            source: None,
+                        }))
+                    }
+                    Some(KeyState::Intent { token, .. }) if token == lease.token => {
+                        // The key is done: its lease has no purpose left, so
+                        // it is freed in the same txn (saves the release round trip).
+                        new_res.holder = None;
+                        new_res.w = w.clone();
+                        let new_act = ActRecord {
+                            state: KeyState::Completed {
+                                result: result.0.clone(),
+                                fence: Some(lease.fence.0),
+                                reason: None,
+                                at_ms: now,
+                            },
+                            reconcile: None,
+                            w: w.clone(),
+                        };
+                        Ok(Decision::Commit {
+                            mutations: vec![
+                                Mutation::put(&rk, encode(&new_res)),
+                                Mutation::put(&ak, encode(&new_act)),
+                            ],
+                            then: Ok(result.clone()),
+                        })
+                    }
+                    // The attempt was abandoned or resolved meanwhile.
+                    _ => answer(Err(SideEffectError::FenceStale)),
+                }
+            })
+            .await?
+    }
+
+    async fn release(&self, action: &Action, lease: &Lease) -> Result<(), SideEffectError> {
+        self.check_action(action)?;
+        let w = mint_token();
+        let rk = res_key(&action.resource);
+        self.engine
+            .decide(std::slice::from_ref(&rk), |view| -> Step<()> {
+                let res: Option<ResRecord> = decode(view, &rk)?;
+                let Some(mut new_res) = res.filter(|r| lease_is_current(Some(r), action, lease))
+                else {
+                    return answer(Err(SideEffectError::FenceStale));
+                };
+                new_res.holder = None;
+                new_res.w = w.clone();
+                Ok(Decision::Commit {
+                    mutations: vec![Mutation::put(&rk, encode(&new_res))],
+                    then: Ok(()),
+                })
+            })
+            .await?
+    }
+
+    async fn renew(
+        &self,
+        action: &Action,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<Lease, SideEffectError> {
+        self.check_action(action)?;
+        let ttl_ms = Self::check_ttl(ttl)?;
+        let now = self.now();
+        let expires_ms = now.saturating_add(ttl_ms);
+        let w = mint_token();
+        let ak = act_key(&action.key);
+        let rk = res_key(&action.resource);
+        self.engine
+            .decide(&[ak.clone(), rk.clone()], |view| -> Step<Lease> {
+                let act: Option<ActRecord> = decode(view, &ak)?;
+                let res: Option<ResRecord> = decode(view, &rk)?;
+                let attempt_open = matches!(
+                    act.map(|a| a.state),
+                    Some(KeyState::Intent { token, .. }) if token == lease.token
+                );
+                let held = res
+                    .filter(|r| lease_is_current(Some(r), action, lease))
+                    .filter(|r| r.live_holder(now).is_some());
+                // Renewing an expired lease is a fake renew even if nobody
+                // took over yet: the holder may already have been judged dead.
+                let (Some(mut new_res), true) = (held, attempt_open) else {
+                    return answer(Err(SideEffectError::LeaseLost));
+                };
+                if let Some(holder) = new_res.holder.as_mut() {
+                    holder.expires_ms = expires_ms;
+                }
+                new_res.w = w.clone();
+                let mut renewed = lease.clone();
+                renewed.expires_at = millis_to_time(expires_ms);
+                Ok(Decision::Commit {
+                    mutations: vec![Mutation::put(&rk, encode(&new_res))],
+                    then: Ok(renewed),
+                })
+            })
+            .await?
+    }
+
+    async fn mark_uncertain(
+        &self,
+        action: &Action,
+        lease: &Lease,
+        reason: &str,
+    ) -> Result<(), SideEffectError> {
+        self.check_action(action)?;
+        let now = self.now();
+        let w = mint_token();
+        let ak = act_key(&action.key);
+        let rk = res_key(&action.resource);
+        self.engine
+            .decide(&[ak.clone(), rk.clone()], |view| -> Step<()> {
+                let act: Option<ActRecord> = decode(view, &ak)?;
+                let res: Option<ResRecord> = decode(view, &rk)?;
+                match act.as_ref().map(|a| &a.state) {
+                    // Idempotent: already marked, nothing to write.
+                    Some(KeyState::Uncertain { .. }) => return answer(Ok(())),
+                    // Never turn a known result into an unknown one.
+                    Some(KeyState::Completed { .. }) => {
+                        return answer(Err(SideEffectError::FenceStale))
+                    }
+                    _ => {}
+                }
+                if !lease_is_current(res.as_ref(), action, lease) {
+                    return answer(Err(SideEffectError::FenceStale));
+                }
+                // Marking and dropping the intent is one put of one record:
+                // if the txn fails, the intent is still there and still blocks.
+                let new_act = ActRecord {
+                    state: KeyState::Uncertain {
+                        resource: action.resource.clone(),
+                        fence: Some(lease.fence.0),
+                        reason: reason.to_owned(),
+                        since_ms: now,
+                    },
+                    reconcile: None,
+                    w: w.clone(),
+                };
+                Ok(Decision::Commit {
+                    mutations: vec![Mutation::put(&ak, encode(&new_act))],
+                    then: Ok(()),
+                })
+            })
+            .await?
+    }
+
+    async fn resolve_uncertain(
+        &self,
+        action: &Action,
+        resolution: &Resolution,
+    ) -> Result<Execution, SideEffectError> {
+        self.resolve(action, resolution, None).await
+    }
+
+    async fn abandon(
+        &self,
+        action: &Action,
+        lease: &Lease,
+        reason: &str,
+    ) -> Result<(), SideEffectError> {
+        self.check_action(action)?;
+        if lease.resource != action.resource {
+            return Err(SideEffectError::FenceStale);
+        }
+        let w = mint_token();
+        let ak = act_key(&action.key);
+        let rk = res_key(&action.resource);
+        let decided = self
+            .engine
+            .decide(&[ak.clone(), rk.clone()], |view| -> Step<()> {
+                let act: Option<ActRecord> = decode(view, &ak)?;
+                let res: Option<ResRecord> = decode(view, &rk)?;
+                let own_intent = matches!(
+                    act.as_ref().map(|a| &a.state),
+                    Some(KeyState::Intent { token, .. }) if *token == lease.token
+                );
+                if !own_intent {
+                    // Completed, uncertain, or another attempt: dropping it
+                    // would erase a fact (or someone else's attempt).
+                    return answer(Err(SideEffectError::FenceStale));
+                }
+                let new_act = ActRecord {
+                    state: KeyState::Idle,
+                    reconcile: None,
+                    w: w.clone(),
+                };
+                let mut mutations = vec![Mutation::put(&ak, encode(&new_act))];
+                if let Some(mut new_res) = res.filter(|r| lease_is_current(Some(r), action, lease))
+                {
+                    new_res.holder = None;
+                    new_res.w = w.clone();
+                    mutations.push(Mutation::put(&rk, encode(&new_res)));
+                }
+                Ok(Decision::Commit {
+                    mutations,
+                    then: Ok(()),
+                })
+            })
+            .await?;
+        if decided.is_ok() {
+            tracing::debug!(key = %action.key, fence = lease.fence.0, reason, "sideeffect abandon");
+        }
+        decided
+    }
+
+    async fn begin_reconcile(
+        &self,
+        action: &Action,
+        ttl: Duration,
+    ) -> Result<Option<ReconcileClaim>, SideEffectError> {
+        self.begin(action, ttl).await
+    }
+
+    async fn resolve_uncertain_owned(
+        &self,
+        action: &Action,
+        resolution: &Resolution,
+        holder: &str,
+    ) -> Result<Execution, SideEffectError> {
+        self.resolve(action, resolution, Some(holder)).await
+    }
+}

@@ -1,0 +1,200 @@
+//! The resolution side of [`SideEffectAdapter`]: `resolve_uncertain`,
+//! `begin_reconcile`, `resolve_uncertain_owned`.
+//!
+//! Resolutions check no fence: they rest on downstream facts, not on holding
+//! the resource (the original holder may be long dead, which is exactly when
+//! reconciling happens). A key counts as uncertain when it was marked, and
+//! also when its execution intent lost its lease (the holder died or released
+//! between apply and complete): that is what `acquire` reports as
+//! `Uncertain`, so it is what a reconciler may resolve.
+
+use std::time::Duration;
+
+use coord_backend::Mutation;
+
+use super::adapter::{answer, Step};
+use super::error::SideEffectError;
+use super::record::{
+    act_key, decode, encode, intent_is_live, millis_to_time, res_key, ActRecord, ClaimRecord,
+    KeyState, ResRecord,
+};
+use super::types::{Action, EffectResult, Execution, Outcome, ReconcileClaim, Resolution};
+use super::SideEffectAdapter;
+use crate::{mint_token, Decision, View};
+
+/// Whether the key in `act` awaits a resolution, or why not.
+enum Standing {
+    Uncertain,
+    Completed(Vec<u8>),
+    NotUncertain,
+}
+
+/// Judge the key; `Err(step)` when the view must first be expanded.
+fn standing(view: &View, act: Option<&ActRecord>, now: u64) -> Result<Standing, Step<()>> {
+    match act.map(|a| &a.state) {
+        None | Some(KeyState::Idle) => Ok(Standing::NotUncertain),
+        Some(KeyState::Uncertain { .. }) => Ok(Standing::Uncertain),
+        Some(KeyState::Completed { result, .. }) => Ok(Standing::Completed(result.clone())),
+        Some(KeyState::Intent {
+            resource, token, ..
+        }) => {
+            let irk = res_key(resource);
+            if !view.contains(&irk) {
+                return Err(Ok(Decision::Expand(vec![irk])));
+            }
+            let ires: Option<ResRecord> = match decode(view, &irk) {
+                Ok(r) => r,
+                Err(e) => return Err(Err(e.into())),
+            };
+            if intent_is_live(token, ires.as_ref(), now) {
+                // In flight: its holder may still complete it.
+                Ok(Standing::NotUncertain)
+            } else {
+                Ok(Standing::Uncertain)
+            }
+        }
+    }
+}
+
+/// Re-type an expansion (or decode error) step for another answer type.
+fn retype<T>(step: Step<()>) -> Step<T> {
+    match step {
+        Ok(Decision::Expand(keys)) => Ok(Decision::Expand(keys)),
+        Ok(_) => unreachable!("standing() only yields expansions"),
+        Err(e) => Err(e),
+    }
+}
+
+impl SideEffectAdapter {
+    pub(crate) async fn resolve(
+        &self,
+        action: &Action,
+        resolution: &Resolution,
+        holder: Option<&str>,
+    ) -> Result<Execution, SideEffectError> {
+        self.check_action(action)?;
+        let now = self.now();
+        let w = mint_token();
+        let ak = act_key(&action.key);
+        let decided = self
+            .engine()
+            .decide(std::slice::from_ref(&ak), |view| -> Step<Execution> {
+                let act: Option<ActRecord> = decode(view, &ak)?;
+                if let Some(holder) = holder {
+                    let owns = act
+                        .as_ref()
+                        .and_then(|a| a.reconcile.as_ref())
+                        .is_some_and(|c| c.holder == holder && c.expires_ms > now);
+                    if !owns {
+                        return answer(Err(SideEffectError::ReconcileLost));
+                    }
+                }
+                match standing(view, act.as_ref(), now) {
+                    Err(step) => return retype(step),
+                    Ok(Standing::Completed(result)) => {
+                        // First resolution (or completion) wins.
+                        return answer(Ok(Execution {
+                            outcome: Outcome::Replayed,
+                            result: Some(EffectResult(result)),
+                        }));
+                    }
+                    Ok(Standing::NotUncertain) => {
+                        return answer(Err(SideEffectError::NotUncertain))
+                    }
+                    Ok(Standing::Uncertain) => {}
+                }
+                let (state, then) = if resolution.applied {
+                    (
+                        KeyState::Completed {
+                            result: resolution.result.0.clone(),
+                            fence: None,
+                            reason: Some(resolution.reason.clone()),
+                            at_ms: now,
+                        },
+                        Execution {
+                            outcome: Outcome::Replayed,
+                            result: Some(resolution.result.clone()),
+                        },
+                    )
+                } else {
+                    (
+                        KeyState::Idle,
+                        Execution {
+                            outcome: Outcome::Applied,
+                            result: None,
+                        },
+                    )
+                };
+                let new_act = ActRecord {
+                    state,
+                    reconcile: None,
+                    w: w.clone(),
+                };
+                Ok(Decision::Commit {
+                    mutations: vec![Mutation::put(&ak, encode(&new_act))],
+                    then: Ok(then),
+                })
+            })
+            .await?;
+        if decided.is_ok() {
+            tracing::info!(
+                key = %action.key,
+                applied = resolution.applied,
+                reason = %resolution.reason,
+                owned = holder.is_some(),
+                "sideeffect resolve_uncertain"
+            );
+        }
+        decided
+    }
+
+    pub(crate) async fn begin(
+        &self,
+        action: &Action,
+        ttl: Duration,
+    ) -> Result<Option<ReconcileClaim>, SideEffectError> {
+        self.check_action(action)?;
+        let ttl_ms = Self::check_ttl(ttl)?;
+        let now = self.now();
+        let expires_ms = now.saturating_add(ttl_ms);
+        let holder = mint_token();
+        let w = mint_token();
+        let ak = act_key(&action.key);
+        self.engine()
+            .decide(
+                std::slice::from_ref(&ak),
+                |view| -> Step<Option<ReconcileClaim>> {
+                    let act: Option<ActRecord> = decode(view, &ak)?;
+                    match standing(view, act.as_ref(), now) {
+                        Err(step) => return retype(step),
+                        Ok(Standing::Uncertain) => {}
+                        Ok(_) => return answer(Err(SideEffectError::NotUncertain)),
+                    }
+                    let Some(mut new_act) = act else {
+                        return answer(Err(SideEffectError::NotUncertain));
+                    };
+                    if new_act
+                        .reconcile
+                        .as_ref()
+                        .is_some_and(|c| c.expires_ms > now)
+                    {
+                        return answer(Ok(None));
+                    }
+                    new_act.reconcile = Some(ClaimRecord {
+                        holder: holder.clone(),
+                        expires_ms,
+                    });
+                    new_act.w = w.clone();
+                    Ok(Decision::Commit {
+                        mutations: vec![Mutation::put(&ak, encode(&new_act))],
+                        then: Ok(Some(ReconcileClaim {
+                            key: action.key.clone(),
+                            holder: holder.clone(),
+                            expires_at: millis_to_time(expires_ms),
+                        })),
+                    })
+                },
+            )
+            .await?
+    }
+}

@@ -1,0 +1,178 @@
+//! How the adapter's two records look in the store, and the three-way check.
+//!
+//! - `se/act/<key>` (key level): idle / execution intent / uncertain /
+//!   completed, plus an optional reconcile claim;
+//! - `se/res/<resource>` (resource level): the highest fence ever issued and
+//!   the current holder. Never deleted, so the fence is never reset.
+//!
+//! Records are JSON; bytes are base64. Every record carries `w`, a token
+//! minted for that write, so the CAS engine can tell whether an
+//! indeterminate txn landed (no two writes are byte-identical).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use coord_backend::Error;
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use super::types::{Action, Lease, RetrySafety};
+use crate::View;
+
+pub(crate) const ACT_PREFIX: &str = "se/act/";
+pub(crate) const RES_PREFIX: &str = "se/res/";
+pub(crate) const SINK_PREFIX: &str = "se/sink/";
+
+pub(crate) fn act_key(key: &str) -> String {
+    format!("{ACT_PREFIX}{key}")
+}
+
+pub(crate) fn res_key(resource: &str) -> String {
+    format!("{RES_PREFIX}{resource}")
+}
+
+pub(crate) fn sink_key(resource: &str) -> String {
+    format!("{SINK_PREFIX}{resource}")
+}
+
+/// Resource level: who holds it, and the fence counter.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct ResRecord {
+    /// Highest fence ever issued on this resource.
+    pub(crate) fence: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) holder: Option<Holder>,
+    pub(crate) w: String,
+}
+
+/// The current grant of a resource (its fence is [`ResRecord::fence`]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Holder {
+    /// The idempotency key the grant went to.
+    pub(crate) key: String,
+    /// The grant's token.
+    pub(crate) token: String,
+    pub(crate) expires_ms: u64,
+}
+
+impl ResRecord {
+    /// The holder, if its lease is unexpired at `now`.
+    pub(crate) fn live_holder(&self, now: u64) -> Option<&Holder> {
+        self.holder.as_ref().filter(|h| h.expires_ms > now)
+    }
+}
+
+/// Key level state.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub(crate) enum KeyState {
+    Idle,
+    /// Granted and not yet completed, abandoned or marked.
+    Intent {
+        resource: String,
+        fence: u64,
+        token: String,
+        retry_safety: RetrySafety,
+        since_ms: u64,
+    },
+    Uncertain {
+        resource: String,
+        fence: Option<u64>,
+        reason: String,
+        since_ms: u64,
+    },
+    Completed {
+        #[serde(with = "b64")]
+        result: Vec<u8>,
+        /// The fence of the completing lease; `None` when set by a resolution.
+        fence: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        at_ms: u64,
+    },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct ActRecord {
+    pub(crate) state: KeyState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) reconcile: Option<ClaimRecord>,
+    pub(crate) w: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct ClaimRecord {
+    pub(crate) holder: String,
+    pub(crate) expires_ms: u64,
+}
+
+mod b64 {
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text.as_bytes())
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Decode the record at `key` in `view` (`None` when missing).
+pub(crate) fn decode<T: DeserializeOwned>(view: &View, key: &str) -> Result<Option<T>, Error> {
+    decode_bytes(key, view.value(key))
+}
+
+pub(crate) fn decode_bytes<T: DeserializeOwned>(
+    key: &str,
+    bytes: Option<&[u8]>,
+) -> Result<Option<T>, Error> {
+    match bytes {
+        None => Ok(None),
+        Some(bytes) => serde_json::from_slice(bytes)
+            .map(Some)
+            .map_err(|e| Error::malformed(key, format!("not a side-effect record: {e}"))),
+    }
+}
+
+pub(crate) fn encode<T: Serialize>(record: &T) -> Vec<u8> {
+    // Serializing these plain structs cannot fail (string keys, no maps of non-strings).
+    serde_json::to_vec(record).expect("side-effect records always serialize")
+}
+
+/// The three-way check: the lease is the current grant of its resource
+/// (same fence and token, holder present), the grant went to this action's
+/// key, and the lease's resource is the action's resource.
+pub(crate) fn lease_is_current(res: Option<&ResRecord>, action: &Action, lease: &Lease) -> bool {
+    lease.resource == action.resource
+        && lease.holder == action.key
+        && res.is_some_and(|r| {
+            r.fence == lease.fence.0
+                && r.holder
+                    .as_ref()
+                    .is_some_and(|h| h.token == lease.token && h.key == action.key)
+        })
+}
+
+/// Whether an intent's grant still holds its resource at `now`.
+pub(crate) fn intent_is_live(token: &str, res: Option<&ResRecord>, now: u64) -> bool {
+    res.and_then(|r| r.live_holder(now))
+        .is_some_and(|h| h.token == token)
+}
+
+pub(crate) fn millis_to_time(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+/// A TTL in whole milliseconds, rounded up so a sub-millisecond TTL does not expire at once.
+pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
+    let ms = ttl.as_millis();
+    let ms = if Duration::from_millis(ms as u64) < ttl {
+        ms + 1
+    } else {
+        ms
+    };
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
