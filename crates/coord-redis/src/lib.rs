@@ -1,3 +1,98 @@
-//! coord-redis (work in progress).
+//! coord's store on Redis, standalone or Redis Cluster: each primitive is
+//! **one Lua script call**.
+//!
+//! # Shape
+//!
+//! Every key `K` of namespace `NS` is a hash at `coord:{NS}:k:K` with field
+//! `v` (the version counter) and field `d` (the value). A delete removes `d`
+//! and bumps `v`: the hash stays as a **tombstone**, so a re-created key
+//! continues from the old counter and a version is never handed out twice
+//! (no ABA). Tombstones are never reclaimed (a few bytes per deleted key).
+//! The live keys are also members of the sorted set `coord:{NS}:idx` (all
+//! scores 0), maintained by the same script that writes them.
+//!
+//! | primitive | what runs | round trips |
+//! | --- | --- | --- |
+//! | [`snapshot`](coord_backend::Backend::snapshot) | one script: `HMGET v d` per key | 1 (`EVALSHA`) |
+//! | [`txn`](coord_backend::Backend::txn) | one script: read + check every touched key, compare every assert, then `HINCRBY v` / `HSET d` or `HDEL d` / `ZADD` or `ZREM` | 1 (`EVALSHA`) |
+//! | [`keys`](coord_backend::Backend::keys) | one script: `ZRANGEBYLEX idx [prefix (prefix\xff` | 1 (`EVALSHA`) |
+//!
+//! A script the server has not cached yet costs one extra `SCRIPT LOAD` round
+//! trip, once per server (the `NOSCRIPT` fallback of [`redis::Script`]).
+//! Prefixes are bytes in a lexicographic range, never a pattern (`KEYS` and
+//! `SCAN` are neither atomic nor cluster-safe): `*`, `?`, `[`, `%`, `{` match
+//! only themselves. UTF-8 never contains the byte `0xFF`, so
+//! `(prefix 0xFF` is an exact upper bound of "starts with prefix".
+//!
+//! # Atomicity boundary
+//!
+//! - **One script is atomic**: Redis runs one script at a time, nothing else
+//!   interleaves. Each script reads and checks everything before its first
+//!   write, so a script that fails never leaves half a txn behind.
+//! - **No isolation between scripts**: a snapshot and a later txn are two
+//!   steps; the txn's version asserts are what makes the pair safe (CAS).
+//! - **One namespace = one hash slot = one shard**: every Redis key of a
+//!   namespace carries the `{NS}` hash tag and every key a script touches is
+//!   passed in `KEYS`, so scripts run on Redis Cluster. The flip side: a
+//!   namespace never spreads over several shards; use several namespaces to
+//!   spread load.
+//! - **Durability is Redis's**: replication is asynchronous, so a failover
+//!   can lose writes that were acknowledged (a lock granted twice, a side
+//!   effect run twice). `WAIT` is not used (it would not make the failover
+//!   safe either, only narrower). With persistence off, a restart forgets
+//!   everything. Use PostgreSQL or etcd when that is not acceptable.
+//!
+//! # Connections and errors
+//!
+//! - `redis://[user:password@]host:port[/db]` and `rediss://…` (TLS, feature
+//!   `tls`, on by default: rustls with the `ring` provider and the OS trust
+//!   store): one multiplexed connection behind a
+//!   [`redis::aio::ConnectionManager`], which reconnects after a drop.
+//! - `redis+cluster://[user:password@]host:port,host:port,…` and
+//!   `rediss+cluster://…`: a [`redis::cluster_async::ClusterConnection`]
+//!   seeded with those nodes (it discovers the others and reconnects itself).
+//! - `?namespace=NAME` selects the namespace (see [`coord_backend::StoreUrl`]);
+//!   other query parameters go to the redis client (e.g. `protocol=resp3`).
+//!
+//! A failure to reach the server before the command was sent (connection
+//! refused, server errors such as `LOADING`, `BUSY`, `OOM`, `MOVED`, which
+//! run nothing) is [`Error::Unavailable`](coord_backend::Error::Unavailable).
+//! An I/O error, a timeout or a dropped connection while a txn script was
+//! in flight is [`Error::Indeterminate`](coord_backend::Error::Indeterminate):
+//! the script may have run. A txn is never resent by this crate after it may
+//! have reached the server (the cluster client's own retries are off; only
+//! redirects, which run nothing, are followed). Snapshots and keys are
+//! reads: they are retried a few times and then fail as `Unavailable`.
+//! A script reply that is not what the scripts return, or a record this
+//! crate did not write, is [`Error::MalformedRecord`](coord_backend::Error::MalformedRecord).
+//!
+//! The client cannot tell "not sent" from "sent, reply lost" on a connection
+//! that broke: with RESP2 (the default) a drop nobody has noticed yet makes
+//! the next txn [`Error::Indeterminate`](coord_backend::Error::Indeterminate)
+//! although it never left; the adapters resolve that by re-reading. With
+//! `?protocol=resp3` the connection manager learns of the drop from the
+//! connection itself and reconnects before the next call.
+//!
+//! ```no_run
+//! use coord_backend::{Assert, Backend, Mutation, StoreUrl};
+//! use coord_redis::RedisBackend;
+//!
+//! # async fn demo() -> coord_backend::Result<()> {
+//! let url = StoreUrl::parse("redis://127.0.0.1:6379?namespace=billing")?;
+//! let store = RedisBackend::connect(&url).await?;
+//! let out = store
+//!     .txn(&[Assert::missing("job/1")], &[Mutation::put("job/1", b"pending".to_vec())])
+//!     .await?;
+//! assert!(out.applied);
+//! # Ok(())
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
+
+mod backend;
+mod options;
+mod scripts;
+
+pub use backend::RedisBackend;
+pub use options::RedisOptions;

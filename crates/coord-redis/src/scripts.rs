@@ -1,0 +1,112 @@
+//! The three Lua scripts. Each primitive is exactly one of them, so each is
+//! atomic on the server (Redis runs one script at a time).
+//!
+//! Record layout: one hash per key with field `v` (the version counter,
+//! written only by `HINCRBY`) and field `d` (the value; absent in a
+//! tombstone). The index is a sorted set of the live keys, every score 0, so
+//! `ZRANGEBYLEX` orders members by their bytes.
+//!
+//! Every script reads and checks everything it touches *before* its first
+//! write: a Redis script that fails halfway keeps the writes it already made,
+//! so the only failures allowed after a write are impossible ones (a type was
+//! checked, `HINCRBY` on a checked integer). Redis refuses a script under OOM
+//! at its first write, which is therefore still "nothing applied".
+//!
+//! Replies start with a tag: `ok` / `applied` / `rejected` / `malformed`.
+
+/// KEYS: the record keys. ARGV: none.
+/// Reply: `ok`, then per key its visible version (a decimal string, `0` for
+/// missing or tombstone) and its value (nil when missing), or
+/// `malformed, <record key>, <reason>`.
+pub(crate) const SNAPSHOT: &str = r#"
+local out = {'ok'}
+for i = 1, #KEYS do
+  local r = redis.pcall('HMGET', KEYS[i], 'v', 'd')
+  if r['err'] then return {'malformed', KEYS[i], r['err']} end
+  local v, d = r[1], r[2]
+  if d then
+    if not v or not string.match(v, '^%d+$') then
+      return {'malformed', KEYS[i], 'value without a valid version field'}
+    end
+    out[#out + 1] = v
+    out[#out + 1] = d
+  else
+    out[#out + 1] = '0'
+    out[#out + 1] = false
+  end
+end
+return out
+"#;
+
+/// KEYS[1]: the index; KEYS[2..]: the record keys of every distinct key the
+/// txn names, asserted keys first (in assert order).
+/// ARGV[1]: the byte length of the record-key prefix (to recover index members);
+/// ARGV[2]: A, the number of asserted keys (KEYS[2..A+1]); ARGV[3..A+2]: their
+/// expected versions (decimal, `0` = must not exist);
+/// ARGV[A+3]: M, the number of mutations; then M triples
+/// (KEYS position, `p` or `d`, value — empty for a delete).
+/// Reply: `applied`; or `rejected` then version/value pairs of the asserted
+/// keys (as in SNAPSHOT); or `malformed, <record key>, <reason>`.
+pub(crate) const TXN: &str = r#"
+local plen = tonumber(ARGV[1])
+local nasserts = tonumber(ARGV[2])
+local nmut = tonumber(ARGV[nasserts + 3])
+if nmut > 0 then
+  local t = redis.call('TYPE', KEYS[1])['ok']
+  if t ~= 'zset' and t ~= 'none' then
+    return {'malformed', KEYS[1], 'index is a ' .. t .. ', not a sorted set'}
+  end
+end
+local vis = {}
+local val = {}
+for i = 2, #KEYS do
+  local r = redis.pcall('HMGET', KEYS[i], 'v', 'd')
+  if r['err'] then return {'malformed', KEYS[i], r['err']} end
+  local v, d = r[1], r[2]
+  if v and not string.match(v, '^%d+$') then
+    return {'malformed', KEYS[i], 'version field is not a decimal integer'}
+  end
+  if d then
+    if not v then return {'malformed', KEYS[i], 'value without a version field'} end
+    vis[i] = v
+    val[i] = d
+  else
+    vis[i] = '0'
+    val[i] = false
+  end
+end
+for i = 1, nasserts do
+  if vis[i + 1] ~= ARGV[i + 2] then
+    local out = {'rejected'}
+    for j = 1, nasserts do
+      out[#out + 1] = vis[j + 1]
+      out[#out + 1] = val[j + 1]
+    end
+    return out
+  end
+end
+local base = nasserts + 3
+for m = 0, nmut - 1 do
+  local k = KEYS[tonumber(ARGV[base + 1 + 3 * m])]
+  local op = ARGV[base + 2 + 3 * m]
+  local member = string.sub(k, plen + 1)
+  redis.call('HINCRBY', k, 'v', 1)
+  if op == 'p' then
+    redis.call('HSET', k, 'd', ARGV[base + 3 + 3 * m])
+    redis.call('ZADD', KEYS[1], 0, member)
+  else
+    redis.call('HDEL', k, 'd')
+    redis.call('ZREM', KEYS[1], member)
+  end
+end
+return {'applied'}
+"#;
+
+/// KEYS[1]: the index. ARGV[1], ARGV[2]: the `ZRANGEBYLEX` bounds.
+/// Reply: `ok`, then the members in byte order; or `malformed, <key>, <reason>`.
+pub(crate) const KEYS: &str = r#"
+local r = redis.pcall('ZRANGEBYLEX', KEYS[1], ARGV[1], ARGV[2])
+if r['err'] then return {'malformed', KEYS[1], r['err']} end
+table.insert(r, 1, 'ok')
+return r
+"#;
