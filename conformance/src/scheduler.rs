@@ -1,1 +1,798 @@
-//! The scheduler suite (not written yet).
+//! The scheduler suite: the run-store contract of SPEC §3 / seed 002.
+//!
+//! Every check is a plain `async fn` over a [`SchedulerEnv`]: a
+//! [`BackendFactory`] (each call is another client of the store under test,
+//! as another process would have) and a [`StoreMaker`] that builds the
+//! [`SlotStore`] under test over one client (by default
+//! [`coord_scheduler::RunStore`]; tests pass deliberately broken ones to
+//! prove the checks fail). Time is a `ManualClock` the check moves; the run
+//! store judges lease expiry with it, so the checks run unchanged on any store.
+//!
+//! What the suite pins down (one bullet per check):
+//!
+//! - [`claim_race`]: N instances claim one `(job, slot)` at once, many
+//!   times: exactly one wins each slot, and history names the winner;
+//! - [`repeat_safety`]: the winning token claiming again still wins (also
+//!   through another client); another token loses;
+//! - [`history_newest_first`]: runs from several instances (and a manual
+//!   run) come back newest first, with instance, status, message, duration;
+//! - [`heartbeat_ownership`]: a heartbeat extends only the owner's lease;
+//! - [`takeover_after_expiry`]: a live lease is never taken; an expired one
+//!   is, once, counted, and the old holder can no longer heartbeat/finish/release;
+//! - [`overlap_protection`]: a live run of slot N blocks slot N+1 unless the
+//!   job allows overlap; finished or expired runs do not block;
+//! - [`finish_release_by_token`]: finish / release act only with the owning
+//!   token (idempotent for it); release lets a backup take over at once;
+//! - [`skip_recorded_once`]: a skipped slot is recorded once, never over a claim,
+//!   and does not block a later claim;
+//! - [`manual_runs_not_deduplicated`]: manual runs at one instant are all recorded;
+//! - [`dedupe_window_refusal`]: a store that forgets claims declares it, and the
+//!   scheduler refuses jobs whose jitter + max lateness is not below it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_backend::{Backend, Clock, ManualClock};
+use coord_scheduler::{
+    handler, ClaimOutcome, ClaimRequest, FinalStatus, Job, JobOptions, LockingHint, ManualRun,
+    RunStatus, RunStore, RunStoreOptions, Schedule, Scheduler, SchedulerOptions, SkipReason,
+    SlotStore,
+};
+
+use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+
+/// Builds the [`SlotStore`] under test over one backend client.
+pub type StoreMaker = Arc<
+    dyn Fn(
+            Arc<dyn Backend>,
+            Arc<dyn Clock>,
+            RunStoreOptions,
+        ) -> Result<Arc<dyn SlotStore>, coord_scheduler::Error>
+        + Send
+        + Sync,
+>;
+
+/// The [`StoreMaker`] of the real [`RunStore`].
+pub fn run_store_maker() -> StoreMaker {
+    Arc::new(|backend, clock, options| {
+        Ok(Arc::new(RunStore::new(backend, clock, options)?) as Arc<dyn SlotStore>)
+    })
+}
+
+/// What the checks run against.
+#[derive(Clone)]
+pub struct SchedulerEnv {
+    /// Clients of the store under test.
+    pub backends: BackendFactory,
+    /// The run store built over each client.
+    pub stores: StoreMaker,
+}
+
+impl SchedulerEnv {
+    /// The real [`RunStore`] over `backends`.
+    pub fn new(backends: BackendFactory) -> Self {
+        SchedulerEnv {
+            backends,
+            stores: run_store_maker(),
+        }
+    }
+
+    /// The same store with another [`SlotStore`] implementation.
+    pub fn with_stores(mut self, stores: StoreMaker) -> Self {
+        self.stores = stores;
+        self
+    }
+
+    /// A new client (one "instance") of namespace `ns`.
+    pub async fn store(
+        &self,
+        ns: &str,
+        clock: Arc<dyn Clock>,
+        options: RunStoreOptions,
+    ) -> Result<Arc<dyn SlotStore>, Failure> {
+        let backend = (self.backends)(ns.to_owned()).await?;
+        Ok((self.stores)(backend, clock, options)?)
+    }
+}
+
+impl From<coord_scheduler::Error> for Failure {
+    fn from(error: coord_scheduler::Error) -> Self {
+        Failure::new(format!("run store error: {error}"))
+    }
+}
+
+/// An instant well after the epoch, in ms (round, so slots read easily).
+const T0: u64 = 1_700_000_000_000;
+const TTL: Duration = Duration::from_secs(10);
+
+fn clock_at(ms: u64) -> Arc<ManualClock> {
+    Arc::new(ManualClock::at_millis(ms))
+}
+
+fn req(job: &str, slot: u64, token: &str, instance: &str) -> ClaimRequest {
+    ClaimRequest::new(job, slot, token, instance, TTL)
+}
+
+/// `instances` clients race to claim each of `rounds` slots of one job:
+/// exactly one wins each slot (store errors are failures, never losers),
+/// and the slot's history record names the winner.
+pub async fn claim_race(env: &SchedulerEnv, instances: usize, rounds: u64) -> CheckResult {
+    let ns = unique_namespace("sched_race");
+    let clock = clock_at(T0);
+    let mut stores = Vec::new();
+    for _ in 0..instances {
+        stores.push(
+            env.store(&ns, clock.clone(), RunStoreOptions::default())
+                .await?,
+        );
+    }
+    for round in 0..rounds {
+        let slot = T0 + round * 1_000;
+        let barrier = Arc::new(tokio::sync::Barrier::new(instances));
+        let mut tasks = Vec::new();
+        for (i, store) in stores.iter().enumerate() {
+            let store = store.clone();
+            let barrier = barrier.clone();
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                // Overlap allowed: this check is about one slot, not about the previous one.
+                let request = ClaimRequest::new(
+                    "race",
+                    slot,
+                    coord_adapters::mint_token(),
+                    format!("i{i}"),
+                    TTL,
+                )
+                .allow_overlap(true);
+                store.claim(&request).await
+            }));
+        }
+        let mut winners = Vec::new();
+        for (i, task) in tasks.into_iter().enumerate() {
+            let claim = task
+                .await
+                .map_err(|e| Failure::new(format!("instance {i} panicked: {e}")))??;
+            if claim.won {
+                winners.push(i);
+            } else {
+                ensure!(
+                    claim.outcome == ClaimOutcome::Running,
+                    "slot {slot}: a loser of the race got {:?} (expected Running)",
+                    claim.outcome
+                );
+            }
+        }
+        ensure!(
+            winners.len() == 1,
+            "slot {slot}: {} of {instances} racing instances won the claim (expected exactly 1): {winners:?}",
+            winners.len()
+        );
+        let history = stores[0].history("race", 1).await?;
+        ensure!(
+            history.first().map(|r| (r.slot, r.instance.clone()))
+                == Some((slot, format!("i{}", winners[0]))),
+            "slot {slot}: history does not name the winner i{}: {history:?}",
+            winners[0]
+        );
+    }
+    Ok(())
+}
+
+/// The winning token claiming again still wins (from the same client and
+/// from a fresh client, as after a reconnect); another token loses.
+pub async fn repeat_safety(env: &SchedulerEnv) -> CheckResult {
+    let ns = unique_namespace("sched_repeat");
+    let clock = clock_at(T0);
+    let a = env
+        .store(&ns, clock.clone(), RunStoreOptions::default())
+        .await?;
+    let b = env
+        .store(&ns, clock.clone(), RunStoreOptions::default())
+        .await?;
+    let a_again = env
+        .store(&ns, clock.clone(), RunStoreOptions::default())
+        .await?;
+    let mine = req("repeat", T0, "token-a", "a");
+    let theirs = req("repeat", T0, "token-b", "b");
+    let first = a.claim(&mine).await?;
+    ensure!(
+        first.won && first.outcome == ClaimOutcome::Won,
+        "first claim: {first:?}"
+    );
+    let again = a.claim(&mine).await?;
+    ensure!(again.won, "the same token claiming again lost: {again:?}");
+    let other = b.claim(&theirs).await?;
+    ensure!(!other.won, "another token won a claimed slot: {other:?}");
+    ensure!(
+        other.holder.as_deref() == Some("a"),
+        "the loser was not told who holds the slot: {other:?}"
+    );
+    let reconnect = a_again.claim(&mine).await?;
+    ensure!(
+        reconnect.won,
+        "the same token through another client lost: {reconnect:?}"
+    );
+    let other = b.claim(&theirs).await?;
+    ensure!(!other.won, "another token won after the repeats: {other:?}");
+    // Still exactly one run in history.
+    let history = b.history("repeat", 10).await?;
+    ensure!(
+        history.len() == 1 && history[0].instance == "a",
+        "repeated claims left {} history records: {history:?}",
+        history.len()
+    );
+    a.finish("repeat", T0, "token-a", FinalStatus::Succeeded)
+        .await?;
+    let after = b.claim(&theirs).await?;
+    ensure!(
+        !after.won && after.outcome == ClaimOutcome::Done,
+        "a finished slot was claimable again: {after:?}"
+    );
+    Ok(())
+}
+
+/// Runs from several instances, and a manual run, come back newest first
+/// with instance, status, message, duration; `limit` is honoured.
+pub async fn history_newest_first(env: &SchedulerEnv) -> CheckResult {
+    let ns = unique_namespace("sched_history");
+    let clock = clock_at(T0);
+    let store = |_: &str| env.store(&ns, clock.clone(), RunStoreOptions::default());
+    let (a, b, c, reader) = (
+        store("a").await?,
+        store("b").await?,
+        store("c").await?,
+        store("r").await?,
+    );
+    let job = "history";
+    ensure!(
+        a.claim(&req(job, T0, "ta", "a")).await?.won,
+        "a could not claim"
+    );
+    clock.advance(Duration::from_millis(1_500));
+    a.finish(job, T0, "ta", FinalStatus::Succeeded).await?;
+    ensure!(
+        b.claim(&req(job, T0 + 2_000, "tb", "b")).await?.won,
+        "b could not claim"
+    );
+    b.finish(job, T0 + 2_000, "tb", FinalStatus::Failed("boom".into()))
+        .await?;
+    ensure!(
+        c.claim(&req(job, T0 + 3_000, "tc", "c")).await?.won,
+        "c could not claim"
+    );
+    a.record_manual(&ManualRun::new(job, T0 + 2_500, "tm", "a"))
+        .await?;
+    clock.advance(Duration::from_millis(200));
+    a.finish(job, T0 + 2_500, "tm", FinalStatus::Succeeded)
+        .await?;
+
+    let history = reader.history(job, 10).await?;
+    let got: Vec<(u64, &str, RunStatus, bool)> = history
+        .iter()
+        .map(|r| (r.slot, r.instance.as_str(), r.status, r.manual))
+        .collect();
+    let want = vec![
+        (T0 + 3_000, "c", RunStatus::Running, false),
+        (T0 + 2_500, "a", RunStatus::Succeeded, true),
+        (T0 + 2_000, "b", RunStatus::Failed, false),
+        (T0, "a", RunStatus::Succeeded, false),
+    ];
+    ensure!(got == want, "history is {got:?}, expected {want:?}");
+    ensure!(
+        history[2].message.as_deref() == Some("boom"),
+        "the failure message was lost: {:?}",
+        history[2]
+    );
+    ensure!(
+        history[3].duration_ms == Some(1_500) && history[1].duration_ms == Some(200),
+        "durations are {:?} / {:?}, expected 1500 / 200",
+        history[3].duration_ms,
+        history[1].duration_ms
+    );
+    ensure!(
+        history[0].duration_ms.is_none(),
+        "a running run has a duration"
+    );
+    let limited = reader.history(job, 2).await?;
+    ensure!(
+        limited.iter().map(|r| r.slot).collect::<Vec<_>>() == vec![T0 + 3_000, T0 + 2_500],
+        "history(limit 2) is {limited:?}"
+    );
+    Ok(())
+}
+
+/// A heartbeat extends the owner's lease (so a backup cannot take over when
+/// the first lease would have expired); anyone else's heartbeat is refused.
+pub async fn heartbeat_ownership(env: &SchedulerEnv) -> CheckResult {
+    let ns = unique_namespace("sched_heartbeat");
+    let clock = clock_at(T0);
+    let a = env
+        .store(&ns, clock.clone(), RunStoreOptions::default())
+        .await?;
+    let b = env
+        .store(&ns, clock.clone(), RunStoreOptions::default())
+        .await?;
+    let job = "heartbeat";
+    ensure!(
+        a.claim(&req(job, T0, "ta", "a")).await?.won,
+        "a could not claim"
+    );
+    clock.advance(Duration::from_secs(5));
+    let lease = a.heartbeat(job, T0, "ta", TTL).await?;
+    ensure!(
+        lease.lease_until_ms == T0 + 15_000,
+        "heartbeat set the lease to {} (expected now + ttl = {})",
+        lease.lease_until_ms,
+        T0 + 15_000
+    );
+    let stranger = b.heartbeat(job, T0, "tb", TTL).await;
+    ensure!(
+        matches!(stranger, Err(coord_scheduler::Error::NotOwner { .. })),
+        "a heartbeat with another token was not refused: {stranger:?}"
+    );
+    let nowhere = a.heartbeat(job, T0 + 1_000, "ta", TTL).await;
+    ensure!(
+        matches!(nowhere, Err(coord_scheduler::Error::NotOwner { .. })),
+        "a heartbeat on an unclaimed slot was not refused: {nowhere:?}"
+    );
+    let active = b.active(job).await?;
+    ensure!(
+        active.len() == 1
+            && active[0].instance == "a"
+            && active[0].live
+            && active[0].lease_until_ms == T0 + 15_000,
+        "active() is {active:?}"
+    );
+    // Past the first lease, inside the extended one: still a's.
+    clock.advance(Duration::from_secs(7));
+    let claim = b.claim(&req(job, T0, "tb", "b")).await?;
+    ensure!(
+        !claim.won && claim.outcome == ClaimOutcome::Running,
+        "the heartbeat did not extend the lease: {claim:?}"
+    );
+    Ok(())
+}
+
+/// A live lease is never taken over; an expired unfinished one is, once,
+/// with the takeover counted; the old holder then cannot heartbeat, finish
+/// or release.
+pub async fn takeover_after_expiry(env: &SchedulerEnv) -> CheckResult {
+    let ns = unique_namespace("sched_takeover");
+    let clock = clock_at(T0);
+    let a = env
+        .store(&ns, clock.clone(), RunStoreOptions::default())
+        .await?;
+    let b = env
+        .store(&ns, clock.clone(), RunStoreOptions::default())
+        .await?;
+    let c = env
+        .store(&ns, clock.clone(), RunStoreOptions::default())
+        .await?;
+    let job = "takeover";
+    ensure!(
+        a.claim(&req(job, T0, "ta", "a")).await?.won,
+        "a could not claim"
+    );
+    clock.advance(Duration::from_secs(9));
+    let early = b.claim(&req(job, T0, "tb", "b")).await?;
+    ensure!(!early.won, "a live lease was taken over: {early:?}");
+    clock.advance(Duration::from_secs(2));
+    let active = c.active(job).await?;
+    ensure!(
+        active.len() == 1 && !active[0].live,
+        "active() does not show the expired lease: {active:?}"
+    );
+    let (rb, rc) = (req(job, T0, "tb", "b"), req(job, T0, "tc", "c"));
+    let (tb, tc) = tokio::join!(b.claim(&rb), c.claim(&rc));
+    let (tb, tc) = (tb?, tc?);
+    ensure!(
+        tb.won != tc.won,
+        "{} backups took over one expired slot: {tb:?} {tc:?}",
+        if tb.won { 2 } else { 0 }
+    );
+    let (winner, winner_token, winner_name, taken) = if tb.won {
+        (&b, "tb", "b", tb)
+    } else {
+        (&c, "tc", "c", tc)
+    };
+    ensure!(
+        taken.outcome == ClaimOutcome::TakenOver && taken.takeovers == 1,
+        "the takeover is not recorded as one: {taken:?}"
+    );
+    for (what, result) in [
+        (
+            "heartbeat",
+            a.heartbeat(job, T0, "ta", TTL).await.map(|_| ()),
+        ),
+        (
+            "finish",
+            a.finish(job, T0, "ta", FinalStatus::Succeeded).await,
+        ),
+        ("release", a.release(job, T0, "ta").await),
+    ] {
+        ensure!(
+            matches!(result, Err(coord_scheduler::Error::NotOwner { .. })),
+            "the old holder's {what} after a takeover was not refused: {result:?}"
+        );
+    }
+    winner
+        .finish(job, T0, winner_token, FinalStatus::Succeeded)
+        .await?;
+    let history = a.history(job, 10).await?;
+    ensure!(
+        history.len() == 1
+            && history[0].instance == winner_name
+            && history[0].takeovers == 1
+            && history[0].status == RunStatus::Succeeded,
+        "history after a takeover is {history:?}"
+    );
+    let late = a.claim(&req(job, T0, "ta2", "a")).await?;
+    ensure!(
+        !late.won && late.outcome == ClaimOutcome::Done,
+        "a done slot was claimable: {late:?}"
+    );
+    Ok(())
+}
+
+/// A live run of one slot blocks another slot of the same job unless the
+/// claim allows overlap; finished and expired runs block nothing.
+pub async fn overlap_protection(env: &SchedulerEnv) -> CheckResult {
+    let ns = unique_namespace("sched_overlap");
+    let clock = clock_at(T0);
+    let a = env
+        .store(&ns, clock.clone(), RunStoreOptions::default())
+        .await?;
+    let b = env
+        .store(&ns, clock.clone(), RunStoreOptions::default())
+        .await?;
+    let job = "overlap";
+    let (s1, s2, s3, s4) = (T0, T0 + 1_000, T0 + 2_000, T0 + 3_000);
+    ensure!(
+        a.claim(&req(job, s1, "t1", "a")).await?.won,
+        "slot 1 could not be claimed"
+    );
+    let blocked = b.claim(&req(job, s2, "t2", "b")).await?;
+    ensure!(
+        !blocked.won && blocked.outcome == (ClaimOutcome::Overlap { running_slot: s1 }),
+        "slot 2 was not blocked by running slot 1: {blocked:?}"
+    );
+    let allowed = b
+        .claim(&req(job, s3, "t3", "b").allow_overlap(true))
+        .await?;
+    ensure!(
+        allowed.won,
+        "a claim allowing overlap was blocked: {allowed:?}"
+    );
+    a.finish(job, s1, "t1", FinalStatus::Succeeded).await?;
+    let still = b.claim(&req(job, s2, "t2", "b")).await?;
+    ensure!(
+        !still.won && still.outcome == (ClaimOutcome::Overlap { running_slot: s3 }),
+        "slot 2 was not blocked by running slot 3: {still:?}"
+    );
+    b.finish(job, s3, "t3", FinalStatus::Succeeded).await?;
+    let free = b.claim(&req(job, s2, "t2", "b")).await?;
+    ensure!(
+        free.won,
+        "slot 2 stayed blocked after every other run finished: {free:?}"
+    );
+    clock.advance(TTL + Duration::from_secs(1));
+    let after_expiry = a.claim(&req(job, s4, "t4", "a")).await?;
+    ensure!(
+        after_expiry.won,
+        "an expired run still blocks other slots: {after_expiry:?}"
+    );
+    Ok(())
+}
+
+/// Finish and release act only with the owning token (and are idempotent
+/// for it); a release lets a backup take over at once.
+pub async fn finish_release_by_token(env: &SchedulerEnv) -> CheckResult {
+    let ns = unique_namespace("sched_token");
+    let clock = clock_at(T0);
+    let a = env
+        .store(&ns, clock.clone(), RunStoreOptions::default())
+        .await?;
+    let b = env
+        .store(&ns, clock.clone(), RunStoreOptions::default())
+        .await?;
+    let job = "token";
+    ensure!(
+        a.claim(&req(job, T0, "ta", "a")).await?.won,
+        "a could not claim"
+    );
+    for (what, result) in [
+        (
+            "finish",
+            b.finish(job, T0, "tb", FinalStatus::Succeeded).await,
+        ),
+        ("release", b.release(job, T0, "tb").await),
+        (
+            "finish of an unclaimed slot",
+            b.finish(job, T0 + 1, "ta", FinalStatus::Succeeded).await,
+        ),
+    ] {
+        ensure!(
+            matches!(result, Err(coord_scheduler::Error::NotOwner { .. })),
+            "{what} with a token that does not own the run was not refused: {result:?}"
+        );
+    }
+    let history = b.history(job, 10).await?;
+    ensure!(
+        history.len() == 1 && history[0].status == RunStatus::Running && history[0].instance == "a",
+        "a refused finish/release changed the record: {history:?}"
+    );
+    let held = b.claim(&req(job, T0, "tb", "b")).await?;
+    ensure!(!held.won, "a refused release freed the slot: {held:?}");
+    a.release(job, T0, "ta").await?;
+    a.release(job, T0, "ta").await?; // a retried release is fine
+    ensure!(
+        b.history(job, 1).await?[0].status == RunStatus::Released,
+        "a release is not visible in history"
+    );
+    let finish_after_release = a.finish(job, T0, "ta", FinalStatus::Succeeded).await;
+    ensure!(
+        matches!(
+            finish_after_release,
+            Err(coord_scheduler::Error::NotOwner { .. })
+        ),
+        "a released run could still be finished: {finish_after_release:?}"
+    );
+    let backup = b.claim(&req(job, T0, "tb", "b")).await?;
+    ensure!(
+        backup.won && backup.outcome == ClaimOutcome::TakenOver && backup.takeovers == 1,
+        "a released slot was not taken over at once: {backup:?}"
+    );
+    b.finish(job, T0, "tb", FinalStatus::TimedOut).await?;
+    b.finish(job, T0, "tb", FinalStatus::TimedOut).await?; // a retried finish is fine
+    let history = a.history(job, 10).await?;
+    ensure!(
+        history.len() == 1
+            && history[0].status == RunStatus::TimedOut
+            && history[0].instance == "b"
+            && history[0].takeovers == 1,
+        "history after release + takeover is {history:?}"
+    );
+    ensure!(
+        b.active(job).await?.is_empty(),
+        "a finished run is still active"
+    );
+    Ok(())
+}
+
+/// A skipped slot is recorded by exactly one of several instances, never
+/// over a claimed slot, and does not stop an on-time instance from claiming it.
+pub async fn skip_recorded_once(env: &SchedulerEnv) -> CheckResult {
+    let ns = unique_namespace("sched_skip");
+    let clock = clock_at(T0);
+    let a = env
+        .store(&ns, clock.clone(), RunStoreOptions::default())
+        .await?;
+    let b = env
+        .store(&ns, clock.clone(), RunStoreOptions::default())
+        .await?;
+    let job = "skip";
+    let (ra, rb) = tokio::join!(
+        a.record_skip(job, T0, "a", SkipReason::Late),
+        b.record_skip(job, T0, "b", SkipReason::Late)
+    );
+    ensure!(ra? ^ rb?, "a skipped slot was not recorded exactly once");
+    let history = a.history(job, 10).await?;
+    ensure!(
+        history.len() == 1 && history[0].status == RunStatus::Skipped(SkipReason::Late),
+        "history of a skipped slot is {history:?}"
+    );
+    let on_time = b.claim(&req(job, T0, "tb", "b")).await?;
+    ensure!(
+        on_time.won,
+        "a skip record blocked an on-time claim: {on_time:?}"
+    );
+    ensure!(
+        !a.record_skip(job, T0, "a", SkipReason::Late).await?,
+        "a claimed slot was recorded as skipped"
+    );
+    let history = a.history(job, 10).await?;
+    ensure!(
+        history.len() == 1 && history[0].status == RunStatus::Running && history[0].instance == "b",
+        "history after claiming a skipped slot is {history:?}"
+    );
+    Ok(())
+}
+
+/// Manual runs are never deduplicated: two at the same instant are both
+/// recorded, and each is finished only with its own token.
+pub async fn manual_runs_not_deduplicated(env: &SchedulerEnv) -> CheckResult {
+    let ns = unique_namespace("sched_manual");
+    let clock = clock_at(T0);
+    let a = env
+        .store(&ns, clock.clone(), RunStoreOptions::default())
+        .await?;
+    let b = env
+        .store(&ns, clock.clone(), RunStoreOptions::default())
+        .await?;
+    let job = "manual";
+    a.record_manual(&ManualRun::new(job, T0, "m1", "a")).await?;
+    b.record_manual(&ManualRun::new(job, T0, "m2", "b")).await?;
+    let wrong = a.finish(job, T0, "m3", FinalStatus::Succeeded).await;
+    ensure!(
+        matches!(wrong, Err(coord_scheduler::Error::NotOwner { .. })),
+        "a manual run was finished with a foreign token: {wrong:?}"
+    );
+    a.finish(job, T0, "m1", FinalStatus::Succeeded).await?;
+    b.finish(job, T0, "m2", FinalStatus::Failed("no".into()))
+        .await?;
+    let history = a.history(job, 10).await?;
+    let mut got: Vec<(&str, RunStatus, bool)> = history
+        .iter()
+        .map(|r| (r.instance.as_str(), r.status, r.manual))
+        .collect();
+    got.sort_by_key(|(i, _, _)| *i);
+    ensure!(
+        got == vec![
+            ("a", RunStatus::Succeeded, true),
+            ("b", RunStatus::Failed, true)
+        ],
+        "manual runs in history: {got:?}"
+    );
+    // A scheduled claim of the same instant is unaffected by manual runs.
+    ensure!(
+        a.claim(&req(job, T0, "s1", "a")).await?.won,
+        "a manual run blocked the scheduled slot"
+    );
+    Ok(())
+}
+
+/// A store configured to forget claims declares it, and a scheduler over
+/// it refuses coordinated jobs whose jitter + max lateness (or lease) is
+/// not below that window; local jobs and stores that never forget are fine.
+pub async fn dedupe_window_refusal(env: &SchedulerEnv) -> CheckResult {
+    let ns = unique_namespace("sched_dedupe");
+    let clock = clock_at(T0);
+    let window = Duration::from_secs(10);
+    let forgetful = env
+        .store(
+            &ns,
+            clock.clone(),
+            RunStoreOptions::default().forget_claims_after(Some(window)),
+        )
+        .await?;
+    ensure!(
+        forgetful.dedupe_window() == Some(window),
+        "the store forgets claims after {window:?} but declares {:?}",
+        forgetful.dedupe_window()
+    );
+    let forever = env
+        .store(&ns, clock.clone(), RunStoreOptions::default())
+        .await?;
+    ensure!(
+        forever.dedupe_window().is_none(),
+        "a store that never forgets declares {:?}",
+        forever.dedupe_window()
+    );
+    let job = |name: &str, jitter: u64, max_late: u64, hint: LockingHint| {
+        Job::new(
+            name,
+            Schedule::parse("every 1s", None).expect("valid schedule"),
+            handler(|_| async { Ok(()) }),
+        )
+        .with_options(
+            JobOptions::default()
+                .hint(hint)
+                .lease_ttl(Duration::from_secs(5))
+                .jitter(Duration::from_secs(jitter))
+                .max_late(Duration::from_secs(max_late)),
+        )
+    };
+    let scheduler = Scheduler::new(
+        Some(forgetful),
+        clock.clone(),
+        SchedulerOptions::instance("a"),
+    );
+    for (jitter, max_late) in [(2, 8), (0, 10), (11, 0)] {
+        let refused = scheduler.add_job(job(
+            "too_late",
+            jitter,
+            max_late,
+            LockingHint::RequireGlobal,
+        ));
+        ensure!(
+            matches!(refused, Err(coord_scheduler::Error::DedupeWindowTooShort { .. })),
+            "jitter {jitter}s + max_late {max_late}s with a {window:?} window was not refused: {refused:?}"
+        );
+    }
+    scheduler
+        .add_job(job("fits", 2, 7, LockingHint::RequireGlobal))
+        .map_err(|e| {
+            Failure::new(format!(
+                "jitter 2s + max_late 7s under a 10s window was refused: {e}"
+            ))
+        })?;
+    scheduler
+        .add_job(job("local", 0, 3_600, LockingHint::NodeLocal))
+        .map_err(|e| Failure::new(format!("a NodeLocal job was refused: {e}")))?;
+    let patient = Scheduler::new(Some(forever), clock, SchedulerOptions::instance("b"));
+    patient
+        .add_job(job("patient", 60, 86_400, LockingHint::RequireGlobal))
+        .map_err(|e| Failure::new(format!("a store that never forgets refused a job: {e}")))?;
+    Ok(())
+}
+
+macro_rules! env_case {
+    ($name:ident, $env:ident => $call:expr) => {
+        fn $name(factory: BackendFactory) -> BoxFuture<'static, CheckResult> {
+            Box::pin(async move {
+                let $env = SchedulerEnv::new(factory);
+                $call.await
+            })
+        }
+    };
+}
+
+env_case!(case_claim_race, env => claim_race(&env, 8, 10));
+env_case!(case_repeat_safety, env => repeat_safety(&env));
+env_case!(case_history_newest_first, env => history_newest_first(&env));
+env_case!(case_heartbeat_ownership, env => heartbeat_ownership(&env));
+env_case!(case_takeover_after_expiry, env => takeover_after_expiry(&env));
+env_case!(case_overlap_protection, env => overlap_protection(&env));
+env_case!(case_finish_release_by_token, env => finish_release_by_token(&env));
+env_case!(case_skip_recorded_once, env => skip_recorded_once(&env));
+env_case!(case_manual_runs_not_deduplicated, env => manual_runs_not_deduplicated(&env));
+env_case!(case_dedupe_window_refusal, env => dedupe_window_refusal(&env));
+
+/// Every case of the scheduler suite, over the real [`RunStore`].
+pub fn cases() -> Vec<Case> {
+    let case = |name, run| Case {
+        suite: "scheduler",
+        name,
+        run,
+    };
+    vec![
+        case("claim_race", case_claim_race),
+        case("repeat_safety", case_repeat_safety),
+        case("history_newest_first", case_history_newest_first),
+        case("heartbeat_ownership", case_heartbeat_ownership),
+        case("takeover_after_expiry", case_takeover_after_expiry),
+        case("overlap_protection", case_overlap_protection),
+        case("finish_release_by_token", case_finish_release_by_token),
+        case("skip_recorded_once", case_skip_recorded_once),
+        case(
+            "manual_runs_not_deduplicated",
+            case_manual_runs_not_deduplicated,
+        ),
+        case("dedupe_window_refusal", case_dedupe_window_refusal),
+    ]
+}
+
+/// Expand the scheduler suite into one `#[tokio::test]` per case for a
+/// [`BackendFactory`] expression (evaluated once per test).
+#[macro_export]
+macro_rules! scheduler_tests {
+    ($factory:expr) => {
+        $crate::__cases_as_tests!($crate::scheduler::cases, $factory;
+            claim_race,
+            repeat_safety,
+            history_newest_first,
+            heartbeat_ownership,
+            takeover_after_expiry,
+            overlap_protection,
+            finish_release_by_token,
+            skip_recorded_once,
+            manual_runs_not_deduplicated,
+            dedupe_window_refusal,
+        );
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn macro_lists_every_case() {
+        let source = include_str!("scheduler.rs");
+        for case in super::cases() {
+            assert!(
+                source.contains(&format!("            {},\n", case.name)),
+                "scheduler_tests! does not list {}",
+                case.name
+            );
+        }
+    }
+}
