@@ -1,0 +1,337 @@
+//! The backend suite against the in-process reference store, and proof that
+//! it goes red: the same suite against deliberately broken stores, each of
+//! which must be caught by the checks named for it.
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use coord_backend::{
+    validate_keys, validate_prefix, validate_txn, Assert, Backend, Entry, Error, Mutation, Result,
+    TxnOutcome, Version,
+};
+use coord_conformance::{factory, run_cases, BackendFactory};
+use coord_memory::SingleProcessMemoryBackend;
+
+coord_conformance::backend_tests!(coord_conformance::factory(|namespace| async move {
+    Ok(Arc::new(SingleProcessMemoryBackend::shared(&namespace)?) as Arc<dyn Backend>)
+}));
+
+/// What is wrong with a [`FlawedStore`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flaw {
+    /// Nothing: the control, must pass every check.
+    None,
+    /// Checks the asserts, releases the lock, sleeps, then writes.
+    NonAtomicTxn,
+    /// Forgets a key's counter on delete, so a re-create starts at v1 again.
+    VersionReusedAfterDelete,
+    /// Reads the keys of a snapshot one by one, sleeping in between.
+    TornSnapshot,
+    /// Treats the prefix as a pattern: `_`/`?` match one character, `%`/`*` any run.
+    PrefixAsPattern,
+    /// A rejected txn echoes the asserted versions instead of the current ones.
+    StaleRejection,
+    /// A rejected txn returns no entries.
+    EmptyRejection,
+    /// Every 5th txn fails with `Unavailable` (writing nothing).
+    FailingTxns,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Cell {
+    version: u64,
+    value: Option<Vec<u8>>,
+}
+
+type Cells = Arc<Mutex<BTreeMap<String, Cell>>>;
+
+/// The memory store's semantics, copied, with one [`Flaw`] switched in.
+#[derive(Debug)]
+struct FlawedStore {
+    namespace: String,
+    flaw: Flaw,
+    cells: Cells,
+    txns: Arc<AtomicU64>,
+}
+
+fn entry_of(cells: &BTreeMap<String, Cell>, key: &str) -> Entry {
+    match cells.get(key) {
+        Some(Cell {
+            version,
+            value: Some(value),
+        }) => Entry::present(key, Version(*version), value.clone()),
+        _ => Entry::missing(key),
+    }
+}
+
+fn distinct(keys: impl Iterator<Item = String>) -> Vec<String> {
+    let mut seen = HashSet::new();
+    keys.filter(|k| seen.insert(k.clone())).collect()
+}
+
+/// Whether `pattern` (`_`/`?` = one char, `%`/`*` = any run) matches a prefix of `key`.
+fn pattern_prefix(pattern: &[char], key: &[char]) -> bool {
+    match pattern.split_first() {
+        None => true,
+        Some(('%' | '*', rest)) => (0..=key.len()).any(|skip| pattern_prefix(rest, &key[skip..])),
+        Some(('_' | '?', rest)) => !key.is_empty() && pattern_prefix(rest, &key[1..]),
+        Some((c, rest)) => key.first() == Some(c) && pattern_prefix(rest, &key[1..]),
+    }
+}
+
+impl FlawedStore {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Cell>> {
+        self.cells.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn rejected(&self, cells: &BTreeMap<String, Cell>, asserts: &[Assert]) -> TxnOutcome {
+        let keys = distinct(asserts.iter().map(|a| a.key.clone()));
+        let current = match self.flaw {
+            Flaw::EmptyRejection => Vec::new(),
+            Flaw::StaleRejection => keys
+                .iter()
+                .map(|k| {
+                    let asserted = asserts.iter().find(|a| &a.key == k).map(|a| a.version);
+                    Entry {
+                        version: asserted.unwrap_or_default(),
+                        ..entry_of(cells, k)
+                    }
+                })
+                .collect(),
+            _ => keys.iter().map(|k| entry_of(cells, k)).collect(),
+        };
+        TxnOutcome::rejected(current)
+    }
+
+    fn holds(cells: &BTreeMap<String, Cell>, asserts: &[Assert]) -> bool {
+        asserts
+            .iter()
+            .all(|a| entry_of(cells, &a.key).version == a.version)
+    }
+
+    fn apply(&self, cells: &mut BTreeMap<String, Cell>, mutations: &[Mutation]) {
+        for mutation in mutations {
+            match mutation {
+                Mutation::Delete { key } if self.flaw == Flaw::VersionReusedAfterDelete => {
+                    cells.remove(key);
+                }
+                _ => {
+                    let cell = cells.entry(mutation.key().to_owned()).or_default();
+                    cell.version += 1;
+                    cell.value = match mutation {
+                        Mutation::Put { value, .. } => Some(value.clone()),
+                        Mutation::Delete { .. } => None,
+                    };
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for FlawedStore {
+    fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
+        validate_keys(keys, &self.limits())?;
+        let keys = distinct(keys.iter().cloned());
+        if self.flaw != Flaw::TornSnapshot {
+            let cells = self.lock();
+            return Ok(keys.iter().map(|k| entry_of(&cells, k)).collect());
+        }
+        let mut entries = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            if i > 0 {
+                // Long enough for a concurrent writer to land between two reads.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            entries.push(entry_of(&self.lock(), key));
+        }
+        Ok(entries)
+    }
+
+    async fn txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
+        validate_txn(asserts, mutations, &self.limits())?;
+        if self.flaw == Flaw::FailingTxns && self.txns.fetch_add(1, Ordering::SeqCst) % 5 == 4 {
+            return Err(Error::unavailable(
+                "injected failure",
+                "the flawed store drops every 5th txn",
+            ));
+        }
+        if self.flaw == Flaw::NonAtomicTxn {
+            {
+                let cells = self.lock();
+                if !Self::holds(&cells, asserts) {
+                    return Ok(self.rejected(&cells, asserts));
+                }
+            }
+            // Read-decide-write in separate steps: every racer that checked
+            // before the first write also writes.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            self.apply(&mut self.lock(), mutations);
+            return Ok(TxnOutcome::applied());
+        }
+        let mut cells = self.lock();
+        if !Self::holds(&cells, asserts) {
+            return Ok(self.rejected(&cells, asserts));
+        }
+        self.apply(&mut cells, mutations);
+        Ok(TxnOutcome::applied())
+    }
+
+    async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
+        validate_prefix(prefix, &self.limits())?;
+        let cells = self.lock();
+        let pattern: Vec<char> = prefix.chars().collect();
+        Ok(cells
+            .iter()
+            .filter(|(_, c)| c.value.is_some())
+            .filter(|(k, _)| {
+                if self.flaw == Flaw::PrefixAsPattern {
+                    pattern_prefix(&pattern, &k.chars().collect::<Vec<_>>())
+                } else {
+                    k.starts_with(prefix)
+                }
+            })
+            .map(|(k, _)| k.clone())
+            .collect())
+    }
+}
+
+/// A factory of flawed stores: one map per namespace, shared by every client
+/// of that namespace (like a server), private to this factory.
+fn flawed(flaw: Flaw) -> BackendFactory {
+    let namespaces: Arc<Mutex<HashMap<String, Cells>>> = Arc::default();
+    let txns = Arc::new(AtomicU64::new(0));
+    factory(move |namespace: String| {
+        let cells = namespaces
+            .lock()
+            .unwrap()
+            .entry(namespace.clone())
+            .or_default()
+            .clone();
+        let txns = txns.clone();
+        async move {
+            Ok(Arc::new(FlawedStore {
+                namespace,
+                flaw,
+                cells,
+                txns,
+            }) as Arc<dyn Backend>)
+        }
+    })
+}
+
+/// Run the whole suite against a flawed store; assert every check in
+/// `must_fail` failed (and nothing else when the flaw is `None`).
+async fn caught_by(flaw: Flaw, must_fail: &[&str]) -> HashMap<&'static str, String> {
+    let reports = run_cases(&coord_conformance::backend::cases(), flawed(flaw), |_| {}).await;
+    let failed: HashMap<&'static str, String> = reports
+        .iter()
+        .filter_map(|r| r.result.as_ref().err().map(|f| (r.name, f.message.clone())))
+        .collect();
+    let mut names: Vec<_> = failed.keys().copied().collect();
+    names.sort();
+    println!(
+        "{flaw:?}: {} of {} checks failed: {names:?}",
+        failed.len(),
+        reports.len()
+    );
+    for name in &names {
+        let message = &failed[name];
+        let short: String = message.chars().take(400).collect();
+        println!("  {name}: {short}");
+    }
+    for name in must_fail {
+        assert!(
+            failed.contains_key(name),
+            "{flaw:?} was not caught by {name} (failed: {names:?})"
+        );
+    }
+    if must_fail.is_empty() {
+        assert!(failed.is_empty(), "the unflawed copy failed {names:?}");
+    }
+    failed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unflawed_copy_passes_everything() {
+    caught_by(Flaw::None, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn non_atomic_txn_is_caught() {
+    caught_by(Flaw::NonAtomicTxn, &["concurrent_txn", "increment_race"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn version_reuse_is_caught() {
+    caught_by(
+        Flaw::VersionReusedAfterDelete,
+        &["version_monotonic", "all_or_nothing", "model_sequences"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn torn_snapshot_is_caught() {
+    caught_by(Flaw::TornSnapshot, &["snapshot_consistency"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn prefix_as_pattern_is_caught() {
+    caught_by(
+        Flaw::PrefixAsPattern,
+        &["keys_literal_prefix", "model_sequences"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stale_rejection_entries_are_caught() {
+    caught_by(
+        Flaw::StaleRejection,
+        &[
+            "rejected_txn_current",
+            "increment_race",
+            "assert_missing",
+            "model_sequences",
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn empty_rejection_entries_are_caught() {
+    caught_by(
+        Flaw::EmptyRejection,
+        &["rejected_txn_current", "increment_race", "model_sequences"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn store_errors_are_failures_not_losers() {
+    let failed = caught_by(Flaw::FailingTxns, &["concurrent_txn", "model_sequences"]).await;
+    let message = &failed["concurrent_txn"];
+    assert!(
+        message.contains("store error") && message.contains("injected failure"),
+        "concurrent_txn must report the store's error, not a lost race: {message}"
+    );
+}
+
+#[test]
+fn pattern_matcher_of_the_flawed_store() {
+    let m = |p: &str, k: &str| {
+        pattern_prefix(
+            &p.chars().collect::<Vec<_>>(),
+            &k.chars().collect::<Vec<_>>(),
+        )
+    };
+    assert!(m("a_", "ab") && m("a%", "abc") && m("a*", "aa") && m("", "x"));
+    assert!(!m("a_", "a") && !m("b", "ab"));
+}
