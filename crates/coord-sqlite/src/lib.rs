@@ -1,3 +1,701 @@
-//! coord-sqlite (work in progress).
+//! coord's embedded default store: **one SQLite file, atomic across the OS
+//! processes of ONE host**.
+//!
+//! [`SqliteBackend`] implements the three primitives of
+//! [`coord_backend::Backend`] on one table of one SQLite database file, in
+//! WAL mode, through sqlx (bundled libsqlite3, runtime-checked queries).
+//!
+//! # Atomicity boundary
+//!
+//! Every process and every [`SqliteBackend`] that opens **the same file on
+//! the same host** shares one store: SQLite's file locks and the WAL index
+//! (the `-shm` file, shared memory) serialize their writers. That is the
+//! whole boundary:
+//!
+//! - **not over a network file system** (NFS, SMB, most FUSE mounts): their
+//!   locks are unreliable and WAL needs memory shared between the processes,
+//!   which only exists on one machine. Two hosts on one shared file may both
+//!   commit conflicting txns or corrupt the file;
+//! - not across machines or containers that do not share the host kernel and
+//!   the directory (bind-mounting the directory into containers of one host is fine);
+//! - the file must stay where it is: deleting or replacing it (or its `-wal`
+//!   / `-shm` companions) while processes use it forks the store.
+//!
+//! For more than one host use a server store (PostgreSQL, Redis, etcd).
+//!
+//! # Shape (SPEC §1, per-store table)
+//!
+//! One table, created idempotently on open:
+//!
+//! ```sql
+//! CREATE TABLE coord_kv (ns TEXT, key TEXT, version INTEGER, value BLOB,
+//!                        PRIMARY KEY (ns, key)) STRICT, WITHOUT ROWID
+//! ```
+//!
+//! - **snapshot**: one `SELECT … WHERE ns = ? AND key IN (…)`. A single
+//!   statement reads one WAL snapshot, so it is consistent.
+//! - **txn**: `BEGIN IMMEDIATE` (takes the write lock first, so there is no
+//!   read-to-write upgrade that could fail half way) → one `SELECT` of the
+//!   asserted keys → every assert checked → one multi-row upsert
+//!   (`version = version + 1`) → `COMMIT`, all on one pooled connection. A
+//!   rejected txn returns the rows read by that same `SELECT`.
+//! - **keys**: a range scan of the primary key,
+//!   `key >= prefix AND key < successor(prefix)` where the successor is the
+//!   prefix with its last byte incremented. Keys use the `BINARY` collation
+//!   (memcmp), so the order is byte order and no character of the prefix
+//!   is a pattern.
+//! - **versions**: a delete keeps the row with `value = NULL` (a tombstone)
+//!   and a bumped version, so a re-created key continues the count and a
+//!   version is never reused. Tombstones are never purged: the table keeps one
+//!   row per key ever written.
+//!
+//! # Busy files and errors
+//!
+//! Other connections holding the write lock make SQLite wait up to
+//! [`SqliteOptions::busy_timeout`]; a call that still meets `SQLITE_BUSY` or
+//! `SQLITE_LOCKED` before its `COMMIT` has written nothing and is retried as a
+//! whole with jittered backoff, up to [`SqliteOptions::busy_retries`] times,
+//! then fails with [`Error::Unavailable`]. A `COMMIT` that fails with
+//! `SQLITE_BUSY` left the txn open and uncommitted (SQLite's documented
+//! behaviour), so it is rolled back and retried too; any other failure of
+//! `COMMIT` is [`Error::Indeterminate`]. Failures to open or read the file are
+//! [`Error::Unavailable`]; rows this crate did not write (wrong types,
+//! non-positive versions) are [`Error::MalformedRecord`].
+//!
+//! # Limits
+//!
+//! - All writers of a file, whatever their namespace, take turns: one txn
+//!   commits at a time, and with [`Durability::Full`] (the default) each
+//!   commit waits for an fsync of the WAL.
+//! - [`Limits::DEFAULT`] unless [`SqliteOptions::limits`] says otherwise.
+//! - Needs a tokio runtime with the time driver (retries sleep).
+//!
+//! # Example
+//!
+//! ```
+//! use coord_backend::{Assert, Backend, Mutation};
+//! use coord_sqlite::SqliteBackend;
+//!
+//! # fn main() {
+//! # let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+//! # rt.block_on(async {
+//! let dir = std::env::temp_dir().join(format!("coord-doc-{}", std::process::id()));
+//! let store = SqliteBackend::open(dir.join("coord.db"), "demo").await.unwrap();
+//! let out = store
+//!     .txn(&[Assert::missing("k")], &[Mutation::put("k", b"v".to_vec())])
+//!     .await
+//!     .unwrap();
+//! assert!(out.applied);
+//! # store.close().await;
+//! # std::fs::remove_dir_all(dir).unwrap();
+//! # });
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
+
+mod options;
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use coord_backend::{
+    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, Entry,
+    Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
+};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{AssertSqlSafe, Connection, Row};
+
+pub use options::{Durability, SqliteOptions};
+
+/// The `PRAGMA user_version` of files this crate creates (bumped when the schema changes).
+const SCHEMA_VERSION: i64 = 1;
+
+const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS coord_kv (
+    ns TEXT NOT NULL COLLATE BINARY,
+    key TEXT NOT NULL COLLATE BINARY,
+    version INTEGER NOT NULL CHECK (version > 0),
+    value BLOB,
+    PRIMARY KEY (ns, key)
+) STRICT, WITHOUT ROWID";
+
+/// A coord store in one SQLite file: atomic across the processes of one
+/// host (see the [crate docs](crate) for the boundary).
+///
+/// Cloning is cheap and shares the connection pool.
+#[derive(Clone, Debug)]
+pub struct SqliteBackend {
+    namespace: String,
+    path: PathBuf,
+    pool: SqlitePool,
+    options: SqliteOptions,
+}
+
+/// Why one attempt of a call did not produce an answer.
+enum Attempt {
+    /// The file was locked by another connection; nothing was written.
+    Busy(sqlx::Error),
+    /// A final error.
+    Failed(Error),
+}
+
+impl From<Error> for Attempt {
+    fn from(error: Error) -> Self {
+        Attempt::Failed(error)
+    }
+}
+
+fn is_busy(error: &sqlx::Error) -> bool {
+    const SQLITE_BUSY: i32 = 5;
+    const SQLITE_LOCKED: i32 = 6;
+    match error {
+        sqlx::Error::Database(db) => db
+            .code()
+            .and_then(|code| code.parse::<i32>().ok())
+            // Extended codes (BUSY_RECOVERY, BUSY_SNAPSHOT, ...) keep the primary code in the low byte.
+            .is_some_and(|code| matches!(code & 0xff, SQLITE_BUSY | SQLITE_LOCKED)),
+        _ => false,
+    }
+}
+
+/// Classify an error raised before `COMMIT` was sent: nothing was written.
+fn before_commit(what: &str, error: sqlx::Error) -> Attempt {
+    if is_busy(&error) {
+        Attempt::Busy(error)
+    } else {
+        Attempt::Failed(Error::unavailable(format!("sqlite: {what}"), error))
+    }
+}
+
+fn connect_options(path: &Path, options: &SqliteOptions) -> SqliteConnectOptions {
+    SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .busy_timeout(options.busy_timeout)
+        .foreign_keys(false)
+        .synchronous(match options.durability {
+            Durability::Full => SqliteSynchronous::Full,
+            Durability::Normal => SqliteSynchronous::Normal,
+        })
+}
+
+/// `?2, ?3, …` for `count` parameters starting at `?first`.
+fn placeholders(first: usize, count: usize) -> String {
+    (first..first + count)
+        .map(|i| format!("?{i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The smallest byte string greater than every string that starts with
+/// `prefix`, or `None` for the empty prefix. UTF-8 never contains 0xFF, so
+/// incrementing the last byte cannot overflow; the result may be invalid
+/// UTF-8, which is why it is bound as a BLOB and cast to TEXT in SQL.
+fn successor(prefix: &str) -> Option<Vec<u8>> {
+    let mut bytes = prefix.as_bytes().to_vec();
+    let last = bytes.last_mut()?;
+    debug_assert!(*last < 0xff);
+    *last += 1;
+    Some(bytes)
+}
+
+/// One row of `coord_kv` as an [`Entry`] (a tombstone is a missing entry).
+fn decode_entry(row: &SqliteRow) -> Result<Entry> {
+    let key: String = row
+        .try_get("key")
+        .map_err(|e| Error::malformed("?", format!("unreadable key: {e}")))?;
+    let version: i64 = row
+        .try_get("version")
+        .map_err(|e| Error::malformed(&key, format!("unreadable version: {e}")))?;
+    let value: Option<Vec<u8>> = row
+        .try_get("value")
+        .map_err(|e| Error::malformed(&key, format!("unreadable value: {e}")))?;
+    if version <= 0 {
+        return Err(Error::malformed(
+            &key,
+            format!("version {version} is not positive"),
+        ));
+    }
+    Ok(match value {
+        Some(value) => Entry::present(key, Version(version as u64), value),
+        None => Entry::missing(key),
+    })
+}
+
+fn distinct<'a>(keys: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut seen = HashSet::new();
+    keys.filter(|k| seen.insert(*k)).collect()
+}
+
+/// Read the entries of `keys` (distinct, in order) with one statement.
+async fn read_entries(
+    conn: &mut SqliteConnection,
+    namespace: &str,
+    keys: &[&str],
+) -> std::result::Result<Vec<Entry>, Attempt> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "SELECT key, version, value FROM coord_kv WHERE ns = ?1 AND key IN ({})",
+        placeholders(2, keys.len())
+    );
+    // Only numbered placeholders are formatted into the SQL; every key is bound.
+    let mut query = sqlx::query(AssertSqlSafe(sql)).bind(namespace);
+    for key in keys {
+        query = query.bind(*key);
+    }
+    let rows = query
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| before_commit("reading keys", e))?;
+    let mut found = std::collections::HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let entry = decode_entry(row)?;
+        found.insert(entry.key.clone(), entry);
+    }
+    Ok(keys
+        .iter()
+        .map(|k| found.remove(*k).unwrap_or_else(|| Entry::missing(*k)))
+        .collect())
+}
+
+impl SqliteBackend {
+    /// Open (creating it and its parent directory if missing) the store in the
+    /// file at `path`, for `namespace`, with default [`SqliteOptions`].
+    pub async fn open(path: impl AsRef<Path>, namespace: &str) -> Result<Self> {
+        Self::open_with(path, namespace, SqliteOptions::default()).await
+    }
+
+    /// [`open`](Self::open) with explicit options.
+    pub async fn open_with(
+        path: impl AsRef<Path>,
+        namespace: &str,
+        options: SqliteOptions,
+    ) -> Result<Self> {
+        validate_namespace(namespace)?;
+        let path = path.as_ref();
+        if path.as_os_str().is_empty() {
+            return Err(Error::Config("sqlite store path is empty".into()));
+        }
+        if options.max_connections == 0 {
+            return Err(Error::Config(
+                "sqlite max_connections must be at least 1".into(),
+            ));
+        }
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                Error::unavailable(
+                    format!("sqlite: cannot create directory {}", parent.display()),
+                    e,
+                )
+            })?;
+        }
+        let connect = connect_options(path, &options);
+        retry_busy(&options, "preparing the file", || {
+            prepare_file(connect.clone(), path)
+        })
+        .await?;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect)
+            .await
+            .map_err(|e| {
+                Error::unavailable(format!("sqlite: cannot open {}", path.display()), e)
+            })?;
+        Ok(SqliteBackend {
+            namespace: namespace.to_owned(),
+            path: path.to_owned(),
+            pool,
+            options,
+        })
+    }
+
+    /// Open the store a URL names: `sqlite://PATH?namespace=NS`.
+    ///
+    /// `sqlite://data/coord.db` is relative to the current directory,
+    /// `sqlite:///var/lib/app/coord.db` is absolute. The path is taken
+    /// literally (no percent-decoding). Optional query parameters:
+    /// `durability=full|normal`, `max_connections=N`, `busy_timeout_ms=N`;
+    /// any other parameter is a [`Error::Config`].
+    ///
+    /// ```
+    /// use coord_backend::StoreUrl;
+    /// use coord_sqlite::SqliteBackend;
+    ///
+    /// # let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    /// # rt.block_on(async {
+    /// let dir = std::env::temp_dir().join(format!("coord-url-doc-{}", std::process::id()));
+    /// let url = StoreUrl::parse(&format!("sqlite://{}/c.db?namespace=app", dir.display())).unwrap();
+    /// let store = SqliteBackend::connect(&url).await.unwrap();
+    /// assert_eq!(store.path(), dir.join("c.db"));
+    /// # store.close().await;
+    /// # std::fs::remove_dir_all(dir).unwrap();
+    /// # });
+    /// ```
+    pub async fn connect(url: &StoreUrl) -> Result<Self> {
+        let (path, options) = parse_url(url)?;
+        Self::open_with(path, url.namespace(), options).await
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The options this backend was opened with.
+    pub fn options(&self) -> &SqliteOptions {
+        &self.options
+    }
+
+    /// Close every pooled connection (of this backend and its clones) and wait
+    /// for them. Later calls fail with [`Error::Unavailable`].
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    async fn snapshot_once(&self, keys: &[&str]) -> std::result::Result<Vec<Entry>, Attempt> {
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| before_commit("acquiring a connection", e))?;
+        read_entries(&mut conn, &self.namespace, keys).await
+    }
+
+    async fn keys_once(&self, prefix: &str) -> std::result::Result<Vec<String>, Attempt> {
+        let rows = match successor(prefix) {
+            Some(end) => sqlx::query(
+                "SELECT key FROM coord_kv WHERE ns = ?1 AND key >= ?2 AND key < CAST(?3 AS TEXT) \
+                 AND value IS NOT NULL ORDER BY key",
+            )
+            .bind(&self.namespace)
+            .bind(prefix)
+            .bind(end),
+            None => sqlx::query(
+                "SELECT key FROM coord_kv WHERE ns = ?1 AND value IS NOT NULL ORDER BY key",
+            )
+            .bind(&self.namespace),
+        }
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| before_commit("listing keys", e))?;
+        rows.iter()
+            .map(|row| {
+                row.try_get::<String, _>("key").map_err(|e| {
+                    Attempt::Failed(Error::malformed("?", format!("unreadable key: {e}")))
+                })
+            })
+            .collect()
+    }
+
+    async fn txn_once(
+        &self,
+        asserts: &[Assert],
+        mutations: &[Mutation],
+    ) -> std::result::Result<TxnOutcome, Attempt> {
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| before_commit("acquiring a connection", e))?;
+        let (result, clean) = txn_on(&mut conn, &self.namespace, asserts, mutations).await;
+        if !clean || matches!(result, Err(Attempt::Failed(_))) {
+            // After a failed COMMIT or ROLLBACK the connection's transaction
+            // state is unknown: never hand it to the next caller.
+            conn.close_on_drop();
+        }
+        result
+    }
+}
+
+/// One attempt of a txn on `conn`; also says whether `conn` was left
+/// outside any transaction (a failed ROLLBACK may leave it unknown).
+async fn txn_on(
+    conn: &mut SqliteConnection,
+    namespace: &str,
+    asserts: &[Assert],
+    mutations: &[Mutation],
+) -> (std::result::Result<TxnOutcome, Attempt>, bool) {
+    let mut tx = match conn.begin_with("BEGIN IMMEDIATE").await {
+        Ok(tx) => tx,
+        Err(e) => return (Err(before_commit("BEGIN IMMEDIATE", e)), true),
+    };
+    let asserted = distinct(asserts.iter().map(|a| a.key.as_str()));
+    let current = match read_entries(&mut tx, namespace, &asserted).await {
+        Ok(current) => current,
+        Err(attempt) => return (Err(attempt), true),
+    };
+    let holds = asserts.iter().all(|a| {
+        current
+            .iter()
+            .find(|e| e.key == a.key)
+            .is_some_and(|e| e.version == a.version)
+    });
+    if !holds {
+        // Nothing was written, so the answer stands even if ROLLBACK fails.
+        let clean = tx.rollback().await.is_ok();
+        return (Ok(TxnOutcome::rejected(current)), clean);
+    }
+    if !mutations.is_empty() {
+        let rows = (0..mutations.len())
+            .map(|i| format!("(?1, ?{}, 1, ?{})", 2 + 2 * i, 3 + 2 * i))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let sql = format!(
+            "INSERT INTO coord_kv (ns, key, version, value) VALUES {rows} \
+             ON CONFLICT (ns, key) DO UPDATE SET version = version + 1, value = excluded.value"
+        );
+        // Only numbered placeholders are formatted into the SQL; keys and values are bound.
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(namespace);
+        for mutation in mutations {
+            query = match mutation {
+                Mutation::Put { key, value } => query.bind(key).bind(Some(value.as_slice())),
+                Mutation::Delete { key } => query.bind(key).bind(None::<&[u8]>),
+            };
+        }
+        if let Err(e) = query.execute(&mut *tx).await {
+            return (Err(before_commit("writing", e)), true);
+        }
+    }
+    match tx.commit().await {
+        Ok(()) => (Ok(TxnOutcome::applied()), true),
+        // SQLite keeps the txn open and uncommitted after a busy COMMIT;
+        // dropping it rolled it back, so retrying is safe.
+        Err(e) if is_busy(&e) => (Err(Attempt::Busy(e)), true),
+        Err(e) => (
+            Err(Attempt::Failed(Error::indeterminate(
+                "sqlite: COMMIT failed",
+                e,
+            ))),
+            false,
+        ),
+    }
+}
+
+/// Switch the file to WAL, create the table and stamp the schema version.
+/// Done once per open on a dedicated connection, because changing the journal
+/// mode needs a lock that SQLite's busy handler does not wait for.
+async fn prepare_file(
+    connect: SqliteConnectOptions,
+    path: &Path,
+) -> std::result::Result<(), Attempt> {
+    let open_error = |what: &str, e: sqlx::Error| {
+        if is_busy(&e) {
+            Attempt::Busy(e)
+        } else {
+            Attempt::Failed(Error::unavailable(
+                format!("sqlite: {what} {}", path.display()),
+                e,
+            ))
+        }
+    };
+    let mut conn = SqliteConnection::connect_with(&connect)
+        .await
+        .map_err(|e| open_error("cannot open", e))?;
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode = WAL")
+        .fetch_one(&mut conn)
+        .await
+        .map_err(|e| open_error("cannot switch to WAL:", e))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(Attempt::Failed(Error::Unavailable {
+            message: format!(
+                "sqlite: {} stayed in journal mode {mode:?} instead of WAL \
+                 (in-memory or unsupported file system?)",
+                path.display()
+            ),
+            source: None,
+        }));
+    }
+    let mut tx = conn
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(|e| open_error("cannot lock", e))?;
+    sqlx::query(CREATE_TABLE)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| open_error("cannot create the table in", e))?;
+    let found: i64 = sqlx::query_scalar("PRAGMA user_version")
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|e| open_error("cannot read the schema version of", e))?;
+    match found {
+        0 => {
+            sqlx::query(AssertSqlSafe(format!(
+                "PRAGMA user_version = {SCHEMA_VERSION}"
+            )))
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| open_error("cannot stamp the schema version of", e))?;
+        }
+        SCHEMA_VERSION => {}
+        other => {
+            return Err(Attempt::Failed(Error::Config(format!(
+                "sqlite: {} has schema version {other}; this coord-sqlite knows {SCHEMA_VERSION}",
+                path.display()
+            ))))
+        }
+    }
+    tx.commit()
+        .await
+        .map_err(|e| open_error("cannot commit the schema of", e))?;
+    let _ = conn.close().await;
+    Ok(())
+}
+
+/// Run `attempt` until it is not busy, at most `busy_retries + 1` times,
+/// sleeping a jittered, growing delay in between.
+async fn retry_busy<T, F, Fut>(options: &SqliteOptions, what: &str, mut attempt: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<T, Attempt>>,
+{
+    let mut tries = 0u32;
+    loop {
+        match attempt().await {
+            Ok(value) => return Ok(value),
+            Err(Attempt::Failed(error)) => return Err(error),
+            Err(Attempt::Busy(error)) => {
+                tries += 1;
+                if tries > options.busy_retries {
+                    return Err(Error::unavailable(
+                        format!("sqlite: file stayed busy while {what} ({tries} attempts)"),
+                        error,
+                    ));
+                }
+                let ceiling = Duration::from_millis(2u64 << tries.min(6)); // 4 ms .. 128 ms
+                let jitter = rand::random::<f64>() * 0.5 + 0.5;
+                tracing::debug!(%error, tries, "sqlite busy; retrying");
+                tokio::time::sleep(ceiling.mul_f64(jitter)).await;
+            }
+        }
+    }
+}
+
+fn parse_url(url: &StoreUrl) -> Result<(PathBuf, SqliteOptions)> {
+    if url.scheme() != "sqlite" {
+        return Err(Error::Config(format!(
+            "coord-sqlite cannot open a {}:// URL",
+            url.scheme()
+        )));
+    }
+    let path = url.body();
+    if path.is_empty() || path == ":memory:" {
+        return Err(Error::Config(format!(
+            "sqlite URL {:?} names no file (sqlite://PATH; for an in-process store use memory://)",
+            url.without_namespace()
+        )));
+    }
+    let mut options = SqliteOptions::default();
+    let query = url
+        .without_namespace()
+        .split_once('?')
+        .map(|(_, q)| q)
+        .unwrap_or("");
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let bad = || Error::Config(format!("sqlite URL parameter {name}={value:?} is invalid"));
+        match name {
+            "durability" => {
+                options.durability = match value.to_ascii_lowercase().as_str() {
+                    "full" => Durability::Full,
+                    "normal" => Durability::Normal,
+                    _ => return Err(bad()),
+                }
+            }
+            "max_connections" => {
+                options.max_connections = value.parse().ok().filter(|n| *n > 0).ok_or_else(bad)?
+            }
+            "busy_timeout_ms" => {
+                options.busy_timeout = Duration::from_millis(value.parse().map_err(|_| bad())?)
+            }
+            _ => {
+                return Err(Error::Config(format!(
+                    "unknown sqlite URL parameter {name:?} \
+                     (known: namespace, durability, max_connections, busy_timeout_ms)"
+                )))
+            }
+        }
+    }
+    Ok((PathBuf::from(path), options))
+}
+
+#[async_trait]
+impl Backend for SqliteBackend {
+    fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn limits(&self) -> Limits {
+        self.options.limits
+    }
+
+    async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
+        validate_keys(keys, &self.options.limits)?;
+        let keys = distinct(keys.iter().map(String::as_str));
+        retry_busy(&self.options, "reading a snapshot", || {
+            self.snapshot_once(&keys)
+        })
+        .await
+    }
+
+    async fn txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
+        validate_txn(asserts, mutations, &self.options.limits)?;
+        retry_busy(&self.options, "running a txn", || {
+            self.txn_once(asserts, mutations)
+        })
+        .await
+    }
+
+    async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
+        validate_prefix(prefix, &self.options.limits)?;
+        retry_busy(&self.options, "listing keys", || self.keys_once(prefix)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn successor_is_the_next_byte_string() {
+        assert_eq!(successor(""), None);
+        assert_eq!(successor("a%"), Some(b"a&".to_vec()));
+        // A multi-byte last character: the result is not UTF-8, by design.
+        assert_eq!(successor("é"), Some(vec![0xc3, 0xaa]));
+        assert_eq!(successor("\u{7f}"), Some(vec![0x80]));
+    }
+
+    #[test]
+    fn parses_urls() {
+        let url = StoreUrl::parse("sqlite:///abs/c.db?namespace=x&durability=normal").unwrap();
+        let (path, options) = parse_url(&url).unwrap();
+        assert_eq!(path, PathBuf::from("/abs/c.db"));
+        assert_eq!(options.durability, Durability::Normal);
+        let (path, _) = parse_url(&StoreUrl::parse("sqlite://rel/c.db").unwrap()).unwrap();
+        assert_eq!(path, PathBuf::from("rel/c.db"));
+        for bad in [
+            "sqlite://",
+            "sqlite://:memory:",
+            "sqlite://c.db?max_connections=0",
+            "sqlite://c.db?durability=off",
+            "sqlite://c.db?cache=shared",
+            "redis://c.db",
+        ] {
+            assert!(
+                matches!(
+                    parse_url(&StoreUrl::parse(bad).unwrap()),
+                    Err(Error::Config(_))
+                ),
+                "{bad} was accepted"
+            );
+        }
+    }
+}

@@ -1,0 +1,471 @@
+//! coord-sqlite against the conformance suite and its own boundary: many
+//! processes on one file, reopen, bad URLs and paths.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use coord_backend::{
+    Assert, Backend, BackendExt, Entry, Error, InvalidInput, Mutation, StoreUrl, Version,
+};
+use coord_conformance::{unique_namespace, BackendFactory};
+use coord_sqlite::{SqliteBackend, SqliteOptions};
+
+/// Every test of this binary shares one database file (namespaces keep the
+/// cases apart), as many applications would share one store.
+fn shared_file() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("coord-sqlite")
+        .join("shared.db")
+}
+
+/// A file of its own, for tests that reopen or inspect one.
+fn private_file(label: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("coord-sqlite")
+        .join(format!("{}.db", unique_namespace(label)))
+}
+
+/// Each call opens a new pool on the shared file: a factory call with a
+/// namespace already used gives a second, independent client of the same store.
+fn factory() -> BackendFactory {
+    coord_conformance::factory(|namespace| async move {
+        let store = SqliteBackend::open(shared_file(), &namespace).await?;
+        Ok(Arc::new(store) as Arc<dyn Backend>)
+    })
+}
+
+coord_conformance::backend_tests!(factory());
+
+async fn open(namespace: &str) -> SqliteBackend {
+    SqliteBackend::open(shared_file(), namespace).await.unwrap()
+}
+
+fn put(key: &str, value: &str) -> Mutation {
+    Mutation::put(key, value.as_bytes().to_vec())
+}
+
+const CHILD_ENV: &str = "COORD_SQLITE_TEST_CHILD";
+const CHILDREN: usize = 4;
+const INCREMENTS: u64 = 50;
+
+fn counter(entry: &Entry) -> u64 {
+    match &entry.value {
+        Some(bytes) => std::str::from_utf8(bytes).unwrap().parse().unwrap(),
+        None => 0,
+    }
+}
+
+/// CAS-increment the counter at `key` once; returns the rejected attempts.
+async fn increment_one(store: &SqliteBackend, key: &str) -> u64 {
+    let mut current = store.get(key).await.unwrap();
+    let mut rejections = 0;
+    loop {
+        let n = counter(&current);
+        let out = store
+            .txn(
+                &[Assert::at(key, current.version)],
+                &[put(key, &(n + 1).to_string())],
+            )
+            .await
+            .unwrap();
+        if out.applied {
+            return rejections;
+        }
+        rejections += 1;
+        assert!(rejections < 10_000, "CAS loop does not converge");
+        current = out.current.into_iter().next().unwrap();
+    }
+}
+
+/// CAS-increment the counter at `key` `INCREMENTS` times, re-deciding from
+/// the entries a rejected txn returns.
+async fn increment_many(store: &SqliteBackend, key: &str) -> u64 {
+    let mut current = store.get(key).await.unwrap();
+    let mut rejections = 0u64;
+    for _ in 0..INCREMENTS {
+        // Let the other writers in: SQLite's busy handler sleeps, so a tight
+        // loop would mostly run its increments in one uncontended burst.
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        loop {
+            let n = counter(&current);
+            let out = store
+                .txn(
+                    &[Assert::at(key, current.version)],
+                    &[put(key, &(n + 1).to_string())],
+                )
+                .await
+                .unwrap();
+            if out.applied {
+                current = Entry::present(
+                    key,
+                    Version(current.version.0 + 1),
+                    (n + 1).to_string().into_bytes(),
+                );
+                break;
+            }
+            rejections += 1;
+            assert!(rejections < 100_000, "CAS loop does not converge");
+            current = out.current.into_iter().next().unwrap();
+        }
+    }
+    rejections
+}
+
+/// Several OS processes (this test binary re-executed) race CAS increments
+/// on one key of one file: no increment may be lost or doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_process_cas_increments() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        let (path, namespace) = spec.split_once('\n').unwrap();
+        let mut options = SqliteOptions::default();
+        options.max_connections = 2;
+        let store = SqliteBackend::open_with(path, namespace, options)
+            .await
+            .unwrap();
+        // Start together, so the increments really overlap: check in, then
+        // wait (bounded) until every child has.
+        let _ = increment_one(&store, "ready").await;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while counter(&store.get("ready").await.unwrap()) < CHILDREN as u64 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "siblings never started"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        let rejections = increment_many(&store, "counter").await;
+        println!("child {}: {rejections} rejected txns", std::process::id());
+        store.close().await;
+        return;
+    }
+    let namespace = unique_namespace("cross_process");
+    let spec = format!("{}\n{namespace}", shared_file().display());
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..CHILDREN)
+        .map(|_| {
+            Command::new(&exe)
+                .args(["--exact", "cross_process_cas_increments", "--nocapture"])
+                .env(CHILD_ENV, &spec)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let statuses = tokio::task::spawn_blocking(move || {
+        children
+            .into_iter()
+            .map(|mut c| c.wait().unwrap())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    for status in statuses {
+        assert!(status.success(), "a child process failed: {status}");
+    }
+    let total = CHILDREN as u64 * INCREMENTS;
+    let entry = open(&namespace).await.get("counter").await.unwrap();
+    assert_eq!(entry.value, Some(total.to_string().into_bytes()));
+    assert_eq!(entry.version, Version(total));
+}
+
+/// Many connections of one process (separate pools) racing on one key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_pools_cas_increments() {
+    let namespace = unique_namespace("many_pools");
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let store = open(&namespace).await;
+        tasks.push(tokio::spawn(async move {
+            increment_many(&store, "counter").await;
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let entry = open(&namespace).await.get("counter").await.unwrap();
+    assert_eq!(entry.version, Version(3 * INCREMENTS));
+    assert_eq!(entry.value, Some((3 * INCREMENTS).to_string().into_bytes()));
+}
+
+#[tokio::test]
+async fn data_and_versions_survive_reopen() {
+    let path = private_file("reopen");
+    let store = SqliteBackend::open(&path, "app").await.unwrap();
+    let out = store
+        .txn(&[], &[put("kept", "1"), put("gone", "x")])
+        .await
+        .unwrap();
+    assert!(out.applied);
+    assert!(store.delete_if("gone", Version(1)).await.unwrap().applied);
+    store.close().await;
+    drop(store);
+
+    let store = SqliteBackend::open(&path, "app").await.unwrap();
+    assert_eq!(
+        store.get("kept").await.unwrap(),
+        Entry::present("kept", Version(1), b"1".to_vec())
+    );
+    assert_eq!(store.get("gone").await.unwrap(), Entry::missing("gone"));
+    // The tombstone survived too: the re-created key continues the count.
+    assert!(
+        store
+            .put_if("gone", Version::MISSING, b"y".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
+    assert_eq!(store.get("gone").await.unwrap().version, Version(3));
+    assert_eq!(store.keys("").await.unwrap(), vec!["gone", "kept"]);
+    store.close().await;
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[tokio::test]
+async fn versions_are_never_reused() {
+    let store = open(&unique_namespace("versions")).await;
+    assert!(
+        store
+            .put_if("k", Version::MISSING, vec![])
+            .await
+            .unwrap()
+            .applied
+    );
+    // An empty value is a value, not a tombstone.
+    assert_eq!(
+        store.get("k").await.unwrap(),
+        Entry::present("k", Version(1), vec![])
+    );
+    assert!(store.delete_if("k", Version(1)).await.unwrap().applied);
+    assert_eq!(store.get("k").await.unwrap(), Entry::missing("k"));
+    assert!(store.keys("k").await.unwrap().is_empty());
+    // A stale assert at the old version must not pass again (ABA).
+    let stale = store.put_if("k", Version(1), b"x".to_vec()).await.unwrap();
+    assert!(!stale.applied);
+    assert_eq!(stale.current, vec![Entry::missing("k")]);
+    assert!(
+        store
+            .put_if("k", Version::MISSING, b"again".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
+    assert_eq!(store.get("k").await.unwrap().version, Version(3));
+    // Deleting a key that never existed still moves its hidden counter.
+    assert!(
+        store
+            .txn(&[], &[Mutation::delete("m")])
+            .await
+            .unwrap()
+            .applied
+    );
+    assert!(
+        store
+            .put_if("m", Version::MISSING, b"1".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
+    assert_eq!(store.get("m").await.unwrap().version, Version(2));
+}
+
+#[tokio::test]
+async fn rejected_txn_writes_nothing_and_returns_current_entries() {
+    let store = open(&unique_namespace("reject")).await;
+    assert!(
+        store
+            .txn(&[], &[put("a", "1"), put("b", "1")])
+            .await
+            .unwrap()
+            .applied
+    );
+    let out = store
+        .txn(
+            &[
+                Assert::at("a", Version(1)),
+                Assert::missing("b"),
+                Assert::at("a", Version(1)),
+                Assert::missing("c"),
+            ],
+            &[put("a", "2"), put("c", "2"), Mutation::delete("b")],
+        )
+        .await
+        .unwrap();
+    assert!(!out.applied);
+    assert_eq!(
+        out.current,
+        vec![
+            Entry::present("a", Version(1), b"1".to_vec()),
+            Entry::present("b", Version(1), b"1".to_vec()),
+            Entry::missing("c"),
+        ]
+    );
+    let now = store
+        .snapshot(&["c".into(), "a".into(), "b".into(), "a".into()])
+        .await
+        .unwrap();
+    assert_eq!(
+        now,
+        vec![
+            Entry::missing("c"),
+            Entry::present("a", Version(1), b"1".to_vec()),
+            Entry::present("b", Version(1), b"1".to_vec()),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn prefixes_are_literal_and_sorted_by_bytes() {
+    let store = open(&unique_namespace("prefix")).await;
+    let keys = [
+        "a%b", "a%", "aXb", "a_b", "a\\b", "a*", "a[1]", "é1", "é2", "ê", "f", "B", "\u{7f}x",
+        "\u{80}",
+    ];
+    let mutations: Vec<_> = keys.iter().map(|k| put(k, "v")).collect();
+    assert!(store.txn(&[], &mutations).await.unwrap().applied);
+    let mut all: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+    all.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    assert_eq!(store.keys("").await.unwrap(), all);
+    assert_eq!(store.keys("a%").await.unwrap(), vec!["a%", "a%b"]);
+    assert_eq!(store.keys("a_").await.unwrap(), vec!["a_b"]);
+    assert_eq!(store.keys("a\\").await.unwrap(), vec!["a\\b"]);
+    assert_eq!(store.keys("a[").await.unwrap(), vec!["a[1]"]);
+    assert_eq!(store.keys("a*").await.unwrap(), vec!["a*"]);
+    assert_eq!(store.keys("é").await.unwrap(), vec!["é1", "é2"]);
+    assert_eq!(store.keys("\u{7f}").await.unwrap(), vec!["\u{7f}x"]);
+    assert!(store.keys("zz").await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn namespaces_are_isolated_and_clients_share_a_namespace() {
+    let base = unique_namespace("ns");
+    let short = open(&base).await;
+    let long = open(&format!("{base}x")).await;
+    assert!(short.txn(&[], &[put("k", "short")]).await.unwrap().applied);
+    assert!(long.keys("").await.unwrap().is_empty());
+    assert_eq!(long.get("k").await.unwrap(), Entry::missing("k"));
+    let second_client = open(&base).await;
+    assert_eq!(
+        second_client.get("k").await.unwrap(),
+        Entry::present("k", Version(1), b"short".to_vec())
+    );
+}
+
+#[tokio::test]
+async fn rows_not_written_by_coord_are_malformed() {
+    let path = private_file("malformed");
+    let store = SqliteBackend::open(&path, "app").await.unwrap();
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO coord_kv VALUES ('app', CAST(x'ff' AS TEXT), 1, x'00')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    assert!(matches!(
+        store.keys("").await,
+        Err(Error::MalformedRecord { .. })
+    ));
+    store.close().await;
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_before_touching_the_file() {
+    let store = open(&unique_namespace("input")).await;
+    let err = store
+        .txn(&[], &[put("k", "1"), Mutation::delete("k")])
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        Error::InvalidInput(InvalidInput::DuplicateMutation(_))
+    ));
+    assert!(matches!(
+        store.keys("a\0").await,
+        Err(Error::InvalidInput(InvalidInput::NulByte(_)))
+    ));
+    assert!(matches!(
+        store.snapshot(&[String::new()]).await,
+        Err(Error::InvalidInput(InvalidInput::EmptyKey))
+    ));
+    assert_eq!(store.get("k").await.unwrap(), Entry::missing("k"));
+    assert!(matches!(
+        SqliteBackend::open(shared_file(), "{bad}").await,
+        Err(Error::InvalidInput(InvalidInput::Namespace { .. }))
+    ));
+}
+
+#[tokio::test]
+async fn urls_open_files_and_bad_ones_are_config_errors() {
+    let path = std::path::absolute(private_file("url")).unwrap();
+    let url = StoreUrl::parse(&format!(
+        "sqlite://{}?namespace=app&durability=normal",
+        path.display()
+    ))
+    .unwrap();
+    let store = SqliteBackend::connect(&url).await.unwrap();
+    assert_eq!(store.namespace(), "app");
+    assert_eq!(store.path(), path);
+    assert!(store.txn(&[], &[put("k", "v")]).await.unwrap().applied);
+    store.close().await;
+    assert!(path.is_file());
+    std::fs::remove_file(&path).unwrap();
+
+    for bad in [
+        "sqlite://",
+        "sqlite://x.db?pool=3",
+        "sqlite://x.db?busy_timeout_ms=soon",
+        "postgres://x.db",
+    ] {
+        let result = SqliteBackend::connect(&StoreUrl::parse(bad).unwrap()).await;
+        assert!(matches!(result, Err(Error::Config(_))), "{bad}: {result:?}");
+    }
+}
+
+#[tokio::test]
+async fn unusable_paths_are_unavailable() {
+    // A regular file where a directory should be: no privilege can create it.
+    let blocker = private_file("blocker");
+    std::fs::create_dir_all(blocker.parent().unwrap()).unwrap();
+    std::fs::write(&blocker, b"not a directory").unwrap();
+    let result = SqliteBackend::open(blocker.join("coord.db"), "app").await;
+    assert!(
+        matches!(result, Err(Error::Unavailable { .. })),
+        "{result:?}"
+    );
+    // A file that is not a database.
+    let result = SqliteBackend::open(&blocker, "app").await;
+    assert!(
+        matches!(result, Err(Error::Unavailable { .. })),
+        "{result:?}"
+    );
+    std::fs::remove_file(&blocker).unwrap();
+    // A directory where the file should be.
+    let dir = private_file("dir");
+    std::fs::create_dir_all(&dir).unwrap();
+    let result = SqliteBackend::open(&dir, "app").await;
+    assert!(
+        matches!(result, Err(Error::Unavailable { .. })),
+        "{result:?}"
+    );
+    std::fs::remove_dir(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_closed_store_is_unavailable_not_empty() {
+    let store = open(&unique_namespace("closed")).await;
+    store.close().await;
+    assert!(matches!(
+        store.get("k").await,
+        Err(Error::Unavailable { .. })
+    ));
+    assert!(matches!(
+        store.txn(&[], &[put("k", "v")]).await,
+        Err(Error::Unavailable { .. })
+    ));
+    assert!(matches!(
+        store.keys("").await,
+        Err(Error::Unavailable { .. })
+    ));
+}
