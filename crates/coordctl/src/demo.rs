@@ -51,6 +51,9 @@ pub(crate) struct WorkerArgs {
     counters: u32,
     #[arg(long)]
     jobs: u32,
+    /// Unix time (ms) at which every worker starts, so they really race.
+    #[arg(long)]
+    start_at_ms: u64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -73,9 +76,16 @@ fn job_key(i: u32) -> String {
 
 /// One worker: increments and claims, then one JSON line on stdout.
 pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Error> {
-    let started = Instant::now();
     let store = coord::connect(&args.store).await?;
     let engine = CasEngine::new(store.clone());
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    if args.start_at_ms > now_ms {
+        tokio::time::sleep(std::time::Duration::from_millis(args.start_at_ms - now_ms)).await;
+    }
+    let started = Instant::now();
     let mut claims_won = 0;
     let mut claim_calls = 0;
     let total = args.increments.max(args.jobs);
@@ -132,7 +142,9 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Error> {
 /// The demo: spawn workers, wait, check totals, print a table.
 pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode, Error> {
     if args.workers == 0 || args.counters == 0 {
-        return Err(Error::Config("--workers and --counters must be at least 1".into()));
+        return Err(Error::Config(
+            "--workers and --counters must be at least 1".into(),
+        ));
     }
     let (store_url, _temp_dir) = match args.store.clone() {
         Some(url) => (url, None),
@@ -147,11 +159,22 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode, Error> {
     // A fresh namespace per run, so a reused store starts from zero.
     let parsed = coord_backend::StoreUrl::parse(&store_url)?;
     let store_url = parsed.with_namespace(&format!("demo-{:08x}", rand_u32()));
-    println!("coord demo: {} worker processes on {}", args.workers, parsed.without_namespace());
+    println!(
+        "coord demo: {} worker processes on {}",
+        args.workers,
+        parsed.without_namespace()
+    );
 
     let exe = std::env::current_exe().map_err(|e| Error::Config(e.to_string()))?;
     let bar = crate::progress::bar(u64::from(args.workers), "workers racing");
     let mut children = Vec::new();
+    // Workers connect first, then all start at the same instant.
+    let start_at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+        + 1_000
+        + 100 * u64::from(args.workers);
     for id in 0..args.workers {
         let child = tokio::process::Command::new(&exe)
             .arg("demo-worker")
@@ -160,6 +183,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode, Error> {
             .args(["--increments", &args.increments.to_string()])
             .args(["--counters", &args.counters.to_string()])
             .args(["--jobs", &args.jobs.to_string()])
+            .args(["--start-at-ms", &start_at_ms.to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
@@ -174,7 +198,10 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode, Error> {
         if let Some(mut stdout) = child.stdout.take() {
             let _ = stdout.read_to_string(&mut out).await;
         }
-        let status = child.wait().await.map_err(|e| Error::Config(e.to_string()))?;
+        let status = child
+            .wait()
+            .await
+            .map_err(|e| Error::Config(e.to_string()))?;
         bar.inc(1);
         match serde_json::from_str::<WorkerReport>(out.trim()) {
             Ok(report) if status.success() => reports.push(report),
@@ -201,7 +228,9 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode, Error> {
     for chunk in claimed.chunks(100) {
         for entry in store.snapshot(chunk).await? {
             if let Some(v) = entry.value {
-                *owners.entry(String::from_utf8_lossy(&v).into_owned()).or_default() += 1;
+                *owners
+                    .entry(String::from_utf8_lossy(&v).into_owned())
+                    .or_default() += 1;
             }
         }
     }
@@ -219,16 +248,28 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode, Error> {
     }
     let expected_count = u64::from(args.workers) * u64::from(args.increments);
     let won: u64 = reports.iter().map(|r| r.claims_won).sum();
-    let owners_agree = reports
-        .iter()
-        .all(|r| owners.get(&format!("worker-{}", r.id)).copied().unwrap_or(0) == r.claims_won);
+    let owners_agree = reports.iter().all(|r| {
+        owners
+            .get(&format!("worker-{}", r.id))
+            .copied()
+            .unwrap_or(0)
+            == r.claims_won
+    });
     println!();
     println!("{:<28} {:>10} {:>10}", "total", "actual", "expected");
     let rows = [
         ("counter increments", counted, expected_count),
-        ("jobs claimed (store)", claimed.len() as u64, u64::from(args.jobs)),
+        (
+            "jobs claimed (store)",
+            claimed.len() as u64,
+            u64::from(args.jobs),
+        ),
         ("claims won (workers)", won, u64::from(args.jobs)),
-        ("workers finished", reports.len() as u64, u64::from(args.workers)),
+        (
+            "workers finished",
+            reports.len() as u64,
+            u64::from(args.workers),
+        ),
     ];
     let mut ok = failed_workers == 0 && owners_agree;
     for (name, actual, expected) in rows {
