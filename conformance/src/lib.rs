@@ -13,6 +13,8 @@
 //! }));
 //! ```
 //!
+//! To run everything on one store, use [`all_suites_tests!`].
+//!
 //! Every case creates its backends through the factory with a namespace of
 //! its own (random per run, see [`unique_namespace`]), so cases run in
 //! parallel on one server without seeing each other's keys.
@@ -39,6 +41,54 @@ pub use harness::{
 #[doc(hidden)]
 pub mod __private {
     pub use tokio;
+}
+
+/// Every suite of this crate for one store: a module per suite (`backend`,
+/// `lock`, `board`, `sideeffect`, `scheduler`), each case one `#[tokio::test]`.
+///
+/// The factory expression is evaluated inside those modules, which import
+/// everything of the calling module (`use super::*`), so it may call the
+/// caller's private functions. It may be a [`BackendFactory`] or an
+/// `Option<BackendFactory>` (`None` = store not configured, cases return early).
+#[macro_export]
+macro_rules! all_suites_tests {
+    ($factory:expr) => {
+        mod backend_suite {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::backend_tests!($factory);
+        }
+        mod lock_suite {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::lock_tests!($factory);
+        }
+        mod board_suite {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::board_tests!($factory);
+        }
+        mod sideeffect_suite {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::sideeffect_tests!($factory);
+        }
+        mod scheduler_suite {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::scheduler_tests!($factory);
+        }
+    };
+}
+
+/// Every case of every suite that runs over a backend factory, in suite order.
+pub fn all_cases() -> Vec<Case> {
+    let mut cases = backend::cases();
+    cases.extend(lock::cases());
+    cases.extend(board::cases());
+    cases.extend(sideeffect::cases());
+    cases.extend(scheduler::cases());
+    cases
 }
 
 /// Expand a list of case names of one suite into `#[tokio::test]`s.

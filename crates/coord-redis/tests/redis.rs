@@ -208,7 +208,8 @@ async fn semantics(base: &str) {
 }
 
 mod standalone {
-    coord_conformance::backend_tests!(super::factory_for(super::STANDALONE));
+    use super::{factory_for, STANDALONE};
+    coord_conformance::all_suites_tests!(factory_for(STANDALONE));
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redis_semantics() {
@@ -220,7 +221,8 @@ mod standalone {
 }
 
 mod cluster {
-    coord_conformance::backend_tests!(super::factory_for(super::CLUSTER));
+    use super::{factory_for, CLUSTER};
+    coord_conformance::all_suites_tests!(factory_for(CLUSTER));
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redis_semantics() {

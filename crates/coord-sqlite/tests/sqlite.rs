@@ -35,7 +35,7 @@ fn factory() -> BackendFactory {
     })
 }
 
-coord_conformance::backend_tests!(factory());
+coord_conformance::all_suites_tests!(factory());
 
 async fn open(namespace: &str) -> SqliteBackend {
     SqliteBackend::open(shared_file(), namespace).await.unwrap()

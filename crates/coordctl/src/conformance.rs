@@ -12,20 +12,17 @@ pub(crate) struct ConformanceArgs {
     /// Store URL, e.g. sqlite://c.db, redis://127.0.0.1:6379, postgres://…, etcd://127.0.0.1:2379.
     #[arg(long)]
     backend: String,
-    /// Only the suites named (comma separated); default: all.
+    /// Only the suites named (comma separated: backend, lock, board, sideeffect, scheduler); default: all.
     #[arg(long, value_delimiter = ',')]
     suite: Vec<String>,
 }
 
-fn all_cases() -> Vec<Case> {
-    coord_conformance::backend::cases()
-}
 
 pub(crate) async fn run(args: ConformanceArgs) -> Result<ExitCode, Error> {
     let url = StoreUrl::parse(&args.backend)?;
     // Fail fast with the store's own error when it cannot be reached at all.
     coord::connect(url.without_namespace()).await?;
-    let cases: Vec<Case> = all_cases()
+    let cases: Vec<Case> = coord_conformance::all_cases()
         .into_iter()
         .filter(|c| args.suite.is_empty() || args.suite.iter().any(|s| s == c.suite))
         .collect();
