@@ -19,9 +19,10 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// Limits every store of this repository supports: 1 KiB keys, 512 KiB
-    /// values, 128 keys per call (etcd's default request size of 1.5 MiB and
-    /// its 128-operation txn limit are the tightest).
+    /// The default limits: 1 KiB keys, 512 KiB values, 128 keys per call.
+    /// Memory, SQLite, Redis and PostgreSQL accept them; a store with tighter
+    /// server limits returns its own from [`Backend::limits`] (etcd: 64 keys
+    /// and 18 KiB values per call, so a whole txn fits its 1.5 MiB request).
     pub const DEFAULT: Limits = Limits {
         max_key_bytes: 1024,
         max_value_bytes: 512 * 1024,

@@ -1,0 +1,420 @@
+//! coord-etcd against a real etcd (`COORD_TEST_ETCD_ENDPOINTS`, e.g.
+//! `127.0.0.1:2379`; start one with `scripts/start-etcd.sh`): the conformance
+//! suites (backend, lock, board, side effects, scheduler), the version mapping, limits, a cross-process race, a cut
+//! connection (indeterminate txn) and a server that is down.
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use coord_backend::{Assert, Backend, BackendExt, Entry, Error, Mutation, StoreUrl, Version};
+use coord_conformance::fault::FaultProxy;
+use coord_conformance::{factory, server_env, unique_namespace, BackendFactory};
+use coord_etcd::{EtcdBackend, EtcdOptions};
+
+const ENV: &str = "COORD_TEST_ETCD_ENDPOINTS";
+/// Set in the children of `cross_process_cas_race`: `<endpoints>|<namespace>`.
+const CHILD_ENV: &str = "COORD_ETCD_RACE_CHILD";
+const CHILDREN: usize = 4;
+const INCREMENTS: u64 = 50;
+
+fn endpoints(raw: &str) -> Vec<String> {
+    raw.split(',')
+        .map(|e| e.trim().to_owned())
+        .filter(|e| !e.is_empty())
+        .collect()
+}
+
+async fn connect(raw: &str, namespace: &str) -> coord_backend::Result<EtcdBackend> {
+    EtcdBackend::connect_endpoints(&endpoints(raw), namespace, EtcdOptions::default()).await
+}
+
+fn etcd_factory() -> Option<BackendFactory> {
+    let raw = server_env(ENV)?;
+    Some(factory(move |namespace| {
+        let raw = raw.clone();
+        async move { Ok(Arc::new(connect(&raw, &namespace).await?) as Arc<dyn Backend>) }
+    }))
+}
+
+/// The contract suites, each in its own module (their case names overlap).
+mod backend {
+    coord_conformance::backend_tests!(super::etcd_factory());
+}
+mod lock {
+    coord_conformance::lock_tests!(super::etcd_factory());
+}
+mod board {
+    coord_conformance::board_tests!(super::etcd_factory());
+}
+mod sideeffect {
+    coord_conformance::sideeffect_tests!(super::etcd_factory());
+}
+mod scheduler {
+    coord_conformance::scheduler_tests!(super::etcd_factory());
+}
+
+/// A raw etcd client, to look under coord's layout.
+async fn raw_client(raw: &str) -> etcd_client::Client {
+    etcd_client::Client::connect(endpoints(raw), None)
+        .await
+        .expect("raw etcd client")
+}
+
+async fn raw_version(client: &mut etcd_client::Client, key: &[u8]) -> i64 {
+    let response = client.get(key, None).await.expect("raw get");
+    response.kvs().first().map(|kv| kv.version()).unwrap_or(0)
+}
+
+fn etcd_key(store: &EtcdBackend, key: &str) -> Vec<u8> {
+    let mut k = store.etcd_prefix().to_vec();
+    k.extend_from_slice(key.as_bytes());
+    k
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_survive_delete_and_recreate() {
+    let Some(raw) = server_env(ENV) else { return };
+    let ns = unique_namespace("versions");
+    let store = connect(&raw, &ns).await.unwrap();
+    let mut client = raw_client(&raw).await;
+
+    assert!(
+        store
+            .put_if("k", Version(0), b"one".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
+    assert!(store.delete_if("k", Version(1)).await.unwrap().applied);
+    assert_eq!(store.get("k").await.unwrap(), Entry::missing("k"));
+    assert!(
+        store.keys("").await.unwrap().is_empty(),
+        "a tombstone is listed"
+    );
+    // The tombstone is etcd version 2: asserting it as a live version must fail.
+    let out = store.put_if("k", Version(2), b"x".to_vec()).await.unwrap();
+    assert!(!out.applied, "an assert at the tombstone's version passed");
+    assert_eq!(out.current, vec![Entry::missing("k")]);
+    assert!(
+        !store
+            .put_if("k", Version(1), b"x".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
+
+    // A second client has never seen the tombstone: "missing" must still hold
+    // (compare guessed wrong, re-sent), and the re-create gets version 3.
+    let other = connect(&raw, &ns).await.unwrap();
+    assert!(
+        other
+            .put_if("k", Version(0), b"two".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
+    assert_eq!(
+        store.get("k").await.unwrap(),
+        Entry::present("k", Version(3), b"two".to_vec())
+    );
+    assert_eq!(raw_version(&mut client, &etcd_key(&store, "k")).await, 3);
+    // Deleting a key that never existed still bumps its hidden counter.
+    assert!(
+        store
+            .txn(&[], &[Mutation::delete("never")])
+            .await
+            .unwrap()
+            .applied
+    );
+    assert!(
+        store
+            .put_if("never", Version(0), b"now".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
+    assert_eq!(store.get("never").await.unwrap().version, Version(2));
+    // A stale "missing" assert on a live key is refused with its entry.
+    let out = other
+        .put_if("never", Version(0), b"again".to_vec())
+        .await
+        .unwrap();
+    assert!(!out.applied);
+    assert_eq!(out.current[0].version, Version(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_are_disjoint_and_prefixes_literal() {
+    let Some(raw) = server_env(ENV) else { return };
+    let base = unique_namespace("ns");
+    let names = [
+        base.clone(),
+        format!("{base}b"),
+        format!("{base}:b"),
+        format!("{base}/b"),
+        format!("{base}%2Fb"),
+    ];
+    let mut stores = Vec::new();
+    for name in &names {
+        let store = connect(&raw, name).await.unwrap();
+        store
+            .txn(&[], &[Mutation::put(format!("b/{name}"), name.clone())])
+            .await
+            .unwrap();
+        stores.push(store);
+    }
+    for (store, name) in stores.iter().zip(&names) {
+        assert_eq!(store.keys("").await.unwrap(), vec![format!("b/{name}")]);
+    }
+    let store = &stores[0];
+    let keys = ["a%b", "a_b", "a*", "a?", "a[x]", "a{x}", "a\\b", "aé", "ab"];
+    let puts: Vec<Mutation> = keys
+        .iter()
+        .map(|k| Mutation::put(*k, b"1".to_vec()))
+        .collect();
+    assert!(store.txn(&[], &puts).await.unwrap().applied);
+    for prefix in ["a%", "a_", "a*", "a?", "a[", "a{", "a\\", "aé"] {
+        let found = store.keys(prefix).await.unwrap();
+        let expected: Vec<String> = keys
+            .iter()
+            .filter(|k| k.starts_with(prefix))
+            .map(|k| k.to_string())
+            .collect();
+        assert_eq!(found, expected, "prefix {prefix:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_values_are_malformed() {
+    let Some(raw) = server_env(ENV) else { return };
+    let store = connect(&raw, &unique_namespace("malformed")).await.unwrap();
+    let mut client = raw_client(&raw).await;
+    client
+        .put(etcd_key(&store, "bad"), b"not coord".to_vec(), None)
+        .await
+        .unwrap();
+    let err = store.get("bad").await.unwrap_err();
+    assert!(matches!(err, Error::MalformedRecord { .. }), "{err:?}");
+    let err = store
+        .put_if("bad", Version(7), b"x".to_vec())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::MalformedRecord { .. }), "{err:?}");
+}
+
+/// The largest txn `limits()` allows (max keys, longest keys, longest
+/// namespace, max values, every key asserted live) is accepted by a server
+/// with etcd's default `--max-request-bytes` and `--max-txn-ops`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn largest_txn_within_limits_fits_etcd_defaults() {
+    let Some(raw) = server_env(ENV) else { return };
+    let mut ns = unique_namespace("limits");
+    while ns.len() < 128 {
+        ns.push('/'); // escaped to 3 bytes each: the longest etcd prefix
+    }
+    let store = connect(&raw, &ns).await.unwrap();
+    let limits = store.limits();
+    let keys: Vec<String> = (0..limits.max_keys_per_call)
+        .map(|i| format!("{i:04}{}", "k".repeat(limits.max_key_bytes - 4)))
+        .collect();
+    let value = vec![b'z'; limits.max_value_bytes];
+    let puts: Vec<Mutation> = keys
+        .iter()
+        .map(|k| Mutation::put(k, value.clone()))
+        .collect();
+    let missing: Vec<Assert> = keys.iter().map(Assert::missing).collect();
+    assert!(store.txn(&missing, &puts).await.unwrap().applied);
+    let live: Vec<Assert> = keys.iter().map(|k| Assert::at(k, Version(1))).collect();
+    assert!(store.txn(&live, &puts).await.unwrap().applied);
+    // Rejected: the Else branch returns every entry with its max value.
+    let out = store.txn(&live, &puts).await.unwrap();
+    assert!(!out.applied);
+    assert_eq!(out.current.len(), keys.len());
+    assert!(out
+        .current
+        .iter()
+        .all(|e| e.version == Version(2) && e.value.as_ref() == Some(&value)));
+    let snapshot = store.snapshot(&keys).await.unwrap();
+    assert_eq!(snapshot.len(), keys.len());
+    // One byte more is refused before anything is sent.
+    let too_big = vec![b'z'; limits.max_value_bytes + 1];
+    let err = store
+        .txn(&[], &[Mutation::put("big", too_big)])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidInput(_)), "{err:?}");
+    assert_eq!(store.keys("big").await.unwrap(), Vec::<String>::new());
+}
+
+/// Child role of `cross_process_cas_race` (does nothing unless started by it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_process_race_child() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let (raw, ns) = spec.split_once('|').expect("endpoints|namespace");
+    let store = connect(raw, ns).await.unwrap();
+    let mut seen = store.get("counter").await.unwrap();
+    let mut done = 0;
+    let mut attempts = 0;
+    while done < INCREMENTS {
+        attempts += 1;
+        assert!(attempts < 100_000, "no progress");
+        let n: u64 = match &seen.value {
+            Some(v) => std::str::from_utf8(v).unwrap().parse().unwrap(),
+            None => 0,
+        };
+        let out = store
+            .put_if("counter", seen.version, (n + 1).to_string().into_bytes())
+            .await
+            .expect("a txn failed with a store error");
+        if out.applied {
+            done += 1;
+            seen = Entry::present(
+                "counter",
+                Version(seen.version.0 + 1),
+                (n + 1).to_string().into_bytes(),
+            );
+        } else {
+            // Decide again from the entry the rejection returned (no extra read).
+            seen = out.current.into_iter().next().expect("current entry");
+        }
+    }
+    println!("child done after {attempts} txns");
+}
+
+/// 4 processes x 50 CAS increments of one key: the total and the version are exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_process_cas_race() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    let Some(raw) = server_env(ENV) else { return };
+    let ns = unique_namespace("xproc");
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..CHILDREN)
+        .map(|_| {
+            tokio::process::Command::new(&exe)
+                .args([
+                    "--exact",
+                    "cross_process_race_child",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD_ENV, format!("{raw}|{ns}"))
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn child")
+        })
+        .collect();
+    for child in children {
+        let output = child.wait_with_output().await.unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && stdout.contains("child done"),
+            "child failed: {}\n{stdout}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let store = connect(&raw, &ns).await.unwrap();
+    let total = CHILDREN as u64 * INCREMENTS;
+    assert_eq!(
+        store.get("counter").await.unwrap(),
+        Entry::present("counter", Version(total), total.to_string().into_bytes())
+    );
+}
+
+/// The connection is cut after the txn request reached etcd: the answer is
+/// lost, so the txn must be Indeterminate (never `applied = false`); a fresh
+/// client then shows whether it committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_txn_answer_is_indeterminate() {
+    let Some(raw) = server_env(ENV) else { return };
+    let upstream: SocketAddr = endpoints(&raw)[0]
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let ns = unique_namespace("fault");
+    let options = EtcdOptions::default().with_request_timeout(Duration::from_secs(3));
+    let store = EtcdBackend::connect_endpoints(&[proxy.addr().to_string()], &ns, options)
+        .await
+        .unwrap();
+    let key = "fault-target-7f3a";
+    assert!(
+        store
+            .put_if(key, Version(0), b"before".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
+    let seen = store.get(key).await.unwrap();
+
+    // The key's bytes are in the txn request (and in no other frame from now on).
+    proxy.cut_next_reply(key.as_bytes());
+    let result = store.put_if(key, seen.version, b"after".to_vec()).await;
+    assert_eq!(proxy.cuts(), 1, "the proxy never saw the txn");
+    match result {
+        Err(Error::Indeterminate { message, .. }) => {
+            println!("indeterminate as expected: {message}")
+        }
+        other => panic!("a lost answer must be Indeterminate, got {other:?}"),
+    }
+
+    let fresh = connect(&raw, &ns).await.unwrap();
+    let after = fresh.get(key).await.unwrap();
+    if after.value.as_deref() == Some(&b"after"[..]) {
+        assert_eq!(after.version, Version(2));
+        println!("re-read: the lost txn committed (version 2)");
+    } else {
+        assert_eq!(after, seen, "neither the old nor the new state");
+        println!("re-read: the lost txn did not commit");
+    }
+    // The client recovers through the proxy once it reconnects.
+    assert_eq!(store.get(key).await.unwrap(), after);
+}
+
+/// Nothing listens: every call is Unavailable (a txn too: it was never
+/// sent), within the configured timeouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_down_is_unavailable() {
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let url = StoreUrl::parse(&format!(
+        "etcd://{closed}?namespace=down&connect_timeout_ms=500&request_timeout_ms=1500"
+    ))
+    .unwrap();
+    let store = EtcdBackend::connect(&url).await.unwrap();
+    let started = Instant::now();
+    let err = store.get("k").await.unwrap_err();
+    assert!(
+        matches!(err, Error::Unavailable { .. }),
+        "snapshot: {err:?}"
+    );
+    let err = store
+        .put_if("k", Version(0), b"v".to_vec())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "txn: {err:?}");
+    let err = store.keys("").await.unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "keys: {err:?}");
+    println!(
+        "three calls against a closed port failed in {:?}",
+        started.elapsed()
+    );
+}
+
+/// Credentials against a server without authentication: a configuration
+/// error at connect time, not a silent success and not "unavailable".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_refused_is_config() {
+    let Some(raw) = server_env(ENV) else { return };
+    let url = StoreUrl::parse(&format!("etcd://nobody:secret@{raw}?namespace=auth")).unwrap();
+    let err = EtcdBackend::connect(&url).await.unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(!format!("{err:?}").contains("secret"));
+}
