@@ -1,0 +1,105 @@
+use std::time::Duration;
+
+/// How [`PostgresBackend`](crate::PostgresBackend) connects and pools.
+///
+/// ```
+/// use coord_postgres::PostgresOptions;
+/// use std::time::Duration;
+///
+/// let options = PostgresOptions::default()
+///     .max_connections(4)
+///     .connect_timeout(Duration::from_secs(2))
+///     .statement_timeout(Some(Duration::from_secs(1)));
+/// assert_eq!(options.get_max_connections(), 4);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PostgresOptions {
+    max_connections: u32,
+    connect_timeout: Duration,
+    statement_timeout: Option<Duration>,
+    ping_idle_after: Option<Duration>,
+    create_schema: bool,
+}
+
+impl Default for PostgresOptions {
+    /// 10 connections, 5 s to get one, 5 s per statement, ping connections
+    /// idle for 30 s before use, create the schema when missing.
+    fn default() -> Self {
+        PostgresOptions {
+            max_connections: 10,
+            connect_timeout: Duration::from_secs(5),
+            statement_timeout: Some(Duration::from_secs(5)),
+            ping_idle_after: Some(Duration::from_secs(30)),
+            create_schema: true,
+        }
+    }
+}
+
+impl PostgresOptions {
+    /// Most connections the pool opens (at least 1).
+    pub fn max_connections(mut self, max: u32) -> Self {
+        self.max_connections = max.max(1);
+        self
+    }
+
+    /// How long a call may wait to open or borrow a connection before it
+    /// fails with [`Unavailable`](coord_backend::Error::Unavailable).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The server-side `statement_timeout` of every pooled session (`None` =
+    /// the server's default). A txn cancelled by it rolled back: the call
+    /// fails with [`Unavailable`](coord_backend::Error::Unavailable), never
+    /// with a half-applied txn.
+    pub fn statement_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.statement_timeout = timeout;
+        self
+    }
+
+    /// Ping a pooled connection that has been idle for at least this long
+    /// before handing it out (`None` = never; `Some(ZERO)` = always, one
+    /// extra round trip per call). A connection the server dropped while it
+    /// sat idle is then replaced instead of turning the next txn into an
+    /// [`Indeterminate`](coord_backend::Error::Indeterminate) error.
+    pub fn ping_idle_after(mut self, idle: Option<Duration>) -> Self {
+        self.ping_idle_after = idle;
+        self
+    }
+
+    /// Whether [`PostgresBackend::connect`](crate::PostgresBackend::connect)
+    /// creates the table and function when they are missing (default `true`;
+    /// set `false` when the application's role may not run DDL and a DBA
+    /// installs [`SCHEMA_SQL`](crate::SCHEMA_SQL) instead).
+    pub fn create_schema(mut self, create: bool) -> Self {
+        self.create_schema = create;
+        self
+    }
+
+    /// The pool size.
+    pub fn get_max_connections(&self) -> u32 {
+        self.max_connections
+    }
+
+    /// The connect / borrow timeout.
+    pub fn get_connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The statement timeout.
+    pub fn get_statement_timeout(&self) -> Option<Duration> {
+        self.statement_timeout
+    }
+
+    /// The idle time after which a connection is pinged before use.
+    pub fn get_ping_idle_after(&self) -> Option<Duration> {
+        self.ping_idle_after
+    }
+
+    /// Whether the schema is created when missing.
+    pub fn get_create_schema(&self) -> bool {
+        self.create_schema
+    }
+}

@@ -1,0 +1,157 @@
+//! The table and the txn function, created once per database (or schema).
+//!
+//! Creation is idempotent and safe when many processes start at once: it runs
+//! in one transaction holding `pg_advisory_xact_lock(SCHEMA_LOCK)`, so only one
+//! session at a time issues `CREATE TABLE IF NOT EXISTS` (which alone races on
+//! the catalog's unique indexes) and `CREATE OR REPLACE FUNCTION` (which alone
+//! fails with "tuple concurrently updated"). A comment on the function records
+//! the schema revision; sessions that find the current revision skip the
+//! transaction (and the lock) entirely.
+
+use sqlx::{Connection, PgConnection};
+
+/// The `pg_advisory_xact_lock` key serialising schema creation (`"coord_v1"` in ASCII).
+const SCHEMA_LOCK: i64 = 0x636f_6f72_645f_7631;
+
+/// The comment [`SCHEMA_SQL`] puts on `coord_txn`; bump both when the SQL changes.
+pub(crate) const SCHEMA_TAG: &str = "coord schema r1";
+
+/// The full signature of the txn function (for `to_regprocedure`).
+const TXN_SIGNATURE: &str = "coord_txn(text,text[],bigint[],text[],bytea[],text[])";
+
+/// The schema: one table for every namespace, and the one-round-trip txn function.
+///
+/// `key` uses `COLLATE "C"` so that ordering, range scans and the primary key
+/// compare bytes (UTF-8 byte order = code point order), whatever the database's
+/// default collation. `value IS NULL` marks a tombstone: the row keeps the
+/// key's version counter after a delete, so versions are never reused.
+pub const SCHEMA_SQL: &str = r#"
+CREATE TABLE IF NOT EXISTS coord_kv (
+    ns      text NOT NULL,
+    key     text COLLATE "C" NOT NULL,
+    version bigint NOT NULL CHECK (version >= 0),
+    value   bytea,
+    PRIMARY KEY (ns, key)
+);
+
+CREATE OR REPLACE FUNCTION coord_txn(
+    p_ns text,
+    p_assert_keys text[],
+    p_assert_versions bigint[],
+    p_put_keys text[],
+    p_put_values bytea[],
+    p_delete_keys text[]
+) RETURNS TABLE (applied boolean, k text, ver bigint, val bytea)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    hashes bigint[];
+    h bigint;
+    mismatches bigint;
+BEGIN
+    -- Lock every involved key, existing or not, in one global order (sorted
+    -- 64-bit hashes), so two txns can never wait on each other in a cycle.
+    -- The two-int4 form keeps these locks apart from single-bigint advisory
+    -- locks (pg_advisory_lock(hashtext(..)) of lock backends). A hash
+    -- collision only serialises two unrelated keys; it never breaks a txn.
+    SELECT array_agg(DISTINCT hashtextextended(p_ns || '/' || x, 0)
+                     ORDER BY hashtextextended(p_ns || '/' || x, 0))
+      INTO hashes
+      FROM unnest(p_assert_keys || p_put_keys || p_delete_keys) AS x;
+    IF hashes IS NOT NULL THEN
+        FOREACH h IN ARRAY hashes LOOP
+            PERFORM pg_advisory_xact_lock((h >> 32)::int4,
+                                          ((h & 4294967295) - 2147483648)::int4);
+        END LOOP;
+    END IF;
+
+    -- Every writer of these keys holds the same locks until it commits, and a
+    -- lock is released only after its commit is visible; each statement below
+    -- takes a fresh READ COMMITTED snapshot, so it sees the latest committed
+    -- state of every locked key and nobody can change it before we commit.
+    IF cardinality(p_assert_keys) > 0 THEN
+        SELECT count(*) INTO mismatches
+          FROM unnest(p_assert_keys, p_assert_versions) AS a(key, version)
+          LEFT JOIN coord_kv c ON c.ns = p_ns AND c.key = a.key
+         WHERE CASE WHEN c.value IS NULL THEN 0 ELSE c.version END <> a.version;
+        IF mismatches > 0 THEN
+            RETURN QUERY
+                SELECT false, a.key, c.version, c.value
+                  FROM unnest(p_assert_keys) WITH ORDINALITY AS a(key, ord)
+                  LEFT JOIN coord_kv c ON c.ns = p_ns AND c.key = a.key
+                 ORDER BY a.ord;
+            RETURN;
+        END IF;
+    END IF;
+
+    IF cardinality(p_put_keys) > 0 THEN
+        INSERT INTO coord_kv AS c (ns, key, version, value)
+            SELECT p_ns, u.key, 1, u.value
+              FROM unnest(p_put_keys, p_put_values) AS u(key, value)
+        ON CONFLICT (ns, key) DO UPDATE SET version = c.version + 1, value = EXCLUDED.value;
+    END IF;
+    IF cardinality(p_delete_keys) > 0 THEN
+        -- A delete of a missing key still creates a tombstone at version 1:
+        -- the counter moves on every write, as in the reference store.
+        INSERT INTO coord_kv AS c (ns, key, version, value)
+            SELECT p_ns, d, 1, NULL FROM unnest(p_delete_keys) AS d
+        ON CONFLICT (ns, key) DO UPDATE SET version = c.version + 1, value = NULL;
+    END IF;
+
+    RETURN QUERY SELECT true, NULL::text, NULL::bigint, NULL::bytea;
+END
+$fn$;
+
+COMMENT ON FUNCTION coord_txn(text, text[], bigint[], text[], bytea[], text[]) IS 'coord schema r1';
+"#;
+
+/// Create the table and the function unless this revision is already installed.
+pub(crate) async fn ensure_schema(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    if installed_tag(conn).await?.as_deref() == Some(SCHEMA_TAG) {
+        return Ok(());
+    }
+    let mut tx = conn.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(SCHEMA_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    // Another process may have finished while we waited for the lock.
+    if installed_tag(&mut tx).await?.as_deref() != Some(SCHEMA_TAG) {
+        sqlx::raw_sql(SCHEMA_SQL).execute(&mut *tx).await?;
+    }
+    tx.commit().await
+}
+
+/// With schema creation off: fail clearly when the schema is not installed.
+pub(crate) async fn check_schema(conn: &mut PgConnection) -> coord_backend::Result<()> {
+    let tag = installed_tag(conn)
+        .await
+        .map_err(|e| crate::errors::before_sending("checking the coord schema", e))?;
+    if tag.as_deref() == Some(SCHEMA_TAG) {
+        Ok(())
+    } else {
+        Err(coord_backend::Error::Config(format!(
+            "the coord schema ({SCHEMA_TAG}) is not installed in this database (found {tag:?}); \
+             run coord_postgres::SCHEMA_SQL or enable PostgresOptions::create_schema"
+        )))
+    }
+}
+
+async fn installed_tag(conn: &mut PgConnection) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT obj_description(to_regprocedure($1), 'pg_proc')")
+        .bind(TXN_SIGNATURE)
+        .fetch_one(conn)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn schema_sql_tags_its_revision() {
+        let comment = format!(
+            "COMMENT ON FUNCTION {} IS '{}';",
+            super::TXN_SIGNATURE.replace(',', ", "),
+            super::SCHEMA_TAG
+        );
+        assert!(super::SCHEMA_SQL.contains(&comment), "{comment}");
+    }
+}

@@ -1,0 +1,662 @@
+//! coord-postgres against a real PostgreSQL (`COORD_TEST_POSTGRES_URL`, e.g.
+//! `postgres://postgres@127.0.0.1:5432/postgres`): the conformance suite, a
+//! cross-process race, a lost reply, a server that is down, concurrent schema
+//! creation, TLS modes and malformed rows. Without the variable every test
+//! prints SKIPPED and returns (or fails when `COORD_REQUIRE_SERVERS=1`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_backend::{Assert, Backend, BackendExt, Entry, Error, Mutation, StoreUrl, Version};
+use coord_conformance::fault::FaultProxy;
+use coord_conformance::{unique_namespace, BackendFactory};
+use coord_postgres::{PostgresBackend, PostgresOptions};
+use sqlx::{Connection, PgConnection};
+
+const URL_VAR: &str = "COORD_TEST_POSTGRES_URL";
+/// Set in the children of `cross_process_cas_increments`: the namespace to increment in.
+const CHILD_VAR: &str = "COORD_PG_TEST_CHILD_NAMESPACE";
+const CHILDREN: usize = 4;
+const INCREMENTS: usize = 50;
+
+fn base_url() -> Option<String> {
+    coord_conformance::server_env(URL_VAR)
+}
+
+/// `base` with extra query parameters appended.
+fn with_params(base: &str, params: &str) -> String {
+    let sep = if base.contains('?') { '&' } else { '?' };
+    format!("{base}{sep}{params}")
+}
+
+fn store_url(base: &str, namespace: &str) -> StoreUrl {
+    StoreUrl::parse(&with_params(base, &format!("namespace={namespace}"))).unwrap()
+}
+
+async fn connect(base: &str, namespace: &str, options: PostgresOptions) -> PostgresBackend {
+    PostgresBackend::connect_with(&store_url(base, namespace), options)
+        .await
+        .unwrap()
+}
+
+/// A plain sqlx connection for looking behind the backend's back.
+async fn admin(base: &str) -> PgConnection {
+    PgConnection::connect(base).await.unwrap()
+}
+
+/// `(before host, host:port, after host)` of a `postgres://user@host:port/db?...` URL.
+fn split_host(base: &str) -> (String, String, String) {
+    let (scheme, rest) = base.split_once("://").unwrap();
+    let (userinfo, hostpart) = match rest.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), rest),
+    };
+    let end = hostpart.find(['/', '?']).unwrap_or(hostpart.len());
+    let mut host = hostpart[..end].to_owned();
+    if !host.contains(':') {
+        host.push_str(":5432");
+    }
+    (
+        format!("{scheme}://{userinfo}"),
+        host,
+        hostpart[end..].to_owned(),
+    )
+}
+
+/// The same URL pointed at another address, without TLS (so a proxy can see the bytes).
+fn via(base: &str, addr: std::net::SocketAddr) -> String {
+    let (head, _, tail) = split_host(base);
+    with_params(&format!("{head}{addr}{tail}"), "sslmode=disable")
+}
+
+async fn upstream(base: &str) -> std::net::SocketAddr {
+    let (_, host, _) = split_host(base);
+    let addr = tokio::net::lookup_host(host.as_str())
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    addr
+}
+
+fn factory() -> Option<BackendFactory> {
+    let mut base = base_url()?;
+    // Suites open a store per case; TLS handshakes (slow in debug builds) add
+    // nothing there. `sslmode_is_honoured` covers TLS.
+    if !base.contains("sslmode=") {
+        base = with_params(&base, "sslmode=disable");
+    }
+    Some(coord_conformance::factory(move |namespace| {
+        let base = base.clone();
+        async move {
+            let store = PostgresBackend::connect_with(
+                &store_url(&base, &namespace),
+                PostgresOptions::default().max_connections(8),
+            )
+            .await?;
+            Ok(Arc::new(store) as Arc<dyn Backend>)
+        }
+    }))
+}
+
+coord_conformance::all_suites_tests!(factory());
+
+// ---------------------------------------------------------------- cross-process race
+
+/// One CAS increment of the decimal counter at `key`, retried on conflict
+/// from the entries the rejected txn returns.
+async fn increment(store: &PostgresBackend, key: &str) {
+    let mut entry = store.get(key).await.unwrap();
+    for _ in 0..10_000 {
+        let n: u64 = match &entry.value {
+            Some(v) => std::str::from_utf8(v).unwrap().parse().unwrap(),
+            None => 0,
+        };
+        let out = store
+            .put_if(key, entry.version, (n + 1).to_string().into_bytes())
+            .await
+            .unwrap();
+        if out.applied {
+            return;
+        }
+        entry = out.current.into_iter().next().unwrap();
+    }
+    panic!("increment kept losing for 10000 tries");
+}
+
+/// Not a test of its own: the body of each child process of
+/// `cross_process_cas_increments` (a no-op when run directly).
+#[tokio::test]
+async fn cross_process_child() {
+    let Ok(namespace) = std::env::var(CHILD_VAR) else {
+        return;
+    };
+    let base = std::env::var(URL_VAR).unwrap();
+    let store = connect(
+        &base,
+        &namespace,
+        PostgresOptions::default().max_connections(2),
+    )
+    .await;
+    for _ in 0..INCREMENTS {
+        increment(&store, "counter").await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_process_cas_increments() {
+    let Some(base) = base_url() else { return };
+    let namespace = unique_namespace("cross_process");
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..CHILDREN)
+        .map(|_| {
+            tokio::process::Command::new(&exe)
+                .args(["cross_process_child", "--exact", "--test-threads=1"])
+                .env(CHILD_VAR, &namespace)
+                .env(URL_VAR, &base)
+                .kill_on_drop(true)
+                .output()
+        })
+        .collect();
+    for (i, child) in children.into_iter().enumerate() {
+        let out = child.await.unwrap();
+        assert!(
+            out.status.success(),
+            "child {i} failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The child must really have run the child test (and not filtered it away).
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("1 passed"),
+            "child {i} ran no test"
+        );
+    }
+    let store = connect(&base, &namespace, PostgresOptions::default()).await;
+    let total = (CHILDREN * INCREMENTS) as u64;
+    assert_eq!(
+        store.get("counter").await.unwrap(),
+        Entry::present("counter", Version(total), total.to_string().into_bytes()),
+        "{CHILDREN} processes x {INCREMENTS} CAS increments"
+    );
+}
+
+// ---------------------------------------------------------------- faults
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_reply_is_indeterminate_and_committed() {
+    let Some(base) = base_url() else { return };
+    let namespace = unique_namespace("lost_reply");
+    let proxy = FaultProxy::start(upstream(&base).await).await.unwrap();
+    let proxied = connect(
+        &via(&base, proxy.addr()),
+        &namespace,
+        PostgresOptions::default()
+            .max_connections(1)
+            .ping_idle_after(None),
+    )
+    .await;
+    // Open the pooled connection (and prepare the txn statement) before arming.
+    assert!(proxied.get("k").await.unwrap().version.is_missing());
+
+    // The marker travels in the Bind message of the txn: the cut happens
+    // after the server received the whole statement.
+    let marker = format!("marker-{}", unique_namespace("m"));
+    proxy.cut_next_reply(marker.as_bytes());
+    let result = proxied
+        .txn(
+            &[Assert::missing("k")],
+            &[Mutation::put("k", marker.clone().into_bytes())],
+        )
+        .await;
+    assert_eq!(proxy.cuts(), 1, "the proxy did not see the txn");
+    match result {
+        Err(Error::Indeterminate { .. }) => {}
+        other => panic!("a lost txn reply must be Indeterminate, got {other:?}"),
+    }
+
+    // A fresh client learns what happened: the autocommit statement committed.
+    let fresh = connect(&base, &namespace, PostgresOptions::default()).await;
+    assert_eq!(
+        fresh.get("k").await.unwrap(),
+        Entry::present("k", Version(1), marker.into_bytes())
+    );
+    // The broken connection was not handed out again.
+    assert_eq!(proxied.get("k").await.unwrap().version, Version(1));
+}
+
+#[tokio::test]
+async fn closed_port_is_unavailable() {
+    let Some(base) = base_url() else { return };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let result = PostgresBackend::connect_with(
+        &store_url(&via(&base, addr), "down"),
+        PostgresOptions::default().connect_timeout(Duration::from_secs(1)),
+    )
+    .await;
+    assert!(
+        matches!(result, Err(Error::Unavailable { .. })),
+        "{result:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_gone_before_sending_is_unavailable() {
+    let Some(base) = base_url() else { return };
+    let proxy = FaultProxy::start(upstream(&base).await).await.unwrap();
+    let store = connect(
+        &via(&base, proxy.addr()),
+        &unique_namespace("gone"),
+        PostgresOptions::default()
+            .max_connections(1)
+            .connect_timeout(Duration::from_secs(1))
+            .ping_idle_after(Some(Duration::ZERO)),
+    )
+    .await;
+    assert!(store.get("k").await.unwrap().version.is_missing());
+    // Stop the proxy: its port closes and its connections drop.
+    drop(proxy);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let txn = store
+        .txn(
+            &[Assert::missing("k")],
+            &[Mutation::put("k", b"v".to_vec())],
+        )
+        .await;
+    assert!(matches!(txn, Err(Error::Unavailable { .. })), "{txn:?}");
+    let read = store.snapshot(&["k".to_owned()]).await;
+    assert!(matches!(read, Err(Error::Unavailable { .. })), "{read:?}");
+}
+
+// ---------------------------------------------------------------- schema
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_first_use_creates_the_schema_once() {
+    let Some(base) = base_url() else { return };
+    let schema = format!("coord_{}", unique_namespace("schema").replace('-', "_"));
+    let mut conn = admin(&base).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let scoped = with_params(&base, &format!("options=-c%20search_path%3D{schema}"));
+    let tasks: Vec<_> = (0..6)
+        .map(|i| {
+            let scoped = scoped.clone();
+            tokio::spawn(async move {
+                let store = PostgresBackend::connect_with(
+                    &store_url(&scoped, "schema"),
+                    PostgresOptions::default().max_connections(1),
+                )
+                .await?;
+                store
+                    .txn(&[], &[Mutation::put(format!("k{i}"), b"v".to_vec())])
+                    .await
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.unwrap());
+    }
+    let created: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+        .bind(format!("{schema}.coord_kv"))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {schema}.coord_kv"
+    )))
+    .fetch_one(&mut conn)
+    .await
+    .unwrap_or(-1);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    for (i, result) in results.into_iter().enumerate() {
+        assert!(result.unwrap().applied, "process {i}");
+    }
+    assert!(created.is_some(), "the table is not in the fresh schema");
+    assert_eq!(rows, 6);
+}
+
+// ---------------------------------------------------------------- TLS
+
+#[tokio::test]
+async fn sslmode_is_honoured() {
+    let Some(base) = base_url() else { return };
+    let mut conn = admin(&base).await;
+    let ssl: String = sqlx::query_scalar("SHOW ssl")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let app = unique_namespace("tls").replace('-', "_");
+    let required = PostgresBackend::connect_with(
+        &store_url(
+            &with_params(&base, &format!("sslmode=require&application_name={app}")),
+            "tls",
+        ),
+        PostgresOptions::default().connect_timeout(Duration::from_secs(2)),
+    )
+    .await;
+    if ssl != "on" {
+        assert!(required.is_err(), "sslmode=require connected without TLS");
+        return;
+    }
+    let store = required.unwrap();
+    store.get("k").await.unwrap();
+    let (encrypted, sessions): (Option<bool>, i64) = sqlx::query_as(
+        "SELECT bool_and(s.ssl), count(*) FROM pg_stat_ssl s \
+         JOIN pg_stat_activity a USING (pid) WHERE a.application_name = $1",
+    )
+    .bind(&app)
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert!(sessions >= 1, "no pooled session found");
+    assert_eq!(encrypted, Some(true), "sslmode=require session is not TLS");
+
+    // verify-full checks the certificate and the host name against the
+    // system trust store: a local server's self-signed certificate fails.
+    let verified = PostgresBackend::connect_with(
+        &store_url(&with_params(&base, "sslmode=verify-full"), "tls"),
+        PostgresOptions::default().connect_timeout(Duration::from_secs(2)),
+    )
+    .await;
+    assert!(
+        matches!(verified, Err(Error::Unavailable { .. })),
+        "{verified:?}"
+    );
+}
+
+// ---------------------------------------------------------------- store specifics
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_rows_are_reported() {
+    let Some(base) = base_url() else { return };
+    let namespace = unique_namespace("malformed");
+    let store = connect(&base, &namespace, PostgresOptions::default()).await;
+    let mut conn = admin(&base).await;
+    // A value at version 0: no coord writer produces it.
+    sqlx::query("INSERT INTO coord_kv (ns, key, version, value) VALUES ($1, 'bad', 0, 'x')")
+        .bind(&namespace)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let read = store.snapshot(&["bad".to_owned()]).await;
+    assert!(
+        matches!(read, Err(Error::MalformedRecord { ref key, .. }) if key == "bad"),
+        "{read:?}"
+    );
+    let txn = store
+        .txn(&[Assert::at("bad", Version(5))], &[Mutation::delete("bad")])
+        .await;
+    assert!(matches!(txn, Err(Error::MalformedRecord { .. })), "{txn:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_tombstones_and_rejections() {
+    let Some(base) = base_url() else { return };
+    let store = connect(
+        &base,
+        &unique_namespace("versions"),
+        PostgresOptions::default(),
+    )
+    .await;
+    assert!(
+        store
+            .put_if("a", Version::MISSING, b"1".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
+    assert!(store.delete_if("a", Version(1)).await.unwrap().applied);
+    assert_eq!(store.get("a").await.unwrap(), Entry::missing("a"));
+    // The stale version 1 must not pass again after a re-create (ABA).
+    assert!(
+        store
+            .put_if("a", Version::MISSING, b"2".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
+    assert_eq!(store.get("a").await.unwrap().version, Version(3));
+    assert!(
+        !store
+            .put_if("a", Version(1), b"x".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
+    // Deleting a missing key moves its hidden counter.
+    assert!(
+        store
+            .txn(&[], &[Mutation::delete("b")])
+            .await
+            .unwrap()
+            .applied
+    );
+    assert!(
+        store
+            .put_if("b", Version::MISSING, b"b".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
+    assert_eq!(store.get("b").await.unwrap().version, Version(2));
+
+    // A rejection writes nothing and returns the asserted keys once each, in assert order.
+    let out = store
+        .txn(
+            &[
+                Assert::missing("zz"),
+                Assert::at("a", Version(2)),
+                Assert::missing("zz"),
+                Assert::at("b", Version(2)),
+            ],
+            &[Mutation::put("zz", b"no".to_vec()), Mutation::delete("b")],
+        )
+        .await
+        .unwrap();
+    assert!(!out.applied);
+    assert_eq!(
+        out.current,
+        vec![
+            Entry::missing("zz"),
+            Entry::present("a", Version(3), b"2".to_vec()),
+            Entry::present("b", Version(2), b"b".to_vec()),
+        ]
+    );
+    assert_eq!(
+        store
+            .snapshot(&["zz".into(), "b".into(), "zz".into()])
+            .await
+            .unwrap(),
+        vec![
+            Entry::missing("zz"),
+            Entry::present("b", Version(2), b"b".to_vec())
+        ]
+    );
+    assert!(matches!(
+        store.txn(&[], &[Mutation::put("", b"x".to_vec())]).await,
+        Err(Error::InvalidInput(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefixes_are_literal_and_namespaces_isolated() {
+    let Some(base) = base_url() else { return };
+    let ns = unique_namespace("prefix");
+    let store = connect(&base, &ns, PostgresOptions::default()).await;
+    // A namespace that extends this one must not leak into it (and vice versa).
+    let longer = connect(&base, &format!("{ns}x"), PostgresOptions::default()).await;
+    let keys = [
+        "a%b",
+        "a%",
+        "aXb",
+        "a_b",
+        "a_",
+        "a\\b",
+        "a\\",
+        "é1",
+        "é",
+        "f",
+        "a*",
+        "a[",
+        "a{",
+        "\u{10FFFF}z",
+    ];
+    let mutations: Vec<_> = keys
+        .iter()
+        .map(|k| Mutation::put(*k, b"v".to_vec()))
+        .collect();
+    assert!(store.txn(&[], &mutations).await.unwrap().applied);
+    assert!(
+        longer
+            .txn(&[], &[Mutation::put("a%x", b"v".to_vec())])
+            .await
+            .unwrap()
+            .applied
+    );
+    assert!(
+        store
+            .txn(&[], &[Mutation::delete("a%")])
+            .await
+            .unwrap()
+            .applied
+    );
+
+    assert_eq!(store.keys("a%").await.unwrap(), vec!["a%b"]);
+    assert_eq!(store.keys("a_").await.unwrap(), vec!["a_", "a_b"]);
+    assert_eq!(store.keys("a\\").await.unwrap(), vec!["a\\", "a\\b"]);
+    assert_eq!(store.keys("é").await.unwrap(), vec!["é", "é1"]);
+    assert_eq!(store.keys("\u{10FFFF}").await.unwrap(), vec!["\u{10FFFF}z"]);
+    let mut expected: Vec<String> = keys
+        .iter()
+        .filter(|k| **k != "a%")
+        .map(|k| k.to_string())
+        .collect();
+    expected.sort(); // Rust's String order is byte order
+    assert_eq!(store.keys("").await.unwrap(), expected);
+    assert_eq!(longer.keys("").await.unwrap(), vec!["a%x"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn crossing_key_orders_never_deadlock() {
+    let Some(base) = base_url() else { return };
+    let store = connect(
+        &base,
+        &unique_namespace("deadlock"),
+        PostgresOptions::default().max_connections(8),
+    )
+    .await;
+    let orders: [[&str; 3]; 4] = [
+        ["a", "b", "c"],
+        ["c", "b", "a"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+    ];
+    let mut tasks = Vec::new();
+    for worker in 0..8 {
+        let store = store.clone();
+        let order = orders[worker % orders.len()];
+        tasks.push(tokio::spawn(async move {
+            for round in 0..20 {
+                let mutations: Vec<_> = order
+                    .iter()
+                    .map(|k| Mutation::put(*k, format!("{worker}-{round}")))
+                    .collect();
+                // An assert on a key nobody writes: locked too, never created.
+                let out = store
+                    .txn(
+                        &[Assert::missing(format!("absent-{}", order[0]))],
+                        &mutations,
+                    )
+                    .await?;
+                assert!(out.applied);
+            }
+            Ok::<_, Error>(())
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    let entries = store
+        .snapshot(&["a".into(), "b".into(), "c".into()])
+        .await
+        .unwrap();
+    for entry in &entries {
+        assert_eq!(entry.version, Version(8 * 20), "{entry:?}");
+    }
+    // Every txn wrote all three keys at once: they all hold the last writer's value.
+    assert!(entries.iter().all(|e| e.value == entries[0].value));
+    assert!(store.keys("absent").await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn urls_and_schema_options() {
+    let Some(base) = base_url() else { return };
+    let long_form = base.replacen("postgres://", "postgresql://", 1);
+    let store = connect(
+        &long_form,
+        &unique_namespace("scheme"),
+        PostgresOptions::default(),
+    )
+    .await;
+    assert!(
+        store
+            .txn(&[], &[Mutation::put("k", b"v".to_vec())])
+            .await
+            .unwrap()
+            .applied
+    );
+
+    let wrong = PostgresBackend::connect(&StoreUrl::parse("redis://127.0.0.1:6379").unwrap()).await;
+    assert!(matches!(wrong, Err(Error::Config(_))), "{wrong:?}");
+
+    // Without schema creation, a database lacking the schema is a configuration error.
+    let schema = format!("coord_{}", unique_namespace("noschema").replace('-', "_"));
+    let mut conn = admin(&base).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let scoped = with_params(&base, &format!("options=-c%20search_path%3D{schema}"));
+    let missing = PostgresBackend::connect_with(
+        &store_url(&scoped, "x"),
+        PostgresOptions::default().create_schema(false),
+    )
+    .await;
+    // ...and installing SCHEMA_SQL by hand (as a DBA would) satisfies it.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SET search_path = {schema}; {}; RESET search_path;",
+        coord_postgres::SCHEMA_SQL
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let installed = PostgresBackend::connect_with(
+        &store_url(&scoped, "x"),
+        PostgresOptions::default().create_schema(false),
+    )
+    .await
+    .unwrap();
+    let written = installed
+        .txn(
+            &[Assert::missing("k")],
+            &[Mutation::put("k", b"v".to_vec())],
+        )
+        .await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    assert!(matches!(missing, Err(Error::Config(_))), "{missing:?}");
+    assert!(written.unwrap().applied);
+    // The table is gone: a read is an error, never an empty answer.
+    let gone = installed.keys("").await;
+    assert!(matches!(gone, Err(Error::Unavailable { .. })), "{gone:?}");
+}
