@@ -21,7 +21,11 @@ pub(crate) struct ConformanceArgs {
 pub(crate) async fn run(args: ConformanceArgs) -> Result<ExitCode, Error> {
     let url = StoreUrl::parse(&args.backend)?;
     // Fail fast with the store's own error when it cannot be reached at all.
-    coord::connect(url.without_namespace()).await?;
+    // Some clients connect lazily (etcd): one read proves the store answers.
+    coord::connect(url.without_namespace())
+        .await?
+        .snapshot(&["coordctl/probe".to_owned()])
+        .await?;
     let cases: Vec<Case> = coord_conformance::all_cases()
         .into_iter()
         .filter(|c| args.suite.is_empty() || args.suite.iter().any(|s| s == c.suite))
