@@ -1,0 +1,708 @@
+//! Locks side by side, in ONE run: the generic lock on every store, the
+//! native locks of this crate, and each store's raw floor.
+//!
+//! ```text
+//! COORD_TEST_REDIS_URL=redis://127.0.0.1:6379 \
+//! COORD_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/postgres \
+//! COORD_TEST_ETCD_ENDPOINTS=127.0.0.1:2379 \
+//! cargo bench -p coord-locks-native --bench locks
+//! ```
+//!
+//! 1. criterion: one uncontended cycle (`try_lock` + `release` of one key,
+//!    one client, sequential) per subject;
+//! 2. a cycle table, subjects interleaved round robin (cycles/s, store round trips per
+//!    cycle: counted from `GenericLock::stats()` for the generic lock, by
+//!    construction for the others), with the ratios the design targets;
+//! 3. a contention table: 32 tasks on one key for `COORD_CONTENTION_SECS`
+//!    (default 2) per subject, each waiting with `LockExt::lock_with`
+//!    (backoff 1 ms doubling to 16 ms); etcd's lock RPC waits on the server.
+//!
+//! A store whose variable is unset prints SKIPPED. Environment:
+//! `COORD_BENCH_SECS` (criterion measurement time and the cycle table's time
+//! per subject, default 1).
+//!
+//! Subjects: memory and SQLite (generic only), Redis (generic, native
+//! `RedisLock`, raw `SET NX PX` + `EVALSHA` compare-and-delete), etcd
+//! (generic, etcd's lock RPC: `Lock` + `Unlock` under a lease granted once
+//! per client), PostgreSQL (generic, native `PgAdvisoryLock` (a connection
+//! per acquisition), raw `pg_try_advisory_lock` + `pg_advisory_unlock` on one
+//! connection).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use coord_adapters::lock::{
+    async_trait, GenericLock, Lock, LockError, LockExt, LockHandle, WaitOptions,
+};
+use coord_adapters::mint_token;
+use coord_backend::{Backend, StoreUrl};
+use coord_locks_native::{PgAdvisoryLock, RedisLock};
+use criterion::Criterion;
+use sqlx::Connection;
+use tokio::sync::Mutex;
+
+type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+type CycleFn = Arc<dyn Fn() -> BoxFuture + Send + Sync>;
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// How a subject's store round trips are known.
+enum RoundTrips {
+    /// Counted by the generic lock's engine.
+    Counted(GenericLock),
+    /// Known from what the subject sends (printed as given).
+    ByConstruction(&'static str),
+}
+
+struct Subject {
+    store: &'static str,
+    name: &'static str,
+    cycle: CycleFn,
+    round_trips: RoundTrips,
+}
+
+fn namespace(label: &str) -> String {
+    format!("bench-{label}-{}", &mint_token()[..12])
+}
+
+/// One try_lock + release cycle of `lock` on `key`.
+fn lock_cycle(lock: Arc<dyn Lock>, key: &'static str) -> CycleFn {
+    Arc::new(move || {
+        let lock = lock.clone();
+        Box::pin(async move {
+            let handle = lock.try_lock(key, TTL).await.unwrap().expect("uncontended");
+            lock.release(handle).await.unwrap();
+        })
+    })
+}
+
+fn generic(store: &'static str, backend: Arc<dyn Backend>) -> Subject {
+    let lock = GenericLock::new(backend);
+    Subject {
+        store,
+        name: "generic GenericLock",
+        cycle: lock_cycle(Arc::new(lock.clone()), "cycle"),
+        round_trips: RoundTrips::Counted(lock),
+    }
+}
+
+/// One contending client: its calls are counted, and a generic one also
+/// reports its engine's store round trips.
+struct Client {
+    lock: Arc<Counting>,
+    generic: Option<GenericLock>,
+}
+
+/// A factory of lock clients for the contention table.
+type ClientFactory = Arc<dyn Fn() -> Client + Send + Sync>;
+
+struct ContentionSubject {
+    store: &'static str,
+    name: &'static str,
+    kind: ContentionKind,
+}
+
+enum ContentionKind {
+    /// Clients behind the `Lock` trait; `generic` ones report engine round trips.
+    Lock(ClientFactory),
+    /// etcd's lock RPC: the server queues waiters.
+    EtcdRpc(Box<etcd_client::Client>),
+}
+
+#[derive(Default)]
+struct Setup {
+    subjects: Vec<Subject>,
+    contention: Vec<ContentionSubject>,
+    skipped: Vec<String>,
+}
+
+async fn setup() -> Setup {
+    let mut setup = Setup::default();
+
+    // memory (one process only: a floor, never production)
+    let memory: Arc<dyn Backend> =
+        Arc::new(coord_memory::SingleProcessMemoryBackend::new(&namespace("mem")).unwrap());
+    setup.subjects.push(generic("memory", memory.clone()));
+    setup.contention.push(generic_contention("memory", memory));
+
+    // SQLite: a temporary file
+    let path = std::env::temp_dir().join(format!("coord-lock-bench-{}.db", &mint_token()[..12]));
+    let sqlite: Arc<dyn Backend> = Arc::new(
+        coord_sqlite::SqliteBackend::open(&path, "bench")
+            .await
+            .unwrap(),
+    );
+    setup.subjects.push(generic("sqlite", sqlite.clone()));
+    setup.contention.push(generic_contention("sqlite", sqlite));
+
+    match env("COORD_TEST_REDIS_URL") {
+        None => setup
+            .skipped
+            .push("redis: COORD_TEST_REDIS_URL is unset".into()),
+        Some(base) => redis_subjects(&mut setup, &base).await,
+    }
+    match env("COORD_TEST_ETCD_ENDPOINTS") {
+        None => setup
+            .skipped
+            .push("etcd: COORD_TEST_ETCD_ENDPOINTS is unset".into()),
+        Some(endpoints) => etcd_subjects(&mut setup, &endpoints).await,
+    }
+    match env("COORD_TEST_POSTGRES_URL") {
+        None => setup
+            .skipped
+            .push("postgres: COORD_TEST_POSTGRES_URL is unset".into()),
+        Some(base) => postgres_subjects(&mut setup, &base).await,
+    }
+    setup
+}
+
+fn env(var: &str) -> Option<String> {
+    std::env::var(var).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn generic_contention(store: &'static str, backend: Arc<dyn Backend>) -> ContentionSubject {
+    // Each task is its own client (its own engine and cache), as another
+    // process would be; they share the store connection.
+    let make: ClientFactory = Arc::new(move || {
+        let lock = GenericLock::new(backend.clone());
+        Client {
+            lock: Arc::new(Counting::new(Arc::new(lock.clone()))),
+            generic: Some(lock),
+        }
+    });
+    ContentionSubject {
+        store,
+        name: "generic GenericLock",
+        kind: ContentionKind::Lock(make),
+    }
+}
+
+/// Contention over one shared native client (its connection is shared too).
+fn native_contention(
+    store: &'static str,
+    name: &'static str,
+    lock: Arc<dyn Lock>,
+) -> ContentionSubject {
+    ContentionSubject {
+        store,
+        name,
+        kind: ContentionKind::Lock(Arc::new(move || Client {
+            lock: Arc::new(Counting::new(lock.clone())),
+            generic: None,
+        })),
+    }
+}
+
+async fn redis_subjects(setup: &mut Setup, base: &str) {
+    let ns = namespace("redis");
+    let url = StoreUrl::parse(&format!("{base}?namespace={ns}")).unwrap();
+    let store: Arc<dyn Backend> = Arc::new(
+        coord_redis::RedisBackend::connect(&url)
+            .await
+            .expect("COORD_TEST_REDIS_URL is set but Redis does not answer"),
+    );
+    setup.subjects.push(generic("redis", store.clone()));
+    let native = RedisLock::connect(&format!("{base}?namespace={ns}"))
+        .await
+        .unwrap();
+    setup.subjects.push(Subject {
+        store: "redis",
+        name: "native RedisLock",
+        cycle: lock_cycle(Arc::new(native.clone()), "cycle-native"),
+        round_trips: RoundTrips::ByConstruction("2 (EVALSHA, EVALSHA)"),
+    });
+
+    let raw = redis::Client::open(StoreUrl::parse(base).unwrap().without_namespace())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    let delete = Arc::new(redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    ));
+    let raw_key = format!("{ns}:raw-cycle");
+    setup.subjects.push(Subject {
+        store: "redis",
+        name: "raw SET NX PX + EVALSHA del",
+        cycle: Arc::new(move || {
+            let (mut conn, delete, key) = (raw.clone(), delete.clone(), raw_key.clone());
+            Box::pin(async move {
+                let token = mint_token();
+                let set: Option<String> = redis::cmd("SET")
+                    .arg(&key)
+                    .arg(&token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(30_000)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                assert!(set.is_some(), "uncontended");
+                let deleted: i64 = delete
+                    .key(&key)
+                    .arg(&token)
+                    .invoke_async(&mut conn)
+                    .await
+                    .unwrap();
+                assert_eq!(deleted, 1);
+            })
+        }),
+        round_trips: RoundTrips::ByConstruction("2 (SET, EVALSHA)"),
+    });
+
+    setup.contention.push(generic_contention("redis", store));
+    setup.contention.push(native_contention(
+        "redis",
+        "native RedisLock",
+        Arc::new(native),
+    ));
+}
+
+async fn etcd_subjects(setup: &mut Setup, endpoints: &str) {
+    let ns = namespace("etcd");
+    let url = StoreUrl::parse(&format!("etcd://{endpoints}?namespace={ns}")).unwrap();
+    let store: Arc<dyn Backend> = Arc::new(
+        coord_etcd::EtcdBackend::connect(&url)
+            .await
+            .expect("COORD_TEST_ETCD_ENDPOINTS is set but etcd does not answer"),
+    );
+    setup.subjects.push(generic("etcd", store.clone()));
+
+    let list: Vec<String> = endpoints.split(',').map(|e| e.trim().to_owned()).collect();
+    let client = etcd_client::Client::connect(&list, None).await.unwrap();
+    let lease = client.clone().lease_grant(60, None).await.unwrap().id();
+    let name = format!("{ns}/rpc-cycle");
+    let rpc = client.clone();
+    setup.subjects.push(Subject {
+        store: "etcd",
+        name: "etcd Lock RPC + Unlock (lease)",
+        cycle: Arc::new(move || {
+            let (mut rpc, name) = (rpc.clone(), name.clone());
+            Box::pin(async move {
+                let held = rpc
+                    .lock(
+                        name.as_bytes(),
+                        Some(etcd_client::LockOptions::new().with_lease(lease)),
+                    )
+                    .await
+                    .unwrap();
+                rpc.unlock(held.key().to_vec()).await.unwrap();
+            })
+        }),
+        round_trips: RoundTrips::ByConstruction("2 (Lock, Unlock)"),
+    });
+    setup.contention.push(generic_contention("etcd", store));
+    setup.contention.push(ContentionSubject {
+        store: "etcd",
+        name: "etcd Lock RPC + Unlock (lease)",
+        kind: ContentionKind::EtcdRpc(Box::new(client)),
+    });
+}
+
+async fn postgres_subjects(setup: &mut Setup, base: &str) {
+    let ns = namespace("pg");
+    let url = StoreUrl::parse(&format!("{base}?namespace={ns}")).unwrap();
+    let store: Arc<dyn Backend> = Arc::new(
+        coord_postgres::PostgresBackend::connect(&url)
+            .await
+            .expect("COORD_TEST_POSTGRES_URL is set but PostgreSQL does not answer"),
+    );
+    setup.subjects.push(generic("postgres", store.clone()));
+
+    let native = Arc::new(
+        PgAdvisoryLock::connect(&format!("{base}?namespace={ns}"))
+            .await
+            .unwrap(),
+    );
+    setup.subjects.push(Subject {
+        store: "postgres",
+        name: "native PgAdvisoryLock",
+        cycle: lock_cycle(native.clone(), "cycle-native"),
+        round_trips: RoundTrips::ByConstruction("connect + 2 statements + close"),
+    });
+
+    if !base.contains("sslmode") {
+        // A connection per acquisition makes TLS set-up (and loading the OS
+        // trust store, done per connection) part of every cycle: show it.
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let plain = PgAdvisoryLock::connect(&format!("{base}{sep}sslmode=disable&namespace={ns}"))
+            .await
+            .unwrap();
+        setup.subjects.push(Subject {
+            store: "postgres",
+            name: "native PgAdvisoryLock sslmode=disable",
+            cycle: lock_cycle(Arc::new(plain), "cycle-native-plain"),
+            round_trips: RoundTrips::ByConstruction("connect + 2 statements + close"),
+        });
+    }
+
+    let raw = Arc::new(Mutex::new(
+        sqlx::PgConnection::connect(StoreUrl::parse(base).unwrap().without_namespace())
+            .await
+            .unwrap(),
+    ));
+    let raw_key = format!("{ns}:raw-cycle");
+    setup.subjects.push(Subject {
+        store: "postgres",
+        name: "raw pg_try_advisory_lock + unlock",
+        cycle: Arc::new(move || {
+            let (raw, key) = (raw.clone(), raw_key.clone());
+            Box::pin(async move {
+                let mut conn = raw.lock().await;
+                let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtext($1))")
+                    .bind(&key)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .unwrap();
+                assert!(got, "uncontended");
+                let freed: bool = sqlx::query_scalar("SELECT pg_advisory_unlock(hashtext($1))")
+                    .bind(&key)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .unwrap();
+                assert!(freed);
+            })
+        }),
+        round_trips: RoundTrips::ByConstruction("2 (lock, unlock)"),
+    });
+
+    setup.contention.push(generic_contention("postgres", store));
+    setup.contention.push(native_contention(
+        "postgres",
+        "native PgAdvisoryLock",
+        native,
+    ));
+}
+
+/// Counts the lock calls a client makes (try_lock, renew, release).
+#[derive(Debug)]
+struct Counting {
+    inner: Arc<dyn Lock>,
+    calls: AtomicU64,
+}
+
+impl Counting {
+    fn new(inner: Arc<dyn Lock>) -> Self {
+        Counting {
+            inner,
+            calls: AtomicU64::new(0),
+        }
+    }
+}
+
+#[async_trait]
+impl Lock for Counting {
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.inner.try_lock(key, ttl).await
+    }
+    async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.inner.renew(handle).await
+    }
+    async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.inner.release(handle).await
+    }
+}
+
+fn secs_from_env(var: &str, default: f64) -> Duration {
+    Duration::from_secs_f64(
+        std::env::var(var)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default),
+    )
+}
+
+struct CycleRow {
+    store: &'static str,
+    name: &'static str,
+    per_sec: f64,
+    round_trips: String,
+}
+
+/// Measure every subject for `time` in total, interleaved in short slices
+/// (round robin), so that load from other processes on the machine hits all
+/// subjects alike and the ratios stay meaningful on a busy host.
+async fn measure_cycles(subjects: &[Subject], time: Duration) -> Vec<CycleRow> {
+    const ROUNDS: u32 = 20;
+    let slice = time / ROUNDS;
+    let before: Vec<u64> = subjects
+        .iter()
+        .map(|s| match &s.round_trips {
+            RoundTrips::Counted(lock) => lock.stats().round_trips(),
+            RoundTrips::ByConstruction(_) => 0,
+        })
+        .collect();
+    let mut cycles = vec![0u64; subjects.len()];
+    let mut spent = vec![Duration::ZERO; subjects.len()];
+    for _ in 0..ROUNDS {
+        for (i, subject) in subjects.iter().enumerate() {
+            let started = Instant::now();
+            while started.elapsed() < slice {
+                (subject.cycle)().await;
+                cycles[i] += 1;
+            }
+            spent[i] += started.elapsed();
+        }
+    }
+    subjects
+        .iter()
+        .enumerate()
+        .map(|(i, subject)| CycleRow {
+            store: subject.store,
+            name: subject.name,
+            per_sec: cycles[i] as f64 / spent[i].as_secs_f64(),
+            round_trips: match &subject.round_trips {
+                RoundTrips::Counted(lock) => format!(
+                    "{:.2} (counted)",
+                    (lock.stats().round_trips() - before[i]) as f64 / cycles[i] as f64
+                ),
+                RoundTrips::ByConstruction(text) => (*text).to_owned(),
+            },
+        })
+        .collect()
+}
+
+struct ContentionRow {
+    store: &'static str,
+    name: &'static str,
+    per_sec: f64,
+    max: u64,
+    min: u64,
+    calls_per_acq: f64,
+    round_trips_per_acq: Option<f64>,
+}
+
+const TASKS: usize = 32;
+
+async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
+    let key = format!("contended-{}", &mint_token()[..12]);
+    let started = Instant::now();
+    let deadline = started + time;
+    // (acquisitions, lock calls, store round trips if counted)
+    let mut tasks = Vec::new();
+    match &subject.kind {
+        ContentionKind::Lock(make) => {
+            for _ in 0..TASKS {
+                let client = make();
+                let key = key.clone();
+                tasks.push(tokio::spawn(async move {
+                    let mut acquired = 0u64;
+                    loop {
+                        let now = Instant::now();
+                        if now >= deadline {
+                            break;
+                        }
+                        let wait = WaitOptions::with_timeout(deadline - now)
+                            .with_backoff(Duration::from_millis(1), Duration::from_millis(16));
+                        match client.lock.lock_with(&key, TTL, &wait).await {
+                            Ok(handle) => {
+                                acquired += 1;
+                                client.lock.release(handle).await.unwrap();
+                            }
+                            Err(LockError::Timeout { .. }) => break,
+                            Err(e) => panic!("{}: {e}", key),
+                        }
+                    }
+                    let calls = client.lock.calls.load(Ordering::Relaxed);
+                    let round_trips = client.generic.map(|g| g.stats().round_trips());
+                    (acquired, calls, round_trips)
+                }));
+            }
+        }
+        ContentionKind::EtcdRpc(client) => {
+            for _ in 0..TASKS {
+                let mut client = (**client).clone();
+                let name = key.clone();
+                tasks.push(tokio::spawn(async move {
+                    // One lease per client: two lock calls under one lease
+                    // would both "own" the same lock key.
+                    let lease = client.lease_grant(60, None).await.unwrap().id();
+                    let options = etcd_client::LockOptions::new().with_lease(lease);
+                    let mut acquired = 0u64;
+                    while Instant::now() < deadline {
+                        let held = client
+                            .lock(name.as_bytes(), Some(options.clone()))
+                            .await
+                            .unwrap();
+                        acquired += 1;
+                        client.unlock(held.key().to_vec()).await.unwrap();
+                    }
+                    client.lease_revoke(lease).await.unwrap();
+                    (acquired, acquired * 2, Some(acquired * 2))
+                }));
+            }
+        }
+    }
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.unwrap());
+    }
+    let elapsed = started.elapsed();
+    let total: u64 = results.iter().map(|r| r.0).sum();
+    let calls: u64 = results.iter().map(|r| r.1).sum();
+    let round_trips: Option<u64> = results.iter().map(|r| r.2).sum();
+    let per = |n: u64| n as f64 / total.max(1) as f64;
+    ContentionRow {
+        store: subject.store,
+        name: subject.name,
+        per_sec: total as f64 / elapsed.as_secs_f64(),
+        max: results.iter().map(|r| r.0).max().unwrap_or(0),
+        min: results.iter().map(|r| r.0).min().unwrap_or(0),
+        calls_per_acq: per(calls),
+        // For the native Redis lock every call is one EVALSHA.
+        round_trips_per_acq: round_trips
+            .map(per)
+            .or((subject.name == "native RedisLock").then(|| per(calls))),
+    }
+}
+
+fn main() {
+    let time = secs_from_env("COORD_BENCH_SECS", 1.0);
+    let contention_time = secs_from_env("COORD_CONTENTION_SECS", 2.0);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let setup = rt.block_on(setup());
+    for skipped in &setup.skipped {
+        println!("SKIPPED: {skipped}");
+    }
+    // Warm: scripts loaded, statements prepared, records created.
+    rt.block_on(async {
+        for subject in &setup.subjects {
+            for _ in 0..3 {
+                (subject.cycle)().await;
+            }
+        }
+    });
+
+    let mut criterion = Criterion::default()
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(time)
+        .sample_size(10)
+        .configure_from_args();
+    {
+        let mut group = criterion.benchmark_group("lock_cycle");
+        for subject in &setup.subjects {
+            let cycle = subject.cycle.clone();
+            group.bench_function(format!("{}/{}", subject.store, subject.name), |b| {
+                b.to_async(&rt).iter(|| cycle())
+            });
+        }
+        group.finish();
+    }
+    criterion.final_summary();
+
+    let rows = rt.block_on(measure_cycles(&setup.subjects, time));
+    println!(
+        "\nuncontended try_lock + release cycles (one client, sequential, {:.1} s each, \
+         interleaved in 20 rounds):",
+        time.as_secs_f64()
+    );
+    println!(
+        "| {:<9} | {:<34} | {:>10} | {:>9} | {:<44} |",
+        "store", "implementation", "cycles/s", "µs/cycle", "store round trips per cycle"
+    );
+    println!(
+        "|{:-<11}|{:-<36}|{:-<12}|{:-<11}|{:-<46}|",
+        "", "", "", "", ""
+    );
+    for row in &rows {
+        println!(
+            "| {:<9} | {:<34} | {:>10.0} | {:>9.1} | {:<44} |",
+            row.store,
+            row.name,
+            row.per_sec,
+            1e6 / row.per_sec,
+            row.round_trips
+        );
+    }
+    let rate = |store: &str, name: &str| {
+        rows.iter()
+            .find(|r| r.store == store && r.name.starts_with(name))
+            .map(|r| r.per_sec)
+    };
+    let ratio = |label: &str, a: Option<f64>, b: Option<f64>, target: &str| match (a, b) {
+        // Time ratio = inverse rate ratio.
+        (Some(a), Some(b)) => println!("{label}: {:.2}x   ({target})", b / a),
+        _ => println!("{label}: SKIPPED (store not configured)"),
+    };
+    println!();
+    ratio(
+        "generic Redis cycle time / native RedisLock cycle time",
+        rate("redis", "generic"),
+        rate("redis", "native"),
+        "target <= 1.25x",
+    );
+    ratio(
+        "generic Redis cycle time / raw SET NX PX + EVALSHA",
+        rate("redis", "generic"),
+        rate("redis", "raw"),
+        "floor",
+    );
+    ratio(
+        "generic etcd cycle time / etcd Lock RPC + Unlock",
+        rate("etcd", "generic"),
+        rate("etcd", "etcd Lock"),
+        "target < 1.00x",
+    );
+    ratio(
+        "generic PostgreSQL cycle time / raw advisory lock + unlock",
+        rate("postgres", "generic"),
+        rate("postgres", "raw"),
+        "floor",
+    );
+    ratio(
+        "native PgAdvisoryLock cycle time / raw advisory lock + unlock",
+        rate("postgres", "native"),
+        rate("postgres", "raw"),
+        "cost of a connection per held lock",
+    );
+
+    let rows: Vec<ContentionRow> = rt.block_on(async {
+        let mut rows = Vec::new();
+        for subject in &setup.contention {
+            rows.push(contend(subject, contention_time).await);
+        }
+        rows
+    });
+    println!(
+        "\ncontention: {TASKS} tasks on one key, {:.1} s per subject, waiting with backoff 1..16 ms \
+         (etcd Lock RPC: the server queues waiters):",
+        contention_time.as_secs_f64()
+    );
+    println!(
+        "| {:<9} | {:<34} | {:>10} | {:>8} | {:>8} | {:>14} | {:>20} |",
+        "store",
+        "implementation",
+        "acquires/s",
+        "max/task",
+        "min/task",
+        "lock calls/acq",
+        "store round trips/acq"
+    );
+    println!(
+        "|{:-<11}|{:-<36}|{:-<12}|{:-<10}|{:-<10}|{:-<16}|{:-<22}|",
+        "", "", "", "", "", "", ""
+    );
+    for row in &rows {
+        println!(
+            "| {:<9} | {:<34} | {:>10.0} | {:>8} | {:>8} | {:>14.2} | {:>20} |",
+            row.store,
+            row.name,
+            row.per_sec,
+            row.max,
+            row.min,
+            row.calls_per_acq,
+            row.round_trips_per_acq
+                .map_or("n/a (connect per try)".to_owned(), |r| format!("{r:.2}"))
+        );
+    }
+}

@@ -1,0 +1,557 @@
+//! [`PgAdvisoryLock`]: PostgreSQL session advisory locks with a fence table
+//! (seed 000 `@bext/locking-pg`).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, SystemTime};
+
+use coord_adapters::lock::{
+    async_trait, validate_lock_input, Lock, LockError, LockHandle, LostReason,
+};
+use coord_adapters::mint_token;
+use coord_backend::{Error, StoreUrl};
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::{AssertSqlSafe, Connection};
+use tokio::sync::Mutex;
+
+/// Options of a [`PgAdvisoryLock`].
+///
+/// ```
+/// use std::time::Duration;
+/// use coord_locks_native::PgAdvisoryOptions;
+///
+/// let options = PgAdvisoryOptions::default()
+///     .with_key_prefix("")              // hash exactly the caller's key, like seed 000
+///     .with_fence_table("billing_lock_fences")
+///     .with_call_timeout(Duration::from_secs(2));
+/// assert_eq!(options.fence_table, "billing_lock_fences");
+/// ```
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct PgAdvisoryOptions {
+    /// Prefix added to every key before it is hashed and before it names its
+    /// fence row. `None` (the default): `<namespace>:lock:`, with the
+    /// namespace of the URL (`?namespace=`, default `coord`). `Some("")`
+    /// locks `hashtext(key)` exactly, as the seed's `@bext/locking-pg` does.
+    pub key_prefix: Option<String>,
+    /// The table of fence counters (default `coord_lock_fences`): lower-case
+    /// letters, digits and `_`, optionally `schema.table`.
+    pub fence_table: String,
+    /// Create the fence table when it is missing (default true). Turn off
+    /// when the application role may not run DDL; then create it yourself:
+    /// `CREATE TABLE coord_lock_fences (name text PRIMARY KEY, fence bigint NOT NULL)`.
+    pub create_table: bool,
+    /// Longest wait for a new connection (default 5 s).
+    pub connect_timeout: Duration,
+    /// Longest wait for each statement (acquire, ping, unlock; default 5 s).
+    /// A call that times out drops its connection: the session ends and
+    /// PostgreSQL frees its lock once it notices.
+    pub call_timeout: Duration,
+}
+
+impl Default for PgAdvisoryOptions {
+    fn default() -> Self {
+        PgAdvisoryOptions {
+            key_prefix: None,
+            fence_table: "coord_lock_fences".to_owned(),
+            create_table: true,
+            connect_timeout: Duration::from_secs(5),
+            call_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl PgAdvisoryOptions {
+    /// Prefix every key with `prefix` (`""`: hash the key as given).
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = Some(prefix.into());
+        self
+    }
+
+    /// Keep fence counters in `table`.
+    pub fn with_fence_table(mut self, table: impl Into<String>) -> Self {
+        self.fence_table = table.into();
+        self
+    }
+
+    /// Whether to create the fence table when it is missing.
+    pub fn with_create_table(mut self, create: bool) -> Self {
+        self.create_table = create;
+        self
+    }
+
+    /// Wait at most `timeout` for a new connection.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Wait at most `timeout` for each statement.
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+}
+
+/// PostgreSQL session advisory locks, one connection per held lock, with
+/// fencing tokens from a counter table.
+///
+/// | call | what runs | round trips |
+/// | --- | --- | --- |
+/// | [`try_lock`](Lock::try_lock) | open a connection; one statement: `pg_try_advisory_lock(hashtext(name))` and, only if granted, `INSERT … ON CONFLICT DO UPDATE SET fence = fence + 1 RETURNING fence` (a CTE); refused → close the connection | a connection set-up + 1 statement (prepared on the fresh connection first) |
+/// | [`renew`](Lock::renew) | `SELECT 1` on the lock's connection | 1 |
+/// | [`release`](Lock::release) | `pg_advisory_unlock(hashtext(name))`, then close the connection | 1 statement + close |
+///
+/// where `name` is the key with the prefix (default `<namespace>:lock:`).
+///
+/// # Boundary (read before choosing it)
+///
+/// - **No TTL.** A lock is held until it is released or its session ends
+///   (the connection closes, the server restarts or terminates the backend).
+///   The TTL given to `try_lock` only paces [`LockGuard`](coord_adapters::lock::LockGuard)
+///   renewals; [`LockHandle::expires_at`] is that nominal `now + ttl`, not an
+///   expiry anyone enforces. A holder that pauses for an hour still holds
+///   the lock when it wakes, as long as its connection survived. A holder
+///   whose *host* dies keeps the lock until the server notices the dead
+///   TCP connection (TCP keepalive, `tcp_keepalives_*`,
+///   `idle_session_timeout`, or a `pg_terminate_backend` by an operator).
+/// - **Renew is a liveness ping**, nothing is extended: it proves the
+///   session (and so the lock) is still alive. A dead connection → [`LockError::Lost`].
+/// - **One connection per held lock**, kept open until release. Tens of
+///   concurrently held locks, not thousands: each is a server backend
+///   process and counts against `max_connections`. Each `try_lock` opens a
+///   connection (also one that is refused), so it costs a connection set-up.
+/// - **Hash collisions**: the lock is on `hashtext(name)`, a 32-bit hash.
+///   Two different names can share a lock (≈1 % chance that some pair
+///   collides among 10 000 names in use). A collision only makes the two
+///   keys exclude each other (a liveness cost, never two holders of one
+///   key); fences are per name (the fence table is keyed by the full name),
+///   so they stay correct. Everything else that takes advisory locks with a
+///   single `bigint` key on the same database shares this key space.
+/// - **Fences live in a table** (`coord_lock_fences` by default), one row
+///   per name ever locked; the increment runs in the statement that takes
+///   the lock, and only when it was granted. Deleting a row resets its fence.
+/// - **Handles belong to the client that made them**: the connection is in
+///   this value's map, keyed by the handle's token. Another process (or
+///   another `PgAdvisoryLock`) cannot renew or release it. Dropping the
+///   `PgAdvisoryLock` drops its connections, which frees their locks.
+/// - Strongly consistent with the rest of the database: PostgreSQL is the
+///   single authority; there is no replication to fail over (a promoted
+///   replica has no advisory locks: every holder's connection breaks and
+///   its next renew reports the loss).
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use coord_adapters::lock::Lock;
+/// use coord_locks_native::PgAdvisoryLock;
+///
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let lock = PgAdvisoryLock::connect("postgres://postgres@127.0.0.1:5432/postgres").await?;
+/// if let Some(handle) = lock.try_lock("nightly-report", Duration::from_secs(30)).await? {
+///     lock.renew(&handle).await?; // a ping: is the session (and the lock) alive?
+///     lock.release(handle).await?;
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub struct PgAdvisoryLock {
+    connect: PgConnectOptions,
+    prefix: String,
+    /// Validated when built (the table name is the only non-literal part).
+    acquire_sql: Arc<str>,
+    options: PgAdvisoryOptions,
+    /// The sessions holding locks, by handle token.
+    held: StdMutex<HashMap<String, Arc<Held>>>,
+}
+
+/// One held lock: its session, taken out (`None`) by the release.
+struct Held {
+    name: String,
+    fence: u64,
+    conn: Mutex<Option<PgConnection>>,
+}
+
+impl fmt::Debug for PgAdvisoryLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgAdvisoryLock")
+            .field("host", &self.connect.get_host())
+            .field("database", &self.connect.get_database())
+            .field("prefix", &self.prefix)
+            .field("fence_table", &self.options.fence_table)
+            .field("held", &self.held_count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgAdvisoryLock {
+    /// Connect to `url` (`postgres://user[:password]@host:port/db[?namespace=NS]`)
+    /// with [`PgAdvisoryOptions::default`]: checks that the server answers
+    /// and creates the fence table when missing.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        Self::connect_with(url, PgAdvisoryOptions::default()).await
+    }
+
+    /// Connect with explicit options.
+    pub async fn connect_with(url: &str, options: PgAdvisoryOptions) -> Result<Self, Error> {
+        let url = StoreUrl::parse(url)?;
+        if !matches!(url.scheme(), "postgres" | "postgresql") {
+            return Err(Error::Config(format!(
+                "PgAdvisoryLock needs a postgres:// URL, got {}://",
+                url.scheme()
+            )));
+        }
+        let connect = PgConnectOptions::from_str(url.without_namespace())
+            .map_err(|e| Error::Config(format!("PostgreSQL URL: {e}")))?
+            .application_name("coord-locks-native");
+        let prefix = options
+            .key_prefix
+            .clone()
+            .unwrap_or_else(|| format!("{}:lock:", url.namespace()));
+        Self::new(connect, prefix, options).await
+    }
+
+    /// A lock over explicit connection options (every held lock opens one
+    /// connection with them), prefixing keys with `prefix`.
+    pub async fn with_connect_options(
+        connect: PgConnectOptions,
+        prefix: impl Into<String>,
+        options: PgAdvisoryOptions,
+    ) -> Result<Self, Error> {
+        Self::new(connect, prefix.into(), options).await
+    }
+
+    async fn new(
+        connect: PgConnectOptions,
+        prefix: String,
+        options: PgAdvisoryOptions,
+    ) -> Result<Self, Error> {
+        if prefix.contains('\0') {
+            return Err(Error::Config("lock key prefix contains a NUL byte".into()));
+        }
+        let table = &options.fence_table;
+        if !valid_table_name(table) {
+            return Err(Error::Config(format!(
+                "fence table {table:?}: use lower-case letters, digits and '_' (optionally schema.table)"
+            )));
+        }
+        // The lock is taken first (in its own CTE, which PostgreSQL runs once
+        // and never inlines: it calls a volatile function); the upsert runs
+        // only for the row it produces when the lock was granted. Zero rows
+        // back = refused.
+        let acquire_sql = format!(
+            "WITH granted AS MATERIALIZED (SELECT pg_try_advisory_lock(hashtext($1)) AS ok) \
+             INSERT INTO {table} AS f (name, fence) \
+             SELECT $1, 1 FROM granted WHERE granted.ok \
+             ON CONFLICT (name) DO UPDATE SET fence = f.fence + 1 \
+             RETURNING f.fence"
+        )
+        .into();
+        let lock = PgAdvisoryLock {
+            connect,
+            prefix,
+            acquire_sql,
+            options,
+            held: StdMutex::new(HashMap::new()),
+        };
+        // Proves the server answers (and creates the table) now, not at the first lock.
+        let mut conn = lock.open().await?;
+        let prepared = if lock.options.create_table {
+            lock.create_table(&mut conn).await
+        } else {
+            Ok(())
+        };
+        let _ = conn.close().await;
+        prepared?;
+        Ok(lock)
+    }
+
+    async fn create_table(&self, conn: &mut PgConnection) -> Result<(), Error> {
+        let sql = format!(
+            "CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, fence bigint NOT NULL)",
+            self.options.fence_table
+        );
+        match self
+            .timed(sqlx::query(AssertSqlSafe(sql)).execute(&mut *conn))
+            .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            // Two clients creating it at once: the loser sees the winner's
+            // table (42P07) or its type row (23505). Either way it exists.
+            Ok(Err(sqlx::Error::Database(db)))
+                if matches!(db.code().as_deref(), Some("42P07" | "23505")) =>
+            {
+                Ok(())
+            }
+            Ok(Err(e)) => Err(Error::unavailable(
+                format!("creating the fence table {}", self.options.fence_table),
+                e,
+            )),
+            Err(_) => Err(Error::Unavailable {
+                message: format!(
+                    "creating the fence table {}: timed out",
+                    self.options.fence_table
+                ),
+                source: None,
+            }),
+        }
+    }
+
+    /// How many locks this client holds (= how many connections it keeps open).
+    pub fn held_count(&self) -> usize {
+        self.held.lock().expect("held map poisoned").len()
+    }
+
+    /// The name a key is hashed as (and its fence row is keyed by).
+    pub fn lock_name(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    async fn open(&self) -> Result<PgConnection, Error> {
+        match tokio::time::timeout(
+            self.options.connect_timeout,
+            PgConnection::connect_with(&self.connect),
+        )
+        .await
+        {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(sqlx::Error::Configuration(e))) => {
+                Err(Error::Config(format!("PostgreSQL connection options: {e}")))
+            }
+            Ok(Err(e)) => Err(Error::unavailable("cannot connect to PostgreSQL", e)),
+            Err(_) => Err(Error::Unavailable {
+                message: format!(
+                    "cannot connect to PostgreSQL within {:?}",
+                    self.options.connect_timeout
+                ),
+                source: None,
+            }),
+        }
+    }
+
+    async fn timed<F: std::future::Future>(
+        &self,
+        call: F,
+    ) -> Result<F::Output, tokio::time::error::Elapsed> {
+        tokio::time::timeout(self.options.call_timeout, call).await
+    }
+
+    fn lost(handle: &LockHandle, reason: LostReason) -> LockError {
+        LockError::Lost {
+            key: handle.key().to_owned(),
+            reason,
+        }
+    }
+
+    /// The held lock of `handle`, if this client holds it.
+    fn find(&self, handle: &LockHandle) -> Option<Arc<Held>> {
+        let held = self.held.lock().expect("held map poisoned");
+        held.get(handle.token())
+            .filter(|h| h.name == self.lock_name(handle.key()) && h.fence == handle.fence())
+            .cloned()
+    }
+
+    fn forget(&self, handle: &LockHandle) -> Option<Arc<Held>> {
+        let mut held = self.held.lock().expect("held map poisoned");
+        let matches = held
+            .get(handle.token())
+            .is_some_and(|h| h.name == self.lock_name(handle.key()) && h.fence == handle.fence());
+        if matches {
+            held.remove(handle.token())
+        } else {
+            None
+        }
+    }
+}
+
+fn valid_table_name(name: &str) -> bool {
+    let part = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 63
+            && !p.starts_with(|c: char| c.is_ascii_digit())
+            && p.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    };
+    match name.split_once('.') {
+        Some((schema, table)) => part(schema) && part(table),
+        None => part(name),
+    }
+}
+
+/// An error of a statement already sent on a lock's connection.
+fn after_sending(what: &str, name: &str, error: sqlx::Error) -> Error {
+    match error {
+        // The server answered with an error: the statement did not complete.
+        sqlx::Error::Database(db) => Error::unavailable(format!("{what} of lock {name:?}"), db),
+        other => Error::indeterminate(
+            format!("{what} of lock {name:?}: connection lost (the connection is dropped, which frees any lock it held)"),
+            other,
+        ),
+    }
+}
+
+#[async_trait]
+impl Lock for PgAdvisoryLock {
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
+        validate_lock_input(key, ttl)?;
+        let name = self.lock_name(key);
+        let mut conn = self.open().await?;
+        let answer = self
+            .timed(
+                sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.acquire_sql.clone()))
+                    .bind(&name)
+                    .fetch_optional(&mut conn),
+            )
+            .await;
+        let fence = match answer {
+            Ok(Ok(Some(fence))) if fence > 0 => fence as u64,
+            Ok(Ok(None)) => {
+                // Refused: this session holds nothing; close it politely.
+                let _ = conn.close().await;
+                return Ok(None);
+            }
+            // Any failure: drop the connection, so a lock the statement may
+            // have taken dies with its session (session locks ignore rollbacks).
+            Ok(Ok(Some(other))) => {
+                drop(conn);
+                return Err(LockError::Store(Error::malformed(
+                    name,
+                    format!("fence row holds {other}"),
+                )));
+            }
+            Ok(Err(e)) => {
+                drop(conn);
+                return Err(LockError::Store(after_sending("acquire", &name, e)));
+            }
+            Err(_) => {
+                drop(conn);
+                return Err(LockError::Store(Error::Indeterminate {
+                    message: format!(
+                        "acquire of lock {name:?} timed out after {:?} (connection dropped)",
+                        self.options.call_timeout
+                    ),
+                    source: None,
+                }));
+            }
+        };
+        let token = mint_token();
+        let held = Arc::new(Held {
+            name,
+            fence,
+            conn: Mutex::new(Some(conn)),
+        });
+        self.held
+            .lock()
+            .expect("held map poisoned")
+            .insert(token.clone(), held);
+        Ok(Some(LockHandle::new(
+            key,
+            token,
+            fence,
+            ttl,
+            SystemTime::now() + ttl,
+        )))
+    }
+
+    async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
+        validate_lock_input(handle.key(), handle.ttl())?;
+        let Some(held) = self.find(handle) else {
+            return Err(Self::lost(handle, LostReason::NotHeld));
+        };
+        let mut slot = held.conn.lock().await;
+        let Some(conn) = slot.as_mut() else {
+            // Released while this renewal waited for the connection.
+            return Err(Self::lost(handle, LostReason::NotHeld));
+        };
+        match self
+            .timed(sqlx::query("SELECT 1").execute(&mut *conn))
+            .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            failed => {
+                // The session may be gone (and the lock with it) or unreachable:
+                // either way this handle can no longer vouch for the lock.
+                // Dropping the connection ends the session, so a lock that
+                // survived is freed rather than orphaned.
+                let detail = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("no answer within {:?}", self.options.call_timeout),
+                };
+                tracing::debug!(key = handle.key(), %detail, "advisory lock connection failed its ping");
+                slot.take();
+                drop(slot);
+                self.forget(handle);
+                Err(Self::lost(handle, LostReason::NotHeld))
+            }
+        }
+    }
+
+    async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
+        validate_lock_input(handle.key(), handle.ttl())?;
+        let Some(held) = self.forget(&handle) else {
+            return Err(Self::lost(&handle, LostReason::NotHeld));
+        };
+        // Waits for a renewal in flight; later ones find the slot empty.
+        let Some(mut conn) = held.conn.lock().await.take() else {
+            return Err(Self::lost(&handle, LostReason::NotHeld));
+        };
+        let answer = self
+            .timed(
+                sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock(hashtext($1))")
+                    .bind(&held.name)
+                    .fetch_one(&mut conn),
+            )
+            .await;
+        match answer {
+            Ok(Ok(true)) => {
+                let _ = conn.close().await;
+                Ok(())
+            }
+            // The session did not hold it (cannot happen while the connection
+            // lives, unless someone unlocked it on this session by hand).
+            Ok(Ok(false)) => {
+                let _ = conn.close().await;
+                Err(Self::lost(&handle, LostReason::NotHeld))
+            }
+            // Dropping the connection ends the session, which frees the lock
+            // as soon as the server notices; report that the unlock itself failed.
+            Ok(Err(e)) => {
+                drop(conn);
+                Err(LockError::Store(after_sending("release", &held.name, e)))
+            }
+            Err(_) => {
+                drop(conn);
+                Err(LockError::Store(Error::Indeterminate {
+                    message: format!(
+                        "release of lock {:?} timed out (connection dropped: the lock is freed when the server notices)",
+                        held.name
+                    ),
+                    source: None,
+                }))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_plain_identifiers() {
+        assert!(valid_table_name("coord_lock_fences"));
+        assert!(valid_table_name("app.lock_fences2"));
+        for bad in [
+            "",
+            "Fences",
+            "a;drop table x",
+            "1abc",
+            "a.b.c",
+            "a-b",
+            "\"x\"",
+        ] {
+            assert!(!valid_table_name(bad), "{bad}");
+        }
+    }
+}

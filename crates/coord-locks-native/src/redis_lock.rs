@@ -1,0 +1,429 @@
+//! [`RedisLock`]: single-node Redlock with fencing tokens (seed 000 `@bext/locking-redis`).
+
+use std::fmt;
+use std::sync::LazyLock;
+use std::time::{Duration, SystemTime};
+
+use coord_adapters::lock::{
+    async_trait, validate_lock_input, Lock, LockError, LockHandle, LostReason,
+};
+use coord_adapters::mint_token;
+use coord_backend::{Error, InvalidInput, StoreUrl};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ErrorKind, RedisError, Script};
+
+/// SET NX PX and, only when it took the key, the fence: one atomic step, so
+/// no grant goes without a fence and no fence is spent on a refusal.
+/// Reply: the new fence (>= 1), or 0 when the key is held.
+const ACQUIRE: &str = r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('INCR', KEYS[2])
+end
+return 0
+";
+
+/// Compare the token, then extend. Reply: 1 renewed; 2 someone was granted
+/// the key after this handle (taken over); 0 not held (expired or released:
+/// Redis cannot tell which once the key is gone).
+const RENEW: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if tonumber(redis.call('GET', KEYS[2]) or '0') > tonumber(ARGV[3]) then
+  return 2
+end
+return 0
+";
+
+/// Compare the token, then delete. Same replies as [`RENEW`]. The fence
+/// counter is never deleted: it must survive the release.
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+if tonumber(redis.call('GET', KEYS[2]) or '0') > tonumber(ARGV[3]) then
+  return 2
+end
+return 0
+";
+
+static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
+static RENEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW));
+static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
+
+/// The longest TTL accepted: Redis refuses expiries it cannot add to its
+/// clock, and a lease of centuries is a bug in the caller anyway.
+const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// Options of a [`RedisLock`].
+///
+/// ```
+/// use std::time::Duration;
+/// use coord_locks_native::RedisLockOptions;
+///
+/// let options = RedisLockOptions::default()
+///     .with_key_prefix("billing:locks:")
+///     .with_response_timeout(Some(Duration::from_secs(2)));
+/// assert_eq!(options.key_prefix.as_deref(), Some("billing:locks:"));
+/// ```
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct RedisLockOptions {
+    /// Prefix of every Redis key this lock writes. `None` (the default):
+    /// `<namespace>:lock:`, with the namespace of the URL (`?namespace=`,
+    /// default `coord`). Must not contain `{` or `}` (the key's hash tag
+    /// follows it).
+    pub key_prefix: Option<String>,
+    /// How long to wait for a connection (default 5 s).
+    pub connect_timeout: Duration,
+    /// How long to wait for an answer before the call fails (default 5 s;
+    /// `None` = forever, which a lock should not do: a hung call would hold
+    /// its caller past the TTL).
+    pub response_timeout: Option<Duration>,
+}
+
+impl Default for RedisLockOptions {
+    fn default() -> Self {
+        RedisLockOptions {
+            key_prefix: None,
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Some(Duration::from_secs(5)),
+        }
+    }
+}
+
+impl RedisLockOptions {
+    /// Use `prefix` for every Redis key instead of `<namespace>:lock:`.
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = Some(prefix.into());
+        self
+    }
+
+    /// Wait at most `timeout` for a connection.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Wait at most `timeout` for each answer (`None` = forever).
+    pub fn with_response_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+}
+
+/// Single-node Redlock with fencing tokens, judged by the Redis server's clock.
+///
+/// Key layout, for a lock key `K` and prefix `P` (default `<namespace>:lock:`):
+///
+/// - `P{K}`: the lock, a string holding the holder's random token, with a
+///   `PX` expiry (absent when free);
+/// - `P{K}:fence`: the fence counter, `INCR`ed by every grant, never
+///   deleted and never given an expiry, so fences survive releases and
+///   expiries (one small key per lock key ever taken stays in Redis).
+///
+/// Both keys start with `P{K}`, so they share one hash tag (one slot).
+///
+/// | call | what runs | round trips |
+/// | --- | --- | --- |
+/// | [`try_lock`](Lock::try_lock) | one script: `SET P{K} token NX PX ttl`, then `INCR P{K}:fence` if it was set | 1 (`EVALSHA`) |
+/// | [`renew`](Lock::renew) | one script: `GET` = token → `PEXPIRE` | 1 |
+/// | [`release`](Lock::release) | one script: `GET` = token → `DEL` | 1 |
+///
+/// (Plus one `SCRIPT LOAD` per script the first time a server sees it.)
+///
+/// # Boundary
+///
+/// - **Standalone Redis only** (`redis://`, or `rediss://` when the `redis`
+///   crate is built with TLS): this is the single-node variant of Redlock;
+///   majority Redlock over N independent servers is out of scope.
+/// - **Expiry is judged by the server** (`PX`): the client's clock does not
+///   decide anything. The handle's [`expires_at`](LockHandle::expires_at) is
+///   read on the client *before* the request is sent, so it never lies later
+///   than the server's expiry, but a paused process can still act after its
+///   lease ran out: pass [`LockHandle::fence`] downstream.
+/// - **Replication is asynchronous**: when a primary fails over before a
+///   grant (or a fence `INCR`) reached the replica, the new primary grants
+///   the key again, possibly with a fence already handed out. Redis without
+///   persistence forgets every lock and fence on restart. See `docs/locks.md`.
+/// - An acquire whose answer is lost (connection dropped after sending) is
+///   undone with a compare-token `DEL` (best effort) and reported as an
+///   error: the caller never holds a lock it was not told about (if the
+///   undo cannot reach the server either, the orphan lease expires after its TTL).
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use coord_adapters::lock::Lock;
+/// use coord_locks_native::RedisLock;
+///
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let lock = RedisLock::connect("redis://127.0.0.1:6379?namespace=billing").await?;
+/// if let Some(handle) = lock.try_lock("invoices", Duration::from_secs(30)).await? {
+///     // ... work, passing handle.fence() to every protected write ...
+///     lock.release(handle).await?;
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisLock {
+    conn: ConnectionManager,
+    prefix: String,
+    /// The URL without its password, for messages.
+    endpoint: String,
+}
+
+impl fmt::Debug for RedisLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLock")
+            .field("endpoint", &self.endpoint)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisLock {
+    /// Connect to `url` (`redis://[user:password@]host:port[/db][?namespace=NS]`)
+    /// with [`RedisLockOptions::default`].
+    ///
+    /// Fails with [`coord_backend::Error::Config`] for a URL it cannot use and
+    /// [`coord_backend::Error::Unavailable`] when the server does not answer.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        Self::connect_with(url, RedisLockOptions::default()).await
+    }
+
+    /// Connect with explicit options.
+    pub async fn connect_with(url: &str, options: RedisLockOptions) -> Result<Self, Error> {
+        let url = StoreUrl::parse(url)?;
+        if !matches!(url.scheme(), "redis" | "rediss") {
+            return Err(Error::Config(format!(
+                "RedisLock needs a redis:// or rediss:// URL (single node), got {}://",
+                url.scheme()
+            )));
+        }
+        let endpoint = redact(url.without_namespace());
+        let client = redis::Client::open(url.without_namespace())
+            .map_err(|e| Error::Config(format!("redis URL {endpoint}: {e}")))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(options.response_timeout)
+            .set_number_of_retries(3)
+            .set_min_delay(Duration::from_millis(20))
+            .set_max_delay(Duration::from_millis(500));
+        let conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|e| {
+                if e.kind() == ErrorKind::InvalidClientConfig {
+                    Error::Config(format!("redis URL {endpoint}: {e}"))
+                } else {
+                    Error::unavailable(format!("cannot connect to {endpoint}"), e)
+                }
+            })?;
+        let prefix = options
+            .key_prefix
+            .unwrap_or_else(|| format!("{}:lock:", url.namespace()));
+        Self::from_connection(conn, prefix, endpoint)
+    }
+
+    /// A lock over an existing connection (shared with other users of it),
+    /// writing keys under `prefix`.
+    pub fn from_connection_manager(
+        conn: ConnectionManager,
+        prefix: impl Into<String>,
+    ) -> Result<Self, Error> {
+        Self::from_connection(conn, prefix.into(), "redis".to_owned())
+    }
+
+    fn from_connection(
+        conn: ConnectionManager,
+        prefix: String,
+        endpoint: String,
+    ) -> Result<Self, Error> {
+        if prefix.contains(['{', '}']) {
+            return Err(Error::Config(format!(
+                "RedisLock key prefix {prefix:?} must not contain '{{' or '}}' \
+                 (the lock key's hash tag follows it)"
+            )));
+        }
+        Ok(RedisLock {
+            conn,
+            prefix,
+            endpoint,
+        })
+    }
+
+    /// The Redis key holding the lock `key` (its value is the holder's token).
+    pub fn lock_key(&self, key: &str) -> String {
+        format!("{}{{{key}}}", self.prefix)
+    }
+
+    /// The Redis key holding the fence counter of the lock `key`.
+    pub fn fence_key(&self, key: &str) -> String {
+        format!("{}{{{key}}}:fence", self.prefix)
+    }
+
+    /// Every script writes: a failure after sending may have run it.
+    fn store_error(&self, error: RedisError, what: &str, key: &str) -> LockError {
+        let message = format!("{what} of lock {key:?} on {}", self.endpoint);
+        let error = if error.kind() == ErrorKind::InvalidClientConfig {
+            Error::Config(format!("{message}: {error}"))
+        } else if ran_nothing(&error) {
+            Error::unavailable(message, error)
+        } else {
+            Error::indeterminate(message, error)
+        };
+        LockError::Store(error)
+    }
+
+    /// Run the renew or release script for `handle`.
+    async fn compare_and(
+        &self,
+        script: &Script,
+        handle: &LockHandle,
+        what: &str,
+    ) -> Result<(), LockError> {
+        validate_lock_input(handle.key(), handle.ttl())?;
+        let reply: i64 = script
+            .key(self.lock_key(handle.key()))
+            .key(self.fence_key(handle.key()))
+            .arg(handle.token())
+            .arg(ttl_millis(handle.ttl())?)
+            .arg(handle.fence())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| self.store_error(e, what, handle.key()))?;
+        let reason = match reply {
+            1 => return Ok(()),
+            2 => LostReason::TakenOver,
+            0 => LostReason::NotHeld,
+            other => {
+                return Err(LockError::Store(Error::malformed(
+                    self.lock_key(handle.key()),
+                    format!("unexpected {what} script reply {other}"),
+                )))
+            }
+        };
+        Err(LockError::Lost {
+            key: handle.key().to_owned(),
+            reason,
+        })
+    }
+}
+
+/// The TTL in whole milliseconds, rounded UP: the server's lease must not be
+/// shorter than the one the caller asked for and believes it has.
+fn ttl_millis(ttl: Duration) -> Result<u64, LockError> {
+    if ttl > MAX_TTL {
+        return Err(LockError::Invalid(InvalidInput::Argument(format!(
+            "lock ttl {ttl:?} is longer than the maximum of {MAX_TTL:?}"
+        ))));
+    }
+    let ms = ttl.as_nanos().div_ceil(1_000_000);
+    Ok(u64::try_from(ms).expect("bounded by MAX_TTL"))
+}
+
+#[async_trait]
+impl Lock for RedisLock {
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
+        validate_lock_input(key, ttl)?;
+        let ttl_ms = ttl_millis(ttl)?;
+        let token = mint_token();
+        // Read before sending: the server's lease starts later, so this
+        // estimate of the expiry is never later than the real one.
+        let expires_at = SystemTime::now() + ttl;
+        let reply = ACQUIRE_SCRIPT
+            .key(self.lock_key(key))
+            .key(self.fence_key(key))
+            .arg(&token)
+            .arg(ttl_ms)
+            .invoke_async::<i64>(&mut self.conn.clone())
+            .await;
+        match reply {
+            Ok(0) => Ok(None),
+            Ok(fence) if fence > 0 => Ok(Some(LockHandle::new(
+                key,
+                token,
+                fence as u64,
+                ttl,
+                expires_at,
+            ))),
+            Ok(other) => Err(LockError::Store(Error::malformed(
+                self.fence_key(key),
+                format!("fence counter answered {other}"),
+            ))),
+            Err(error) => {
+                let error = self.store_error(error, "acquire", key);
+                if matches!(error, LockError::Store(Error::Indeterminate { .. })) {
+                    // The key may now hold our token although nobody will
+                    // use it: give it back rather than block others for a TTL.
+                    let orphan = LockHandle::new(key, token, u64::MAX, ttl, expires_at);
+                    if let Err(undo) = self.compare_and(&RELEASE_SCRIPT, &orphan, "undo").await {
+                        tracing::debug!(%undo, key, "undoing an indeterminate acquire failed");
+                    }
+                }
+                Err(error)
+            }
+        }
+    }
+
+    async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
+        self.compare_and(&RENEW_SCRIPT, handle, "renew").await
+    }
+
+    async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
+        self.compare_and(&RELEASE_SCRIPT, &handle, "release").await
+    }
+}
+
+/// Errors raised before the command could run: nothing was written.
+fn ran_nothing(error: &RedisError) -> bool {
+    error.is_connection_refusal()
+        || matches!(
+            error.kind(),
+            ErrorKind::Server(_)
+                | ErrorKind::Extension
+                | ErrorKind::AuthenticationFailed
+                | ErrorKind::InvalidClientConfig
+                | ErrorKind::Client
+        )
+}
+
+/// `scheme://user:***@host…`: never put a password in a message.
+fn redact(raw: &str) -> String {
+    let Some((scheme, rest)) = raw.split_once("://") else {
+        return raw.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            let hidden = if userinfo.contains(':') { ":***" } else { "" };
+            format!("{scheme}://{user}{hidden}@{host}{tail}")
+        }
+        None => raw.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_is_rounded_up_to_whole_milliseconds() {
+        assert_eq!(ttl_millis(Duration::from_millis(5)).unwrap(), 5);
+        assert_eq!(ttl_millis(Duration::from_micros(5_001)).unwrap(), 6);
+        assert!(ttl_millis(MAX_TTL + Duration::from_secs(1)).is_err());
+    }
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            redact("redis://user:secret@host:6379/0"),
+            "redis://user:***@host:6379/0"
+        );
+        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+    }
+}

@@ -1,0 +1,376 @@
+//! The lock suite against the native locks on real servers, plus the checks
+//! only a native lock needs (key layout, connection loss), and a deliberately
+//! broken Redis lock that the suite must reject.
+//!
+//! Servers come from `COORD_TEST_REDIS_URL` and `COORD_TEST_POSTGRES_URL`;
+//! unset → every test of that store prints SKIPPED and passes (unless
+//! `COORD_REQUIRE_SERVERS=1`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_adapters::lock::{Lock, LockError, LostReason};
+use coord_conformance::lock::{lock_factory, LockEnv, TimeControl};
+use coord_conformance::server_env;
+
+fn random_key(label: &str) -> String {
+    format!("{label}-{}", &coord_adapters::mint_token()[..16])
+}
+
+mod redis_lock {
+    use super::*;
+    use coord_adapters::lock::{async_trait, LockHandle};
+    use coord_locks_native::{RedisLock, RedisLockOptions};
+    use redis::AsyncCommands;
+
+    /// Short enough to keep the expiry checks fast, long enough for several
+    /// round trips on a loaded 2-core CI machine.
+    const TTL: Duration = Duration::from_millis(1_500);
+
+    fn env() -> Option<LockEnv> {
+        server_env("COORD_TEST_REDIS_URL").map(|url| {
+            LockEnv::new(
+                lock_factory(move || {
+                    let url = url.clone();
+                    async move { Ok(Arc::new(RedisLock::connect(&url).await?) as Arc<dyn Lock>) }
+                }),
+                TimeControl::Real { ttl: TTL },
+            )
+        })
+    }
+
+    coord_conformance::native_lock_tests!(env());
+
+    async fn raw(url: &str) -> redis::aio::ConnectionManager {
+        let url = coord_backend::StoreUrl::parse(url).unwrap();
+        redis::Client::open(url.without_namespace())
+            .unwrap()
+            .get_connection_manager()
+            .await
+            .unwrap()
+    }
+
+    /// The seed's bug class: a release that does not compare the token
+    /// frees whatever lock is there, including a newer holder's.
+    #[derive(Debug)]
+    struct UncheckedRelease {
+        inner: RedisLock,
+        conn: redis::aio::ConnectionManager,
+    }
+
+    #[async_trait]
+    impl Lock for UncheckedRelease {
+        async fn try_lock(
+            &self,
+            key: &str,
+            ttl: Duration,
+        ) -> Result<Option<LockHandle>, LockError> {
+            self.inner.try_lock(key, ttl).await
+        }
+        async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
+            self.inner.renew(handle).await
+        }
+        async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
+            let _: i64 = self
+                .conn
+                .clone()
+                .del(self.inner.lock_key(handle.key()))
+                .await
+                .unwrap();
+            Ok(())
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn suite_rejects_a_release_that_does_not_compare_the_token() {
+        let Some(url) = server_env("COORD_TEST_REDIS_URL") else {
+            return;
+        };
+        let env = LockEnv::new(
+            lock_factory(move || {
+                let url = url.clone();
+                async move {
+                    Ok(Arc::new(UncheckedRelease {
+                        inner: RedisLock::connect(&url).await?,
+                        conn: raw(&url).await,
+                    }) as Arc<dyn Lock>)
+                }
+            }),
+            TimeControl::Real { ttl: TTL },
+        );
+        let failure = coord_conformance::lock::stale_handle_refused(env.clone())
+            .await
+            .expect_err("stale_handle_refused passed on a lock whose release ignores the token");
+        assert!(
+            failure.message.contains("release with a released handle"),
+            "{failure}"
+        );
+        let failure = coord_conformance::lock::release_then_relock(env)
+            .await
+            .expect_err("release_then_relock passed on a lock whose release ignores the token");
+        assert!(failure.message.contains("second release"), "{failure}");
+    }
+
+    #[tokio::test]
+    async fn fence_counter_outlives_the_lock_and_never_expires() {
+        let Some(url) = server_env("COORD_TEST_REDIS_URL") else {
+            return;
+        };
+        let lock = RedisLock::connect(&url).await.unwrap();
+        let mut conn = raw(&url).await;
+        let key = random_key("layout");
+        let h = lock
+            .try_lock(&key, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        let token: String = conn.get(lock.lock_key(&key)).await.unwrap();
+        assert_eq!(token, h.token());
+        let pttl: i64 = conn.pttl(lock.lock_key(&key)).await.unwrap();
+        assert!(pttl > 25_000 && pttl <= 30_000, "lock PTTL {pttl}");
+        let fence = h.fence();
+        lock.release(h).await.unwrap();
+        let exists: bool = conn.exists(lock.lock_key(&key)).await.unwrap();
+        assert!(!exists, "the lock key survived its release");
+        let counter: u64 = conn.get(lock.fence_key(&key)).await.unwrap();
+        assert_eq!(counter, fence);
+        let fence_ttl: i64 = conn.pttl(lock.fence_key(&key)).await.unwrap();
+        assert_eq!(fence_ttl, -1, "the fence counter must not expire");
+        // Both keys must map to one cluster slot: they share the `{key}` hash tag.
+        assert!(lock.fence_key(&key).starts_with(&lock.lock_key(&key)));
+    }
+
+    #[tokio::test]
+    async fn a_renew_by_a_stale_holder_reports_the_takeover() {
+        let Some(url) = server_env("COORD_TEST_REDIS_URL") else {
+            return;
+        };
+        let (a, b) = (
+            RedisLock::connect(&url).await.unwrap(),
+            RedisLock::connect(&url).await.unwrap(),
+        );
+        let key = random_key("takeover");
+        let old = a
+            .try_lock(&key, Duration::from_millis(50))
+            .await
+            .unwrap()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        let new = b
+            .try_lock(&key, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        match a.renew(&old).await {
+            Err(LockError::Lost {
+                reason: LostReason::TakenOver,
+                ..
+            }) => {}
+            other => panic!("expected Lost(TakenOver), got {other:?}"),
+        }
+        b.release(new).await.unwrap();
+        // Released by the newer holder: the stale one is still told it was taken over.
+        assert!(matches!(
+            a.release(old).await,
+            Err(LockError::Lost {
+                reason: LostReason::TakenOver,
+                ..
+            })
+        ));
+    }
+
+    #[tokio::test]
+    async fn bad_configuration_is_a_typed_error() {
+        let err = RedisLock::connect_with(
+            "redis://127.0.0.1:6379",
+            RedisLockOptions::default().with_key_prefix("app:{x}:"),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, coord_backend::Error::Config(_)), "{err:?}");
+        let err = RedisLock::connect("postgres://127.0.0.1/x")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, coord_backend::Error::Config(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_server_is_an_error_not_a_refusal() {
+        // Nothing listens on port 1 of the loopback.
+        let err = RedisLock::connect_with(
+            "redis://127.0.0.1:1",
+            RedisLockOptions::default().with_connect_timeout(Duration::from_millis(500)),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(err, coord_backend::Error::Unavailable { .. }),
+            "{err:?}"
+        );
+    }
+}
+
+mod pg_advisory {
+    use super::*;
+    use coord_locks_native::{PgAdvisoryLock, PgAdvisoryOptions};
+    use sqlx::Connection;
+
+    fn env() -> Option<LockEnv> {
+        server_env("COORD_TEST_POSTGRES_URL").map(|url| {
+            LockEnv::new(
+                lock_factory(move || {
+                    let url = url.clone();
+                    async move {
+                        Ok(Arc::new(PgAdvisoryLock::connect(&url).await?) as Arc<dyn Lock>)
+                    }
+                }),
+                TimeControl::NeverExpires,
+            )
+        })
+    }
+
+    coord_conformance::native_lock_tests!(env());
+
+    async fn admin(url: &str) -> sqlx::PgConnection {
+        let url = coord_backend::StoreUrl::parse(url).unwrap();
+        sqlx::PgConnection::connect(url.without_namespace())
+            .await
+            .unwrap()
+    }
+
+    /// The backend pid of the session holding the advisory lock on `hashtext(name)`.
+    async fn holder_pid(admin: &mut sqlx::PgConnection, name: &str) -> Option<i32> {
+        sqlx::query_scalar(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted \
+             AND ((classid::bigint << 32) | objid::bigint) = hashtext($1)::bigint",
+        )
+        .bind(name)
+        .fetch_optional(admin)
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_killed_session_is_a_lost_lock_and_frees_the_key() {
+        let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
+            return;
+        };
+        let (a, b) = (
+            PgAdvisoryLock::connect(&url).await.unwrap(),
+            PgAdvisoryLock::connect(&url).await.unwrap(),
+        );
+        let mut admin = admin(&url).await;
+        let key = random_key("killed");
+        let ttl = Duration::from_secs(30);
+        let h = a.try_lock(&key, ttl).await.unwrap().unwrap();
+        assert_eq!(a.held_count(), 1);
+        a.renew(&h).await.unwrap();
+        let pid = holder_pid(&mut admin, &a.lock_name(&key))
+            .await
+            .expect("the advisory lock is visible in pg_locks");
+        let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+        assert!(killed);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let hb = loop {
+            if let Some(hb) = b.try_lock(&key, ttl).await.unwrap() {
+                break hb;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "key not freed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(hb.fence() > h.fence());
+        assert!(a.renew(&h).await.unwrap_err().is_lost());
+        assert_eq!(a.held_count(), 0, "a lost lock's connection is dropped");
+        assert!(a.release(h).await.unwrap_err().is_lost());
+        b.release(hb).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn release_unlocks_and_closes_the_session() {
+        let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
+            return;
+        };
+        let a = PgAdvisoryLock::connect(&url).await.unwrap();
+        let mut admin = admin(&url).await;
+        let key = random_key("closes");
+        let h = a
+            .try_lock(&key, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        let name = a.lock_name(&key);
+        let pid = holder_pid(&mut admin, &name).await.expect("held");
+        let fence: i64 = sqlx::query_scalar("SELECT fence FROM coord_lock_fences WHERE name = $1")
+            .bind(&name)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(fence as u64, h.fence());
+        a.release(h).await.unwrap();
+        assert_eq!(a.held_count(), 0);
+        assert_eq!(holder_pid(&mut admin, &name).await, None);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let alive: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+                    .bind(pid)
+                    .fetch_one(&mut admin)
+                    .await
+                    .unwrap();
+            if alive == 0 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "session stayed open"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_try_lock_keeps_no_connection() {
+        let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
+            return;
+        };
+        let (a, b) = (
+            PgAdvisoryLock::connect(&url).await.unwrap(),
+            PgAdvisoryLock::connect(&url).await.unwrap(),
+        );
+        let key = random_key("refused");
+        let ttl = Duration::from_secs(30);
+        let h = a.try_lock(&key, ttl).await.unwrap().unwrap();
+        assert!(b.try_lock(&key, ttl).await.unwrap().is_none());
+        assert_eq!(b.held_count(), 0);
+        // b cannot release or renew a's handle: the session is a's.
+        assert!(b.renew(&h).await.unwrap_err().is_lost());
+        assert!(b.release(h.clone()).await.unwrap_err().is_lost());
+        a.renew(&h).await.unwrap();
+        a.release(h).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn bad_configuration_is_a_typed_error() {
+        let err = PgAdvisoryLock::connect_with(
+            "postgres://postgres@127.0.0.1:5432/postgres",
+            PgAdvisoryOptions::default().with_fence_table("x; drop table y"),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, coord_backend::Error::Config(_)), "{err:?}");
+        let err = PgAdvisoryLock::connect_with(
+            "postgres://postgres@127.0.0.1:1/postgres",
+            PgAdvisoryOptions::default().with_connect_timeout(Duration::from_millis(500)),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(err, coord_backend::Error::Unavailable { .. }),
+            "{err:?}"
+        );
+    }
+}
