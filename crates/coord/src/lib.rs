@@ -72,6 +72,11 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>> {
     }
 }
 
+/// The README's example, compiled as a doc test so it stays true.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 #[cfg(test)]
 mod tests {
     #[tokio::test]
