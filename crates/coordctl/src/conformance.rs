@@ -17,7 +17,6 @@ pub(crate) struct ConformanceArgs {
     suite: Vec<String>,
 }
 
-
 pub(crate) async fn run(args: ConformanceArgs) -> Result<ExitCode, Error> {
     let url = StoreUrl::parse(&args.backend)?;
     // Fail fast with the store's own error when it cannot be reached at all.

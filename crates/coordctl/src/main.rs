@@ -4,8 +4,11 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod conformance;
+mod crash;
+mod cron;
 mod demo;
 mod progress;
+mod sideeffect_cmd;
 
 use std::process::ExitCode;
 
@@ -28,6 +31,18 @@ enum Command {
     /// Internal: one worker process of `demo`.
     #[command(hide = true)]
     DemoWorker(demo::WorkerArgs),
+    /// List uncertain keys, in-flight side-effect intents and resource leases with their fences.
+    Inspect(sideeffect_cmd::InspectArgs),
+    /// Resolve an uncertain side-effect key after checking downstream facts.
+    Reconcile(sideeffect_cmd::ReconcileArgs),
+    /// Run the config's shell-command jobs as a cluster cron daemon (`cron history JOB`: recent runs).
+    Cron(cron::CronArgs),
+    /// Internal: one side-effect run that the crash test SIGKILLs.
+    #[command(hide = true)]
+    CrashChild(crash::ChildArgs),
+    /// Internal: the crash test's kill loop on one store (summary table).
+    #[command(hide = true)]
+    CrashDrive(crash::DriveArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +63,11 @@ fn main() -> ExitCode {
             Command::Demo(args) => demo::run(args).await,
             Command::DemoWorker(args) => demo::worker(args).await,
             Command::Conformance(args) => conformance::run(args).await,
+            Command::Inspect(args) => sideeffect_cmd::inspect(args).await,
+            Command::Reconcile(args) => sideeffect_cmd::reconcile(args).await,
+            Command::Cron(args) => cron::run(args).await,
+            Command::CrashChild(args) => crash::child(args).await,
+            Command::CrashDrive(args) => crash::drive(args).await,
         }
     });
     match result {

@@ -1,0 +1,599 @@
+//! `coordctl cron`: a cluster cron daemon for the shell-command jobs of a
+//! TOML config, and `coordctl cron history JOB`: the recent runs of a job.
+//!
+//! # Contract
+//!
+//! - Every `[[job]]` of the config must have a `command`; it runs through
+//!   [`coord_scheduler::command_handler`] (`sh -c COMMAND`, with `COORD_JOB`,
+//!   `COORD_SLOT_MS`, `COORD_INSTANCE`, `COORD_MANUAL` in its environment).
+//! - Any number of `coordctl cron` processes started on the same `[store]`
+//!   (and namespace) run each `(job, slot)` of a coordinated job once between
+//!   them (`require_global` / `prefer_global` with a store); `node_local`
+//!   jobs run on every instance.
+//! - Each run ends with ONE line on stdout: `<now> run job=.. slot=..
+//!   instance=.. outcome=.. duration=..ms takeovers=..` (`outcome=interrupted`
+//!   when a timeout or the shutdown stopped it). The scheduler's own warnings
+//!   (lost leases, store failures; with `COORD_LOG=info` also every slot
+//!   skipped as late) go to stderr; `COORD_LOG` takes a filter such as
+//!   `info` or `warn,coord_scheduler=debug`.
+//! - SIGINT / SIGTERM stop it gracefully: no new slots are claimed, running
+//!   commands are stopped and their leases released through
+//!   [`Scheduler::shutdown`], so another instance takes those slots over at
+//!   once (within `max_late`). A second signal exits at once (code 130).
+//!
+//! # Boundary
+//!
+//! Exactly-once is about *starting* a slot's command. A process that is
+//! killed (or stalls longer than the lease) after its command did its work
+//! but before the run was recorded finished has its slot taken over when the
+//! lease expires, and the command runs again: commands that must not repeat
+//! need their own idempotence (or a fenced downstream).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use clap::{Args, Subcommand};
+use coord_backend::{Error, SystemClock};
+use coord_scheduler::{
+    command_handler, handler, validate_job_name, Config, Handler, LockingHint, RunContext,
+    RunStatus, RunStore, Scheduler, SkipReason, SlotStore, Tz,
+};
+
+/// Arguments of `coordctl cron`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Without a subcommand, runs the config's jobs until SIGINT/SIGTERM.\n\
+    Start the same command in several processes (or hosts) on one store: each slot runs once.\n\n\
+    Examples:\n  \
+    coordctl cron --config examples/coord.toml --instance node-a\n  \
+    coordctl cron history tick --config examples/coord.toml --limit 10"
+)]
+pub(crate) struct CronArgs {
+    #[command(subcommand)]
+    action: Option<CronAction>,
+    /// The TOML config: `[store]`, `[scheduler]` and `[[job]]`s with a `command`.
+    #[arg(long, global = true, value_name = "FILE", default_value = "coord.toml")]
+    config: PathBuf,
+    /// This instance's name in logs and history (default: `[scheduler] instance_id`,
+    /// else `$HOSTNAME-<random>`).
+    #[arg(long, value_name = "NAME")]
+    instance: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum CronAction {
+    /// Print the recent runs of JOB from every instance, newest slot first.
+    History(HistoryArgs),
+}
+
+#[derive(Debug, Args)]
+struct HistoryArgs {
+    /// The job's name.
+    job: String,
+    /// Runs to show (the store keeps `[store] history_size`, default 50).
+    #[arg(long, default_value_t = 20)]
+    limit: usize,
+}
+
+fn config_error(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::Config(format!("{}: {e}", path.display()))
+}
+
+fn scheduler_error(e: coord_scheduler::Error) -> Error {
+    match e {
+        coord_scheduler::Error::Store(e) => e,
+        other => Error::Config(other.to_string()),
+    }
+}
+
+/// `coordctl cron [history JOB]`.
+pub(crate) async fn run(args: CronArgs) -> Result<ExitCode, Error> {
+    let text = std::fs::read_to_string(&args.config).map_err(|e| config_error(&args.config, e))?;
+    let config = Config::from_toml_str(&text).map_err(|e| config_error(&args.config, e))?;
+    match args.action {
+        None => daemon(&args.config, config, args.instance).await,
+        Some(CronAction::History(history_args)) => {
+            history(&args.config, &config, history_args).await
+        }
+    }
+}
+
+/// The store a config names, and how to show it (credentials hidden,
+/// SQLite paths made absolute so several processes can check they share one file).
+async fn open_store(config: &Config) -> Result<Option<(Arc<RunStore>, String)>, Error> {
+    let Some(store) = &config.store else {
+        return Ok(None);
+    };
+    let url = &store.url;
+    let backend = coord::connect(&url.with_namespace(url.namespace())).await?;
+    let run_store = RunStore::new(backend, Arc::new(SystemClock), store.options.clone())
+        .map_err(scheduler_error)?;
+    let shown = if url.scheme() == "sqlite" && Path::new(url.body()).is_relative() {
+        let absolute = std::env::current_dir()
+            .map(|d| d.join(url.body()))
+            .unwrap_or_else(|_| PathBuf::from(url.body()));
+        format!("sqlite://{}", absolute.display())
+    } else {
+        redact(url.without_namespace())
+    };
+    Ok(Some((
+        Arc::new(run_store),
+        format!("{shown} (namespace {})", url.namespace()),
+    )))
+}
+
+/// Hide the user-info part of a URL (`postgres://user:secret@host` → `postgres://***@host`).
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***{}", &rest[at..]),
+        None => url.to_owned(),
+    }
+}
+
+fn fmt_time(ms: u64, tz: Option<Tz>) -> String {
+    let Some(utc) = i64::try_from(ms)
+        .ok()
+        .and_then(DateTime::<Utc>::from_timestamp_millis)
+    else {
+        return format!("{ms}ms");
+    };
+    match tz {
+        Some(tz) => utc
+            .with_timezone(&tz)
+            .format("%Y-%m-%dT%H:%M:%S%.3f%:z")
+            .to_string(),
+        None => utc.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+    }
+}
+
+fn now_ms() -> u64 {
+    u64::try_from(Utc::now().timestamp_millis()).unwrap_or(0)
+}
+
+fn fmt_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if !ms.is_multiple_of(1000) || ms == 0 {
+        format!("{ms}ms")
+    } else {
+        format!("{}s", ms / 1000)
+    }
+}
+
+fn hint_name(hint: LockingHint) -> &'static str {
+    match hint {
+        LockingHint::NodeLocal => "node_local",
+        LockingHint::RequireGlobal => "require_global",
+        LockingHint::PreferGlobal => "prefer_global",
+        _ => "other",
+    }
+}
+
+/// Prints the run's line when it ends; a run dropped unfinished (timeout or
+/// shutdown aborted it) still gets its line, so every started run shows up.
+struct RunLine {
+    ctx: RunContext,
+    tz: Option<Tz>,
+    started: Instant,
+    outcome: Option<String>,
+}
+
+impl Drop for RunLine {
+    fn drop(&mut self) {
+        let outcome = self
+            .outcome
+            .take()
+            .unwrap_or_else(|| "interrupted (timeout or shutdown)".into());
+        let lost = if self.ctx.is_lease_lost() {
+            " lease_lost=true"
+        } else {
+            ""
+        };
+        println!(
+            "{} run job={} slot={} instance={} outcome={outcome} duration={}ms takeovers={}{lost}",
+            fmt_time(now_ms(), None),
+            self.ctx.job,
+            fmt_time(self.ctx.slot, self.tz),
+            self.ctx.instance,
+            self.started.elapsed().as_millis(),
+            self.ctx.takeovers,
+        );
+    }
+}
+
+fn logged(inner: Handler, tz: Option<Tz>) -> Handler {
+    handler(move |ctx: RunContext| {
+        let inner = inner.clone();
+        async move {
+            let mut line = RunLine {
+                ctx: ctx.clone(),
+                tz,
+                started: Instant::now(),
+                outcome: None,
+            };
+            let result = inner(ctx).await;
+            line.outcome = Some(match &result {
+                Ok(()) => "succeeded".to_owned(),
+                Err(e) => format!("failed ({e})"),
+            });
+            result
+        }
+    })
+}
+
+fn init_logging() {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::prelude::*;
+
+    let filter = std::env::var("COORD_LOG")
+        .ok()
+        .and_then(|s| match s.parse::<Targets>() {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("coordctl: ignoring COORD_LOG={s:?}: {e}");
+                None
+            }
+        })
+        .unwrap_or_else(|| Targets::new().with_default(LevelFilter::WARN));
+    let _ = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(filter),
+        )
+        .try_init();
+}
+
+/// SIGINT and SIGTERM, registered before the scheduler starts so an early
+/// signal is never the default (immediate) death.
+struct Signals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn register() -> Result<Self, Error> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let io = |e: std::io::Error| Error::Config(format!("cannot handle signals: {e}"));
+            Ok(Signals {
+                term: signal(SignalKind::terminate()).map_err(io)?,
+                int: signal(SignalKind::interrupt()).map_err(io)?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    async fn next(&mut self) -> &'static str {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.term.recv() => "SIGTERM",
+                _ = self.int.recv() => "SIGINT",
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            "Ctrl-C"
+        }
+    }
+}
+
+async fn daemon(path: &Path, config: Config, instance: Option<String>) -> Result<ExitCode, Error> {
+    init_logging();
+    let mut signals = Signals::register()?;
+    if config.jobs.is_empty() {
+        return Err(config_error(path, "no [[job]] to run"));
+    }
+    // Refuses a job without a command, naming it.
+    config.command_jobs().map_err(|e| config_error(path, e))?;
+    let mut options = config.scheduler.options();
+    if let Some(name) = instance {
+        if name.is_empty() || name.len() > 128 {
+            return Err(Error::Config("--instance must be 1 to 128 bytes".into()));
+        }
+        options.instance_id = name;
+    }
+    // A signal while the store is still being reached (it may be down and
+    // retried) must stop the process too: the handlers are registered.
+    let store = tokio::select! {
+        store = open_store(&config) => store?,
+        signal = signals.next() => {
+            eprintln!("coordctl cron: {signal} while connecting to the store: exiting");
+            return Ok(ExitCode::from(130));
+        }
+    };
+    let scheduler = Scheduler::new(
+        store.as_ref().map(|(s, _)| s.clone() as Arc<dyn SlotStore>),
+        Arc::new(SystemClock),
+        options,
+    );
+    for job in &config.jobs {
+        let Some(command) = &job.command else {
+            continue;
+        };
+        let tz = job.schedule.time_zone();
+        scheduler
+            .add_job(job.job(logged(command_handler(command.clone()), tz)))
+            .map_err(|e| config_error(path, e))?;
+    }
+
+    match &store {
+        Some((_, shown)) => println!(
+            "coordctl cron: instance {} on {shown}, {} job(s)",
+            scheduler.instance_id(),
+            config.jobs.len()
+        ),
+        None => println!(
+            "coordctl cron: instance {} WITHOUT a store: every instance runs every slot, {} job(s)",
+            scheduler.instance_id(),
+            config.jobs.len()
+        ),
+    }
+    let width = config.jobs.iter().map(|j| j.name.len()).max().unwrap_or(0);
+    for job in &config.jobs {
+        let o = &job.options;
+        println!(
+            "  {:width$}  {:28}  {:14}  lease {}  max_late {}{}",
+            job.name,
+            job.schedule.to_string(),
+            hint_name(o.hint),
+            fmt_duration(o.lease_ttl),
+            fmt_duration(o.max_late),
+            o.timeout
+                .map(|t| format!("  timeout {}", fmt_duration(t)))
+                .unwrap_or_default(),
+        );
+    }
+    println!("stop with Ctrl-C or SIGTERM (running leases are released for another instance)");
+
+    scheduler.start();
+    let first = signals.next().await;
+    println!(
+        "{} {first}: stopping (no new claims; running commands are stopped and their leases released)",
+        fmt_time(now_ms(), None)
+    );
+    tokio::select! {
+        _ = scheduler.shutdown() => {}
+        second = signals.next() => {
+            eprintln!("coordctl cron: second signal ({second}): exiting without waiting for the shutdown");
+            return Ok(ExitCode::from(130));
+        }
+    }
+    println!(
+        "{} stopped: instance {}",
+        fmt_time(now_ms(), None),
+        scheduler.instance_id()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn status_name(status: RunStatus) -> String {
+    match status {
+        RunStatus::Running => "running".into(),
+        RunStatus::Succeeded => "succeeded".into(),
+        RunStatus::Failed => "failed".into(),
+        RunStatus::TimedOut => "timed_out".into(),
+        RunStatus::Released => "released".into(),
+        RunStatus::Skipped(SkipReason::Late) => "skipped (late)".into(),
+        RunStatus::Skipped(SkipReason::Overlap) => "skipped (overlap)".into(),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}
+
+fn fmt_run_duration(ms: Option<u64>) -> String {
+    match ms {
+        None => "-".into(),
+        Some(ms) if ms < 10_000 => format!("{ms} ms"),
+        Some(ms) => format!("{:.1} s", ms as f64 / 1000.0),
+    }
+}
+
+async fn history(path: &Path, config: &Config, args: HistoryArgs) -> Result<ExitCode, Error> {
+    if args.limit == 0 {
+        return Err(Error::Config("--limit must be at least 1".into()));
+    }
+    validate_job_name(&args.job).map_err(scheduler_error)?;
+    // Reading history must not create an empty SQLite file (a typo'd path
+    // would otherwise look like a store with no runs).
+    if let Some(store) = config.store.as_ref().filter(|s| s.url.scheme() == "sqlite") {
+        let file = Path::new(store.url.body());
+        if !file.exists() {
+            return Err(config_error(
+                path,
+                format!(
+                    "the store file {} does not exist (no run recorded yet?)",
+                    file.display()
+                ),
+            ));
+        }
+    }
+    let Some((store, shown)) = open_store(config).await? else {
+        return Err(config_error(
+            path,
+            "no [store]: history is kept in the store (local-only runs are not recorded)",
+        ));
+    };
+    let tz = match config.jobs.iter().find(|j| j.name == args.job) {
+        Some(job) => {
+            if job.options.hint == LockingHint::NodeLocal {
+                eprintln!(
+                    "note: {:?} is node_local: its runs never touch the store, so they are not in history",
+                    args.job
+                );
+            }
+            job.schedule.time_zone()
+        }
+        None => {
+            eprintln!(
+                "note: no job {:?} in {}; showing what the store holds for that name",
+                args.job,
+                path.display()
+            );
+            None
+        }
+    };
+    let records = store
+        .history(&args.job, args.limit)
+        .await
+        .map_err(scheduler_error)?;
+    let active = store.active(&args.job).await.map_err(scheduler_error)?;
+    let zone = tz.map(|t| t.name().to_owned()).unwrap_or("UTC".into());
+    println!(
+        "history of {:?} on {shown}: {} run(s), newest slot first, times in {zone}",
+        args.job,
+        records.len()
+    );
+    if records.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let header = [
+        "SLOT",
+        "INSTANCE",
+        "STATUS",
+        "STARTED",
+        "DURATION",
+        "TAKEOVERS",
+        "MESSAGE",
+    ];
+    let rows: Vec<[String; 7]> = records
+        .iter()
+        .map(|r| {
+            let mut status = status_name(r.status);
+            if r.status == RunStatus::Running && active.iter().any(|a| a.slot == r.slot && !a.live)
+            {
+                status.push_str(" (lease expired)");
+            }
+            if r.manual {
+                status.push_str(" (manual)");
+            }
+            [
+                fmt_time(r.slot, tz),
+                r.instance.clone(),
+                status,
+                fmt_time(r.started_ms, tz),
+                fmt_run_duration(r.duration_ms),
+                r.takeovers.to_string(),
+                r.message.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    // The message column only when some run has one.
+    let columns = if rows.iter().any(|r| !r[6].is_empty()) {
+        7
+    } else {
+        6
+    };
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &[&str]| {
+        let mut out = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:w$}  ", w = widths[i]));
+            }
+        }
+        println!("{}", out.trim_end());
+    };
+    line(&header[..columns]);
+    for row in &rows {
+        line(&row.each_ref().map(String::as_str)[..columns]);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        cron: CronArgs,
+    }
+
+    #[test]
+    fn command_line() {
+        let daemon =
+            Cli::try_parse_from(["cron", "--config", "c.toml", "--instance", "n1"]).unwrap();
+        assert!(daemon.cron.action.is_none());
+        assert_eq!(daemon.cron.instance.as_deref(), Some("n1"));
+        assert_eq!(daemon.cron.config, PathBuf::from("c.toml"));
+        let history = Cli::try_parse_from([
+            "cron", "history", "tick", "--config", "c.toml", "--limit", "5",
+        ])
+        .unwrap();
+        match history.cron.action {
+            Some(CronAction::History(h)) => assert_eq!((h.job.as_str(), h.limit), ("tick", 5)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(history.cron.config, PathBuf::from("c.toml"));
+        assert_eq!(
+            Cli::try_parse_from(["cron"]).unwrap().cron.config,
+            PathBuf::from("coord.toml")
+        );
+        assert!(
+            Cli::try_parse_from(["cron", "history"]).is_err(),
+            "JOB is required"
+        );
+    }
+
+    /// The README's example config stays valid: every job runnable by `coordctl cron`.
+    #[test]
+    fn example_config_is_valid() {
+        let config = Config::from_toml_str(include_str!("../../../examples/coord.toml")).unwrap();
+        let store = config.store.as_ref().expect("a [store]");
+        assert_eq!(store.url.scheme(), "sqlite");
+        assert_eq!(config.command_jobs().unwrap().len(), 3);
+        let hints: Vec<_> = config.jobs.iter().map(|j| j.options.hint).collect();
+        assert_eq!(
+            hints,
+            [
+                LockingHint::RequireGlobal,
+                LockingHint::PreferGlobal,
+                LockingHint::NodeLocal
+            ]
+        );
+        assert!(config.jobs[1].schedule.time_zone().is_some());
+    }
+
+    #[test]
+    fn redacts_credentials_only() {
+        assert_eq!(
+            redact("postgres://u:secret@127.0.0.1:5432/db?sslmode=disable"),
+            "postgres://***@127.0.0.1:5432/db?sslmode=disable"
+        );
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(redact("etcd://a:1,b:2"), "etcd://a:1,b:2");
+    }
+
+    #[test]
+    fn times_in_utc_and_in_a_zone() {
+        assert_eq!(fmt_time(0, None), "1970-01-01T00:00:00.000Z");
+        let paris: Tz = "Europe/Paris".parse().unwrap();
+        assert_eq!(
+            fmt_time(1_700_000_000_000, Some(paris)),
+            "2023-11-14T23:13:20.000+01:00"
+        );
+        assert_eq!(fmt_duration(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(fmt_duration(Duration::from_secs(30)), "30s");
+    }
+}
