@@ -95,7 +95,11 @@ impl StoreUrl {
     /// The same store under another namespace, as a URL string.
     pub fn with_namespace(&self, namespace: &str) -> String {
         let encoded: String = url::form_urlencoded::byte_serialize(namespace.as_bytes()).collect();
-        let sep = if self.without_namespace.contains('?') { '&' } else { '?' };
+        let sep = if self.without_namespace.contains('?') {
+            '&'
+        } else {
+            '?'
+        };
         format!("{}{sep}namespace={encoded}", self.without_namespace)
     }
 
