@@ -87,16 +87,17 @@ for i = 1, nasserts do
 end
 local base = nasserts + 3
 for m = 0, nmut - 1 do
-  local k = KEYS[tonumber(ARGV[base + 1 + 3 * m])]
+  local pos = tonumber(ARGV[base + 1 + 3 * m])
+  local k = KEYS[pos]
   local op = ARGV[base + 2 + 3 * m]
-  local member = string.sub(k, plen + 1)
   redis.call('HINCRBY', k, 'v', 1)
+  -- The index holds exactly the live keys: touch it only when liveness changes.
   if op == 'p' then
     redis.call('HSET', k, 'd', ARGV[base + 3 + 3 * m])
-    redis.call('ZADD', KEYS[1], 0, member)
+    if vis[pos] == '0' then redis.call('ZADD', KEYS[1], 0, string.sub(k, plen + 1)) end
   else
     redis.call('HDEL', k, 'd')
-    redis.call('ZREM', KEYS[1], member)
+    if vis[pos] ~= '0' then redis.call('ZREM', KEYS[1], string.sub(k, plen + 1)) end
   end
 end
 return {'applied'}
