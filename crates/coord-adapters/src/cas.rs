@@ -45,7 +45,8 @@ pub struct CasOptions {
     /// Start decisions from remembered entries (and "missing" for unseen keys)
     /// instead of a snapshot: one round trip when the guess is right, two when wrong.
     pub optimistic: bool,
-    /// How many keys the engine remembers (cleared when full).
+    /// How many recently used keys the engine remembers (older ones are
+    /// forgotten first; memory holds at most twice this many entries).
     pub cache_capacity: usize,
 }
 
@@ -153,7 +154,7 @@ struct Counters {
 pub struct CasEngine {
     backend: Arc<dyn Backend>,
     options: CasOptions,
-    cache: Arc<Mutex<HashMap<String, Entry>>>,
+    cache: Arc<Mutex<EntryCache>>,
     counters: Arc<Counters>,
 }
 
@@ -383,11 +384,10 @@ impl CasEngine {
     }
 
     fn fill_from_cache(&self, view: &mut View, keys: &[String]) {
-        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         for key in keys {
             let entry = cache
-                .get(key)
-                .cloned()
+                .get(key, self.options.cache_capacity)
                 .unwrap_or_else(|| Entry::missing(key.clone()));
             view.entries.insert(key.clone(), entry);
         }
@@ -395,12 +395,38 @@ impl CasEngine {
 
     fn remember(&self, entries: &[Entry]) {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.len() + entries.len() > self.options.cache_capacity {
-            cache.clear();
-        }
         for entry in entries {
-            cache.insert(entry.key.clone(), entry.clone());
+            cache.insert(entry.clone(), self.options.cache_capacity);
         }
+    }
+}
+
+/// Last-seen entries in two generations: when the young one is full it
+/// becomes the old one, and a hit in the old one is moved back. Keys in use
+/// (a lock's record, a resource's record) survive a flood of one-off keys,
+/// at the cost of at most `2 × capacity` entries.
+#[derive(Debug, Default)]
+struct EntryCache {
+    young: HashMap<String, Entry>,
+    old: HashMap<String, Entry>,
+}
+
+impl EntryCache {
+    fn get(&mut self, key: &str, capacity: usize) -> Option<Entry> {
+        if let Some(entry) = self.young.get(key) {
+            return Some(entry.clone());
+        }
+        let entry = self.old.remove(key)?;
+        self.insert(entry.clone(), capacity);
+        Some(entry)
+    }
+
+    fn insert(&mut self, entry: Entry, capacity: usize) {
+        if self.young.len() >= capacity.max(1) && !self.young.contains_key(&entry.key) {
+            self.old = std::mem::take(&mut self.young);
+        }
+        self.old.remove(&entry.key);
+        self.young.insert(entry.key.clone(), entry);
     }
 }
 
@@ -440,6 +466,17 @@ mod tests {
             t.await.unwrap();
         }
         assert_eq!(backend.get("n").await.unwrap().value.unwrap(), b"400");
+    }
+
+    #[test]
+    fn cache_keeps_keys_in_use_across_a_flood() {
+        let mut cache = EntryCache::default();
+        cache.insert(Entry::present("hot", Version(7), b"x".to_vec()), 4);
+        for i in 0..100 {
+            cache.insert(Entry::missing(format!("cold/{i}")), 4);
+            assert_eq!(cache.get("hot", 4).map(|e| e.version), Some(Version(7)));
+        }
+        assert!(cache.young.len() + cache.old.len() <= 8);
     }
 
     #[tokio::test]

@@ -564,8 +564,22 @@ impl Scheduler {
             event(slot, TickAction::Late { reason, recorded });
         }
 
-        // 3. Runs.
+        // 3. Runs. Attempts are in slot order: once a slot is blocked by a
+        // running slot (no overlap), every later fresh slot of this job is
+        // blocked too, so it waits without a store write; only the oldest
+        // blocked slot asks the store each tick (a backlog must not multiply
+        // the store load). Retries carrying a token still ask: they may have won.
+        let mut blocked_by: Option<Slot> = None;
         for (slot, token) in attempts {
+            if let (Some(running_slot), None, true) = (blocked_by, &token, entry.coordinated) {
+                let mut st = entry.state.lock().unwrap_or_else(|e| e.into_inner());
+                if !matches!(st.pending.get(&slot), Some(Pending::Following { .. })) {
+                    st.pending.insert(slot, Pending::Overlap);
+                    drop(st);
+                    event(slot, TickAction::Overlap { running_slot });
+                    continue;
+                }
+            }
             if !entry.coordinated {
                 let blocked = {
                     let mut st = entry.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -622,6 +636,7 @@ impl Scheduler {
                 }
                 Ok(claim) => match claim.outcome {
                     ClaimOutcome::Overlap { running_slot } => {
+                        blocked_by = Some(running_slot);
                         st.pending.insert(slot, Pending::Overlap);
                         tracing::info!(
                             job = name,
