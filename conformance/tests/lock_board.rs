@@ -427,7 +427,7 @@ impl Board for BuggyBoard {
                 .spec
                 .deps
                 .iter()
-                .filter(|d| !tasks.get(*d).is_some_and(|r| r.done.is_some()))
+                .filter(|d| tasks.get(*d).is_none_or(|r| r.done.is_none()))
                 .cloned()
                 .collect();
             if !pending.is_empty() && !self.bugs.claim_ignores_deps {

@@ -38,4 +38,6 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, InvalidInput, Result};
 pub use store_url::{StoreUrl, DEFAULT_NAMESPACE};
 pub use types::{Assert, Entry, Mutation, TxnOutcome, Version};
-pub use validate::{validate_keys, validate_namespace, validate_prefix, validate_txn};
+pub use validate::{
+    distinct_keys, validate_keys, validate_namespace, validate_prefix, validate_txn,
+};

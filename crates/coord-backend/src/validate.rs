@@ -35,6 +35,13 @@ pub fn validate_keys(keys: &[String], limits: &Limits) -> Result<(), InvalidInpu
     Ok(())
 }
 
+/// The distinct keys of a call, in order of first appearance (the order in
+/// which snapshots and rejected txns return entries).
+pub fn distinct_keys<'a>(keys: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut seen = std::collections::HashSet::new();
+    keys.into_iter().filter(|k| seen.insert(*k)).collect()
+}
+
 /// Check a prefix for [`crate::Backend::keys`] (the empty prefix lists everything).
 pub fn validate_prefix(prefix: &str, limits: &Limits) -> Result<(), InvalidInput> {
     if prefix.len() > limits.max_key_bytes {

@@ -422,12 +422,7 @@ impl Backend for EtcdBackend {
 
     async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
         validate_keys(keys, &self.limits)?;
-        let mut seen = HashSet::new();
-        let keys: Vec<&str> = keys
-            .iter()
-            .map(String::as_str)
-            .filter(|k| seen.insert(*k))
-            .collect();
+        let keys = coord_backend::distinct_keys(keys.iter().map(String::as_str));
         if keys.is_empty() {
             return Ok(Vec::new());
         }

@@ -130,12 +130,12 @@ impl Backend for SingleProcessMemoryBackend {
     async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
         validate_keys(keys, &self.limits)?;
         let cells = self.lock();
-        let mut seen = std::collections::HashSet::new();
-        Ok(keys
-            .iter()
-            .filter(|k| seen.insert(k.as_str()))
-            .map(|k| entry_of(&cells, k))
-            .collect())
+        Ok(
+            coord_backend::distinct_keys(keys.iter().map(String::as_str))
+                .into_iter()
+                .map(|k| entry_of(&cells, k))
+                .collect(),
+        )
     }
 
     async fn txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
@@ -145,11 +145,9 @@ impl Backend for SingleProcessMemoryBackend {
             .iter()
             .any(|a| current_version(&cells, &a.key) != a.version)
         {
-            let mut seen = std::collections::HashSet::new();
-            let current = asserts
-                .iter()
-                .filter(|a| seen.insert(a.key.as_str()))
-                .map(|a| entry_of(&cells, &a.key))
+            let current = coord_backend::distinct_keys(asserts.iter().map(|a| a.key.as_str()))
+                .into_iter()
+                .map(|k| entry_of(&cells, k))
                 .collect();
             return Ok(TxnOutcome::rejected(current));
         }

@@ -291,12 +291,7 @@ impl Backend for PostgresBackend {
 
     async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
         validate_keys(keys, &self.limits)?;
-        let mut seen = HashSet::new();
-        let distinct: Vec<&str> = keys
-            .iter()
-            .map(String::as_str)
-            .filter(|k| seen.insert(*k))
-            .collect();
+        let distinct = coord_backend::distinct_keys(keys.iter().map(String::as_str));
         if distinct.is_empty() {
             return Ok(Vec::new());
         }

@@ -96,15 +96,14 @@
 
 mod options;
 
-use std::collections::HashSet;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use coord_backend::{
-    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, Entry,
-    Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
+    distinct_keys, validate_keys, validate_namespace, validate_prefix, validate_txn, Assert,
+    Backend, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -226,11 +225,6 @@ fn decode_entry(row: &SqliteRow) -> Result<Entry> {
         Some(value) => Entry::present(key, Version(version as u64), value),
         None => Entry::missing(key),
     })
-}
-
-fn distinct<'a>(keys: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
-    let mut seen = HashSet::new();
-    keys.filter(|k| seen.insert(*k)).collect()
 }
 
 /// Read the entries of `keys` (distinct, in order) with one statement.
@@ -428,7 +422,7 @@ async fn txn_on(
         Ok(tx) => tx,
         Err(e) => return (Err(before_commit("BEGIN IMMEDIATE", e)), true),
     };
-    let asserted = distinct(asserts.iter().map(|a| a.key.as_str()));
+    let asserted = distinct_keys(asserts.iter().map(|a| a.key.as_str()));
     let current = match read_entries(&mut tx, namespace, &asserted).await {
         Ok(current) => current,
         Err(attempt) => return (Err(attempt), true),
@@ -639,7 +633,7 @@ impl Backend for SqliteBackend {
 
     async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
         validate_keys(keys, &self.options.limits)?;
-        let keys = distinct(keys.iter().map(String::as_str));
+        let keys = distinct_keys(keys.iter().map(String::as_str));
         retry_busy(&self.options, "reading a snapshot", || {
             self.snapshot_once(&keys)
         })

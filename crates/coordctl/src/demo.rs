@@ -93,7 +93,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Error> {
         if step < args.increments {
             let key = counter_key((step + args.id) % args.counters);
             engine
-                .decide(&[key.clone()], |view| {
+                .decide(std::slice::from_ref(&key), |view| {
                     let n = match view.value(&key) {
                         None => 0,
                         Some(bytes) => std::str::from_utf8(bytes)
