@@ -65,6 +65,12 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>> {
         )),
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Ok(Arc::new(coord_etcd::EtcdBackend::connect(&parsed).await?)),
+        #[cfg(not(feature = "etcd"))]
+        "etcd" | "etcds" => Err(Error::Config(
+            "this build has no etcd store: rebuild with the cargo feature `etcd` \
+             (e.g. `cargo run -p coordctl --features etcd`; building it needs protoc)"
+                .into(),
+        )),
         other => Err(Error::Config(format!(
             "unknown store scheme {other:?} (known: memory, sqlite, redis, rediss, redis+cluster, postgres, etcd; \
              a store may also be compiled out by a cargo feature)"
