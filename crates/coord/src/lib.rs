@@ -83,6 +83,11 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>> {
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
+/// The example of docs/at-most-once.md, compiled as a doc test.
+#[doc = include_str!("../../../docs/at-most-once.md")]
+#[cfg(doctest)]
+pub struct AtMostOnceDoctests;
+
 #[cfg(test)]
 mod tests {
     #[tokio::test]
