@@ -27,11 +27,14 @@
 //! divided by the claims. Stores whose `COORD_TEST_*` variable is unset are
 //! listed as SKIPPED. Numbers on a shared 2-core machine are indicative only.
 
+mod common;
+use common::unique;
+
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use coord_backend::{Assert, Mutation, StoreUrl, SystemClock};
+use coord_backend::{Assert, Mutation, SystemClock};
 use coord_scheduler::{ClaimRequest, RunStore, RunStoreOptions, SlotStore};
 
 const INSTANCES: usize = 3;
@@ -58,14 +61,6 @@ struct Row {
     secs: f64,
     round_trips: u64,
     rejections: u64,
-}
-
-fn unique() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_nanos();
-    format!("{}-{:x}", std::process::id(), nanos % (1 << 40))
 }
 
 async fn instance(url: &str) -> RunStore {
@@ -186,10 +181,6 @@ async fn measure(store: &'static str, url: &str, mode: Mode, secs: f64) -> Row {
     }
 }
 
-fn server(var: &str) -> Option<String> {
-    std::env::var(var).ok().filter(|v| !v.trim().is_empty())
-}
-
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` runs it once quickly.
     let quick = !std::env::args().any(|a| a == "--bench");
@@ -206,38 +197,7 @@ fn main() {
     let temp = std::env::temp_dir().join(format!("coord-claims-bench-{}", unique()));
     std::fs::create_dir_all(&temp).expect("temp dir");
     let namespace = format!("bench-claims-{}", unique());
-    let mut stores: Vec<(&'static str, Option<String>, &'static str)> = vec![
-        (
-            "memory",
-            Some(format!("memory://?namespace={namespace}")),
-            "",
-        ),
-        (
-            "sqlite",
-            Some(format!(
-                "sqlite://{}?namespace={namespace}",
-                temp.join("claims.db").display()
-            )),
-            "",
-        ),
-    ];
-    for (name, var) in [
-        ("postgres", "COORD_TEST_POSTGRES_URL"),
-        ("redis", "COORD_TEST_REDIS_URL"),
-    ] {
-        let url = server(var).map(|u| {
-            StoreUrl::parse(&u)
-                .unwrap_or_else(|e| panic!("{var}: {e}"))
-                .with_namespace(&namespace)
-        });
-        stores.push((name, url, var));
-    }
-    stores.push((
-        "etcd",
-        server("COORD_TEST_ETCD_ENDPOINTS")
-            .map(|e| format!("etcd://{}?namespace={namespace}", e.trim())),
-        "COORD_TEST_ETCD_ENDPOINTS",
-    ));
+    let stores = common::stores(&temp, "claims.db", &namespace);
 
     println!(
         "slot claims, {INSTANCES} instances (each its own client + RunStore), {secs} s per row{}",

@@ -30,11 +30,14 @@
 //! variable is unset print SKIPPED. Without `--bench` (`cargo test
 //! --benches`) every measurement runs 0.1 s, as a smoke test.
 
+mod common;
+use common::unique;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use coord_adapters::sideeffect::{Action, EffectResult, Outcome, Runner, SideEffectAdapter};
-use coord_backend::{Assert, Backend, BackendExt, Mutation, StoreUrl, Version};
+use coord_backend::{Assert, Backend, BackendExt, Mutation, Version};
 
 /// Resources the executes cycle over (a small, warm set).
 const RESOURCES: usize = 4;
@@ -234,18 +237,6 @@ async fn measure(url: &str, run: String, secs: f64) -> (Tally, Tally, Tally) {
     (raw, exec, replay)
 }
 
-fn unique() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_nanos();
-    format!("{}-{:x}", std::process::id(), nanos % (1 << 40))
-}
-
-fn server(var: &str) -> Option<String> {
-    std::env::var(var).ok().filter(|v| !v.trim().is_empty())
-}
-
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` runs it once quickly.
     let quick = !std::env::args().any(|a| a == "--bench");
@@ -264,38 +255,7 @@ fn main() {
     let temp = std::env::temp_dir().join(format!("coord-sideeffect-bench-{run}"));
     std::fs::create_dir_all(&temp).expect("temp dir");
     let namespace = format!("bench-se-{run}");
-    let mut stores: Vec<(&'static str, Option<String>, &'static str)> = vec![
-        (
-            "memory",
-            Some(format!("memory://?namespace={namespace}")),
-            "",
-        ),
-        (
-            "sqlite",
-            Some(format!(
-                "sqlite://{}?namespace={namespace}",
-                temp.join("sideeffect.db").display()
-            )),
-            "",
-        ),
-    ];
-    for (name, var) in [
-        ("redis", "COORD_TEST_REDIS_URL"),
-        ("postgres", "COORD_TEST_POSTGRES_URL"),
-    ] {
-        let url = server(var).map(|u| {
-            StoreUrl::parse(&u)
-                .unwrap_or_else(|e| panic!("{var}: {e}"))
-                .with_namespace(&namespace)
-        });
-        stores.push((name, url, var));
-    }
-    stores.push((
-        "etcd",
-        server("COORD_TEST_ETCD_ENDPOINTS")
-            .map(|e| format!("etcd://{}?namespace={namespace}", e.trim())),
-        "COORD_TEST_ETCD_ENDPOINTS",
-    ));
+    let stores = common::stores(&temp, "sideeffect.db", &namespace);
 
     println!(
         "Runner::execute vs the raw one-round-trip txn: one warm uncontended caller, \
