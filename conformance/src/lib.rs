@@ -29,6 +29,8 @@ mod harness;
 pub mod backend;
 pub mod board;
 pub mod fault;
+pub mod fault_model;
+pub mod faults;
 pub mod lock;
 pub mod scheduler;
 pub mod sideeffect;
@@ -78,6 +80,11 @@ macro_rules! all_suites_tests {
             use super::*;
             $crate::scheduler_tests!($factory);
         }
+        mod fault_model_suite {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::fault_model_tests!($factory);
+        }
     };
 }
 
@@ -88,6 +95,7 @@ pub fn all_cases() -> Vec<Case> {
     cases.extend(board::cases());
     cases.extend(sideeffect::cases());
     cases.extend(scheduler::cases());
+    cases.extend(fault_model::cases());
     cases
 }
 

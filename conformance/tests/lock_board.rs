@@ -40,6 +40,11 @@ mod generic_board {
     coord_conformance::board_tests!(super::memory());
 }
 
+/// Every adapter decision over the memory store wrapped in seeded faults.
+mod fault_model_on_memory {
+    coord_conformance::fault_model_tests!(super::memory());
+}
+
 /// The generic lock again, judging time with the system clock: runs the
 /// real-time paths of the suite that native locks (Redis, ...) will use.
 mod real_time_lock {

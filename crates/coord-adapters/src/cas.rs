@@ -14,12 +14,34 @@
 //! assert-only txn unless they came from one consistent read made in the
 //! same call, so a stale cache never becomes an answer.
 //!
-//! **Indeterminate txns** (connection lost after sending) are resolved by a
-//! fresh snapshot: if every asserted key is still at its asserted version the
-//! txn did not commit and the engine decides again; if every put landed
-//! byte-for-byte it did commit; otherwise the error is returned. This is
-//! sound because every adapter puts a freshly minted token in at least one
-//! value of every commit.
+//! **Indeterminate txns** (sent, answer lost) are never guessed. A txn whose
+//! answer is lost may have applied, or may still apply *later*: a server
+//! finishes a transaction after its client is gone, a proposal already in a
+//! consensus log commits after the client gave up. So "every asserted key is
+//! still at its asserted version" proves nothing. The engine settles the
+//! doubt by sending the *same* txn again (same asserts, same bytes): both
+//! assert the same versions and both write an asserted key, so at most one of
+//! the two can ever apply. Then:
+//!
+//! - the resend applies: the original never will; the decision's answer holds;
+//! - the resend is rejected and every put of the txn is in the store
+//!   byte-for-byte: one of the two applied, the answer holds (this is the
+//!   caller recognising its own token: every adapter puts a freshly minted
+//!   token in at least one value of every commit, so nobody else writes those
+//!   bytes);
+//! - the resend is rejected and the puts are not there: the asserted versions
+//!   moved on, so the original can no longer apply, but whether it applied
+//!   before being overwritten is unknown: [`Error::Indeterminate`];
+//! - the resend's own answer is lost again: back off and resend, at most
+//!   [`CasOptions::max_attempts`] times, then [`Error::Indeterminate`].
+//!
+//! A decision that writes nothing is confirmed by an assert-only txn; when
+//! that confirmation fails, nothing was written either way, so the engine
+//! reads a fresh snapshot and decides again instead of reporting a doubt.
+//!
+//! Every store call of the engine is bounded by [`CasOptions::call_timeout`]:
+//! a txn that does not answer in time is indeterminate (a hung write may
+//! still apply), a read that does not answer is unavailable.
 //!
 //! **Bounded.** After [`CasOptions::max_attempts`] rejected txns the engine
 //! gives up with [`Error::ConflictRetriesExhausted`]; rejections after the
@@ -30,7 +52,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use coord_backend::{Assert, Backend, Entry, Error, InvalidInput, Mutation, Version};
+use coord_backend::{Assert, Backend, Entry, Error, InvalidInput, Mutation, TxnOutcome, Version};
 
 /// Tuning of a [`CasEngine`].
 #[derive(Clone, Debug)]
@@ -48,6 +70,9 @@ pub struct CasOptions {
     /// How many recently used keys the engine remembers (older ones are
     /// forgotten first; memory holds at most twice this many entries).
     pub cache_capacity: usize,
+    /// Longest wait for one store call (`None` = wait as long as the store
+    /// client does). A txn that does not answer in time is indeterminate.
+    pub call_timeout: Option<Duration>,
 }
 
 impl Default for CasOptions {
@@ -58,6 +83,7 @@ impl Default for CasOptions {
             max_backoff: Duration::from_millis(50),
             optimistic: true,
             cache_capacity: 10_000,
+            call_timeout: Some(Duration::from_secs(30)),
         }
     }
 }
@@ -191,7 +217,18 @@ impl CasEngine {
     /// A consistent snapshot of `keys` (counted, and remembered in the cache).
     pub async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>, Error> {
         self.counters.snapshots.fetch_add(1, Ordering::Relaxed);
-        let entries = self.backend.snapshot(keys).await?;
+        let read = self.backend.snapshot(keys);
+        let entries = match self.options.call_timeout {
+            None => read.await?,
+            Some(limit) => tokio::time::timeout(limit, read)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::Unavailable {
+                        message: format!("no answer to a snapshot within {limit:?}"),
+                        source: None,
+                    })
+                })?,
+        };
         self.remember(&entries);
         Ok(entries)
     }
@@ -250,12 +287,21 @@ impl CasEngine {
                 Decision::Return(answer) if consistent => return Ok(answer),
                 Decision::Return(answer) => {
                     // Confirm the guessed view with an assert-only txn.
-                    match self.commit(&mut view, &[]).await? {
-                        true => return Ok(answer),
-                        false => {
+                    match self.commit(&mut view, &[]).await {
+                        Ok(true) => return Ok(answer),
+                        Ok(false) => {
                             consistent = true;
                             self.after_rejection(&mut rejections).await?;
                         }
+                        // An assert-only txn writes nothing, applied or not:
+                        // a consistent read answers in its place.
+                        Err(error) if error.is_indeterminate() || error.is_retryable() => {
+                            let keys: Vec<String> = view.keys().map(str::to_owned).collect();
+                            view = View::default();
+                            self.read_into(&mut view, &keys).await?;
+                            consistent = true;
+                        }
+                        Err(error) => return Err(error.into()),
                     }
                 }
                 Decision::Commit { mutations, then } => {
@@ -273,17 +319,65 @@ impl CasEngine {
                             self.after_rejection(&mut rejections).await?;
                         }
                         Err(error) if error.is_indeterminate() => {
-                            match self.resolve_indeterminate(&mut view, &mutations).await? {
-                                Some(true) => return Ok(then),
-                                Some(false) => consistent = true,
-                                None => return Err(error.into()),
-                            }
+                            self.settle(&view.asserts(), &mutations, error).await?;
+                            return Ok(then);
                         }
                         Err(error) => return Err(error.into()),
                     }
                 }
             }
         }
+    }
+
+    /// The txn `asserts → mutations` was sent and its answer lost (`lost`):
+    /// `Ok` once it is known that it (or its identical resend) applied, else
+    /// [`Error::Indeterminate`]. See the module docs for why a resend is safe.
+    async fn settle(
+        &self,
+        asserts: &[Assert],
+        mutations: &[Mutation],
+        lost: Error,
+    ) -> Result<(), Error> {
+        let mut last = lost;
+        for attempt in 1..=self.options.max_attempts {
+            self.backoff(attempt).await;
+            self.counters.txns.fetch_add(1, Ordering::Relaxed);
+            match self.call_txn(asserts, mutations).await {
+                Ok(outcome) if outcome.applied => {
+                    self.remember_written(asserts, mutations);
+                    return Ok(());
+                }
+                Ok(outcome) => {
+                    self.counters.rejections.fetch_add(1, Ordering::Relaxed);
+                    self.remember(&outcome.current);
+                    if puts_landed(mutations, &outcome.current) {
+                        return Ok(());
+                    }
+                    return Err(Error::Indeterminate {
+                        message: "the answer of a txn was lost and the keys it asserted have \
+                                  changed since: it may have applied before being overwritten"
+                            .into(),
+                        source: Some(Box::new(last)),
+                    });
+                }
+                // Lost again, or not sent at all: the first send is still in doubt.
+                Err(error) if error.is_indeterminate() => last = error,
+                Err(error) if error.is_retryable() => {}
+                // Not an answer about the txn (the same txn was valid a moment ago).
+                Err(_) => break,
+            }
+        }
+        Err(last)
+    }
+
+    /// Jittered exponential backoff before the `attempt`-th retry (from 1).
+    async fn backoff(&self, attempt: u32) {
+        let exp = self
+            .options
+            .base_backoff
+            .saturating_mul(1 << (attempt.saturating_sub(1)).min(16));
+        let cap = exp.min(self.options.max_backoff);
+        tokio::time::sleep(cap.mul_f64(rand::random::<f64>())).await;
     }
 
     async fn after_rejection(&self, rejections: &mut u32) -> Result<(), Error> {
@@ -294,33 +388,37 @@ impl CasEngine {
             });
         }
         if *rejections > 1 {
-            let exp = self
-                .options
-                .base_backoff
-                .saturating_mul(1 << (*rejections - 2).min(16));
-            let cap = exp.min(self.options.max_backoff);
-            let jittered = cap.mul_f64(rand::random::<f64>());
-            tokio::time::sleep(jittered).await;
+            self.backoff(*rejections - 1).await;
         }
         Ok(())
+    }
+
+    /// The backend's txn, bounded by the call timeout (a txn that does not
+    /// answer in time may still apply: indeterminate).
+    async fn call_txn(
+        &self,
+        asserts: &[Assert],
+        mutations: &[Mutation],
+    ) -> Result<TxnOutcome, Error> {
+        let call = self.backend.txn(asserts, mutations);
+        match self.options.call_timeout {
+            None => call.await,
+            Some(limit) => tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+                Err(Error::Indeterminate {
+                    message: format!("no answer to a txn within {limit:?}"),
+                    source: None,
+                })
+            }),
+        }
     }
 
     /// Send the txn; on success update the cache, on rejection refresh `view`.
     async fn commit(&self, view: &mut View, mutations: &[Mutation]) -> Result<bool, Error> {
         self.counters.txns.fetch_add(1, Ordering::Relaxed);
-        let outcome = self.backend.txn(&view.asserts(), mutations).await?;
+        let asserts = view.asserts();
+        let outcome = self.call_txn(&asserts, mutations).await?;
         if outcome.applied {
-            let written: Vec<Entry> = mutations
-                .iter()
-                .map(|m| match m {
-                    Mutation::Put { key, value } => {
-                        Entry::present(key.clone(), Version(view.version(key).0 + 1), value.clone())
-                    }
-                    // A deleted key reads as missing; its hidden counter is not needed to assert it.
-                    Mutation::Delete { key } => Entry::missing(key.clone()),
-                })
-                .collect();
-            self.remember(&written);
+            self.remember_written(&asserts, mutations);
             Ok(true)
         } else {
             self.counters.rejections.fetch_add(1, Ordering::Relaxed);
@@ -332,48 +430,28 @@ impl CasEngine {
         }
     }
 
-    /// After an indeterminate txn: `Some(true)` = it committed, `Some(false)`
-    /// = it did not (view refreshed), `None` = cannot tell.
-    async fn resolve_indeterminate(
-        &self,
-        view: &mut View,
-        mutations: &[Mutation],
-    ) -> Result<Option<bool>, Error> {
-        let keys: Vec<String> = view.keys().map(str::to_owned).collect();
-        let mut attempt = 0;
-        let entries = loop {
-            match self.snapshot(&keys).await {
-                Ok(entries) => break entries,
-                Err(e) if e.is_retryable() && attempt < 5 => {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(20 << attempt)).await;
-                }
-                Err(_) => return Ok(None),
-            }
-        };
-        let now: HashMap<&str, &Entry> = entries.iter().map(|e| (e.key.as_str(), e)).collect();
-        let untouched = view
-            .entries
-            .values()
-            .all(|e| now.get(e.key.as_str()).map(|n| n.version) == Some(e.version));
-        let puts_landed = mutations.iter().any(|m| matches!(m, Mutation::Put { .. }))
-            && mutations.iter().all(|m| match m {
+    /// Remember what an applied txn wrote: each written key is one version
+    /// past the version it was asserted at.
+    fn remember_written(&self, asserts: &[Assert], mutations: &[Mutation]) {
+        let asserted: HashMap<&str, Version> = asserts
+            .iter()
+            .map(|a| (a.key.as_str(), a.version))
+            .collect();
+        let written: Vec<Entry> = mutations
+            .iter()
+            .map(|m| match m {
                 Mutation::Put { key, value } => {
-                    now.get(key.as_str()).and_then(|e| e.value.as_ref()) == Some(value)
+                    let before = asserted
+                        .get(key.as_str())
+                        .copied()
+                        .unwrap_or(Version::MISSING);
+                    Entry::present(key.clone(), Version(before.0 + 1), value.clone())
                 }
-                Mutation::Delete { key } => now.get(key.as_str()).is_some_and(|e| !e.exists()),
-            });
-        if puts_landed {
-            return Ok(Some(true));
-        }
-        if untouched && !mutations.is_empty() {
-            *view = View::default();
-            for entry in entries {
-                view.entries.insert(entry.key.clone(), entry);
-            }
-            return Ok(Some(false));
-        }
-        Ok(None)
+                // A deleted key reads as missing; its hidden counter is not needed to assert it.
+                Mutation::Delete { key } => Entry::missing(key.clone()),
+            })
+            .collect();
+        self.remember(&written);
     }
 
     async fn read_into(&self, view: &mut View, keys: &[String]) -> Result<(), Error> {
@@ -399,6 +477,20 @@ impl CasEngine {
             cache.insert(entry.clone(), self.options.cache_capacity);
         }
     }
+}
+
+/// Whether every put of `mutations` is in `current` byte-for-byte (and
+/// every deleted key is missing), with at least one put: the caller's own
+/// freshly minted bytes, which nobody else writes.
+fn puts_landed(mutations: &[Mutation], current: &[Entry]) -> bool {
+    let now: HashMap<&str, &Entry> = current.iter().map(|e| (e.key.as_str(), e)).collect();
+    mutations.iter().any(|m| matches!(m, Mutation::Put { .. }))
+        && mutations.iter().all(|m| match m {
+            Mutation::Put { key, value } => {
+                now.get(key.as_str()).and_then(|e| e.value.as_ref()) == Some(value)
+            }
+            Mutation::Delete { key } => now.get(key.as_str()).is_some_and(|e| !e.exists()),
+        })
 }
 
 /// Last-seen entries in two generations: when the young one is full it

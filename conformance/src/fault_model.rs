@@ -1,0 +1,388 @@
+//! The fault-model suite: every adapter decision over a store whose calls
+//! fail the way networked stores do (see [`crate::faults`]), checked against
+//! the one rule of docs/shapes.md's fault model: after a fault, an answer is
+//! either the truth or "indeterminate", never a definite answer guessed from
+//! "nothing has changed yet".
+//!
+//! Each check wraps the store under test in a [`FaultyBackend`], so it runs
+//! on every store (the faults are injected between the adapter and the
+//! store's client; faults the wrapper cannot reach are tested per store).
+//!
+//! - [`late_commit_try_lock`]: a grant whose answer was lost and that lands
+//!   after the caller's next call is recognised as the caller's own;
+//! - [`late_commit_release`]: likewise for a release (never "lost");
+//! - [`late_commit_board_claim`]: a claim is the caller's, never "already claimed";
+//! - [`late_commit_runner`]: the side effect runs once, never "contended" by itself;
+//! - [`late_commit_fenced_sink`]: a landed fenced write is never "stale";
+//! - [`indeterminate_forever_ends`]: txns lost again and again end, with backoff, in "indeterminate";
+//! - [`hung_writes_time_out`]: a write partition where txns hang ends in "indeterminate";
+//! - [`failed_confirmation_rereads`]: a failed assert-only confirmation is answered from a fresh read.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_adapters::board::{Board, BoardAdapter, BoardError, TaskSpec};
+use coord_adapters::cas::CasOptions;
+use coord_adapters::lock::{GenericLock, Lock, LockError, LockOptions};
+use coord_adapters::sideeffect::{
+    Action, BackendFencedSink, EffectResult, Fence, FencedSink, Outcome, Runner, SideEffectAdapter,
+    SideEffectError,
+};
+use coord_backend::{Backend, BackendExt, Error, Mutation};
+
+use crate::faults::{Fault, FaultyBackend, Target};
+use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+
+const TTL: Duration = Duration::from_secs(60);
+
+/// The store under test, wrapped (seeded per check, so a failure repeats).
+async fn wrapped(
+    factory: &BackendFactory,
+    label: &str,
+    seed: u64,
+) -> Result<(Arc<FaultyBackend>, Arc<dyn Backend>), Failure> {
+    let store = factory(unique_namespace(label)).await?;
+    Ok((Arc::new(FaultyBackend::new(store.clone(), seed)), store))
+}
+
+fn indeterminate(error: &Error) -> bool {
+    error.is_indeterminate()
+}
+
+/// The delays after which a held-back txn lands: before the caller's next
+/// call (0), right after it (1: the classic "re-read saw nothing"), later (2).
+const LATE: [u32; 3] = [0, 1, 2];
+
+/// A `try_lock` whose grant lands late: `Some(handle)` holding the record,
+/// or indeterminate; never `None` (nobody else is there).
+pub async fn late_commit_try_lock(factory: BackendFactory) -> CheckResult {
+    for after_calls in LATE {
+        for warm in [false, true] {
+            let (faulty, store) =
+                wrapped(&factory, "late_try_lock", u64::from(after_calls)).await?;
+            let lock = GenericLock::new(faulty.clone());
+            if warm {
+                // The engine then starts from a remembered record, not a guess of "missing".
+                let h = lock.try_lock("k", TTL).await.map_err(lock_failure)?;
+                let h = h.ok_or_else(|| Failure::new("a free lock was not granted"))?;
+                lock.release(h).await.map_err(lock_failure)?;
+            }
+            faulty.once(Target::WritingTxn, Fault::LateCommit { after_calls });
+            let answer = lock.try_lock("k", TTL).await;
+            faulty.flush().await;
+            let record = store.get("lock/k").await?;
+            let record =
+                String::from_utf8_lossy(record.value.as_deref().unwrap_or_default()).into_owned();
+            match answer {
+                Ok(Some(handle)) => ensure!(
+                    record.contains(handle.token()),
+                    "late commit ({after_calls}, warm {warm}): granted, but the record is not ours: {record}"
+                ),
+                Ok(None) => {
+                    return Err(Failure::new(format!(
+                        "late commit ({after_calls}, warm {warm}): try_lock said \"held by someone else\" \
+                         with nobody else there; record: {record}"
+                    )))
+                }
+                Err(LockError::Store(e)) if indeterminate(&e) => {}
+                Err(e) => {
+                    return Err(Failure::new(format!(
+                        "late commit ({after_calls}, warm {warm}): {e}"
+                    )))
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn lock_failure(e: LockError) -> Failure {
+    Failure::new(format!("lock error: {e}"))
+}
+
+/// A release that lands late is the caller's release: `Ok` (the lock is
+/// free afterwards) or indeterminate, never `Lost`.
+pub async fn late_commit_release(factory: BackendFactory) -> CheckResult {
+    for after_calls in LATE {
+        let (faulty, store) = wrapped(&factory, "late_release", u64::from(after_calls)).await?;
+        let lock = GenericLock::new(faulty.clone());
+        let held = lock
+            .try_lock("k", TTL)
+            .await
+            .map_err(lock_failure)?
+            .ok_or_else(|| Failure::new("a free lock was not granted"))?;
+        faulty.once(Target::WritingTxn, Fault::LateCommit { after_calls });
+        let answer = lock.release(held).await;
+        faulty.flush().await;
+        match answer {
+            Ok(()) => {
+                let other = GenericLock::new(store.clone());
+                let again = other.try_lock("k", TTL).await.map_err(lock_failure)?;
+                ensure!(
+                    again.is_some(),
+                    "late commit ({after_calls}): release said Ok but the lock is still held"
+                );
+            }
+            Err(LockError::Store(e)) if indeterminate(&e) => {}
+            Err(e) => {
+                return Err(Failure::new(format!(
+                    "late commit ({after_calls}): release of the holder's own lock: {e}"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A board claim that lands late is the caller's claim, never "already claimed".
+pub async fn late_commit_board_claim(factory: BackendFactory) -> CheckResult {
+    for after_calls in LATE {
+        let (faulty, store) = wrapped(&factory, "late_claim", u64::from(after_calls)).await?;
+        let board = BoardAdapter::new(faulty.clone());
+        board
+            .add(TaskSpec::new("t", b"payload".to_vec()))
+            .await
+            .map_err(board_failure)?;
+        faulty.once(Target::WritingTxn, Fault::LateCommit { after_calls });
+        let claimed = board.claim("t", "agent", TTL).await;
+        faulty.flush().await;
+        match claimed {
+            Ok(task) => {
+                // The claim is ours: completing with its token works.
+                BoardAdapter::new(store.clone())
+                    .complete("t", &task.token, b"done".to_vec())
+                    .await
+                    .map_err(|e| {
+                        Failure::new(format!(
+                            "late commit ({after_calls}): claimed, but the claim is not ours: {e}"
+                        ))
+                    })?;
+            }
+            Err(BoardError::Store(e)) if indeterminate(&e) => {}
+            Err(e) => {
+                return Err(Failure::new(format!(
+                    "late commit ({after_calls}): claim with nobody else there: {e}"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn board_failure(e: BoardError) -> Failure {
+    Failure::new(format!("board error: {e}"))
+}
+
+/// `Runner::execute` with any of its writes landing late: the closure runs
+/// at most once, an `Applied` answer means it ran, and a single caller is
+/// never told `Contended` (nobody else is there).
+pub async fn late_commit_runner(factory: BackendFactory) -> CheckResult {
+    for nth in 1..=3u64 {
+        for after_calls in LATE {
+            let seed = nth * 10 + u64::from(after_calls);
+            let (faulty, _store) = wrapped(&factory, "late_runner", seed).await?;
+            let runner = Runner::new(Arc::new(SideEffectAdapter::new(faulty.clone())));
+            let action = Action::new("refund/1", "payments");
+            let runs = Arc::new(AtomicU32::new(0));
+            faulty.nth(Target::WritingTxn, nth, Fault::LateCommit { after_calls });
+            let counted = runs.clone();
+            let done = runner
+                .execute(&action, TTL, |_lease| async move {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, std::io::Error>(EffectResult::from(b"ok".as_slice()))
+                })
+                .await;
+            faulty.flush().await;
+            let ran = runs.load(Ordering::SeqCst);
+            let context = format!("txn {nth} lands late ({after_calls})");
+            ensure!(ran <= 1, "{context}: the closure ran {ran} times");
+            match done {
+                Ok(execution) => match execution.outcome {
+                    Outcome::Applied => ensure!(ran == 1, "{context}: Applied without running"),
+                    other => {
+                        return Err(Failure::new(format!(
+                            "{context}: a single caller got {other:?} (closure ran {ran} times)"
+                        )))
+                    }
+                },
+                Err(e) if e.outcome() == Some(Outcome::Uncertain) => {}
+                Err(SideEffectError::Store(e)) if indeterminate(&e) => {}
+                Err(e) => return Err(Failure::new(format!("{context}: {e}"))),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A fenced write that lands late is never reported stale.
+pub async fn late_commit_fenced_sink(factory: BackendFactory) -> CheckResult {
+    for after_calls in LATE {
+        let (faulty, store) = wrapped(&factory, "late_sink", u64::from(after_calls)).await?;
+        let sink = BackendFencedSink::new(faulty.clone());
+        sink.write_fenced("ledger", Fence(1), vec![Mutation::put("ledger/a", "1")])
+            .await
+            .map_err(|e| Failure::new(format!("first fenced write: {e}")))?;
+        faulty.once(Target::WritingTxn, Fault::LateCommit { after_calls });
+        let answer = sink
+            .write_fenced("ledger", Fence(2), vec![Mutation::put("ledger/a", "2")])
+            .await;
+        faulty.flush().await;
+        let now = store.get("ledger/a").await?;
+        match answer {
+            Ok(()) => ensure!(
+                now.value.as_deref() == Some(b"2".as_slice()),
+                "late commit ({after_calls}): Ok, but the data reads {:?}",
+                now.value
+            ),
+            Err(SideEffectError::Store(e)) if indeterminate(&e) => {}
+            Err(e) => return Err(Failure::new(format!(
+                "late commit ({after_calls}): the holder of the highest fence got {e}; data {:?}",
+                now.value
+            ))),
+        }
+    }
+    Ok(())
+}
+
+/// Txns whose answers are lost again and again, never applying: the
+/// decision ends (bounded, with backoff) in "indeterminate".
+pub async fn indeterminate_forever_ends(factory: BackendFactory) -> CheckResult {
+    let (faulty, store) = wrapped(&factory, "indeterminate_forever", 1).await?;
+    let lock = GenericLock::new(faulty.clone());
+    faulty.always(Target::WritingTxn, Fault::Drop);
+    let answer = tokio::time::timeout(Duration::from_secs(60), lock.try_lock("k", TTL))
+        .await
+        .map_err(|_| Failure::new("try_lock did not end while every txn was lost"))?;
+    ensure!(
+        matches!(&answer, Err(LockError::Store(e)) if indeterminate(e)),
+        "every txn lost: expected indeterminate, got {answer:?}"
+    );
+    ensure!(
+        faulty.fired() <= 128,
+        "{} txns sent before giving up: the retries are not bounded",
+        faulty.fired()
+    );
+    ensure!(
+        !store.get("lock/k").await?.exists(),
+        "nothing was applied, yet a record exists"
+    );
+    Ok(())
+}
+
+/// A write partition where txns never answer: with a call timeout, the
+/// decision ends in "indeterminate" (a hung write may still apply).
+pub async fn hung_writes_time_out(factory: BackendFactory) -> CheckResult {
+    let (faulty, _store) = wrapped(&factory, "hung_writes", 2).await?;
+    let mut cas = CasOptions::default();
+    cas.call_timeout = Some(Duration::from_millis(200));
+    cas.max_attempts = 4;
+    let lock = GenericLock::with_options(faulty.clone(), LockOptions::default().with_cas(cas));
+    faulty.always(Target::WritingTxn, Fault::Hang);
+    let answer = tokio::time::timeout(Duration::from_secs(30), lock.try_lock("k", TTL))
+        .await
+        .map_err(|_| Failure::new("try_lock hung with the writes"))?;
+    ensure!(
+        matches!(&answer, Err(LockError::Store(e)) if indeterminate(e)),
+        "hung writes: expected indeterminate, got {answer:?}"
+    );
+    // Reads still answer during the partition.
+    faulty.heal();
+    let after = lock.try_lock("k", TTL).await.map_err(lock_failure)?;
+    ensure!(
+        after.is_some(),
+        "after the partition healed the lock is not free"
+    );
+    Ok(())
+}
+
+/// A remembered "held" is confirmed with an assert-only txn; when that
+/// confirmation's answer is lost, nothing was written either way, so the
+/// answer comes from a fresh read, not "indeterminate".
+pub async fn failed_confirmation_rereads(factory: BackendFactory) -> CheckResult {
+    let (faulty, store) = wrapped(&factory, "failed_confirmation", 3).await?;
+    let holder = GenericLock::new(store.clone());
+    let _held = holder
+        .try_lock("k", TTL)
+        .await
+        .map_err(lock_failure)?
+        .ok_or_else(|| Failure::new("a free lock was not granted"))?;
+    let waiter = GenericLock::new(faulty.clone());
+    // Learn "held" once (the engine remembers the record).
+    ensure!(
+        waiter
+            .try_lock("k", TTL)
+            .await
+            .map_err(lock_failure)?
+            .is_none(),
+        "a held lock was granted"
+    );
+    for fault in [Fault::Drop, Fault::LoseReply, Fault::Refuse] {
+        faulty.once(Target::Txn, fault);
+        let answer = waiter.try_lock("k", TTL).await;
+        ensure!(
+            matches!(answer, Ok(None)),
+            "{fault:?} on the assert-only confirmation of \"held\": got {answer:?}"
+        );
+        ensure!(faulty.fired() > 0, "the fault did not fire");
+    }
+    Ok(())
+}
+
+macro_rules! fault_model_checks {
+    ($($name:ident),* $(,)?) => {
+        /// Every case of the fault-model suite.
+        pub fn cases() -> Vec<Case> {
+            vec![$(Case {
+                suite: "fault_model",
+                name: stringify!($name),
+                run: |factory: BackendFactory| -> BoxFuture<'static, CheckResult> {
+                    Box::pin($name(factory))
+                },
+            }),*]
+        }
+    };
+}
+
+fault_model_checks!(
+    late_commit_try_lock,
+    late_commit_release,
+    late_commit_board_claim,
+    late_commit_runner,
+    late_commit_fenced_sink,
+    indeterminate_forever_ends,
+    hung_writes_time_out,
+    failed_confirmation_rereads,
+);
+
+/// Expand every case of the fault-model suite into `#[tokio::test]`s.
+#[macro_export]
+macro_rules! fault_model_tests {
+    ($factory:expr) => {
+        $crate::__cases_as_tests!($crate::fault_model::cases, $factory;
+            late_commit_try_lock,
+            late_commit_release,
+            late_commit_board_claim,
+            late_commit_runner,
+            late_commit_fenced_sink,
+            indeterminate_forever_ends,
+            hung_writes_time_out,
+            failed_confirmation_rereads,
+        );
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn macro_lists_every_case() {
+        let source = include_str!("fault_model.rs");
+        for case in super::cases() {
+            assert!(
+                source.contains(&format!("            {},\n", case.name)),
+                "fault_model_tests! does not list {}",
+                case.name
+            );
+        }
+    }
+}
