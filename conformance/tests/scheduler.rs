@@ -1093,7 +1093,8 @@ async fn the_tick_loop_runs_each_slot_once_across_instances() {
     assert!(runs.values().all(|n| *n == 1), "a slot ran twice: {runs:?}");
 }
 
-/// Commits a txn but loses its reply (and the re-read that would tell), once.
+/// Commits a txn but loses its reply, once, then loses every call (the
+/// re-reads and resends that would tell) until `blind` is cleared.
 #[derive(Debug)]
 struct LostReplyBackend {
     inner: SingleProcessMemoryBackend,
@@ -1107,7 +1108,7 @@ impl Backend for LostReplyBackend {
         self.inner.namespace()
     }
     async fn snapshot(&self, keys: &[String]) -> coord_backend::Result<Vec<Entry>> {
-        if self.blind.swap(false, Ordering::SeqCst) {
+        if self.blind.load(Ordering::SeqCst) {
             return Err(coord_backend::Error::Indeterminate {
                 message: "connection reset (test double)".into(),
                 source: None,
@@ -1120,6 +1121,12 @@ impl Backend for LostReplyBackend {
         asserts: &[Assert],
         mutations: &[Mutation],
     ) -> coord_backend::Result<TxnOutcome> {
+        if self.blind.load(Ordering::SeqCst) {
+            return Err(coord_backend::Error::Indeterminate {
+                message: "connection reset (test double)".into(),
+                source: None,
+            });
+        }
         let outcome = self.inner.txn(asserts, mutations).await?;
         if outcome.applied && !mutations.is_empty() && self.armed.swap(false, Ordering::SeqCst) {
             self.blind.store(true, Ordering::SeqCst);
@@ -1145,8 +1152,9 @@ async fn a_claim_whose_reply_was_lost_is_retried_with_the_same_token() {
         armed: true.into(),
         blind: false.into(),
     });
-    let store: Arc<dyn SlotStore> =
-        Arc::new(RunStore::new(flaky, clock.clone(), RunStoreOptions::default()).unwrap());
+    let store: Arc<dyn SlotStore> = Arc::new(
+        RunStore::new(flaky.clone(), clock.clone(), RunStoreOptions::default()).unwrap(),
+    );
     let a = Scheduler::new(Some(store), clock.clone(), SchedulerOptions::instance("a"));
     let b = instance(&ns, "b", T0);
     let opts = JobOptions::default().max_late(Duration::from_secs(5));
@@ -1164,6 +1172,7 @@ async fn a_claim_whose_reply_was_lost_is_retried_with_the_same_token() {
         matches!(report.events[0].action, TickAction::StoreError { .. }),
         "{report:?}"
     );
+    flaky.blind.store(false, Ordering::SeqCst);
     // b sees the slot held (by a's committed claim) and does not run it.
     let report = b.tick_to(slot + 100).await;
     assert!(
