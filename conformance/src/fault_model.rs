@@ -236,10 +236,12 @@ pub async fn late_commit_fenced_sink(factory: BackendFactory) -> CheckResult {
                 now.value
             ),
             Err(SideEffectError::Store(e)) if indeterminate(&e) => {}
-            Err(e) => return Err(Failure::new(format!(
+            Err(e) => {
+                return Err(Failure::new(format!(
                 "late commit ({after_calls}): the holder of the highest fence got {e}; data {:?}",
                 now.value
-            ))),
+            )))
+            }
         }
     }
     Ok(())

@@ -45,6 +45,32 @@ mod fault_model_on_memory {
     coord_conformance::fault_model_tests!(super::memory());
 }
 
+/// A guard's own estimate of its lease counts from when `try_lock` was
+/// sent: a slow grant cannot stretch it past what the store granted.
+#[tokio::test(start_paused = true)]
+async fn guard_deadline_counts_from_the_request() {
+    use coord_adapters::lock::{GuardOptions, LockGuard};
+    use coord_conformance::faults::{Fault, FaultyBackend, Target};
+
+    let store = Arc::new(SingleProcessMemoryBackend::new("guard_deadline").unwrap());
+    let faulty = Arc::new(FaultyBackend::new(store, 6));
+    let lock: Arc<dyn Lock> = Arc::new(GenericLock::new(faulty.clone()));
+    let ttl = Duration::from_secs(3);
+    faulty.once(Target::WritingTxn, Fault::Delay(Duration::from_secs(2)));
+    let started = tokio::time::Instant::now();
+    let handle = lock.try_lock("k", ttl).await.unwrap().unwrap();
+    assert_eq!(started.elapsed(), Duration::from_secs(2));
+    // From now on no renewal answers: the guard must give up when the lease surely ended.
+    faulty.always(Target::Txn, Fault::Hang);
+    let guard = LockGuard::new(lock.clone(), handle, GuardOptions::default());
+    let lost = guard.lost().await;
+    assert!(
+        started.elapsed() <= ttl,
+        "lost ({lost}) signalled {:?} after the request; the lease ended {ttl:?} after it",
+        started.elapsed()
+    );
+}
+
 /// The generic lock again, judging time with the system clock: runs the
 /// real-time paths of the suite that native locks (Redis, ...) will use.
 mod real_time_lock {

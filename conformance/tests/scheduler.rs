@@ -1152,9 +1152,8 @@ async fn a_claim_whose_reply_was_lost_is_retried_with_the_same_token() {
         armed: true.into(),
         blind: false.into(),
     });
-    let store: Arc<dyn SlotStore> = Arc::new(
-        RunStore::new(flaky.clone(), clock.clone(), RunStoreOptions::default()).unwrap(),
-    );
+    let store: Arc<dyn SlotStore> =
+        Arc::new(RunStore::new(flaky.clone(), clock.clone(), RunStoreOptions::default()).unwrap());
     let a = Scheduler::new(Some(store), clock.clone(), SchedulerOptions::instance("a"));
     let b = instance(&ns, "b", T0);
     let opts = JobOptions::default().max_late(Duration::from_secs(5));

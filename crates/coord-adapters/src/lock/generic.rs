@@ -162,6 +162,8 @@ impl Lock for GenericLock {
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
         validate_lock_input(key, ttl)?;
         let record_key = self.record_key(key);
+        // Before the first attempt: the lease is counted from no later than its request.
+        let sent = tokio::time::Instant::now();
         let now = self.clock.now_millis();
         let expires_ms = now.saturating_add(millis(ttl));
         let token = mint_token();
@@ -193,13 +195,16 @@ impl Lock for GenericLock {
                 };
                 Ok(Decision::Commit {
                     mutations: vec![Mutation::put(record_key.clone(), Self::encode(&granted))],
-                    then: Ok(Some(LockHandle {
-                        key: key.to_owned(),
-                        token: token.clone(),
-                        fence: fence + 1,
-                        ttl,
-                        expires_at: UNIX_EPOCH + Duration::from_millis(expires_ms),
-                    })),
+                    then: Ok(Some(
+                        LockHandle::new(
+                            key,
+                            token.clone(),
+                            fence + 1,
+                            ttl,
+                            UNIX_EPOCH + Duration::from_millis(expires_ms),
+                        )
+                        .requested_at(sent),
+                    )),
                 })
             })
             .await?;

@@ -231,9 +231,10 @@ async fn renew_loop(
     renewals: Arc<AtomicU64>,
 ) {
     let ttl = handle.ttl();
-    // Our own estimate of when the lease runs out, in local monotonic time:
-    // past it we no longer know that we hold the lock, whatever the store says later.
-    let mut valid_until = Instant::now() + ttl;
+    // Our own estimate of when the lease runs out, in local monotonic time,
+    // counted from when the grant was requested (not answered): past it we
+    // no longer know that we hold the lock, whatever the store says later.
+    let mut valid_until = handle.requested_instant() + ttl;
     let lose = |error: LockError| {
         lost.send_replace(Some(Arc::new(error)));
     };

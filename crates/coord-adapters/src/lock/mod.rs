@@ -109,6 +109,7 @@ pub struct LockHandle {
     fence: u64,
     ttl: Duration,
     expires_at: SystemTime,
+    requested_at: tokio::time::Instant,
 }
 
 impl LockHandle {
@@ -128,7 +129,25 @@ impl LockHandle {
             fence,
             ttl,
             expires_at,
+            requested_at: tokio::time::Instant::now(),
         }
+    }
+
+    /// Say when the request that granted this handle was sent (local
+    /// monotonic time). The lease counts from then, not from the answer, so
+    /// a slow answer cannot make the holder believe in a longer lease than
+    /// the store granted. Implementations should always call this; without
+    /// it the handle assumes the moment [`LockHandle::new`] was called.
+    pub fn requested_at(mut self, sent: tokio::time::Instant) -> Self {
+        self.requested_at = sent;
+        self
+    }
+
+    /// When the granting request was sent, in local monotonic time (see
+    /// [`LockHandle::requested_at`]): the lease is surely over at this
+    /// instant plus the TTL, whatever any clock says.
+    pub fn requested_instant(&self) -> tokio::time::Instant {
+        self.requested_at
     }
 
     /// The locked key.
