@@ -34,6 +34,7 @@ pub mod faults;
 pub mod lock;
 pub mod scheduler;
 pub mod sideeffect;
+pub mod simulation;
 
 pub use harness::{
     factory, run_case, run_cases, server_env, unique_namespace, BackendFactory, BoxFuture, Case,

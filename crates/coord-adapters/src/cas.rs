@@ -377,7 +377,7 @@ impl CasEngine {
             .base_backoff
             .saturating_mul(1 << (attempt.saturating_sub(1)).min(16));
         let cap = exp.min(self.options.max_backoff);
-        tokio::time::sleep(cap.mul_f64(rand::random::<f64>())).await;
+        tokio::time::sleep(cap.mul_f64(crate::jitter::unit())).await;
     }
 
     async fn after_rejection(&self, rejections: &mut u32) -> Result<(), Error> {

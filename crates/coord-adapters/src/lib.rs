@@ -17,6 +17,7 @@
 
 pub mod board;
 pub mod cas;
+pub mod jitter;
 pub mod lock;
 pub mod sideeffect;
 pub mod token;

@@ -1,7 +1,7 @@
 //! [`LockGuard`]: a held lock that renews itself and says when it is lost.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -72,6 +72,8 @@ pub struct LockGuard {
     /// Kept here so the signal never reads as "closed" while the guard lives.
     lost: watch::Sender<Option<Arc<LockError>>>,
     renewals: Arc<AtomicU64>,
+    /// The local lease estimate, moved by each confirmed renewal.
+    valid_until: Arc<Mutex<Instant>>,
     task: Option<JoinHandle<()>>,
 }
 
@@ -85,18 +87,21 @@ impl LockGuard {
             .max(Duration::from_millis(1));
         let (lost, _) = watch::channel(None);
         let renewals = Arc::new(AtomicU64::new(0));
+        let valid_until = Arc::new(Mutex::new(handle.requested_instant() + ttl));
         let task = tokio::spawn(renew_loop(
             lock.clone(),
             handle.clone(),
             every,
             lost.clone(),
             renewals.clone(),
+            valid_until.clone(),
         ));
         LockGuard {
             lock,
             handle: Some(handle),
             lost,
             renewals,
+            valid_until,
             task: Some(task),
         }
     }
@@ -168,6 +173,20 @@ impl LockGuard {
         self.lost.borrow().is_some()
     }
 
+    /// Until when the lease surely lasts, in local monotonic time: the
+    /// request time of the last confirmed grant or renewal plus the TTL.
+    pub fn valid_until(&self) -> Instant {
+        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the lock is surely still held right now: not known lost, and
+    /// before [`LockGuard::valid_until`]. Check it right before each
+    /// protected step: the lost signal is sent by a background task and can
+    /// lag behind (after a pause, say), this check cannot.
+    pub fn is_valid(&self) -> bool {
+        !self.is_lost() && Instant::now() < self.valid_until()
+    }
+
     /// Wait until the lock is lost, and say why (never returns while it is held).
     pub async fn lost(&self) -> Arc<LockError> {
         let mut signal = self.lost.subscribe();
@@ -229,6 +248,7 @@ async fn renew_loop(
     every: Duration,
     lost: watch::Sender<Option<Arc<LockError>>>,
     renewals: Arc<AtomicU64>,
+    shared_valid_until: Arc<Mutex<Instant>>,
 ) {
     let ttl = handle.ttl();
     // Our own estimate of when the lease runs out, in local monotonic time,
@@ -251,6 +271,7 @@ async fn renew_loop(
             Ok(Ok(())) => {
                 renewals.fetch_add(1, Ordering::Relaxed);
                 valid_until = sent + ttl;
+                *shared_valid_until.lock().unwrap_or_else(|e| e.into_inner()) = valid_until;
             }
             Ok(Err(error)) => return lose(error),
             Err(_) => {

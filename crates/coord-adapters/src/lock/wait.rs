@@ -43,7 +43,7 @@ impl WaitOptions {
             .base_backoff
             .saturating_mul(1u32 << refusals.saturating_sub(1).min(20))
             .min(self.max_backoff);
-        cap / 2 + (cap / 2).mul_f64(rand::random::<f64>())
+        cap / 2 + (cap / 2).mul_f64(crate::jitter::unit())
     }
 }
 

@@ -1,0 +1,734 @@
+//! A deterministic simulation of a small cluster of coord users over one
+//! memory store, under seeded faults, pauses and clock steps, on virtual time.
+//!
+//! **How.** A current-thread tokio runtime with paused time: every task runs
+//! on one thread in a fixed order, and time only moves when every task
+//! waits, jumping to the next timer. The faults come from one
+//! [`FaultyBackend`] per instance (seeded), the actors' choices and the chaos
+//! schedule from generators seeded by the run's seed, and the adapters'
+//! backoff jitter from [`coord_adapters::jitter::seed_thread_jitter`]. So the
+//! same seed gives the same trace (a test checks it), and a failure prints
+//! its seed, which replays it exactly. A current-thread runtime was chosen
+//! over a network simulator (such as turmoil) because coord's faults are
+//! injected between the adapters and the store, where [`FaultyBackend`]
+//! already sits; nothing here needs a simulated socket.
+//!
+//! **Who.** Instances of every adapter, each with its own faulty view of the
+//! store and its own clock:
+//! - lock holders taking one key with [`LockGuard`] (waiting), acting only
+//!   while [`LockGuard::is_valid`], and writing through a [`BackendFencedSink`];
+//! - task-board workers claiming and completing the same tasks;
+//! - side-effect runners executing the same action keys;
+//! - scheduler instances running the same every-second job.
+//!
+//! **Faults**, at random times and on random instances: windows of random
+//! faults (refused, reply lost, late commit, lost for good, delayed), write
+//! partitions where txns hang, pauses longer than any TTL, and clock steps of
+//! up to an hour on scheduler instances. (Lock, board and side-effect
+//! instances keep a true wall clock: their leases are judged by the clocks
+//! of the instances, which must agree within well under a TTL; fencing, not
+//! the clock, keeps their downstream writes safe. See docs/locks.md.)
+//!
+//! **Invariants** checked after each run:
+//! - lock: fences are unique per grant, and no two grants were valid at once
+//!   (a holder's last valid check comes before the next holder's grant);
+//! - side effect: each action's closure ran at most once, and every
+//!   `Applied`/`Replayed` answer carries the result of the run that happened;
+//! - board: at most one successful completion per task, claim generations
+//!   unique, and a completed task's stored result is its completer's;
+//! - scheduler: at most one run per (job, slot);
+//! - no definite answer that the store contradicts (the checks above, read
+//!   back from the store at the end).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use coord_adapters::board::{Board, BoardAdapter, BoardOptions, TaskSpec, TaskState};
+use coord_adapters::jitter::seed_thread_jitter;
+use coord_adapters::lock::{GenericLock, GuardOptions, Lock, LockGuard, LockOptions, WaitOptions};
+use coord_adapters::sideeffect::{
+    Action, BackendFencedSink, EffectResult, Fence, FencedSink, Outcome, Runner,
+    SideEffectAdapter,
+};
+use coord_backend::{Backend, Clock, Mutation};
+use coord_memory::SingleProcessMemoryBackend;
+use coord_scheduler::{
+    handler, Job, JobOptions, RunStore, RunStoreOptions, Schedule, Scheduler, SchedulerOptions,
+    SlotStore,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::faults::{Fault, FaultyBackend, Target};
+
+/// What a simulation run covers.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct SimOptions {
+    /// Virtual time during which actors work and faults are injected
+    /// (followed by a quiet period to let leases run out and runs finish).
+    pub duration: Duration,
+    /// Inject faults, pauses and clock steps (off: a fault-free baseline).
+    pub chaos: bool,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions {
+            duration: Duration::from_secs(40),
+            chaos: true,
+        }
+    }
+}
+
+/// The outcome of one run.
+#[derive(Clone, Debug)]
+pub struct SimReport {
+    /// The seed that replays this run.
+    pub seed: u64,
+    /// Every event, in order, with its virtual time (no tokens or secrets).
+    pub trace: Vec<String>,
+    /// Broken invariants (empty when the run passed).
+    pub violations: Vec<String>,
+    /// Counters (grants, runs, faults, ...).
+    pub stats: BTreeMap<&'static str, u64>,
+}
+
+impl SimReport {
+    /// Whether every invariant held.
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// The violations and the end of the trace, for a failure message.
+    pub fn explain(&self) -> String {
+        let tail: Vec<&String> = self.trace.iter().rev().take(60).rev().collect();
+        format!(
+            "seed {} broke {} invariant(s):\n  {}\nlast events:\n  {}",
+            self.seed,
+            self.violations.len(),
+            self.violations.join("\n  "),
+            tail.iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join("\n  ")
+        )
+    }
+}
+
+/// Run the simulation for `seed` on a fresh current-thread runtime with
+/// paused time (call it from a plain `#[test]`, not from inside a runtime).
+pub fn run(seed: u64, options: &SimOptions) -> SimReport {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    seed_thread_jitter(Some(seed));
+    let report = runtime.block_on(simulate(seed, options.clone()));
+    seed_thread_jitter(None);
+    // Tasks still waiting on hung calls are dropped with the runtime.
+    drop(runtime);
+    report
+}
+
+/// Wall-clock time of one instance: virtual time since the start plus a
+/// step the chaos may change.
+#[derive(Debug)]
+struct SimClock {
+    start: Instant,
+    offset_ms: AtomicI64,
+}
+
+/// Virtual wall-clock time at the start of every run (2026-01-01T00:00:00Z).
+const EPOCH_MS: u64 = 1_767_225_600_000;
+
+impl Clock for SimClock {
+    fn now(&self) -> SystemTime {
+        let elapsed = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let ms = EPOCH_MS
+            .saturating_add(elapsed)
+            .saturating_add_signed(self.offset_ms.load(Ordering::SeqCst));
+        UNIX_EPOCH + Duration::from_millis(ms)
+    }
+}
+
+/// The shared event log.
+#[derive(Debug)]
+struct Log {
+    start: Instant,
+    lines: Mutex<Vec<String>>,
+}
+
+impl Log {
+    fn event(&self, who: &str, what: impl AsRef<str>) {
+        let ms = self.start.elapsed().as_millis();
+        self.lines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(format!("{ms:>7} {who:<4} {}", what.as_ref()));
+    }
+}
+
+/// One simulated process: its faulty view of the store, clock and pause switch.
+#[derive(Debug)]
+struct Instance {
+    name: String,
+    faulty: Arc<FaultyBackend>,
+    clock: Arc<SimClock>,
+    paused: watch::Sender<bool>,
+}
+
+impl Instance {
+    /// Wait while this process is paused (called before each step it takes).
+    async fn wait_running(&self) {
+        let mut paused = self.paused.subscribe();
+        let _ = paused.wait_for(|p| !*p).await;
+    }
+
+    fn backend(&self) -> Arc<dyn Backend> {
+        self.faulty.clone()
+    }
+}
+
+#[derive(Debug)]
+struct Grant {
+    who: String,
+    fence: u64,
+    /// Event numbers (the run is single-threaded: they order everything).
+    granted: u64,
+    last_valid: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Facts {
+    /// Events so far (orders the lock facts).
+    clock: u64,
+    grants: Vec<Grant>,
+    /// action key → (runner, result) of each closure run.
+    effects: BTreeMap<String, Vec<String>>,
+    /// action key → results answered as Applied or Replayed.
+    answered: BTreeMap<String, Vec<String>>,
+    /// task id → (worker, generation) of successful claims.
+    claims: BTreeMap<String, Vec<u64>>,
+    /// task id → workers whose completion was answered Ok.
+    completions: BTreeMap<String, Vec<String>>,
+    /// slot → instances that ran it.
+    slot_runs: BTreeMap<u64, Vec<String>>,
+    stats: BTreeMap<&'static str, u64>,
+}
+
+type Shared = Arc<Mutex<Facts>>;
+
+fn facts(shared: &Shared) -> std::sync::MutexGuard<'_, Facts> {
+    shared.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn count(shared: &Shared, what: &'static str) {
+    *facts(shared).stats.entry(what).or_insert(0) += 1;
+}
+
+const LOCK_TTL: Duration = Duration::from_secs(3);
+const TASKS: usize = 6;
+const ACTIONS: usize = 5;
+
+async fn simulate(seed: u64, options: SimOptions) -> SimReport {
+    let start = Instant::now();
+    let log = Arc::new(Log {
+        start,
+        lines: Mutex::new(Vec::new()),
+    });
+    let shared: Shared = Arc::default();
+    let store: Arc<dyn Backend> = Arc::new(
+        SingleProcessMemoryBackend::new(&format!("sim{seed:x}"))
+            .expect("a memory store for the simulation"),
+    );
+    let end = start + options.duration;
+
+    let make = |name: String, salt: u64| {
+        Arc::new(Instance {
+            faulty: Arc::new(
+                FaultyBackend::new(store.clone(), seed.wrapping_mul(1_000_003) ^ salt)
+                    .with_label(name.clone()),
+            ),
+            clock: Arc::new(SimClock {
+                start,
+                offset_ms: AtomicI64::new(0),
+            }),
+            paused: watch::Sender::new(false),
+            name,
+        })
+    };
+    let lockers: Vec<_> = (0..3).map(|i| make(format!("l{i}"), 10 + i)).collect();
+    let workers: Vec<_> = (0..2).map(|i| make(format!("w{i}"), 20 + i)).collect();
+    let runners: Vec<_> = (0..3).map(|i| make(format!("r{i}"), 30 + i)).collect();
+    let crons: Vec<_> = (0..3).map(|i| make(format!("s{i}"), 40 + i)).collect();
+
+    // The tasks exist before anyone works (written without faults).
+    let board = BoardAdapter::new(store.clone());
+    for t in 0..TASKS {
+        board
+            .add(TaskSpec::new(format!("t{t}"), b"work".to_vec()))
+            .await
+            .expect("seeding the board");
+    }
+
+    let mut tasks = Vec::new();
+    for (i, inst) in lockers.iter().enumerate() {
+        tasks.push(tokio::spawn(lock_actor(
+            inst.clone(),
+            log.clone(),
+            shared.clone(),
+            seed ^ (100 + i as u64),
+            end,
+        )));
+    }
+    for (i, inst) in workers.iter().enumerate() {
+        tasks.push(tokio::spawn(board_actor(
+            inst.clone(),
+            log.clone(),
+            shared.clone(),
+            seed ^ (200 + i as u64),
+            end,
+        )));
+    }
+    for (i, inst) in runners.iter().enumerate() {
+        tasks.push(tokio::spawn(runner_actor(
+            inst.clone(),
+            log.clone(),
+            shared.clone(),
+            seed ^ (300 + i as u64),
+            end,
+        )));
+    }
+    let mut schedulers = Vec::new();
+    for inst in &crons {
+        schedulers.push(start_scheduler(inst, &log, &shared));
+    }
+    let everyone: Vec<Arc<Instance>> = lockers
+        .iter()
+        .chain(&workers)
+        .chain(&runners)
+        .chain(&crons)
+        .cloned()
+        .collect();
+    if options.chaos {
+        chaos(&everyone, crons.len(), &log, seed, end).await;
+    } else {
+        tokio::time::sleep_until(end).await;
+    }
+    // Quiet period: faults healed, everyone running, leases run out, runs end.
+    for inst in &everyone {
+        inst.faulty.heal();
+        inst.paused.send_replace(false);
+        inst.faulty.resume();
+    }
+    for task in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(120), task).await;
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    for scheduler in &schedulers {
+        let _ = tokio::time::timeout(Duration::from_secs(60), scheduler.shutdown()).await;
+    }
+    for inst in &everyone {
+        inst.faulty.flush().await;
+    }
+
+    let mut violations = Vec::new();
+    check(&shared, &store, &mut violations).await;
+    let mut trace = log.lines.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut stats = std::mem::take(&mut facts(&shared).stats);
+    for inst in &everyone {
+        let events = inst.faulty.events();
+        *stats.entry("faults fired").or_insert(0) += inst.faulty.fired();
+        trace.extend(events.into_iter().map(|e| format!("fault {e}")));
+    }
+    SimReport {
+        seed,
+        trace,
+        violations,
+        stats,
+    }
+}
+
+async fn lock_actor(inst: Arc<Instance>, log: Arc<Log>, shared: Shared, seed: u64, end: Instant) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let lock: Arc<dyn Lock> = Arc::new(GenericLock::with_options(
+        inst.backend(),
+        LockOptions::default().with_clock(inst.clock.clone()),
+    ));
+    let sink = BackendFencedSink::new(inst.backend());
+    let who = inst.name.as_str();
+    while Instant::now() < end {
+        inst.wait_running().await;
+        let wait = WaitOptions::with_timeout(Duration::from_secs(4));
+        let guard =
+            match LockGuard::acquire_with(&lock, "L", LOCK_TTL, &wait, GuardOptions::default())
+                .await
+            {
+                Ok(guard) => guard,
+                Err(e) => {
+                    log.event(who, format!("lock: {}", kind(&e.to_string())));
+                    tokio::time::sleep(Duration::from_millis(rng.random_range(50..400))).await;
+                    continue;
+                }
+            };
+        let fence = guard.fence();
+        let index = {
+            let mut f = facts(&shared);
+            f.clock += 1;
+            let granted = f.clock;
+            f.grants.push(Grant {
+                who: who.to_owned(),
+                fence,
+                granted,
+                last_valid: None,
+            });
+            f.grants.len() - 1
+        };
+        count(&shared, "lock grants");
+        log.event(who, format!("lock granted fence {fence}"));
+        for _ in 0..rng.random_range(1..5) {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(100..1500))).await;
+            inst.wait_running().await;
+            if !guard.is_valid() {
+                log.event(who, format!("lock fence {fence} no longer valid"));
+                break;
+            }
+            {
+                let mut f = facts(&shared);
+                f.clock += 1;
+                f.grants[index].last_valid = Some(f.clock);
+            }
+            let write = vec![Mutation::put("L/data", fence.to_string())];
+            let landed = sink.write_fenced("L", Fence(fence), write).await;
+            log.event(
+                who,
+                format!(
+                    "fenced write {fence}: {}",
+                    landed.map_or_else(|e| kind(&e.to_string()), |()| "ok".into())
+                ),
+            );
+        }
+        let released = guard.release().await;
+        log.event(
+            who,
+            format!(
+                "release fence {fence}: {}",
+                released.map_or_else(|e| kind(&e.to_string()), |()| "ok".into())
+            ),
+        );
+    }
+}
+
+async fn board_actor(inst: Arc<Instance>, log: Arc<Log>, shared: Shared, seed: u64, end: Instant) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let board = BoardAdapter::with_options(
+        inst.backend(),
+        BoardOptions::default().with_clock(inst.clock.clone()),
+    );
+    let who = inst.name.as_str();
+    while Instant::now() < end {
+        let id = format!("t{}", rng.random_range(0..TASKS));
+        inst.wait_running().await;
+        match board.claim(&id, who, LOCK_TTL).await {
+            Ok(task) => {
+                facts(&shared)
+                    .claims
+                    .entry(id.clone())
+                    .or_default()
+                    .push(task.generation);
+                log.event(who, format!("claimed {id} gen {}", task.generation));
+                tokio::time::sleep(Duration::from_millis(rng.random_range(100..2000))).await;
+                inst.wait_running().await;
+                let done = board
+                    .complete(&id, &task.token, who.as_bytes().to_vec())
+                    .await;
+                if done.is_ok() {
+                    facts(&shared)
+                        .completions
+                        .entry(id.clone())
+                        .or_default()
+                        .push(who.to_owned());
+                }
+                log.event(
+                    who,
+                    format!(
+                        "complete {id}: {}",
+                        done.map_or_else(|e| kind(&e.to_string()), |()| "ok".into())
+                    ),
+                );
+            }
+            Err(e) => log.event(who, format!("claim {id}: {}", kind(&e.to_string()))),
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(50..500))).await;
+    }
+}
+
+async fn runner_actor(
+    inst: Arc<Instance>,
+    log: Arc<Log>,
+    shared: Shared,
+    seed: u64,
+    end: Instant,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let runner = Runner::new(Arc::new(SideEffectAdapter::with_clock(
+        inst.backend(),
+        inst.clock.clone(),
+    )));
+    let who = inst.name.clone();
+    while Instant::now() < end {
+        let key = format!("fx/{}", rng.random_range(0..ACTIONS));
+        let work = Duration::from_millis(rng.random_range(10..2500));
+        inst.wait_running().await;
+        let action = Action::new(key.clone(), "payments");
+        let (me, shared2, inst2) = (who.clone(), shared.clone(), inst.clone());
+        let key2 = key.clone();
+        let done = runner
+            .execute(&action, LOCK_TTL, move |_lease| async move {
+                facts(&shared2)
+                    .effects
+                    .entry(key2)
+                    .or_default()
+                    .push(me.clone());
+                tokio::time::sleep(work).await;
+                inst2.wait_running().await;
+                Ok::<_, std::io::Error>(EffectResult::from(me.as_bytes()))
+            })
+            .await;
+        let said = match done {
+            Ok(execution) => {
+                if matches!(execution.outcome, Outcome::Applied | Outcome::Replayed) {
+                    let result = execution
+                        .result
+                        .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned())
+                        .unwrap_or_default();
+                    facts(&shared)
+                        .answered
+                        .entry(key.clone())
+                        .or_default()
+                        .push(result);
+                }
+                format!("{:?}", execution.outcome)
+            }
+            Err(e) => kind(&e.to_string()),
+        };
+        log.event(&who, format!("execute {key}: {said}"));
+        tokio::time::sleep(Duration::from_millis(rng.random_range(50..500))).await;
+    }
+}
+
+fn start_scheduler(inst: &Arc<Instance>, log: &Arc<Log>, shared: &Shared) -> Scheduler {
+    let store: Arc<dyn SlotStore> = Arc::new(
+        RunStore::new(
+            inst.backend(),
+            inst.clock.clone(),
+            RunStoreOptions::default().forget_claims_after(Some(Duration::from_secs(20))),
+        )
+        .expect("a run store"),
+    );
+    let options =
+        SchedulerOptions::instance(inst.name.clone()).poll_interval(Duration::from_millis(250));
+    let scheduler = Scheduler::new(Some(store), inst.clock.clone(), options);
+    let (who, log, shared, inst2) = (
+        inst.name.clone(),
+        log.clone(),
+        shared.clone(),
+        inst.clone(),
+    );
+    let job = Job::new(
+        "tick",
+        Schedule::parse("every 1s", None).expect("a schedule"),
+        handler(move |ctx| {
+            let (who, log, shared, inst) = (who.clone(), log.clone(), shared.clone(), inst2.clone());
+            async move {
+                if !ctx.manual {
+                    facts(&shared)
+                        .slot_runs
+                        .entry(ctx.slot)
+                        .or_default()
+                        .push(who.clone());
+                    count(&shared, "scheduler runs");
+                    log.event(&who, format!("run slot {}", ctx.slot.saturating_sub(EPOCH_MS)));
+                }
+                inst.wait_running().await;
+                Ok(())
+            }
+        }),
+    )
+    .with_options(
+        JobOptions::default()
+            .lease_ttl(LOCK_TTL)
+            .max_late(Duration::from_secs(5)),
+    );
+    scheduler.add_job(job).expect("a valid job");
+    scheduler.start();
+    scheduler
+}
+
+/// Random faults until `end`: windows of faults, hung writes, pauses, clock steps.
+async fn chaos(
+    everyone: &[Arc<Instance>],
+    crons: usize,
+    log: &Log,
+    seed: u64,
+    end: Instant,
+) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0xC4A0_5);
+    let first_cron = everyone.len() - crons;
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(200..2500))).await;
+        let victim = &everyone[rng.random_range(0..everyone.len())];
+        let f = &victim.faulty;
+        match rng.random_range(0..10) {
+            0..=3 => {
+                let fault = match rng.random_range(0..6) {
+                    0 => Fault::Refuse,
+                    1 => Fault::LoseReply,
+                    2 => Fault::LateCommit {
+                        after_calls: rng.random_range(0..4),
+                    },
+                    3 => Fault::Drop,
+                    4 => Fault::Delay(Duration::from_millis(rng.random_range(10..800))),
+                    _ => Fault::LateCommit { after_calls: 1 },
+                };
+                let target = if rng.random_bool(0.7) {
+                    Target::WritingTxn
+                } else {
+                    Target::Any
+                };
+                let p = rng.random_range(0.1..0.6);
+                log.event("chaos", format!("{}: {fault:?} on {target:?} p={p:.2}", victim.name));
+                f.sometimes(target, p, fault);
+                let window = Duration::from_millis(rng.random_range(200..4000));
+                heal_later(victim.clone(), window);
+            }
+            4 => {
+                log.event("chaos", format!("{}: writes hang", victim.name));
+                f.always(Target::WritingTxn, Fault::Hang);
+                heal_later(victim.clone(), Duration::from_millis(rng.random_range(200..3000)));
+            }
+            5..=7 => {
+                let pause = Duration::from_millis(rng.random_range(500..(3 * LOCK_TTL.as_millis() as u64)));
+                log.event("chaos", format!("{}: paused {pause:?}", victim.name));
+                victim.paused.send_replace(true);
+                f.pause();
+                let v = victim.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(pause).await;
+                    v.paused.send_replace(false);
+                    v.faulty.resume();
+                });
+            }
+            _ => {
+                let i = first_cron + rng.random_range(0..crons);
+                let victim = &everyone[i];
+                let step: i64 = match rng.random_range(0..4) {
+                    0 => 3_600_000,
+                    1 => -3_600_000,
+                    _ => rng.random_range(-30_000..30_000),
+                };
+                log.event("chaos", format!("{}: clock steps {step} ms", victim.name));
+                victim.clock.offset_ms.fetch_add(step, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+fn heal_later(victim: Arc<Instance>, after: Duration) {
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        victim.faulty.heal();
+    });
+}
+
+/// An error's kind for the trace: its first words, without tokens or values.
+fn kind(message: &str) -> String {
+    message
+        .split(|c: char| c == ':' || c == '(')
+        .next()
+        .unwrap_or(message)
+        .trim()
+        .to_owned()
+}
+
+async fn check(shared: &Shared, store: &Arc<dyn Backend>, violations: &mut Vec<String>) {
+    let f = facts(shared);
+    // Locks: unique fences; validity windows in fence order never overlap.
+    let mut fences = BTreeSet::new();
+    for g in &f.grants {
+        if !fences.insert(g.fence) {
+            violations.push(format!("lock fence {} granted twice", g.fence));
+        }
+    }
+    let mut by_fence: Vec<&Grant> = f.grants.iter().collect();
+    by_fence.sort_by_key(|g| g.fence);
+    for pair in by_fence.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if let Some(last) = a.last_valid {
+            if last > b.granted {
+                violations.push(format!(
+                    "lock: {} (fence {}) acted as holder (event {last}) after {} (fence {}) was granted (event {})",
+                    a.who, a.fence, b.who, b.fence, b.granted
+                ));
+            }
+        }
+    }
+    // Side effects: each closure at most once; answers carry the one result.
+    for (key, runs) in &f.effects {
+        if runs.len() > 1 {
+            violations.push(format!("side effect {key} applied {} times: {runs:?}", runs.len()));
+        }
+    }
+    for (key, answers) in &f.answered {
+        let ran = f.effects.get(key).cloned().unwrap_or_default();
+        for answer in answers {
+            if !ran.contains(answer) {
+                violations.push(format!(
+                    "side effect {key} answered with the result of {answer:?}, but the runs were {ran:?}"
+                ));
+            }
+        }
+    }
+    // Board: one successful completion per task, unique generations, the store agrees.
+    for (id, claims) in &f.claims {
+        let unique: BTreeSet<_> = claims.iter().collect();
+        if unique.len() != claims.len() {
+            violations.push(format!("task {id}: a claim generation was granted twice: {claims:?}"));
+        }
+    }
+    let board = BoardAdapter::new(store.clone());
+    for (id, done) in &f.completions {
+        if done.len() > 1 {
+            violations.push(format!("task {id} completed {} times: {done:?}", done.len()));
+        }
+        match board.get(id).await {
+            Ok(task) => {
+                let by_completer =
+                    matches!(&task.state, TaskState::Completed { agent, .. } if *agent == done[0]);
+                if !by_completer {
+                    violations.push(format!(
+                        "task {id}: completion by {} answered Ok, the store holds {:?}",
+                        done[0], task.state
+                    ));
+                }
+            }
+            Err(e) => violations.push(format!("task {id} unreadable at the end: {e}")),
+        }
+    }
+    // Scheduler: at most one run per slot.
+    for (slot, who) in &f.slot_runs {
+        if who.len() > 1 {
+            violations.push(format!(
+                "slot {} ran {} times: {who:?}",
+                slot.saturating_sub(EPOCH_MS),
+                who.len()
+            ));
+        }
+    }
+}
