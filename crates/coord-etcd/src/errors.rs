@@ -107,3 +107,255 @@ pub(crate) fn timed_out(what: &str, call: Call, after: std::time::Duration) -> E
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every gRPC code, `Ok` included (a status is an error whatever its code says).
+    const ALL_CODES: [Code; 17] = [
+        Code::Ok,
+        Code::Cancelled,
+        Code::Unknown,
+        Code::InvalidArgument,
+        Code::DeadlineExceeded,
+        Code::NotFound,
+        Code::AlreadyExists,
+        Code::PermissionDenied,
+        Code::ResourceExhausted,
+        Code::FailedPrecondition,
+        Code::Aborted,
+        Code::OutOfRange,
+        Code::Unimplemented,
+        Code::Internal,
+        Code::Unavailable,
+        Code::DataLoss,
+        Code::Unauthenticated,
+    ];
+
+    /// A status as decoded from the server's trailers (no local source).
+    fn from_server(code: Code, message: &str) -> etcd_client::Error {
+        etcd_client::Error::GRpcStatus(tonic::Status::new(code, message))
+    }
+
+    fn kind(error: &Error) -> &'static str {
+        match error {
+            Error::Unavailable { .. } => "Unavailable",
+            Error::Indeterminate { .. } => "Indeterminate",
+            Error::InvalidInput(_) => "InvalidInput",
+            Error::Config(_) => "Config",
+            _ => "other",
+        }
+    }
+
+    fn classified(code: Code, message: &str, call: Call) -> &'static str {
+        kind(&classify(from_server(code, message), "txn", call))
+    }
+
+    /// What etcd answers once a write may be in the raft log (after
+    /// `Propose`, or from the applier after the write ran): the write may
+    /// have applied, or may still apply.
+    const AFTER_PROPOSAL: &[(Code, &str)] = &[
+        (Code::Unavailable, "etcdserver: request timed out"),
+        (
+            Code::Unavailable,
+            "etcdserver: request timed out, possibly due to previous leader failure",
+        ),
+        (
+            Code::Unavailable,
+            "etcdserver: request timed out, possibly due to connection lost",
+        ),
+        (
+            Code::Unavailable,
+            "etcdserver: request timed out, waiting for the applied index took too long",
+        ),
+        (Code::Unavailable, "etcdserver: leader changed"),
+        (Code::Unavailable, "etcdserver: server stopped"),
+        (Code::Unavailable, "etcdserver: unhealthy cluster"),
+        (Code::Cancelled, "etcdserver: request canceled"),
+        (Code::Unknown, "etcdserver: request cancelled"),
+        (Code::DeadlineExceeded, "etcdserver: context deadline exceeded"),
+        (Code::Cancelled, "context canceled"),
+        (Code::DeadlineExceeded, "context deadline exceeded"),
+        (Code::DataLoss, "etcdserver: corrupt cluster"),
+        (
+            Code::ResourceExhausted,
+            "etcdserver: mvcc: database space exceeded",
+        ),
+        (Code::FailedPrecondition, "etcdserver: not leader"),
+        (Code::Unknown, "raft proposal dropped"),
+        (Code::Unknown, "raft: stopped"),
+        (Code::Unavailable, "transport is closing"),
+    ];
+
+    #[test]
+    fn write_failures_that_may_follow_a_proposal_are_indeterminate() {
+        for (code, message) in AFTER_PROPOSAL {
+            assert_eq!(
+                classified(*code, message, Call::Write),
+                "Indeterminate",
+                "txn failing with {code:?} {message:?}"
+            );
+            assert_eq!(
+                classified(*code, message, Call::Read),
+                "Unavailable",
+                "read failing with {code:?} {message:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_code_with_an_unknown_message_is_indeterminate_for_a_write() {
+        for code in ALL_CODES {
+            for message in [
+                "",
+                "some failure",
+                "etcdserver: a refusal this version does not know",
+                "auth: something",
+            ] {
+                assert_eq!(
+                    classified(code, message, Call::Write),
+                    "Indeterminate",
+                    "txn failing with {code:?} {message:?}"
+                );
+                let read = classified(code, message, Call::Read);
+                let expected = match code {
+                    Code::Unauthenticated | Code::PermissionDenied => "Config",
+                    _ => "Unavailable",
+                };
+                assert_eq!(read, expected, "read failing with {code:?} {message:?}");
+            }
+        }
+    }
+
+    /// Refusals etcd makes before proposing anything (or that its applier
+    /// makes before running any op of the txn): nothing was applied.
+    const NOT_APPLIED: &[(Code, &str, &str)] = &[
+        (
+            Code::ResourceExhausted,
+            "etcdserver: too many requests",
+            "Unavailable",
+        ),
+        // etcd wraps this one in a type gRPC does not recognize: it arrives as Unknown.
+        (Code::Unknown, "etcdserver: too many requests", "Unavailable"),
+        (Code::Unavailable, "etcdserver: no leader", "Unavailable"),
+        (
+            Code::FailedPrecondition,
+            "etcdserver: not capable",
+            "Unavailable",
+        ),
+        (
+            Code::FailedPrecondition,
+            "etcdserver: rpc not supported for learner",
+            "Unavailable",
+        ),
+        (
+            Code::InvalidArgument,
+            "etcdserver: revision of auth store is old",
+            "Unavailable",
+        ),
+        (
+            Code::InvalidArgument,
+            "etcdserver: request is too large",
+            "InvalidInput",
+        ),
+        (
+            Code::InvalidArgument,
+            "etcdserver: too many operations in txn request",
+            "InvalidInput",
+        ),
+        (
+            Code::InvalidArgument,
+            "etcdserver: duplicate key given in txn request",
+            "InvalidInput",
+        ),
+        (
+            Code::InvalidArgument,
+            "etcdserver: key is not provided",
+            "InvalidInput",
+        ),
+        (
+            Code::ResourceExhausted,
+            "grpc: received message larger than max (2097152 vs. 1574400)",
+            "InvalidInput",
+        ),
+        (
+            Code::Unauthenticated,
+            "etcdserver: invalid auth token",
+            "Config",
+        ),
+        (
+            Code::PermissionDenied,
+            "etcdserver: permission denied",
+            "Config",
+        ),
+        (
+            Code::InvalidArgument,
+            "etcdserver: user name is empty",
+            "Config",
+        ),
+    ];
+
+    #[test]
+    fn refusals_before_a_proposal_are_not_indeterminate() {
+        for (code, message, expected) in NOT_APPLIED {
+            for call in [Call::Write, Call::Read] {
+                assert_eq!(
+                    classified(*code, message, call),
+                    *expected,
+                    "{call:?} failing with {code:?} {message:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn local_statuses_are_never_taken_for_etcd_refusals() {
+        // tonic's own statuses carry their cause: the request may have been
+        // written before the connection broke, whatever the message says.
+        let local = |message: &str| {
+            etcd_client::Error::GRpcStatus(tonic::Status::from_error(Box::new(
+                std::io::Error::new(std::io::ErrorKind::ConnectionReset, message.to_owned()),
+            )))
+        };
+        for message in ["connection reset", "etcdserver: too many requests"] {
+            let error = classify(local(message), "txn", Call::Write);
+            assert_eq!(kind(&error), "Indeterminate", "{message:?}: {error:?}");
+            let error = classify(local(message), "snapshot", Call::Read);
+            assert_eq!(kind(&error), "Unavailable", "{message:?}: {error:?}");
+        }
+        // Never connected: nothing was sent.
+        let never = etcd_client::Error::GRpcStatus(tonic::Status::from_error(Box::new(
+            tonic::ConnectError(Box::new(std::io::Error::from(
+                std::io::ErrorKind::ConnectionRefused,
+            ))),
+        )));
+        assert_eq!(kind(&classify(never, "txn", Call::Write)), "Unavailable");
+    }
+
+    #[test]
+    fn connecting_tells_refused_credentials_from_a_busy_server() {
+        for (code, message, expected) in [
+            (
+                Code::FailedPrecondition,
+                "etcdserver: authentication is not enabled",
+                "Config",
+            ),
+            (
+                Code::InvalidArgument,
+                "etcdserver: authentication failed, invalid user ID or password",
+                "Config",
+            ),
+            (Code::Unavailable, "etcdserver: request timed out", "Unavailable"),
+            (Code::Unknown, "etcdserver: too many requests", "Unavailable"),
+            (Code::Unavailable, "etcdserver: leader changed", "Unavailable"),
+            (Code::Unavailable, "etcdserver: no leader", "Unavailable"),
+        ] {
+            assert_eq!(
+                classified(code, message, Call::Connect),
+                expected,
+                "connect failing with {code:?} {message:?}"
+            );
+        }
+    }
+}
