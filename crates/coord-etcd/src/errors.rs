@@ -1,17 +1,30 @@
 //! Mapping etcd client errors onto coord's outcomes.
 //!
 //! The one distinction that matters for a txn: did etcd certainly NOT apply
-//! it? Only two kinds of errors prove that:
-//! - the connection was never established (`tonic::ConnectError` in the
-//!   error chain): nothing was sent → [`Error::Unavailable`];
-//! - etcd answered with a refusal it makes before proposing anything to raft
-//!   (bad credentials, request too large, too many ops, no space): a gRPC
-//!   status from the server (no local cause) whose message is etcd's own.
+//! it? `Unavailable` promises exactly that (safe to retry); anything else
+//! after the request may have left the client is `Indeterminate` (it may
+//! have applied, or may still apply later). Only these prove "not applied":
 //!
-//! Everything else after sending (reset connection, HTTP/2 error, deadline,
-//! `etcdserver: request timed out`, leader lost) may or may not have
-//! committed → [`Error::Indeterminate`]. Reads are always safe to retry, so
-//! their failures are [`Error::Unavailable`].
+//! - the connection was never established (`tonic::ConnectError` in the
+//!   error chain): nothing was sent;
+//! - etcd answered with one of the refusals listed in [`known_refusal`],
+//!   each of which etcd makes before its raft proposal (or, for the auth
+//!   checks, in the applier before any op of the txn runs). They are told
+//!   apart by etcd's exact message, decoded from the server's trailers: the
+//!   gRPC code alone proves nothing. etcd uses `Unavailable` both for "no
+//!   leader" (refused up front) and for "request timed out" (proposed, may
+//!   still commit), `Canceled` for a request whose proposal was already
+//!   handed to raft when its context ended, and `ResourceExhausted` for
+//!   "database space exceeded", which its quota applier returns AFTER
+//!   applying the txn.
+//!
+//! Every other failure of a write (reset connection, HTTP/2 error, local
+//! timeout, `etcdserver: request timed out`, `leader changed`, `server
+//! stopped`, `request canceled`, `corrupt cluster`, a message this code does
+//! not know) may have committed → [`Error::Indeterminate`]. Reads (snapshot,
+//! keys) change nothing, so their failures are [`Error::Unavailable`]
+//! unless the request or the credentials are at fault.
+//! See docs/shapes.md (etcd) for the guarantee this gives callers.
 
 use std::error::Error as StdError;
 
@@ -27,6 +40,64 @@ pub(crate) enum Call {
     Write,
     /// Setting up the client (authenticating): a refusal is a configuration error.
     Connect,
+}
+
+/// An etcd refusal that leaves nothing applied, by what the caller can do about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal {
+    /// The same request may succeed later.
+    Retryable,
+    /// The request itself is refused (size, op count, duplicate keys).
+    Invalid,
+    /// The credentials or permissions are refused.
+    Credentials,
+}
+
+/// etcd's messages (api/v3rpc/rpctypes/error.go) for the refusals that
+/// certainly leave nothing applied, and why each does, from etcd's server
+/// source (server/etcdserver/v3_server.go, api/v3rpc/, apply/, auth/).
+/// Everything missing here is treated as "may have been proposed".
+fn known_refusal(message: &str) -> Option<Refusal> {
+    Some(match message {
+        // `processInternalRaftRequestOnce` returns it when the applied index
+        // lags the committed one too far: its first check, before the
+        // request is even marshalled, let alone given to `Propose`. (etcd
+        // wraps it in a type gRPC does not recognize: it arrives as Unknown,
+        // so only the message identifies it.)
+        "etcdserver: too many requests" => Refusal::Retryable,
+        // The unary interceptor refuses these before the KV handler runs:
+        // V3 capability not enabled yet, a learner member, and no leader when
+        // the client asked for one (the `hasleader` metadata). For a write,
+        // "no leader" has no other source: a write waiting for a leader
+        // times out instead ("request timed out", indeterminate).
+        "etcdserver: not capable"
+        | "etcdserver: rpc not supported for learner"
+        | "etcdserver: no leader" => Refusal::Retryable,
+        // The auth applier checks every key of the txn against the token's
+        // auth revision before running any op, and auth changes are raft
+        // entries themselves, so every member refuses this entry alike: not
+        // applied, and a fresh token (the client refreshes it) may pass.
+        "etcdserver: revision of auth store is old" => Refusal::Retryable,
+        // `processInternalRaftRequestOnce` checks the marshalled size before
+        // `Propose`; the KV server's `checkTxnRequest` rejects too many ops,
+        // duplicate keys and empty keys before calling the server at all.
+        "etcdserver: request is too large"
+        | "etcdserver: too many operations in txn request"
+        | "etcdserver: duplicate key given in txn request"
+        | "etcdserver: key is not provided" => Refusal::Invalid,
+        // A bad token is refused by `AuthInfoFromCtx` before `Propose`;
+        // permissions by the auth applier before any op runs (see above);
+        // the rest are answers to `Authenticate` (connecting).
+        "etcdserver: invalid auth token"
+        | "etcdserver: permission denied"
+        | "etcdserver: user name is empty"
+        | "etcdserver: authentication failed, invalid user ID or password"
+        | "etcdserver: authentication is not enabled" => Refusal::Credentials,
+        // gRPC's own limit, enforced while decoding the request, before any
+        // etcd code sees it.
+        m if m.starts_with("grpc: received message larger than max") => Refusal::Invalid,
+        _ => return None,
+    })
 }
 
 fn never_connected(error: &(dyn StdError + 'static)) -> bool {
@@ -49,48 +120,62 @@ pub(crate) fn classify(error: etcd_client::Error, what: &str, call: Call) -> Err
         | etcd_client::Error::EndpointError(_) => {
             return Error::Config(format!("etcd {what}: {error}"))
         }
-        // Transport and I/O errors of the client come from setting up a
-        // connection, before any request of ours was written.
+        // A KV call itself only fails with a status. Other errors come from
+        // setting up a connection or from refreshing an expired token, which
+        // the client does only after etcd refused the request for that token
+        // ("invalid auth token", before any proposal) and before re-sending it.
         _ => return Error::unavailable(format!("etcd {what}: {error}"), error),
     };
     if never_connected(status) {
         return Error::unavailable(format!("etcd {what}: cannot connect"), error);
     }
     // A status decoded from the server's trailers carries no local source;
-    // tonic's own statuses (I/O, HTTP/2, decoding) always do.
+    // tonic's own statuses for I/O and HTTP/2 failures always do, so a
+    // broken connection is never mistaken for an etcd refusal.
     let from_server = status.source().is_none();
     let message = status.message();
-    let etcd_refusal = from_server
-        && (message.starts_with("etcdserver: ")
-            || message.starts_with("auth: ")
-            || message.starts_with("grpc: received message larger than max"));
-    if etcd_refusal && call == Call::Connect {
-        return Error::Config(format!("etcd refused to {what}: {message}"));
-    }
-    if etcd_refusal || call != Call::Write {
-        match status.code() {
-            Code::Unauthenticated | Code::PermissionDenied if from_server => {
-                return Error::Config(format!("etcd refused the credentials for {what}: {message}"))
-            }
-            Code::InvalidArgument if etcd_refusal => {
-                return Error::InvalidInput(InvalidInput::Argument(format!(
-                    "etcd refused {what}: {message} (check EtcdOptions::max_request_bytes / max_txn_ops \
-                     against the server's --max-request-bytes / --max-txn-ops)"
-                )))
-            }
-            // `etcdserver: request timed out` and friends: the request may be in the raft log.
-            Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Internal
-                if call == Call::Write => {}
-            _ => return Error::unavailable(format!("etcd {what} failed: {message}"), error),
+    let refusal = if from_server {
+        known_refusal(message)
+    } else {
+        None
+    };
+    match (refusal, call) {
+        (Some(Refusal::Credentials), _) => Error::Config(format!(
+            "etcd refused the credentials for {what}: {message}"
+        )),
+        (Some(Refusal::Invalid), Call::Connect) => {
+            Error::Config(format!("etcd refused to {what}: {message}"))
+        }
+        (Some(Refusal::Invalid), _) => Error::InvalidInput(InvalidInput::Argument(format!(
+            "etcd refused {what}: {message} (check EtcdOptions::max_request_bytes / max_txn_ops \
+             against the server's --max-request-bytes / --max-txn-ops)"
+        ))),
+        (Some(Refusal::Retryable), _) => {
+            Error::unavailable(format!("etcd refused {what}: {message}"), error)
+        }
+        // Anything else may have been proposed, and a proposal may still commit.
+        (None, Call::Write) => Error::indeterminate(
+            format!(
+                "etcd {what}: failed after sending, may have applied ({}: {message})",
+                status.code()
+            ),
+            error,
+        ),
+        (None, call)
+            if from_server
+                && (matches!(
+                    status.code(),
+                    Code::Unauthenticated | Code::PermissionDenied
+                ) || (call == Call::Connect && message.starts_with("auth: "))) =>
+        {
+            Error::Config(format!(
+                "etcd refused the credentials for {what}: {message}"
+            ))
+        }
+        (None, Call::Read | Call::Connect) => {
+            Error::unavailable(format!("etcd {what} failed: {message}"), error)
         }
     }
-    Error::indeterminate(
-        format!(
-            "etcd {what}: the answer was lost after sending ({})",
-            status.code()
-        ),
-        error,
-    )
 }
 
 /// A request that ran out of time (`what` names it).
@@ -174,7 +259,10 @@ mod tests {
         (Code::Unavailable, "etcdserver: unhealthy cluster"),
         (Code::Cancelled, "etcdserver: request canceled"),
         (Code::Unknown, "etcdserver: request cancelled"),
-        (Code::DeadlineExceeded, "etcdserver: context deadline exceeded"),
+        (
+            Code::DeadlineExceeded,
+            "etcdserver: context deadline exceeded",
+        ),
         (Code::Cancelled, "context canceled"),
         (Code::DeadlineExceeded, "context deadline exceeded"),
         (Code::DataLoss, "etcdserver: corrupt cluster"),
@@ -237,7 +325,11 @@ mod tests {
             "Unavailable",
         ),
         // etcd wraps this one in a type gRPC does not recognize: it arrives as Unknown.
-        (Code::Unknown, "etcdserver: too many requests", "Unavailable"),
+        (
+            Code::Unknown,
+            "etcdserver: too many requests",
+            "Unavailable",
+        ),
         (Code::Unavailable, "etcdserver: no leader", "Unavailable"),
         (
             Code::FailedPrecondition,
@@ -346,9 +438,21 @@ mod tests {
                 "etcdserver: authentication failed, invalid user ID or password",
                 "Config",
             ),
-            (Code::Unavailable, "etcdserver: request timed out", "Unavailable"),
-            (Code::Unknown, "etcdserver: too many requests", "Unavailable"),
-            (Code::Unavailable, "etcdserver: leader changed", "Unavailable"),
+            (
+                Code::Unavailable,
+                "etcdserver: request timed out",
+                "Unavailable",
+            ),
+            (
+                Code::Unknown,
+                "etcdserver: too many requests",
+                "Unavailable",
+            ),
+            (
+                Code::Unavailable,
+                "etcdserver: leader changed",
+                "Unavailable",
+            ),
             (Code::Unavailable, "etcdserver: no leader", "Unavailable"),
         ] {
             assert_eq!(
