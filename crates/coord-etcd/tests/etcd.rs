@@ -1,7 +1,8 @@
 //! coord-etcd against a real etcd (`COORD_TEST_ETCD_ENDPOINTS`, e.g.
 //! `127.0.0.1:2379`; start one with `scripts/start-etcd.sh`): the conformance
 //! suites (backend, lock, board, side effects, scheduler), the version mapping, limits, a cross-process race, a cut
-//! connection (indeterminate txn) and a server that is down.
+//! connection (indeterminate txn), a commit that lands after the client's connection was cut (also under
+//! `GenericLock`) and a server that is down.
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
