@@ -79,10 +79,15 @@
 //! # Errors
 //!
 //! - cannot connect (refused, connect timeout) → [`Error::Unavailable`];
-//! - a txn whose answer is lost after sending (connection reset, HTTP/2
-//!   error, request timeout, `etcdserver: request timed out`) →
-//!   [`Error::Indeterminate`], never `applied = false`; reads failing the
-//!   same way → [`Error::Unavailable`];
+//! - a txn is [`Error::Unavailable`] (certainly not applied, safe to retry)
+//!   only for the refusals etcd makes before proposing it to raft (`too many
+//!   requests`, `no leader` from the interceptor, ...: the list and the
+//!   reasons are in `errors.rs`); any other failure after sending
+//!   (connection reset, HTTP/2 error, local timeout, `etcdserver: request
+//!   timed out`, `leader changed`, `request canceled`, `database space
+//!   exceeded`, `corrupt cluster`, an unknown message) →
+//!   [`Error::Indeterminate`], never `applied = false`: the txn may have
+//!   applied or may still apply later. Reads failing → [`Error::Unavailable`];
 //! - credentials refused → [`Error::Config`]; a request etcd refuses as too
 //!   large → [`Error::InvalidInput`].
 //!
