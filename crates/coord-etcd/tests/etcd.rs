@@ -53,6 +53,9 @@ mod sideeffect {
 mod scheduler {
     coord_conformance::scheduler_tests!(super::etcd_factory());
 }
+mod fault_model {
+    coord_conformance::fault_model_tests!(super::etcd_factory());
+}
 
 /// A raw etcd client, to look under coord's layout.
 async fn raw_client(raw: &str) -> etcd_client::Client {
@@ -461,7 +464,6 @@ async fn late_commit_after_cut_connection_is_indeterminate() {
 /// truth (a handle with that token) or Indeterminate, never "held by someone
 /// else".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the CAS engine late-commit fix"]
 async fn lock_after_a_late_commit_is_the_callers_or_indeterminate() {
     use coord_adapters::lock::{GenericLock, Lock, LockError};
 
