@@ -47,10 +47,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use coord_adapters::board::{Board, BoardAdapter, BoardOptions, TaskSpec, TaskState};
 use coord_adapters::jitter::seed_thread_jitter;
-use coord_adapters::lock::{GenericLock, GuardOptions, Lock, LockGuard, LockOptions, WaitOptions};
+use coord_adapters::lock::{
+    GenericLock, GuardOptions, Lock, LockError, LockGuard, LockOptions, WaitOptions,
+};
 use coord_adapters::sideeffect::{
     Action, BackendFencedSink, EffectResult, Fence, FencedSink, Outcome, Runner,
-    SideEffectAdapter,
+    SideEffectAdapter, SideEffectError, SideEffectStore,
 };
 use coord_backend::{Backend, Clock, Mutation};
 use coord_memory::SingleProcessMemoryBackend;
@@ -217,6 +219,10 @@ struct Facts {
     claims: BTreeMap<String, Vec<u64>>,
     /// task id → workers whose completion was answered Ok.
     completions: BTreeMap<String, Vec<String>>,
+    /// action key → answers that said the outcome is unknown.
+    effect_errors: BTreeMap<String, u64>,
+    /// Lock calls that ended "indeterminate" (a grant may have been committed).
+    lock_errors: u64,
     /// slot → instances that ran it.
     slot_runs: BTreeMap<u64, Vec<String>>,
     stats: BTreeMap<&'static str, u64>,
@@ -234,7 +240,7 @@ fn count(shared: &Shared, what: &'static str) {
 
 const LOCK_TTL: Duration = Duration::from_secs(3);
 const TASKS: usize = 6;
-const ACTIONS: usize = 5;
+const ACTIONS: usize = 40;
 
 async fn simulate(seed: u64, options: SimOptions) -> SimReport {
     let start = Instant::now();
@@ -339,9 +345,15 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
     }
 
     let mut violations = Vec::new();
-    check(&shared, &store, &mut violations).await;
+    let true_clock = Arc::new(SimClock {
+        start,
+        offset_ms: AtomicI64::new(0),
+    });
+    // Holding the facts' lock across awaits is fine: every actor has ended.
+    let found = std::mem::take(&mut *facts(&shared));
+    check(&found, &store, true_clock, &mut violations).await;
     let mut trace = log.lines.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let mut stats = std::mem::take(&mut facts(&shared).stats);
+    let mut stats = found.stats;
     for inst in &everyone {
         let events = inst.faulty.events();
         *stats.entry("faults fired").or_insert(0) += inst.faulty.fired();
@@ -372,6 +384,9 @@ async fn lock_actor(inst: Arc<Instance>, log: Arc<Log>, shared: Shared, seed: u6
             {
                 Ok(guard) => guard,
                 Err(e) => {
+                    if matches!(&e, LockError::Store(e) if e.is_indeterminate()) {
+                        facts(&shared).lock_errors += 1;
+                    }
                     log.event(who, format!("lock: {}", kind(&e.to_string())));
                     tokio::time::sleep(Duration::from_millis(rng.random_range(50..400))).await;
                     continue;
@@ -516,7 +531,14 @@ async fn runner_actor(
                 }
                 format!("{:?}", execution.outcome)
             }
-            Err(e) => kind(&e.to_string()),
+            Err(e) => {
+                let doubt = e.outcome() == Some(Outcome::Uncertain)
+                    || matches!(&e, SideEffectError::Store(e) if e.is_indeterminate());
+                if doubt {
+                    *facts(&shared).effect_errors.entry(key.clone()).or_insert(0) += 1;
+                }
+                kind(&e.to_string())
+            }
         };
         log.event(&who, format!("execute {key}: {said}"));
         tokio::time::sleep(Duration::from_millis(rng.random_range(50..500))).await;
@@ -657,8 +679,19 @@ fn kind(message: &str) -> String {
         .to_owned()
 }
 
-async fn check(shared: &Shared, store: &Arc<dyn Backend>, violations: &mut Vec<String>) {
-    let f = facts(shared);
+/// The fence counter of the simulated lock's record (`None`: never granted).
+async fn read_lock_fence(store: &Arc<dyn Backend>) -> Option<u64> {
+    let entry = store.snapshot(&["lock/L".to_owned()]).await.ok()?.pop()?;
+    let record: serde_json::Value = serde_json::from_slice(entry.value.as_deref()?).ok()?;
+    record.get("fence")?.as_u64()
+}
+
+async fn check(
+    f: &Facts,
+    store: &Arc<dyn Backend>,
+    clock: Arc<dyn Clock>,
+    violations: &mut Vec<String>,
+) {
     // Locks: unique fences; validity windows in fence order never overlap.
     let mut fences = BTreeSet::new();
     for g in &f.grants {
@@ -679,6 +712,19 @@ async fn check(shared: &Shared, store: &Arc<dyn Backend>, violations: &mut Vec<S
             }
         }
     }
+    // Every grant the store made reached its caller, or its caller was told
+    // the outcome was unknown (an error): a grant nobody knows of is a lock
+    // answered "held elsewhere" while it was the caller's.
+    let granted_fences: BTreeSet<u64> = f.grants.iter().map(|g| g.fence).collect();
+    if let Some(stored) = read_lock_fence(store).await {
+        let unknown = (1..=stored).filter(|n| !granted_fences.contains(n)).count() as u64;
+        if unknown > f.lock_errors {
+            violations.push(format!(
+                "lock: the store granted {unknown} fence(s) nobody received, with only {} error answers",
+                f.lock_errors
+            ));
+        }
+    }
     // Side effects: each closure at most once; answers carry the one result.
     for (key, runs) in &f.effects {
         if runs.len() > 1 {
@@ -693,6 +739,31 @@ async fn check(shared: &Shared, store: &Arc<dyn Backend>, violations: &mut Vec<S
                     "side effect {key} answered with the result of {answer:?}, but the runs were {ran:?}"
                 ));
             }
+        }
+    }
+    // The stored state of each action agrees with what ran and what was answered.
+    let adapter = SideEffectAdapter::with_clock(store.clone(), clock);
+    for a in 0..ACTIONS {
+        let key = format!("fx/{a}");
+        let ran = f.effects.get(&key).map_or(0, Vec::len);
+        let errors = f.effect_errors.get(&key).copied().unwrap_or(0);
+        let state = adapter
+            .acquire(&Action::new(key.clone(), "payments"), LOCK_TTL)
+            .await;
+        match state {
+            Ok(acquired) => match acquired.outcome {
+                Outcome::Uncertain if ran == 0 && errors == 0 => violations.push(format!(
+                    "side effect {key} is uncertain, yet no run started and no caller was told of a doubt"
+                )),
+                Outcome::Applied if ran > 0 => violations.push(format!(
+                    "side effect {key} ran, yet the store lets it run again"
+                )),
+                Outcome::Replayed if ran == 0 => violations.push(format!(
+                    "side effect {key} is completed, yet it never ran"
+                )),
+                _ => {}
+            },
+            Err(e) => violations.push(format!("side effect {key} unreadable at the end: {e}")),
         }
     }
     // Board: one successful completion per task, unique generations, the store agrees.
