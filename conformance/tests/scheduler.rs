@@ -608,7 +608,10 @@ async fn two_instances_run_each_slot_once_and_overlap_waits() {
     assert_eq!(slots_run(&log), BTreeMap::from([(T0 - SEC, 1), (T0, 1)]));
 }
 
-#[tokio::test]
+/// A holder cut off from the store (its heartbeats hang) is taken over by a
+/// backup once its lease stayed unchanged for a full lease, within
+/// `max_late`; a graceful shutdown releases at once.
+#[tokio::test(start_paused = true)]
 async fn a_backup_takes_over_an_expired_lease_and_shutdown_releases() {
     let ns = unique_namespace("takeover_runtime");
     let log: RunLog = Arc::default();
@@ -624,63 +627,65 @@ async fn a_backup_takes_over_an_expired_lease_and_shutdown_releases() {
             }
         })
     };
+    let max_late = Duration::from_secs(10);
     let opts = JobOptions::default()
-        .lease_ttl(Duration::from_secs(3_600)) // heartbeats (every ttl/3 of real time) never fire here
-        .max_late(Duration::from_secs(10));
-    let (a, b, c) = (
-        instance(&ns, "a", T0),
-        instance(&ns, "b", T0),
-        instance(&ns, "c", T0),
-    );
-    a.scheduler
-        .add_job(every("every 1h", opts.clone(), hang("a")))
-        .unwrap();
-    b.scheduler
-        .add_job(every("every 1h", opts.clone(), hang("b")))
-        .unwrap();
-    c.scheduler
-        .add_job(every("every 1h", opts, hang("c")))
-        .unwrap();
+        .lease_ttl(Duration::from_secs(3))
+        .max_late(max_late);
     let slot = Schedule::parse("every 1h", None)
         .unwrap()
         .next_after(T0)
         .unwrap();
-    for i in [&a, &b, &c] {
-        i.clock.set(UNIX_EPOCH + Duration::from_millis(slot));
-    }
-    assert_eq!(a.scheduler.tick_at(slot).await.started().len(), 1);
-    for backup in [&b, &c] {
-        let r = backup.scheduler.tick_at(slot).await;
+    let make = |name: &str| {
+        let clock = TokioClock::at(slot);
+        let backend = FaultyBackend::new(&ns);
+        let (s, store) = scheduler_on(
+            backend.clone(),
+            clock.clone(),
+            name,
+            RunStoreOptions::default(),
+        );
+        s.add_job(every("every 1h", opts.clone(), hang(name)))
+            .unwrap();
+        (s, store, clock, backend)
+    };
+    let (a, _, ca, a_backend) = make("a");
+    let (b, b_store, cb, _) = make("b");
+    let (c, c_store, cc, _) = make("c");
+    assert_eq!(a.tick_at(ca.now_millis()).await.started().len(), 1);
+    for (backup, clock) in [(&b, &cb), (&c, &cc)] {
+        let r = backup.tick_at(clock.now_millis()).await;
         assert!(
             matches!(r.events[0].action, TickAction::HeldElsewhere { .. }),
             "{r:?}"
         );
     }
 
-    // a stalls past its lease (no heartbeat): b takes the slot over when it looks again.
-    let later = slot + HOUR + 5 * SEC; // the lease was 1 h; also the next slot is due
-    b.clock.set(UNIX_EPOCH + Duration::from_millis(later));
-    let rb = b.scheduler.tick_at(later).await;
-    let takeover = rb
-        .events
-        .iter()
-        .find(|e| e.slot == slot)
-        .expect("slot looked at again");
+    // a is cut off (its heartbeats hang): b takes the slot over when it looks again.
+    a_backend.set(HANG);
+    let mut takeover = None;
+    while takeover.is_none() && cb.now_millis() < slot + millis(max_late) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let rb = b.tick_at(cb.now_millis()).await;
+        takeover = rb
+            .events
+            .into_iter()
+            .find(|e| e.slot == slot && matches!(e.action, TickAction::Started { .. }));
+    }
     assert_eq!(
-        takeover.action,
-        TickAction::Started {
+        takeover.map(|e| e.action),
+        Some(TickAction::Started {
             takeover: true,
             coordinated: true
-        }
+        }),
+        "not taken over within max_late"
     );
-    let history = b.store.history("job", 10).await.unwrap();
+    let history = b_store.history("job", 10).await.unwrap();
     let record = history.iter().find(|r| r.slot == slot).unwrap();
     assert_eq!((record.instance.as_str(), record.takeovers), ("b", 1));
 
     // Graceful shutdown of b releases its leases: c takes them over at once.
-    b.scheduler.shutdown().await;
-    c.clock.set(UNIX_EPOCH + Duration::from_millis(later));
-    let rc = c.scheduler.tick_at(later).await;
+    b.shutdown().await;
+    let rc = c.tick_at(cc.now_millis()).await;
     let taken: Vec<Slot> = rc
         .events
         .iter()
@@ -695,16 +700,13 @@ async fn a_backup_takes_over_an_expired_lease_and_shutdown_releases() {
         .collect();
     assert!(taken.contains(&slot), "{rc:?}");
     assert!(
-        b.scheduler.tick_at(later).await.events.is_empty(),
+        b.tick_at(cb.now_millis()).await.events.is_empty(),
         "a shut-down scheduler does nothing"
     );
-    assert!(matches!(
-        b.scheduler.run_now("job").await,
-        Err(Error::ShutDown)
-    ));
-    a.scheduler.shutdown().await;
-    c.scheduler.shutdown().await;
-    let history = c.store.history("job", 10).await.unwrap();
+    assert!(matches!(b.run_now("job").await, Err(Error::ShutDown)));
+    a.shutdown().await;
+    c.shutdown().await;
+    let history = c_store.history("job", 10).await.unwrap();
     assert!(
         history.iter().all(|r| r.status == RunStatus::Released),
         "{history:?}"
@@ -1370,7 +1372,7 @@ async fn wait_for_len<T>(log: &Arc<Mutex<Vec<T>>>, n: usize, within: Duration) {
 
 /// A holder cut off from the store (heartbeats fail or hang) learns that its
 /// lease ran out by its own monotonic clock, counted from when the claim was
-/// SENT (its reply here arrives 1 s late): at most one lease after sending.
+/// SENT (its reply here arrives 0.5 s late): at most one lease after sending.
 #[tokio::test(start_paused = true)]
 async fn a_holder_cut_off_from_the_store_learns_its_lease_ran_out() {
     let ttl = Duration::from_secs(3);
@@ -1399,7 +1401,9 @@ async fn a_holder_cut_off_from_the_store_learns_its_lease_ran_out() {
             lease_watcher(&lost, &log, "a", 10 * ttl),
         ))
         .unwrap();
-        backend.reply_delay_ms.store(1_000, Ordering::SeqCst);
+        // The claim's reply arrives 0.5 s after it was sent (before the
+        // first heartbeat is due): the lease counts from the sending.
+        backend.reply_delay_ms.store(500, Ordering::SeqCst);
         let sent = tokio::time::Instant::now();
         let report = a.tick_at(clock.now_millis()).await;
         assert_eq!(report.started(), vec![("job", slot)], "{what}: {report:?}");
