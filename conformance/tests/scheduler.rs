@@ -608,7 +608,10 @@ async fn two_instances_run_each_slot_once_and_overlap_waits() {
     assert_eq!(slots_run(&log), BTreeMap::from([(T0 - SEC, 1), (T0, 1)]));
 }
 
-#[tokio::test]
+/// A holder cut off from the store (its heartbeats hang) is taken over by a
+/// backup once its lease stayed unchanged for a full lease, within
+/// `max_late`; a graceful shutdown releases at once.
+#[tokio::test(start_paused = true)]
 async fn a_backup_takes_over_an_expired_lease_and_shutdown_releases() {
     let ns = unique_namespace("takeover_runtime");
     let log: RunLog = Arc::default();
@@ -624,63 +627,65 @@ async fn a_backup_takes_over_an_expired_lease_and_shutdown_releases() {
             }
         })
     };
+    let max_late = Duration::from_secs(10);
     let opts = JobOptions::default()
-        .lease_ttl(Duration::from_secs(3_600)) // heartbeats (every ttl/3 of real time) never fire here
-        .max_late(Duration::from_secs(10));
-    let (a, b, c) = (
-        instance(&ns, "a", T0),
-        instance(&ns, "b", T0),
-        instance(&ns, "c", T0),
-    );
-    a.scheduler
-        .add_job(every("every 1h", opts.clone(), hang("a")))
-        .unwrap();
-    b.scheduler
-        .add_job(every("every 1h", opts.clone(), hang("b")))
-        .unwrap();
-    c.scheduler
-        .add_job(every("every 1h", opts, hang("c")))
-        .unwrap();
+        .lease_ttl(Duration::from_secs(3))
+        .max_late(max_late);
     let slot = Schedule::parse("every 1h", None)
         .unwrap()
         .next_after(T0)
         .unwrap();
-    for i in [&a, &b, &c] {
-        i.clock.set(UNIX_EPOCH + Duration::from_millis(slot));
-    }
-    assert_eq!(a.scheduler.tick_at(slot).await.started().len(), 1);
-    for backup in [&b, &c] {
-        let r = backup.scheduler.tick_at(slot).await;
+    let make = |name: &str| {
+        let clock = TokioClock::at(slot);
+        let backend = FaultyBackend::new(&ns);
+        let (s, store) = scheduler_on(
+            backend.clone(),
+            clock.clone(),
+            name,
+            RunStoreOptions::default(),
+        );
+        s.add_job(every("every 1h", opts.clone(), hang(name)))
+            .unwrap();
+        (s, store, clock, backend)
+    };
+    let (a, _, ca, a_backend) = make("a");
+    let (b, b_store, cb, _) = make("b");
+    let (c, c_store, cc, _) = make("c");
+    assert_eq!(a.tick_at(ca.now_millis()).await.started().len(), 1);
+    for (backup, clock) in [(&b, &cb), (&c, &cc)] {
+        let r = backup.tick_at(clock.now_millis()).await;
         assert!(
             matches!(r.events[0].action, TickAction::HeldElsewhere { .. }),
             "{r:?}"
         );
     }
 
-    // a stalls past its lease (no heartbeat): b takes the slot over when it looks again.
-    let later = slot + HOUR + 5 * SEC; // the lease was 1 h; also the next slot is due
-    b.clock.set(UNIX_EPOCH + Duration::from_millis(later));
-    let rb = b.scheduler.tick_at(later).await;
-    let takeover = rb
-        .events
-        .iter()
-        .find(|e| e.slot == slot)
-        .expect("slot looked at again");
+    // a is cut off (its heartbeats hang): b takes the slot over when it looks again.
+    a_backend.set(HANG);
+    let mut takeover = None;
+    while takeover.is_none() && cb.now_millis() < slot + millis(max_late) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let rb = b.tick_at(cb.now_millis()).await;
+        takeover = rb
+            .events
+            .into_iter()
+            .find(|e| e.slot == slot && matches!(e.action, TickAction::Started { .. }));
+    }
     assert_eq!(
-        takeover.action,
-        TickAction::Started {
+        takeover.map(|e| e.action),
+        Some(TickAction::Started {
             takeover: true,
             coordinated: true
-        }
+        }),
+        "not taken over within max_late"
     );
-    let history = b.store.history("job", 10).await.unwrap();
+    let history = b_store.history("job", 10).await.unwrap();
     let record = history.iter().find(|r| r.slot == slot).unwrap();
     assert_eq!((record.instance.as_str(), record.takeovers), ("b", 1));
 
     // Graceful shutdown of b releases its leases: c takes them over at once.
-    b.scheduler.shutdown().await;
-    c.clock.set(UNIX_EPOCH + Duration::from_millis(later));
-    let rc = c.scheduler.tick_at(later).await;
+    b.shutdown().await;
+    let rc = c.tick_at(cc.now_millis()).await;
     let taken: Vec<Slot> = rc
         .events
         .iter()
@@ -695,16 +700,13 @@ async fn a_backup_takes_over_an_expired_lease_and_shutdown_releases() {
         .collect();
     assert!(taken.contains(&slot), "{rc:?}");
     assert!(
-        b.scheduler.tick_at(later).await.events.is_empty(),
+        b.tick_at(cb.now_millis()).await.events.is_empty(),
         "a shut-down scheduler does nothing"
     );
-    assert!(matches!(
-        b.scheduler.run_now("job").await,
-        Err(Error::ShutDown)
-    ));
-    a.scheduler.shutdown().await;
-    c.scheduler.shutdown().await;
-    let history = c.store.history("job", 10).await.unwrap();
+    assert!(matches!(b.run_now("job").await, Err(Error::ShutDown)));
+    a.shutdown().await;
+    c.shutdown().await;
+    let history = c_store.history("job", 10).await.unwrap();
     assert!(
         history.iter().all(|r| r.status == RunStatus::Released),
         "{history:?}"
@@ -1192,4 +1194,530 @@ async fn a_claim_whose_reply_was_lost_is_retried_with_the_same_token() {
         ),
         ("a", RunStatus::Succeeded, 0)
     );
+}
+
+// ---------------------------------------------------------------------------
+// Cut-off holders, paused and clock-stepped followers, a stopped instance.
+// Run on tokio's paused clock: deterministic, no real waiting.
+// ---------------------------------------------------------------------------
+
+/// A wall clock that moves with tokio's (paused) clock, plus a settable step
+/// (a wall-clock jump that the monotonic clock does not see).
+#[derive(Debug)]
+struct TokioClock {
+    base_ms: u64,
+    start: tokio::time::Instant,
+    step_ms: std::sync::atomic::AtomicU64,
+}
+
+impl TokioClock {
+    fn at(base_ms: u64) -> Arc<Self> {
+        Arc::new(TokioClock {
+            base_ms,
+            start: tokio::time::Instant::now(),
+            step_ms: 0.into(),
+        })
+    }
+    fn step_forward(&self, by: Duration) {
+        self.step_ms
+            .fetch_add(by.as_millis() as u64, Ordering::SeqCst);
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> std::time::SystemTime {
+        UNIX_EPOCH
+            + Duration::from_millis(
+                self.base_ms
+                    + self.start.elapsed().as_millis() as u64
+                    + self.step_ms.load(Ordering::SeqCst),
+            )
+    }
+}
+
+const FINE: u8 = 0;
+const UNAVAILABLE: u8 = 1;
+const INDETERMINATE: u8 = 2;
+const HANG: u8 = 3;
+
+/// A store that can be cut off from one instance: its txns (and snapshots)
+/// fail with `Unavailable`, fail with `Indeterminate` (not applied), or hang;
+/// `hang_next` hangs that many txns once; `reply_delay` delays the reply of
+/// an applied txn (it committed when sent); `frozen` makes every txn wait
+/// (a stopped process holding the store's write lock, as SQLite's is).
+#[derive(Debug)]
+struct FaultyBackend {
+    inner: SingleProcessMemoryBackend,
+    mode: std::sync::atomic::AtomicU8,
+    hang_next: AtomicUsize,
+    reply_delay_ms: std::sync::atomic::AtomicU64,
+    latency_ms: u64,
+    frozen: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+impl FaultyBackend {
+    fn new(ns: &str) -> Arc<Self> {
+        Arc::new(Self::with(ns, 0, None))
+    }
+    fn with(ns: &str, latency_ms: u64, frozen: Option<tokio::sync::watch::Receiver<bool>>) -> Self {
+        FaultyBackend {
+            inner: SingleProcessMemoryBackend::shared(ns).unwrap(),
+            mode: FINE.into(),
+            hang_next: 0.into(),
+            reply_delay_ms: 0.into(),
+            latency_ms,
+            frozen,
+        }
+    }
+    fn set(&self, mode: u8) {
+        self.mode.store(mode, Ordering::SeqCst);
+    }
+    async fn gate(&self) -> coord_backend::Result<()> {
+        if self.latency_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.latency_ms)).await;
+        }
+        match self.mode.load(Ordering::SeqCst) {
+            UNAVAILABLE => Err(coord_backend::Error::Unavailable {
+                message: "cut off (test double)".into(),
+                source: None,
+            }),
+            INDETERMINATE => Err(coord_backend::Error::Indeterminate {
+                message: "reply lost (test double)".into(),
+                source: None,
+            }),
+            HANG => std::future::pending().await,
+            _ => Ok(()),
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for FaultyBackend {
+    fn namespace(&self) -> &str {
+        self.inner.namespace()
+    }
+    async fn snapshot(&self, keys: &[String]) -> coord_backend::Result<Vec<Entry>> {
+        self.gate().await?;
+        self.inner.snapshot(keys).await
+    }
+    async fn txn(
+        &self,
+        asserts: &[Assert],
+        mutations: &[Mutation],
+    ) -> coord_backend::Result<TxnOutcome> {
+        if let Some(frozen) = &self.frozen {
+            let mut frozen = frozen.clone();
+            let _ = frozen.wait_for(|f| !*f).await;
+        }
+        if self
+            .hang_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return std::future::pending().await;
+        }
+        self.gate().await?;
+        let outcome = self.inner.txn(asserts, mutations).await?;
+        let delay = self.reply_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        Ok(outcome)
+    }
+    async fn keys(&self, prefix: &str) -> coord_backend::Result<Vec<String>> {
+        self.gate().await?;
+        self.inner.keys(prefix).await
+    }
+}
+
+fn scheduler_on(
+    backend: Arc<dyn Backend>,
+    clock: Arc<dyn Clock>,
+    name: &str,
+    options: RunStoreOptions,
+) -> (Scheduler, Arc<dyn SlotStore>) {
+    let store: Arc<dyn SlotStore> =
+        Arc::new(RunStore::new(backend, clock.clone(), options).unwrap());
+    let scheduler = Scheduler::new(
+        Some(store.clone()),
+        clock,
+        SchedulerOptions::instance(name).poll_interval(Duration::from_millis(200)),
+    );
+    (scheduler, store)
+}
+
+/// `(instant the handler saw its lease lost, or None)` per run.
+type LostLog = Arc<Mutex<Vec<(Slot, Option<tokio::time::Instant>)>>>;
+
+/// A handler that runs up to `work`, stopping early when its lease is lost.
+fn lease_watcher(lost: &LostLog, log: &RunLog, instance: &str, work: Duration) -> Handler {
+    let (lost, log, instance) = (lost.clone(), log.clone(), instance.to_owned());
+    handler(move |ctx| {
+        let (lost, log, instance) = (lost.clone(), log.clone(), instance.clone());
+        async move {
+            log.lock().unwrap().push((instance, ctx.slot, false));
+            let seen = tokio::select! {
+                _ = ctx.lease_lost() => Some(tokio::time::Instant::now()),
+                _ = tokio::time::sleep(work) => None,
+            };
+            assert_eq!(seen.is_some(), ctx.is_lease_lost());
+            lost.lock().unwrap().push((ctx.slot, seen));
+            Ok(())
+        }
+    })
+}
+
+async fn wait_for_len<T>(log: &Arc<Mutex<Vec<T>>>, n: usize, within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    while log.lock().unwrap().len() < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nothing recorded within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A holder cut off from the store (heartbeats fail or hang) learns that its
+/// lease ran out by its own monotonic clock, counted from when the claim was
+/// SENT (its reply here arrives 0.5 s late): at most one lease after sending.
+#[tokio::test(start_paused = true)]
+async fn a_holder_cut_off_from_the_store_learns_its_lease_ran_out() {
+    let ttl = Duration::from_secs(3);
+    for (mode, what) in [
+        (UNAVAILABLE, "Unavailable"),
+        (INDETERMINATE, "Indeterminate"),
+        (HANG, "hanging"),
+    ] {
+        let ns = unique_namespace("cut_off");
+        let slot = T0 - T0 % HOUR + HOUR;
+        let clock = TokioClock::at(slot);
+        let backend = FaultyBackend::new(&ns);
+        let (a, _) = scheduler_on(
+            backend.clone(),
+            clock.clone(),
+            "a",
+            RunStoreOptions::default(),
+        );
+        let (lost, log): (LostLog, RunLog) = Default::default();
+        let opts = JobOptions::default()
+            .lease_ttl(ttl)
+            .max_late(Duration::from_secs(10));
+        a.add_job(every(
+            "every 1h",
+            opts,
+            lease_watcher(&lost, &log, "a", 10 * ttl),
+        ))
+        .unwrap();
+        // The claim's reply arrives 0.5 s after it was sent (before the
+        // first heartbeat is due): the lease counts from the sending.
+        backend.reply_delay_ms.store(500, Ordering::SeqCst);
+        let sent = tokio::time::Instant::now();
+        let report = a.tick_at(clock.now_millis()).await;
+        assert_eq!(report.started(), vec![("job", slot)], "{what}: {report:?}");
+        backend.reply_delay_ms.store(0, Ordering::SeqCst);
+        backend.set(mode);
+        wait_for_len(&lost, 1, 20 * ttl).await;
+        let seen = lost.lock().unwrap()[0].1;
+        let Some(at) = seen else {
+            panic!(
+                "{what} heartbeats: the handler never learned its lease ran out (ran {:?})",
+                10 * ttl
+            );
+        };
+        assert!(
+            at <= sent + ttl,
+            "{what} heartbeats: lease lost noticed {:?} after the claim was sent (lease {ttl:?})",
+            at - sent
+        );
+    }
+}
+
+/// A heartbeat that never answers is timed out and the next one renews the
+/// lease: the holder keeps its run, and a backup never takes it over.
+#[tokio::test(start_paused = true)]
+async fn a_hung_heartbeat_is_timed_out_and_the_lease_kept() {
+    let ttl = Duration::from_secs(3);
+    let ns = unique_namespace("hung_heartbeat");
+    let slot = T0 - T0 % HOUR + HOUR;
+    let clock = TokioClock::at(slot);
+    let backend = FaultyBackend::new(&ns);
+    let (a, _) = scheduler_on(
+        backend.clone(),
+        clock.clone(),
+        "a",
+        RunStoreOptions::default(),
+    );
+    let (b, _) = scheduler_on(
+        FaultyBackend::new(&ns),
+        clock.clone(),
+        "b",
+        RunStoreOptions::default(),
+    );
+    let (lost, log): (LostLog, RunLog) = Default::default();
+    let opts = JobOptions::default()
+        .lease_ttl(ttl)
+        .max_late(Duration::from_secs(60));
+    a.add_job(every(
+        "every 1h",
+        opts.clone(),
+        lease_watcher(&lost, &log, "a", 8 * ttl),
+    ))
+    .unwrap();
+    b.add_job(every(
+        "every 1h",
+        opts,
+        lease_watcher(&lost, &log, "b", 8 * ttl),
+    ))
+    .unwrap();
+    assert_eq!(a.tick_at(clock.now_millis()).await.started().len(), 1);
+    backend.hang_next.store(1, Ordering::SeqCst); // a's first heartbeat
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let report = b.tick_at(clock.now_millis()).await;
+        assert!(
+            report.started().is_empty(),
+            "b took over a live holder whose one heartbeat hung: {report:?}"
+        );
+    }
+    wait_for_len(&lost, 1, 20 * ttl).await;
+    assert_eq!(lost.lock().unwrap()[0], (slot, None), "a lost its lease");
+}
+
+/// A follower that did not tick for longer than the store remembers claims
+/// must not claim the forgotten slot again: a followed slot becomes late
+/// like any other.
+#[tokio::test]
+async fn a_paused_follower_never_claims_a_forgotten_slot() {
+    let ns = unique_namespace("paused_follower");
+    let log: RunLog = Arc::default();
+    let window = Some(Duration::from_secs(10));
+    let start = T0 - T0 % MIN + MIN;
+    let (ca, cb) = (
+        Arc::new(ManualClock::at_millis(start)),
+        Arc::new(ManualClock::at_millis(start)),
+    );
+    let memory =
+        || -> Arc<dyn Backend> { Arc::new(SingleProcessMemoryBackend::shared(&ns).unwrap()) };
+    let options = RunStoreOptions::default().forget_claims_after(window);
+    let (a, _) = scheduler_on(memory(), ca.clone(), "a", options.clone());
+    let (b, b_store) = scheduler_on(memory(), cb.clone(), "b", options);
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let gated = |instance: &str| {
+        let (log, gate, instance) = (log.clone(), gate.clone(), instance.to_owned());
+        handler(move |ctx| {
+            let (log, gate, instance) = (log.clone(), gate.clone(), instance.clone());
+            async move {
+                log.lock().unwrap().push((instance, ctx.slot, false));
+                gate.acquire()
+                    .await
+                    .map(|p| p.forget())
+                    .map_err(|e| e.to_string())?;
+                Ok(())
+            }
+        })
+    };
+    let opts = JobOptions::default()
+        .lease_ttl(Duration::from_secs(3))
+        .max_late(Duration::from_secs(5));
+    a.add_job(every("every 1m", opts.clone(), gated("a")))
+        .unwrap();
+    b.add_job(every("every 1m", opts, gated("b"))).unwrap();
+    assert_eq!(a.tick_at(start).await.started(), vec![("job", start)]);
+    let rb = b.tick_at(start + 100).await;
+    assert!(
+        matches!(rb.events[0].action, TickAction::HeldElsewhere { .. }),
+        "{rb:?}"
+    );
+    // a finishes the slot; a minute later it runs the next one and forgets
+    // the first claim (finished longer than the window ago).
+    ca.set(UNIX_EPOCH + Duration::from_millis(start + 2 * SEC));
+    gate.add_permits(1);
+    a.wait_idle().await;
+    ca.set(UNIX_EPOCH + Duration::from_millis(start + MIN));
+    assert_eq!(
+        a.tick_at(start + MIN).await.started(),
+        vec![("job", start + MIN)]
+    );
+    gate.add_permits(1);
+    a.wait_idle().await;
+    assert!(b_store
+        .history("job", 10)
+        .await
+        .unwrap()
+        .iter()
+        .any(|r| r.slot == start));
+    // b was paused for a minute and comes back.
+    cb.set(UNIX_EPOCH + Duration::from_millis(start + MIN + 500));
+    gate.add_permits(10);
+    let rb = b.tick_at(start + MIN + 500).await;
+    b.wait_idle().await;
+    assert!(
+        !rb.started().contains(&("job", start)),
+        "the paused follower ran a forgotten slot again: {rb:?}"
+    );
+    assert_eq!(slots_run(&log).get(&start), Some(&1));
+}
+
+/// A follower whose wall clock steps +1 h must not take over a live holder
+/// (heartbeating normally); neither may an instance whose clock was +1 h
+/// from its first look. When the holder really stops, the slot is taken over.
+#[tokio::test(start_paused = true)]
+async fn a_clock_step_on_a_follower_never_takes_over_a_live_holder() {
+    let ttl = Duration::from_secs(3);
+    let ns = unique_namespace("stepped_follower");
+    let slot = T0 - T0 % (24 * HOUR) + 24 * HOUR;
+    let (lost, log): (LostLog, RunLog) = Default::default();
+    let opts = JobOptions::default()
+        .lease_ttl(ttl)
+        .max_late(Duration::from_secs(2 * 3600));
+    let make = |name: &str| {
+        let clock = TokioClock::at(slot);
+        let backend = FaultyBackend::new(&ns);
+        let (s, _) = scheduler_on(
+            backend.clone(),
+            clock.clone(),
+            name,
+            RunStoreOptions::default(),
+        );
+        s.add_job(every(
+            "every 1d",
+            opts.clone(),
+            lease_watcher(&lost, &log, name, 20 * ttl),
+        ))
+        .unwrap();
+        (s, clock, backend)
+    };
+    let (a, ca, a_backend) = make("a");
+    let (b, cb, _) = make("b");
+    let (c, cc, _) = make("c");
+    cc.step_forward(Duration::from_secs(3600));
+    assert_eq!(a.tick_at(ca.now_millis()).await.started().len(), 1);
+    let rb = b.tick_at(cb.now_millis()).await;
+    assert!(
+        matches!(rb.events[0].action, TickAction::HeldElsewhere { .. }),
+        "{rb:?}"
+    );
+    cb.step_forward(Duration::from_secs(3600));
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for (s, clock) in [(&b, &cb), (&c, &cc)] {
+            let r = s.tick_at(clock.now_millis()).await;
+            assert!(
+                r.started().is_empty(),
+                "{} (clock +1 h) took over a live holder: {r:?}",
+                s.instance_id()
+            );
+        }
+    }
+    assert!(
+        lost.lock().unwrap().is_empty(),
+        "a lost its lease: {:?}",
+        lost.lock().unwrap()
+    );
+    // a is cut off for good: once its lease is over (a knows it) a backup takes over.
+    a_backend.set(HANG);
+    let mut taken = false;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for (s, clock) in [(&b, &cb), (&c, &cc)] {
+            if !s.tick_at(clock.now_millis()).await.started().is_empty() {
+                taken = true;
+            }
+        }
+        if taken {
+            break;
+        }
+    }
+    assert!(
+        taken,
+        "nobody took over the slot of a holder cut off for good"
+    );
+    let mut lost = lost.lock().unwrap().clone();
+    lost.retain(|(s, _)| *s == slot);
+    assert!(
+        lost.first().is_some_and(|(_, at)| at.is_some()),
+        "a never learned it lost the lease: {lost:?}"
+    );
+}
+
+/// The soak's survivor: one instance on a slow store (20 ms a call), 20 jobs
+/// every second; another instance is stopped while it holds the store's
+/// write lock (every txn waits, as on SQLite) for 6.6 s. Once the store
+/// answers again the survivor runs every slot still within `max_late`, and
+/// every later slot, on time.
+#[tokio::test(start_paused = true)]
+async fn a_stopped_instance_holding_the_store_does_not_stall_the_survivor() {
+    let ns = unique_namespace("stopped");
+    let start = T0 - T0 % MIN + MIN;
+    let clock = TokioClock::at(start);
+    let (freeze, frozen) = tokio::sync::watch::channel(false);
+    let backend = Arc::new(FaultyBackend::with(&ns, 20, Some(frozen)));
+    let (c, store) = scheduler_on(
+        backend,
+        clock.clone(),
+        "c",
+        RunStoreOptions::default().history_size(200),
+    );
+    let log: RunLog = Arc::default();
+    let max_late = Duration::from_secs(5);
+    let opts = JobOptions::default()
+        .lease_ttl(Duration::from_secs(3))
+        .max_late(max_late);
+    for i in 0..20 {
+        let job = Job::new(
+            format!("soak-{i:02}"),
+            Schedule::parse("every 1s", None).unwrap(),
+            recorder(&log, "c"),
+        )
+        .with_options(opts.clone());
+        c.add_job(job).unwrap();
+    }
+    c.start();
+    tokio::time::sleep(Duration::from_millis(10_600)).await;
+    let stopped_at = clock.now_millis();
+    freeze.send_replace(true);
+    tokio::time::sleep(Duration::from_millis(6_600)).await;
+    freeze.send_replace(false);
+    let resumed_at = clock.now_millis();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let end = clock.now_millis();
+    c.shutdown().await;
+    let mut missing = Vec::new();
+    for i in 0..20 {
+        let job = format!("soak-{i:02}");
+        let ran: BTreeMap<Slot, RunRecord> = store
+            .history(&job, 200)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.slot, r))
+            .collect();
+        // Slots still within max_late (with a second to spare) when the store
+        // came back, and every slot after, until 2 s before the end.
+        let from = (resumed_at - millis(max_late) + SEC).div_ceil(SEC) * SEC;
+        let mut slot = from;
+        while slot + 2 * SEC < end {
+            match ran.get(&slot) {
+                Some(r) if r.status == RunStatus::Succeeded => {}
+                other => missing.push(format!(
+                    "{job} slot +{} ms after the stop: {:?}",
+                    slot as i64 - stopped_at as i64,
+                    other.map(|r| r.status)
+                )),
+            }
+            slot += SEC;
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} slot(s) missed after the store came back at +{} ms:\n{}",
+        missing.len(),
+        resumed_at - stopped_at,
+        missing.join("\n")
+    );
+}
+
+fn millis(d: Duration) -> u64 {
+    d.as_millis() as u64
 }

@@ -114,9 +114,11 @@ impl RunContext {
         }
     }
 
-    /// Whether a heartbeat found that this run is no longer ours (taken over
-    /// after the lease expired). The handler should stop as soon as it can:
-    /// another instance may be running the same slot.
+    /// Whether this run's lease is lost: a heartbeat found the slot taken
+    /// over, or no heartbeat was confirmed within the lease (counted on the
+    /// monotonic clock from when the last confirmed one was sent: the store
+    /// is unreachable, failing or hanging). The handler should stop as soon
+    /// as it can: another instance may be running the same slot.
     pub fn is_lease_lost(&self) -> bool {
         *self.lost.borrow()
     }

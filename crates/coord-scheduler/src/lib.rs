@@ -74,7 +74,7 @@ pub use schedule::{jitter_for, parse_duration, parse_time_zone, Schedule};
 pub use scheduler::{ManualReport, Scheduler, SchedulerOptions, TickAction, TickEvent, TickReport};
 pub use store::{
     validate_job_name, ActiveRun, Claim, ClaimOutcome, ClaimRequest, FinalStatus, Lease, ManualRun,
-    RunRecord, RunStatus, RunStore, RunStoreOptions, SkipReason, Slot, SlotStore,
+    RunRecord, RunStatus, RunStore, RunStoreOptions, SkipReason, Slot, SlotStore, Takeover,
 };
 
 /// Re-exported so callers can name time zones without a direct dependency.

@@ -13,11 +13,34 @@
 //!    locally (`NodeLocal`, or `PreferGlobal` without a store). A won claim
 //!    spawns the handler with heartbeats every `lease_ttl / 3`; when it ends
 //!    the run is finished by token (or released on shutdown).
-//! 3. A lost claim is not retried blindly: a slot held elsewhere is looked
-//!    at again when that holder's lease would expire (so a backup takes over
-//!    a crashed holder's slot); a slot blocked by overlap or by a broken store
-//!    is retried on the next ticks until it becomes late (the retry reuses
-//!    its token, so a claim whose reply was lost is recognised as ours).
+//! 3. A lost claim is not retried blindly: a slot held elsewhere is
+//!    *followed*: looked at every third of its lease, and taken over only
+//!    once the holder's lease stayed unchanged for a full lease on this
+//!    instance's **monotonic** clock and the store's clock says it expired
+//!    (so a backup takes over a crashed holder's slot, but a wall clock
+//!    stepped forward never makes a live holder look dead). A slot blocked
+//!    by overlap or by a broken store is retried on the next ticks. Every
+//!    pending slot, followed ones included, is dropped once it is late, so
+//!    a slot is never claimed after its claim could have been forgotten
+//!    (`add_job` keeps `jitter + max_late` below the dedupe window). A retry
+//!    after a store error reuses its token, so a claim whose reply was lost
+//!    is recognised as ours.
+//!
+//! # Leases and a slow or unreachable store
+//!
+//! - A run's lease is known locally, like `LockGuard`'s: it ends one TTL
+//!   after the last *confirmed* claim or heartbeat was **sent**, on the
+//!   monotonic clock. Heartbeats that fail, or do not answer before the next
+//!   one is due, do not extend it; when it ends,
+//!   [`RunContext::is_lease_lost`] turns true (a backup may be starting).
+//! - Every store call is bounded ([`SchedulerOptions::store_timeout`];
+//!   heartbeats by a third of the lease): a store that hangs, e.g. a stopped process holding
+//!   SQLite's write lock, costs a failed attempt, not a stalled instance.
+//! - Jobs tick a few at a time, lateness is judged again just before each
+//!   claim, claims come before skip records (which stop after a poll
+//!   interval), and a finished run wakes the loop: after a stall the
+//!   instance runs what is still within `max_late` instead of spending the
+//!   time writing history.
 //!
 //! # Clocks
 //!
@@ -49,11 +72,12 @@ use coord_adapters::mint_token;
 use coord_backend::Clock;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::store::validate_job_name;
 use crate::{
     jitter_for, ClaimOutcome, ClaimRequest, Error, FinalStatus, Handler, Job, LockingHint,
-    ManualRun, RunContext, SkipReason, Slot, SlotStore,
+    ManualRun, RunContext, SkipReason, Slot, SlotStore, Takeover,
 };
 
 /// Options of a [`Scheduler`].
@@ -71,6 +95,14 @@ pub struct SchedulerOptions {
     /// Due slots started per job and tick (default 100); the rest wait for
     /// the next tick (and may become late).
     pub max_starts_per_tick: usize,
+    /// Longest wait for one store call (default 10 s): a claim, skip record,
+    /// finish or release that does not answer by then is treated as failed
+    /// (a claim is retried with the same token, so one that landed late is
+    /// still recognised as ours). Heartbeats are bounded by a third of the
+    /// job's lease. A store that hangs (a stopped
+    /// process holding its write lock, a dead connection) must not stall
+    /// every job of the instance.
+    pub store_timeout: Duration,
 }
 
 impl Default for SchedulerOptions {
@@ -84,6 +116,7 @@ impl Default for SchedulerOptions {
             poll_interval: Duration::from_millis(500),
             max_skips_recorded_per_tick: 20,
             max_starts_per_tick: 100,
+            store_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -102,6 +135,12 @@ impl SchedulerOptions {
         self.poll_interval = interval;
         self
     }
+
+    /// Set the longest wait for one store call.
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.store_timeout = timeout;
+        self
+    }
 }
 
 /// What a tick did with one slot.
@@ -115,7 +154,9 @@ pub enum TickAction {
         /// Whether the run is coordinated through the store.
         coordinated: bool,
     },
-    /// Another instance holds a live lease on the slot; looked at again when it expires.
+    /// Another instance holds the slot; it is looked at again (and taken
+    /// over once its lease stayed unchanged for a full lease on this
+    /// instance's monotonic clock and expired) until it becomes late.
     HeldElsewhere {
         /// The holder.
         holder: Option<String>,
@@ -198,10 +239,25 @@ pub struct ManualReport {
     pub recorded: bool,
 }
 
+/// A slot held by another instance, as this one follows it.
+#[derive(Clone, Debug)]
+struct Follow {
+    /// The holder's `lease_until_ms` as last seen in the store.
+    lease_until: u64,
+    /// When (monotonic) that value was first seen. A takeover is only asked
+    /// for once it stayed the same for a full lease: by then the holder,
+    /// which counts its lease from when its last confirmed heartbeat was
+    /// sent, has stopped considering itself the owner (a wall clock stepped
+    /// forward on this instance cannot shorten that).
+    seen_since: Instant,
+    /// When (monotonic) to look at the slot again.
+    look_at: Instant,
+}
+
 #[derive(Clone, Debug)]
 enum Pending {
-    /// Held by a live lease elsewhere: look again at `until`.
-    Following { until: u64 },
+    /// Held elsewhere: followed until taken over, done, or late.
+    Following(Follow),
     /// Blocked by a running slot (store-wide).
     Overlap,
     /// Blocked by a local run of another slot.
@@ -226,6 +282,9 @@ struct JobEntry {
 
 struct Inner {
     options: SchedulerOptions,
+    /// Woken when a run ends, so a slot blocked by it (no overlap) is
+    /// claimed at once instead of on the next poll.
+    wake: tokio::sync::Notify,
     clock: Arc<dyn Clock>,
     store: Option<Arc<dyn SlotStore>>,
     jobs: Mutex<BTreeMap<String, Arc<JobEntry>>>,
@@ -290,6 +349,25 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// Jobs ticked at once by one instance.
+const TICK_CONCURRENCY: usize = 4;
+
+/// `call`, or a store error if it does not answer within `bound`. A call
+/// that timed out may still have been applied: it is `Indeterminate`.
+async fn bounded<T>(
+    bound: Duration,
+    what: &str,
+    call: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(bound, call).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::Store(coord_backend::Error::Indeterminate {
+            message: format!("{what}: no answer from the run store within {bound:?}"),
+            source: None,
+        })),
+    }
+}
+
 async fn wait_shutdown(rx: &mut watch::Receiver<bool>) {
     if rx.wait_for(|stop| *stop).await.is_err() {
         std::future::pending::<()>().await;
@@ -349,6 +427,7 @@ impl Scheduler {
         Scheduler {
             inner: Arc::new(Inner {
                 options,
+                wake: tokio::sync::Notify::new(),
                 clock,
                 store,
                 jobs: Mutex::default(),
@@ -448,8 +527,12 @@ impl Scheduler {
     }
 
     /// One tick as if the time were `now_ms` (UTC ms): start due slots,
-    /// record late ones, retry pending ones. Handlers run in spawned tasks;
-    /// [`Scheduler::wait_idle`] waits for them. Ticks never overlap.
+    /// record late ones, retry pending ones. Jobs are ticked a few at a time
+    /// (a slow store call of one job never delays another's claims), and
+    /// lateness is judged again just before each claim with `now_ms`
+    /// advanced by the monotonic time the tick has taken. Handlers run in
+    /// spawned tasks; [`Scheduler::wait_idle`] waits for them. Ticks never
+    /// overlap.
     pub async fn tick_at(&self, now_ms: u64) -> TickReport {
         let mut report = TickReport {
             now_ms,
@@ -459,26 +542,54 @@ impl Scheduler {
         if *self.inner.shutdown.borrow() {
             return report;
         }
+        let started = Instant::now();
         let jobs: Vec<Arc<JobEntry>> = {
             let jobs = self.inner.jobs.lock().unwrap_or_else(|e| e.into_inner());
             jobs.values().cloned().collect()
         };
-        for entry in jobs {
-            self.tick_job(&entry, now_ms, &mut report).await;
+        // A few jobs at a time: enough that one slow call does not hold up
+        // the others, few enough not to flood a single-writer store (SQLite).
+        let slots = Arc::new(tokio::sync::Semaphore::new(TICK_CONCURRENCY));
+        let ticks: Vec<JoinHandle<Vec<TickEvent>>> = jobs
+            .into_iter()
+            .map(|entry| {
+                let me = self.clone();
+                let slots = slots.clone();
+                tokio::spawn(async move {
+                    let _turn = slots.acquire_owned().await;
+                    me.tick_job(&entry, now_ms, started).await
+                })
+            })
+            .collect();
+        for tick in ticks {
+            match tick.await {
+                Ok(events) => report.events.extend(events),
+                Err(error) => tracing::error!(%error, "a job's tick failed"),
+            }
         }
         report
     }
 
-    async fn tick_job(&self, entry: &Arc<JobEntry>, now: u64, report: &mut TickReport) {
+    async fn tick_job(&self, entry: &Arc<JobEntry>, now: u64, started: Instant) -> Vec<TickEvent> {
         let job = &entry.job;
         let name = job.name.as_str();
         let opts = &job.options;
+        let ttl = opts.lease_ttl;
         let max_late = millis(opts.max_late);
         let look_back = max_late.saturating_add(millis(opts.jitter));
         let jitter = |slot: Slot| jitter_for(name, slot, opts.jitter);
-        let is_late = |slot: Slot| now > slot.saturating_add(jitter(slot)).saturating_add(max_late);
+        let late_at =
+            |slot: Slot, at: u64| at > slot.saturating_add(jitter(slot)).saturating_add(max_late);
+        let is_late = |slot: Slot| late_at(slot, now);
+        // The tick's time, advanced by the monotonic time spent since it
+        // began: a tick that waited on the store (or a process that was
+        // paused) must not claim a slot that became late meanwhile.
+        let fresh_now = || now.saturating_add(millis(started.elapsed()));
+        let follow_every = (ttl / 3).max(Duration::from_millis(1));
+        let store_timeout = self.inner.options.store_timeout;
+        let mut events = Vec::new();
         let mut event = |slot, action| {
-            report.events.push(TickEvent {
+            events.push(TickEvent {
                 job: name.to_owned(),
                 slot,
                 action,
@@ -494,24 +605,28 @@ impl Scheduler {
                 st.initialized = true;
                 st.cursor = job.schedule.next_at_or_after(now.saturating_sub(look_back));
             }
+            let mono = Instant::now();
             let pending: Vec<(Slot, Pending)> =
                 st.pending.iter().map(|(s, p)| (*s, p.clone())).collect();
             for (slot, p) in pending {
+                if is_late(slot) {
+                    // Followed slots too: a slot is never claimed past its
+                    // lateness bound, which add_job keeps below the store's
+                    // dedupe window, so never after its claim could be forgotten.
+                    st.pending.remove(&slot);
+                    let reason = match p {
+                        Pending::Overlap | Pending::LocalOverlap => SkipReason::Overlap,
+                        _ => SkipReason::Late,
+                    };
+                    lates.push((slot, reason));
+                    continue;
+                }
                 match p {
-                    Pending::Following { until } if now < until => {}
-                    Pending::Following { .. } => attempts.push((slot, None)),
-                    Pending::StoreError { .. } | Pending::Overlap | Pending::LocalOverlap
-                        if is_late(slot) =>
-                    {
-                        st.pending.remove(&slot);
-                        let reason = match p {
-                            Pending::StoreError { .. } => SkipReason::Late,
-                            _ => SkipReason::Overlap,
-                        };
-                        lates.push((slot, reason));
+                    Pending::Following(f) if mono < f.look_at => {}
+                    Pending::Following(_) | Pending::Overlap | Pending::LocalOverlap => {
+                        attempts.push((slot, None))
                     }
                     Pending::StoreError { token } => attempts.push((slot, Some(token))),
-                    Pending::Overlap | Pending::LocalOverlap => attempts.push((slot, None)),
                 }
             }
             let mut started = 0usize;
@@ -543,37 +658,26 @@ impl Scheduler {
         attempts.sort_by_key(|(slot, _)| *slot);
         attempts.dedup_by_key(|(slot, _)| *slot);
 
-        // 2. Skips.
-        for (slot, reason) in lates {
-            let recorded = match (&self.inner.store, entry.coordinated) {
-                (Some(store), true) => {
-                    match store
-                        .record_skip(name, slot, &self.inner.options.instance_id, reason)
-                        .await
-                    {
-                        Ok(recorded) => recorded,
-                        Err(error) => {
-                            tracing::warn!(job = name, slot, %error, "could not record a skipped slot");
-                            false
-                        }
-                    }
-                }
-                _ => false,
-            };
-            tracing::info!(job = name, slot, ?reason, "slot skipped: too late to start");
-            event(slot, TickAction::Late { reason, recorded });
-        }
-
-        // 3. Runs. Attempts are in slot order: once a slot is blocked by a
+        // 2. Runs, before recording skips: claims are what is late-sensitive.
+        // Attempts are in slot order: once a slot is blocked by a
         // running slot (no overlap), every later fresh slot of this job is
         // blocked too, so it waits without a store write; only the oldest
         // blocked slot asks the store each tick (a backlog must not multiply
         // the store load). Retries carrying a token still ask: they may have won.
         let mut blocked_by: Option<Slot> = None;
         for (slot, token) in attempts {
+            if late_at(slot, fresh_now()) {
+                let mut st = entry.state.lock().unwrap_or_else(|e| e.into_inner());
+                let reason = match st.pending.remove(&slot) {
+                    Some(Pending::Overlap | Pending::LocalOverlap) => SkipReason::Overlap,
+                    _ => SkipReason::Late,
+                };
+                lates.push((slot, reason));
+                continue;
+            }
             if let (Some(running_slot), None, true) = (blocked_by, &token, entry.coordinated) {
                 let mut st = entry.state.lock().unwrap_or_else(|e| e.into_inner());
-                if !matches!(st.pending.get(&slot), Some(Pending::Following { .. })) {
+                if !matches!(st.pending.get(&slot), Some(Pending::Following(_))) {
                     st.pending.insert(slot, Pending::Overlap);
                     drop(st);
                     event(slot, TickAction::Overlap { running_slot });
@@ -596,7 +700,7 @@ impl Scheduler {
                     event(slot, TickAction::LocalOverlap);
                     continue;
                 }
-                self.spawn_run(entry.clone(), slot, None, 0);
+                self.spawn_run(entry.clone(), slot, None, 0, Instant::now());
                 event(
                     slot,
                     TickAction::Started {
@@ -609,23 +713,58 @@ impl Scheduler {
             let Some(store) = self.inner.store.clone() else {
                 continue;
             };
+            // Another instance's unreleased run is only taken over once this
+            // instance saw its lease unchanged for a full lease on its own
+            // monotonic clock (and the store's clock says it expired).
+            let takeover = {
+                let st = entry.state.lock().unwrap_or_else(|e| e.into_inner());
+                match st.pending.get(&slot) {
+                    Some(Pending::Following(f)) if f.seen_since.elapsed() >= ttl => {
+                        Takeover::IfUnchanged(f.lease_until)
+                    }
+                    _ => Takeover::Never,
+                }
+            };
             let token = token.unwrap_or_else(mint_token);
             let request = ClaimRequest::new(
                 name,
                 slot,
                 token.clone(),
                 self.inner.options.instance_id.clone(),
-                opts.lease_ttl,
+                ttl,
             )
-            .allow_overlap(opts.allow_overlap);
-            let claim = store.claim(&request).await;
+            .allow_overlap(opts.allow_overlap)
+            .takeover(takeover);
+            // The lease counts from when the claim was sent, not answered.
+            let sent = Instant::now();
+            // Bounded by store_timeout only: on a saturated store, cancelling
+            // and retrying sooner would only add load (the abandoned call
+            // still runs); an answer that comes after the lease is retried.
+            let claim = bounded(store_timeout, "claim", store.claim(&request)).await;
             let mut st = entry.state.lock().unwrap_or_else(|e| e.into_inner());
             match claim {
+                Ok(claim) if claim.won && sent.elapsed() >= ttl => {
+                    // Won, but the answer came after the lease (counted from
+                    // sending) ran out: claim again with the same token,
+                    // which renews the lease if nobody took it meanwhile.
+                    st.pending.insert(slot, Pending::StoreError { token });
+                    tracing::warn!(
+                        job = name,
+                        slot,
+                        "claim answered after its lease ran out: retrying"
+                    );
+                    event(
+                        slot,
+                        TickAction::StoreError {
+                            message: "claim answered after its lease ran out".into(),
+                        },
+                    );
+                }
                 Ok(claim) if claim.won => {
                     st.pending.remove(&slot);
                     st.local_running.insert(slot);
                     drop(st);
-                    self.spawn_run(entry.clone(), slot, Some(token), claim.takeovers);
+                    self.spawn_run(entry.clone(), slot, Some(token), claim.takeovers, sent);
                     event(
                         slot,
                         TickAction::Started {
@@ -647,12 +786,29 @@ impl Scheduler {
                         event(slot, TickAction::Overlap { running_slot });
                     }
                     ClaimOutcome::Running => {
-                        let until = claim
-                            .lease_until_ms
-                            .unwrap_or(now)
-                            .max(now.saturating_add(1));
-                        st.pending.insert(slot, Pending::Following { until });
-                        tracing::debug!(job = name, slot, holder = ?claim.holder, "slot held elsewhere: skipping this tick");
+                        let lease_until = claim.lease_until_ms.unwrap_or(0);
+                        let seen = Instant::now();
+                        let seen_since = match st.pending.get(&slot) {
+                            Some(Pending::Following(f)) if f.lease_until == lease_until => {
+                                f.seen_since
+                            }
+                            _ => seen,
+                        };
+                        // Look again every third of a lease (to see the
+                        // holder's heartbeats move it) and when it has been
+                        // unchanged for a full lease.
+                        let look_at = (seen + follow_every)
+                            .min(seen_since + ttl)
+                            .max(seen + Duration::from_millis(1));
+                        st.pending.insert(
+                            slot,
+                            Pending::Following(Follow {
+                                lease_until,
+                                seen_since,
+                                look_at,
+                            }),
+                        );
+                        tracing::debug!(job = name, slot, holder = ?claim.holder, "slot held elsewhere: following it");
                         event(
                             slot,
                             TickAction::HeldElsewhere {
@@ -678,9 +834,58 @@ impl Scheduler {
                 }
             }
         }
+
+        // 3. Skips. Recording them is history only: once the tick has taken
+        // a poll interval, the rest are logged, not written, so a backlog of
+        // late slots never delays the next tick's claims.
+        let budget = self.inner.options.poll_interval;
+        let mut unrecorded = 0usize;
+        for (slot, reason) in lates {
+            let recorded = match (&self.inner.store, entry.coordinated) {
+                (Some(_), true) if started.elapsed() >= budget => {
+                    unrecorded += 1;
+                    false
+                }
+                (Some(store), true) => {
+                    match bounded(
+                        store_timeout,
+                        "record a skip",
+                        store.record_skip(name, slot, &self.inner.options.instance_id, reason),
+                    )
+                    .await
+                    {
+                        Ok(recorded) => recorded,
+                        Err(error) => {
+                            tracing::warn!(job = name, slot, %error, "could not record a skipped slot");
+                            false
+                        }
+                    }
+                }
+                _ => false,
+            };
+            tracing::info!(job = name, slot, ?reason, "slot skipped: too late to start");
+            event(slot, TickAction::Late { reason, recorded });
+        }
+        if unrecorded > 0 {
+            tracing::warn!(
+                job = name,
+                unrecorded,
+                "skipped slots not recorded in history (the tick ran out of time)"
+            );
+        }
+        events
     }
 
-    fn spawn_run(&self, entry: Arc<JobEntry>, slot: Slot, token: Option<String>, takeovers: u32) {
+    /// Run the handler of a won slot (`token`: coordinated; its claim was
+    /// sent at `claim_sent`) with heartbeats, then finish or release it.
+    fn spawn_run(
+        &self,
+        entry: Arc<JobEntry>,
+        slot: Slot,
+        token: Option<String>,
+        takeovers: u32,
+        claim_sent: Instant,
+    ) {
         let inner = self.inner.clone();
         let handle = tokio::spawn(async move {
             let job = &entry.job;
@@ -702,21 +907,53 @@ impl Scheduler {
                 let (Some(store), Some(token)) = (&store, &token) else {
                     return std::future::pending::<()>().await;
                 };
+                // The lease as this instance knows it, like LockGuard's
+                // (crates/coord-adapters/src/lock/guard.rs): it runs out one
+                // TTL after the last *confirmed* claim or heartbeat was
+                // SENT, on the monotonic clock (a wall-clock step cannot
+                // extend it). A backup takes over only after seeing the lease
+                // unchanged for a full TTL on its own monotonic clock, so it
+                // never starts before this deadline has passed here.
                 let every = (ttl / 3).max(Duration::from_millis(10));
+                let mut deadline = claim_sent + ttl;
+                let mut next = claim_sent + every;
+                let lost = |why: &str| {
+                    tracing::warn!(job = %name, slot, "lease lost: {why}");
+                    lost_tx.send_replace(true);
+                };
                 loop {
-                    tokio::time::sleep(every).await;
-                    match store.heartbeat(&name, slot, token, ttl).await {
-                        Ok(_) => {}
-                        Err(error) if error.is_not_owner() => {
-                            tracing::warn!(job = %name, slot, "lease lost: another instance took the slot over");
-                            lost_tx.send_replace(true);
-                            std::future::pending::<()>().await;
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(deadline) => break,
+                        _ = tokio::time::sleep_until(next) => {}
+                    }
+                    let sent = Instant::now();
+                    next = sent + every;
+                    // A heartbeat that does not answer before the next one
+                    // is due (or the lease ends) counts as failed.
+                    let answer = tokio::time::timeout_at(
+                        next.min(deadline),
+                        store.heartbeat(&name, slot, token, ttl),
+                    )
+                    .await;
+                    match answer {
+                        Ok(Ok(_)) => deadline = deadline.max(sent + ttl),
+                        Ok(Err(error)) if error.is_not_owner() => {
+                            lost("another instance took the slot over");
+                            return std::future::pending::<()>().await;
                         }
-                        Err(error) => {
+                        Ok(Err(error)) => {
                             tracing::warn!(job = %name, slot, %error, "heartbeat failed; retrying");
                         }
+                        Err(_) => {
+                            tracing::warn!(job = %name, slot, "heartbeat did not answer in time; retrying");
+                        }
+                    }
+                    if Instant::now() >= deadline {
+                        break;
                     }
                 }
+                lost("no heartbeat confirmed within the lease (store unreachable or slow)");
+                std::future::pending::<()>().await
             };
             let status = execute(
                 &job.handler,
@@ -734,19 +971,24 @@ impl Scheduler {
                 tracing::info!(job = %name, slot, ?status, "local run ended");
                 return;
             };
+            let bound = inner.options.store_timeout;
             match status {
                 Some(status) => {
-                    if let Err(error) = store.finish(&name, slot, &token, status.clone()).await {
+                    let finish = store.finish(&name, slot, &token, status.clone());
+                    if let Err(error) = bounded(bound, "finish", finish).await {
                         tracing::warn!(job = %name, slot, %error, "could not record the end of the run");
                     }
+                    // The next slot of the job may be waiting for this one.
+                    inner.wake.notify_one();
                     if store.dedupe_window().is_some() {
-                        if let Err(error) = store.prune(&name).await {
+                        if let Err(error) = bounded(bound, "prune", store.prune(&name)).await {
                             tracing::warn!(job = %name, %error, "could not forget old claims");
                         }
                     }
                 }
                 None => {
-                    if let Err(error) = store.release(&name, slot, &token).await {
+                    let release = store.release(&name, slot, &token);
+                    if let Err(error) = bounded(bound, "release", release).await {
                         tracing::warn!(job = %name, slot, %error, "could not release the lease on shutdown");
                     }
                 }
@@ -834,6 +1076,7 @@ impl Scheduler {
                 let wait = me.next_wake(now);
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
+                    _ = me.inner.wake.notified() => {}
                     _ = wait_shutdown(&mut shutdown) => break,
                 }
             }

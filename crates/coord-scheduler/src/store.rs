@@ -76,6 +76,43 @@ pub struct ClaimRequest {
     pub lease_ttl: Duration,
     /// Whether this slot may run while another slot of the job is running.
     pub allow_overlap: bool,
+    /// When a lease of another token that expired by the store's clock may
+    /// be taken over (default [`Takeover::WhenExpired`]).
+    pub takeover: Takeover,
+}
+
+/// When [`SlotStore::claim`] may take over another token's unfinished run
+/// whose lease expired by the store's clock. A released run is free for
+/// any claimer whatever the rule.
+///
+/// Expiry read from one instance's wall clock alone is not enough: a clock
+/// stepped forward (e.g. +1 h) makes every live lease look expired. The
+/// scheduler therefore first observes a lease, and takes it over only once
+/// that lease stayed the same for a full lease duration on its own monotonic
+/// clock (as Kubernetes leader election does): the holder, which counts its
+/// own lease from when its last confirmed heartbeat was *sent*, has given
+/// it up locally by then.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Takeover {
+    /// The store's clock alone decides (expired = takeable).
+    #[default]
+    WhenExpired,
+    /// Only when the expired lease still ends at this instant (UTC ms): the
+    /// `lease_until_ms` the caller saw unchanged for a full lease duration.
+    IfUnchanged(u64),
+    /// Never take over an unreleased run: only learn who holds it and until when.
+    Never,
+}
+
+impl Takeover {
+    fn allows(self, lease_until_ms: u64) -> bool {
+        match self {
+            Takeover::WhenExpired => true,
+            Takeover::IfUnchanged(seen) => seen == lease_until_ms,
+            Takeover::Never => false,
+        }
+    }
 }
 
 impl ClaimRequest {
@@ -94,7 +131,14 @@ impl ClaimRequest {
             instance: instance.into(),
             lease_ttl,
             allow_overlap: false,
+            takeover: Takeover::WhenExpired,
         }
+    }
+
+    /// Set when an expired lease of another token may be taken over.
+    pub fn takeover(mut self, rule: Takeover) -> Self {
+        self.takeover = rule;
+        self
     }
 
     /// Allow (or not) this slot to run while another slot of the job runs.
@@ -112,7 +156,8 @@ pub enum ClaimOutcome {
     Won,
     /// Won a slot whose previous holder's lease expired or who released it.
     TakenOver,
-    /// Lost: another token holds a live lease on this slot.
+    /// Lost: another token holds a live lease on this slot (or an expired
+    /// one that the request's [`Takeover`] rule did not allow to take over).
     Running,
     /// Lost: the slot's run is finished.
     Done,
@@ -650,7 +695,11 @@ impl SlotStore for RunStore {
                         }));
                     }
                     Some(r) if r.state == SlotState::Running => match &lease {
-                        Some(l) if l.token == r.token && l.lease_until_ms > now => {
+                        Some(l)
+                            if l.token == r.token
+                                && (l.lease_until_ms > now
+                                    || !request.takeover.allows(l.lease_until_ms)) =>
+                        {
                             return Ok(Decision::Return(Claim {
                                 won: false,
                                 outcome: ClaimOutcome::Running,
