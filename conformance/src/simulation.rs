@@ -36,7 +36,9 @@
 //!   `Applied`/`Replayed` answer carries the result of the run that happened;
 //! - board: at most one successful completion per task, claim generations
 //!   unique, and a completed task's stored result is its completer's;
-//! - scheduler: at most one run per (job, slot);
+//! - scheduler: one run per (job, slot), or runs one after the other by
+//!   takeover, each later one started after the earlier one stopped acting
+//!   (its lease lost or its work done) and with a higher takeover count;
 //! - no definite answer that the store contradicts (the checks above, read
 //!   back from the store at the end).
 
@@ -51,8 +53,8 @@ use coord_adapters::lock::{
     GenericLock, GuardOptions, Lock, LockError, LockGuard, LockOptions, WaitOptions,
 };
 use coord_adapters::sideeffect::{
-    Action, BackendFencedSink, EffectResult, Fence, FencedSink, Outcome, Runner,
-    SideEffectAdapter, SideEffectError, SideEffectStore,
+    Action, BackendFencedSink, EffectResult, Fence, FencedSink, Outcome, Runner, SideEffectAdapter,
+    SideEffectStore,
 };
 use coord_backend::{Backend, Clock, Mutation};
 use coord_memory::SingleProcessMemoryBackend;
@@ -219,13 +221,22 @@ struct Facts {
     claims: BTreeMap<String, Vec<u64>>,
     /// task id → workers whose completion was answered Ok.
     completions: BTreeMap<String, Vec<String>>,
-    /// action key → answers that said the outcome is unknown.
+    /// action key → answers that were errors.
     effect_errors: BTreeMap<String, u64>,
     /// Lock calls that ended "indeterminate" (a grant may have been committed).
     lock_errors: u64,
     /// slot → instances that ran it.
-    slot_runs: BTreeMap<u64, Vec<String>>,
+    slot_runs: BTreeMap<u64, Vec<SlotRun>>,
     stats: BTreeMap<&'static str, u64>,
+}
+
+#[derive(Debug)]
+struct SlotRun {
+    who: String,
+    takeovers: u32,
+    /// Event numbers: when the handler started, and the last moment it saw its lease held.
+    started: u64,
+    last_valid: u64,
 }
 
 type Shared = Arc<Mutex<Facts>>;
@@ -484,13 +495,7 @@ async fn board_actor(inst: Arc<Instance>, log: Arc<Log>, shared: Shared, seed: u
     }
 }
 
-async fn runner_actor(
-    inst: Arc<Instance>,
-    log: Arc<Log>,
-    shared: Shared,
-    seed: u64,
-    end: Instant,
-) {
+async fn runner_actor(inst: Arc<Instance>, log: Arc<Log>, shared: Shared, seed: u64, end: Instant) {
     let mut rng = StdRng::seed_from_u64(seed);
     let runner = Runner::new(Arc::new(SideEffectAdapter::with_clock(
         inst.backend(),
@@ -532,11 +537,9 @@ async fn runner_actor(
                 format!("{:?}", execution.outcome)
             }
             Err(e) => {
-                let doubt = e.outcome() == Some(Outcome::Uncertain)
-                    || matches!(&e, SideEffectError::Store(e) if e.is_indeterminate());
-                if doubt {
-                    *facts(&shared).effect_errors.entry(key.clone()).or_insert(0) += 1;
-                }
+                // Any error may leave an intent behind (it then reads as
+                // uncertain, never as free): only definite answers may not.
+                *facts(&shared).effect_errors.entry(key.clone()).or_insert(0) += 1;
                 kind(&e.to_string())
             }
         };
@@ -557,28 +560,58 @@ fn start_scheduler(inst: &Arc<Instance>, log: &Arc<Log>, shared: &Shared) -> Sch
     let options =
         SchedulerOptions::instance(inst.name.clone()).poll_interval(Duration::from_millis(250));
     let scheduler = Scheduler::new(Some(store), inst.clock.clone(), options);
-    let (who, log, shared, inst2) = (
-        inst.name.clone(),
-        log.clone(),
-        shared.clone(),
-        inst.clone(),
-    );
+    let (who, log, shared, inst2) = (inst.name.clone(), log.clone(), shared.clone(), inst.clone());
     let job = Job::new(
         "tick",
         Schedule::parse("every 1s", None).expect("a schedule"),
         handler(move |ctx| {
-            let (who, log, shared, inst) = (who.clone(), log.clone(), shared.clone(), inst2.clone());
+            let (who, log, shared, inst) =
+                (who.clone(), log.clone(), shared.clone(), inst2.clone());
             async move {
-                if !ctx.manual {
-                    facts(&shared)
-                        .slot_runs
-                        .entry(ctx.slot)
-                        .or_default()
-                        .push(who.clone());
-                    count(&shared, "scheduler runs");
-                    log.event(&who, format!("run slot {}", ctx.slot.saturating_sub(EPOCH_MS)));
+                if ctx.manual {
+                    return Ok(());
                 }
-                inst.wait_running().await;
+                let index = {
+                    let mut f = facts(&shared);
+                    f.clock += 1;
+                    let started = f.clock;
+                    let runs = f.slot_runs.entry(ctx.slot).or_default();
+                    runs.push(SlotRun {
+                        who: who.clone(),
+                        takeovers: ctx.takeovers,
+                        started,
+                        last_valid: started,
+                    });
+                    runs.len() - 1
+                };
+                count(&shared, "scheduler runs");
+                log.event(
+                    &who,
+                    format!(
+                        "run slot {} (takeovers {})",
+                        ctx.slot.saturating_sub(EPOCH_MS),
+                        ctx.takeovers
+                    ),
+                );
+                // Work in steps, each only while the lease is surely held.
+                for _ in 0..3 {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    inst.wait_running().await;
+                    if ctx.is_lease_lost() {
+                        log.event(&who, "lease lost: stops");
+                        break;
+                    }
+                    let mut f = facts(&shared);
+                    f.clock += 1;
+                    let now = f.clock;
+                    if let Some(run) = f
+                        .slot_runs
+                        .get_mut(&ctx.slot)
+                        .and_then(|r| r.get_mut(index))
+                    {
+                        run.last_valid = now;
+                    }
+                }
                 Ok(())
             }
         }),
@@ -594,13 +627,7 @@ fn start_scheduler(inst: &Arc<Instance>, log: &Arc<Log>, shared: &Shared) -> Sch
 }
 
 /// Random faults until `end`: windows of faults, hung writes, pauses, clock steps.
-async fn chaos(
-    everyone: &[Arc<Instance>],
-    crons: usize,
-    log: &Log,
-    seed: u64,
-    end: Instant,
-) {
+async fn chaos(everyone: &[Arc<Instance>], crons: usize, log: &Log, seed: u64, end: Instant) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0xC4A0_5);
     let first_cron = everyone.len() - crons;
     while Instant::now() < end {
@@ -625,7 +652,10 @@ async fn chaos(
                     Target::Any
                 };
                 let p = rng.random_range(0.1..0.6);
-                log.event("chaos", format!("{}: {fault:?} on {target:?} p={p:.2}", victim.name));
+                log.event(
+                    "chaos",
+                    format!("{}: {fault:?} on {target:?} p={p:.2}", victim.name),
+                );
                 f.sometimes(target, p, fault);
                 let window = Duration::from_millis(rng.random_range(200..4000));
                 heal_later(victim.clone(), window);
@@ -633,10 +663,14 @@ async fn chaos(
             4 => {
                 log.event("chaos", format!("{}: writes hang", victim.name));
                 f.always(Target::WritingTxn, Fault::Hang);
-                heal_later(victim.clone(), Duration::from_millis(rng.random_range(200..3000)));
+                heal_later(
+                    victim.clone(),
+                    Duration::from_millis(rng.random_range(200..3000)),
+                );
             }
             5..=7 => {
-                let pause = Duration::from_millis(rng.random_range(500..(3 * LOCK_TTL.as_millis() as u64)));
+                let pause =
+                    Duration::from_millis(rng.random_range(500..(3 * LOCK_TTL.as_millis() as u64)));
                 log.event("chaos", format!("{}: paused {pause:?}", victim.name));
                 victim.paused.send_replace(true);
                 f.pause();
@@ -728,7 +762,10 @@ async fn check(
     // Side effects: each closure at most once; answers carry the one result.
     for (key, runs) in &f.effects {
         if runs.len() > 1 {
-            violations.push(format!("side effect {key} applied {} times: {runs:?}", runs.len()));
+            violations.push(format!(
+                "side effect {key} applied {} times: {runs:?}",
+                runs.len()
+            ));
         }
     }
     for (key, answers) in &f.answered {
@@ -753,7 +790,7 @@ async fn check(
         match state {
             Ok(acquired) => match acquired.outcome {
                 Outcome::Uncertain if ran == 0 && errors == 0 => violations.push(format!(
-                    "side effect {key} is uncertain, yet no run started and no caller was told of a doubt"
+                    "side effect {key} is uncertain, yet no run started and every caller got a definite answer"
                 )),
                 Outcome::Applied if ran > 0 => violations.push(format!(
                     "side effect {key} ran, yet the store lets it run again"
@@ -770,13 +807,18 @@ async fn check(
     for (id, claims) in &f.claims {
         let unique: BTreeSet<_> = claims.iter().collect();
         if unique.len() != claims.len() {
-            violations.push(format!("task {id}: a claim generation was granted twice: {claims:?}"));
+            violations.push(format!(
+                "task {id}: a claim generation was granted twice: {claims:?}"
+            ));
         }
     }
     let board = BoardAdapter::new(store.clone());
     for (id, done) in &f.completions {
         if done.len() > 1 {
-            violations.push(format!("task {id} completed {} times: {done:?}", done.len()));
+            violations.push(format!(
+                "task {id} completed {} times: {done:?}",
+                done.len()
+            ));
         }
         match board.get(id).await {
             Ok(task) => {
@@ -793,13 +835,25 @@ async fn check(
         }
     }
     // Scheduler: at most one run per slot.
-    for (slot, who) in &f.slot_runs {
-        if who.len() > 1 {
-            violations.push(format!(
-                "slot {} ran {} times: {who:?}",
-                slot.saturating_sub(EPOCH_MS),
-                who.len()
-            ));
+    // A slot runs again only as a takeover, after the earlier run stopped
+    // acting on it (its lease lost or its work done).
+    for (slot, runs) in &f.slot_runs {
+        let mut runs: Vec<&SlotRun> = runs.iter().collect();
+        runs.sort_by_key(|r| r.started);
+        for pair in runs.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            if b.takeovers <= a.takeovers || a.last_valid > b.started {
+                violations.push(format!(
+                    "slot {} ran twice at once: {} (takeovers {}, held until event {}) and {} (takeovers {}, from event {})",
+                    slot.saturating_sub(EPOCH_MS),
+                    a.who,
+                    a.takeovers,
+                    a.last_valid,
+                    b.who,
+                    b.takeovers,
+                    b.started
+                ));
+            }
         }
     }
 }

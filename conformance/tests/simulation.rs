@@ -84,7 +84,11 @@ fn simulation_same_seed_same_trace() {
     let options = SimOptions::default();
     let a = run(7, &options);
     let b = run(7, &options);
-    assert!(a.trace.len() > 100, "a run with almost no events: {:?}", a.trace);
+    assert!(
+        a.trace.len() > 100,
+        "a run with almost no events: {:?}",
+        a.trace
+    );
     if a.trace != b.trace {
         let at = a.trace.iter().zip(&b.trace).position(|(x, y)| x != y);
         panic!(
@@ -95,7 +99,11 @@ fn simulation_same_seed_same_trace() {
             at.map(|i| &b.trace[i])
         );
     }
-    assert_ne!(a.trace, run(8, &options).trace, "another seed, the same run");
+    assert_ne!(
+        a.trace,
+        run(8, &options).trace,
+        "another seed, the same run"
+    );
 }
 
 #[test]

@@ -159,7 +159,8 @@ pub enum ClaimOutcome {
     /// Lost: another token holds a live lease on this slot (or an expired
     /// one that the request's [`Takeover`] rule did not allow to take over).
     Running,
-    /// Lost: the slot's run is finished.
+    /// Lost: the slot's run is finished, or its claim was forgotten
+    /// ([`SlotStore::prune`]): a forgotten slot is never claimable again.
     Done,
     /// Lost: another slot of the job is running with a live lease and the
     /// job does not allow overlap.
@@ -488,6 +489,16 @@ struct HistoryEntry {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct History {
     runs: Vec<HistoryEntry>,
+    /// Slots below this were forgotten by [`SlotStore::prune`] (their claims
+    /// deleted): never claimable again. Kept in the store, not judged by any
+    /// instance's clock, so an instance whose clock lags the pruner's cannot
+    /// claim and run a forgotten slot a second time.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    forgotten_below: Slot,
+}
+
+fn is_zero(n: &Slot) -> bool {
+    *n == 0
 }
 
 impl History {
@@ -646,6 +657,15 @@ impl SlotStore for RunStore {
                 let record: Option<SlotRecord> = decode(view, &slot_key)?;
                 let mut running: RunningSet = decode(view, &running_key)?.unwrap_or_default();
                 let mut history: History = decode(view, &history_key)?.unwrap_or_default();
+                if slot < history.forgotten_below {
+                    return Ok(Decision::Return(Claim {
+                        won: false,
+                        outcome: ClaimOutcome::Done,
+                        takeovers: 0,
+                        holder: None,
+                        lease_until_ms: None,
+                    }));
+                }
                 let lease = running.runs.get(&slot).cloned();
                 let takeovers = match &record {
                     None => 0,
@@ -1138,12 +1158,16 @@ impl SlotStore for RunStore {
                     .is_ok_and(|slot| slot < horizon)
             })
             .collect();
+        let history_key = Self::history_key(job);
         let mut forgotten = 0;
         for batch in old.chunks(PRUNE_BATCH) {
+            let mut keys = batch.to_vec();
+            keys.push(history_key.clone());
             forgotten += self
                 .engine
-                .decide(batch, |view| {
+                .decide(&keys, |view| {
                     let mut deletes = Vec::new();
+                    let mut below = 0;
                     for key in batch {
                         let Some(record) = decode::<SlotRecord>(view, key)? else {
                             continue;
@@ -1153,16 +1177,22 @@ impl SlotStore for RunStore {
                         let ended = record.finished_ms.unwrap_or(u64::MAX);
                         if record.state != SlotState::Running && ended < horizon {
                             deletes.push(Mutation::delete(key.clone()));
+                            if let Ok(slot) = key[prefix.len()..].parse::<u64>() {
+                                below = below.max(slot.saturating_add(1));
+                            }
                         }
                     }
                     let n = deletes.len();
-                    Ok::<_, Error>(if n == 0 {
-                        Decision::Return(0)
-                    } else {
-                        Decision::Commit {
-                            mutations: deletes,
-                            then: n,
-                        }
+                    if n == 0 {
+                        return Ok::<_, Error>(Decision::Return(0));
+                    }
+                    // Raise the floor in the same txn as the deletes.
+                    let mut history: History = decode(view, &history_key)?.unwrap_or_default();
+                    history.forgotten_below = history.forgotten_below.max(below);
+                    deletes.push(encode(&history_key, &history));
+                    Ok(Decision::Commit {
+                        mutations: deletes,
+                        then: n,
                     })
                 })
                 .await?;

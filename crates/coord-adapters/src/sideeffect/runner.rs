@@ -268,8 +268,22 @@ impl Runner {
         lease: &Lease,
         reason: &str,
     ) {
-        if let Err(e) = store.abandon(action, lease, reason).await {
-            tracing::warn!(step = "abandon", error = %e, "could not abandon the attempt");
+        // Nothing was applied, so a refused abandon is worth a few retries:
+        // a leftover intent reads as uncertain and then needs a reconcile.
+        let mut pause = Duration::from_millis(50);
+        for attempt in 1..=3 {
+            match store.abandon(action, lease, reason).await {
+                Ok(()) => return,
+                Err(e) if e.is_retryable() && attempt < 3 => {
+                    tracing::debug!(step = "abandon", error = %e, attempt, "abandon refused; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause *= 4;
+                }
+                Err(e) => {
+                    tracing::warn!(step = "abandon", error = %e, "could not abandon the attempt");
+                    return;
+                }
+            }
         }
     }
 
