@@ -82,6 +82,10 @@ pub struct RedisLockOptions {
     /// `None` = forever, which a lock should not do: a hung call would hold
     /// its caller past the TTL).
     pub response_timeout: Option<Duration>,
+    /// Connect to a server whose `maxmemory-policy` is not `noeviction`.
+    /// Default `false`: such a server may evict a fence counter under
+    /// memory pressure and hand a fence out twice.
+    pub allow_eviction: bool,
 }
 
 impl Default for RedisLockOptions {
@@ -90,6 +94,7 @@ impl Default for RedisLockOptions {
             key_prefix: None,
             connect_timeout: Duration::from_secs(5),
             response_timeout: Some(Duration::from_secs(5)),
+            allow_eviction: false,
         }
     }
 }
@@ -110,6 +115,12 @@ impl RedisLockOptions {
     /// Wait at most `timeout` for each answer (`None` = forever).
     pub fn with_response_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.response_timeout = timeout;
+        self
+    }
+
+    /// Set [`RedisLockOptions::allow_eviction`].
+    pub fn with_allow_eviction(mut self, allow: bool) -> Self {
+        self.allow_eviction = allow;
         self
     }
 }

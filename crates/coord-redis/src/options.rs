@@ -32,6 +32,13 @@ pub struct RedisOptions {
     pub redirect_retries: u32,
     /// Key, value and keys-per-call limits. Default [`Limits::DEFAULT`].
     pub limits: Limits,
+    /// Connect to a server (every master of a cluster) whose
+    /// `maxmemory-policy` is not `noeviction`. Default `false`: such a
+    /// server may evict records under memory pressure, and with them
+    /// versions, tombstones and fence counters, so an old version can be
+    /// handed out again. Set it only when the namespace can never fill memory
+    /// (see docs/shapes.md, Redis).
+    pub allow_eviction: bool,
 }
 
 impl Default for RedisOptions {
@@ -43,6 +50,7 @@ impl Default for RedisOptions {
             read_retries: 2,
             redirect_retries: 3,
             limits: Limits::DEFAULT,
+            allow_eviction: false,
         }
     }
 }
@@ -75,6 +83,12 @@ impl RedisOptions {
     /// Set [`RedisOptions::redirect_retries`].
     pub fn with_redirect_retries(mut self, retries: u32) -> Self {
         self.redirect_retries = retries;
+        self
+    }
+
+    /// Set [`RedisOptions::allow_eviction`].
+    pub fn with_allow_eviction(mut self, allow: bool) -> Self {
+        self.allow_eviction = allow;
         self
     }
 
