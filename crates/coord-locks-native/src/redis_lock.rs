@@ -1,4 +1,4 @@
-//! [`RedisLock`]: single-node Redlock with fencing tokens (seed 000 `@bext/locking-redis`).
+//! [`RedisLock`]: single-node Redlock with fencing tokens.
 
 use std::fmt;
 use std::sync::LazyLock;
@@ -14,8 +14,19 @@ use redis::{ErrorKind, RedisError, Script};
 
 /// SET NX PX and, only when it took the key, the fence: one atomic step, so
 /// no grant goes without a fence and no fence is spent on a refusal.
-/// Reply: the new fence (>= 1), or 0 when the key is held.
+/// The fence counter is checked before the `SET`: a script that fails at
+/// `INCR` would keep the lock key it already set. A counter `INCR` could not
+/// have made (not a string, a sign, leading zeros, letters, `i64::MAX` or
+/// more) is reported, never incremented.
+/// Reply: the new fence (>= 1), 0 when the key is held, -1 for a damaged
+/// fence counter.
 const ACQUIRE: &str = r"
+local f = redis.pcall('GET', KEYS[2])
+if type(f) == 'table' then return -1 end
+if f and f ~= '0' then
+  if not string.match(f, '^[1-9]%d*$') then return -1 end
+  if #f > 19 or (#f == 19 and f >= '9223372036854775807') then return -1 end
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return redis.call('INCR', KEYS[2])
 end
@@ -24,13 +35,18 @@ return 0
 
 /// Compare the token, then extend. Reply: 1 renewed; 2 someone was granted
 /// the key after this handle (taken over); 0 not held (expired or released:
-/// Redis cannot tell which once the key is gone).
+/// Redis cannot tell which once the key is gone); -1 the fence counter is
+/// damaged (nothing was written).
 const RENEW: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
-if tonumber(redis.call('GET', KEYS[2]) or '0') > tonumber(ARGV[3]) then
+local f = redis.pcall('GET', KEYS[2])
+if type(f) == 'table' then return -1 end
+f = tonumber(f or '0')
+if not f then return -1 end
+if f > tonumber(ARGV[3]) then
   return 2
 end
 return 0
@@ -43,7 +59,11 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   return 1
 end
-if tonumber(redis.call('GET', KEYS[2]) or '0') > tonumber(ARGV[3]) then
+local f = redis.pcall('GET', KEYS[2])
+if type(f) == 'table' then return -1 end
+f = tonumber(f or '0')
+if not f then return -1 end
+if f > tonumber(ARGV[3]) then
   return 2
 end
 return 0
@@ -309,6 +329,12 @@ impl RedisLock {
             1 => return Ok(()),
             2 => LostReason::TakenOver,
             0 => LostReason::NotHeld,
+            -1 => {
+                return Err(LockError::Store(Error::malformed(
+                    self.fence_key(handle.key()),
+                    "fence counter is not a decimal integer",
+                )))
+            }
             other => {
                 return Err(LockError::Store(Error::malformed(
                     self.lock_key(handle.key()),
@@ -359,6 +385,11 @@ impl Lock for RedisLock {
                 fence as u64,
                 ttl,
                 expires_at,
+            ))),
+            Ok(-1) => Err(LockError::Store(Error::malformed(
+                self.fence_key(key),
+                "fence counter is not a decimal integer below 2^63 - 1 \
+                 (nothing was written)",
             ))),
             Ok(other) => Err(LockError::Store(Error::malformed(
                 self.fence_key(key),

@@ -50,7 +50,7 @@ mod redis_lock {
             .unwrap()
     }
 
-    /// The seed's bug class: a release that does not compare the token
+    /// The bug class the token check prevents: a release that does not compare the token
     /// frees whatever lock is there, including a newer holder's.
     #[derive(Debug)]
     struct UncheckedRelease {
