@@ -22,13 +22,16 @@ pub struct RedisOptions {
     /// that times out is [`Error::Indeterminate`](coord_backend::Error::Indeterminate).
     pub response_timeout: Option<Duration>,
     /// Extra connection attempts (with backoff) each time the standalone
-    /// connection has to be re-established. Default 2.
+    /// connection has to be re-established. Default 2. A call that still
+    /// has no connection sent nothing: it is
+    /// [`Error::Unavailable`](coord_backend::Error::Unavailable).
     pub reconnect_retries: usize,
     /// Extra attempts of a failed snapshot or keys call (reads, safe to
     /// repeat; a fresh connection is made in between). Default 2.
     pub read_retries: u32,
-    /// Extra attempts of a txn the cluster answered with `MOVED`, `ASK`,
-    /// `TRYAGAIN` or `CLUSTERDOWN` (it ran nothing). Default 3.
+    /// Extra attempts of a call the cluster answered with `MOVED`, `ASK`
+    /// (sent on to the node they name), `TRYAGAIN` or `CLUSTERDOWN` (waited
+    /// out): such an answer means the script did not run. Default 3.
     pub redirect_retries: u32,
     /// Key, value and keys-per-call limits. Default [`Limits::DEFAULT`].
     pub limits: Limits,

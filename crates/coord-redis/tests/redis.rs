@@ -971,12 +971,18 @@ async fn eviction_policy_is_checked_once_at_connect() {
         );
     }
     let stats: String = raw_cmd(server.port, &["INFO", "commandstats"]).unwrap();
+    // Successful calls (the first EVALSHA fails with NOSCRIPT, then loads).
     let calls = |name: &str| -> u64 {
-        stats
+        let line = stats
             .lines()
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(0, |n| n.parse().unwrap())
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:")))
+            .unwrap_or("");
+        let field = |f: &str| -> u64 {
+            line.split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{f}=")))
+                .map_or(0, |n| n.parse().unwrap())
+        };
+        field("calls") - field("failed_calls")
     };
     assert_eq!(calls("config|get"), 1, "{stats}");
     assert_eq!(calls("evalsha"), 20, "{stats}");
