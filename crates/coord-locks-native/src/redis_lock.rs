@@ -179,6 +179,11 @@ impl RedisLockOptions {
 ///   grant (or a fence `INCR`) reached the replica, the new primary grants
 ///   the key again, possibly with a fence already handed out. Redis without
 ///   persistence forgets every lock and fence on restart. See `docs/locks.md`.
+/// - **`maxmemory-policy noeviction`**: an evicted fence counter would
+///   start again at 1. [`RedisLock::connect`] refuses another policy unless
+///   [`RedisLockOptions::allow_eviction`] is set.
+/// - A damaged fence counter (not a decimal below `2^63 - 1`, which `INCR`
+///   could not have made) is `MalformedRecord`, and the acquire writes nothing.
 /// - An acquire whose answer is lost (connection dropped after sending) is
 ///   undone with a compare-token `DEL` (best effort) and reported as an
 ///   error: the caller never holds a lock it was not told about (if the
@@ -219,7 +224,9 @@ impl RedisLock {
     /// Connect to `url` (`redis://[user:password@]host:port[/db][?namespace=NS]`)
     /// with [`RedisLockOptions::default`].
     ///
-    /// Fails with [`coord_backend::Error::Config`] for a URL it cannot use and
+    /// Fails with [`coord_backend::Error::Config`] for a URL it cannot use or a
+    /// server whose `maxmemory-policy` is not `noeviction` (read once here;
+    /// see [`RedisLockOptions::allow_eviction`]), and
     /// [`coord_backend::Error::Unavailable`] when the server does not answer.
     pub async fn connect(url: &str) -> Result<Self, Error> {
         Self::connect_with(url, RedisLockOptions::default()).await
@@ -252,6 +259,14 @@ impl RedisLock {
                     Error::unavailable(format!("cannot connect to {endpoint}"), e)
                 }
             })?;
+        if !options.allow_eviction {
+            let reply = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("maxmemory-policy")
+                .query_async(&mut conn.clone())
+                .await;
+            check_eviction(&endpoint, reply)?;
+        }
         let prefix = options
             .key_prefix
             .unwrap_or_else(|| format!("{}:lock:", url.namespace()));
@@ -259,7 +274,8 @@ impl RedisLock {
     }
 
     /// A lock over an existing connection (shared with other users of it),
-    /// writing keys under `prefix`.
+    /// writing keys under `prefix`. The server's `maxmemory-policy` is not
+    /// checked here: it must be `noeviction` (see [`RedisLock::connect`]).
     pub fn from_connection_manager(
         conn: ConnectionManager,
         prefix: impl Into<String>,
@@ -416,6 +432,52 @@ impl Lock for RedisLock {
 
     async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
         self.compare_and(&RELEASE_SCRIPT, &handle, "release").await
+    }
+}
+
+/// Refuse a server that may evict keys: an evicted fence counter restarts
+/// at 1 and hands fences out again (docs/locks.md). A server that does not
+/// let us read its configuration (`CONFIG` renamed or denied by an ACL) is
+/// accepted with a warning; an I/O failure is `Unavailable`.
+fn check_eviction(endpoint: &str, reply: redis::RedisResult<redis::Value>) -> Result<(), Error> {
+    let value = match reply {
+        Ok(value) => value,
+        Err(error) if matches!(error.kind(), ErrorKind::Server(_) | ErrorKind::Extension) => {
+            tracing::warn!(
+                endpoint,
+                %error,
+                "cannot read maxmemory-policy; RedisLock needs noeviction (an evicted fence \
+                 counter hands fences out again)"
+            );
+            return Ok(());
+        }
+        Err(error) => {
+            return Err(Error::unavailable(
+                format!("cannot read maxmemory-policy of {endpoint}"),
+                error,
+            ))
+        }
+    };
+    let policy: Option<String> = match value {
+        redis::Value::Array(mut pair) if pair.len() == 2 => pair.pop(),
+        redis::Value::Map(mut pairs) if pairs.len() == 1 => pairs.pop().map(|(_, v)| v),
+        _ => None,
+    }
+    .and_then(|v| redis::from_redis_value(v).ok());
+    match policy.as_deref() {
+        Some("noeviction") => Ok(()),
+        Some(policy) => Err(Error::Config(format!(
+            "{endpoint} runs with maxmemory-policy {policy}: Redis may evict lock and fence \
+             keys under memory pressure (a fence could be handed out twice). Set \
+             maxmemory-policy noeviction, or RedisLockOptions::allow_eviction"
+        ))),
+        None => {
+            tracing::warn!(
+                endpoint,
+                "maxmemory-policy not reported; RedisLock needs noeviction"
+            );
+            Ok(())
+        }
     }
 }
 
