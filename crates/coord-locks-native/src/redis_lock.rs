@@ -1,4 +1,4 @@
-//! [`RedisLock`]: single-node Redlock with fencing tokens (seed 000 `@bext/locking-redis`).
+//! [`RedisLock`]: single-node Redlock with fencing tokens.
 
 use std::fmt;
 use std::sync::LazyLock;
@@ -14,8 +14,19 @@ use redis::{ErrorKind, RedisError, Script};
 
 /// SET NX PX and, only when it took the key, the fence: one atomic step, so
 /// no grant goes without a fence and no fence is spent on a refusal.
-/// Reply: the new fence (>= 1), or 0 when the key is held.
+/// The fence counter is checked before the `SET`: a script that fails at
+/// `INCR` would keep the lock key it already set. A counter `INCR` could not
+/// have made (not a string, a sign, leading zeros, letters, `i64::MAX` or
+/// more) is reported, never incremented.
+/// Reply: the new fence (>= 1), 0 when the key is held, -1 for a damaged
+/// fence counter.
 const ACQUIRE: &str = r"
+local f = redis.pcall('GET', KEYS[2])
+if type(f) == 'table' then return -1 end
+if f and f ~= '0' then
+  if not string.match(f, '^[1-9]%d*$') then return -1 end
+  if #f > 19 or (#f == 19 and f >= '9223372036854775807') then return -1 end
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return redis.call('INCR', KEYS[2])
 end
@@ -24,13 +35,18 @@ return 0
 
 /// Compare the token, then extend. Reply: 1 renewed; 2 someone was granted
 /// the key after this handle (taken over); 0 not held (expired or released:
-/// Redis cannot tell which once the key is gone).
+/// Redis cannot tell which once the key is gone); -1 the fence counter is
+/// damaged (nothing was written).
 const RENEW: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
-if tonumber(redis.call('GET', KEYS[2]) or '0') > tonumber(ARGV[3]) then
+local f = redis.pcall('GET', KEYS[2])
+if type(f) == 'table' then return -1 end
+f = tonumber(f or '0')
+if not f then return -1 end
+if f > tonumber(ARGV[3]) then
   return 2
 end
 return 0
@@ -43,7 +59,11 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   return 1
 end
-if tonumber(redis.call('GET', KEYS[2]) or '0') > tonumber(ARGV[3]) then
+local f = redis.pcall('GET', KEYS[2])
+if type(f) == 'table' then return -1 end
+f = tonumber(f or '0')
+if not f then return -1 end
+if f > tonumber(ARGV[3]) then
   return 2
 end
 return 0
@@ -82,6 +102,10 @@ pub struct RedisLockOptions {
     /// `None` = forever, which a lock should not do: a hung call would hold
     /// its caller past the TTL).
     pub response_timeout: Option<Duration>,
+    /// Connect to a server whose `maxmemory-policy` is not `noeviction`.
+    /// Default `false`: such a server may evict a fence counter under
+    /// memory pressure and hand a fence out twice.
+    pub allow_eviction: bool,
 }
 
 impl Default for RedisLockOptions {
@@ -90,6 +114,7 @@ impl Default for RedisLockOptions {
             key_prefix: None,
             connect_timeout: Duration::from_secs(5),
             response_timeout: Some(Duration::from_secs(5)),
+            allow_eviction: false,
         }
     }
 }
@@ -110,6 +135,12 @@ impl RedisLockOptions {
     /// Wait at most `timeout` for each answer (`None` = forever).
     pub fn with_response_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.response_timeout = timeout;
+        self
+    }
+
+    /// Set [`RedisLockOptions::allow_eviction`].
+    pub fn with_allow_eviction(mut self, allow: bool) -> Self {
+        self.allow_eviction = allow;
         self
     }
 }
@@ -148,6 +179,11 @@ impl RedisLockOptions {
 ///   grant (or a fence `INCR`) reached the replica, the new primary grants
 ///   the key again, possibly with a fence already handed out. Redis without
 ///   persistence forgets every lock and fence on restart. See `docs/locks.md`.
+/// - **`maxmemory-policy noeviction`**: an evicted fence counter would
+///   start again at 1. [`RedisLock::connect`] refuses another policy unless
+///   [`RedisLockOptions::allow_eviction`] is set.
+/// - A damaged fence counter (not a decimal below `2^63 - 1`, which `INCR`
+///   could not have made) is `MalformedRecord`, and the acquire writes nothing.
 /// - An acquire whose answer is lost (connection dropped after sending) is
 ///   undone with a compare-token `DEL` (best effort) and reported as an
 ///   error: the caller never holds a lock it was not told about (if the
@@ -188,7 +224,9 @@ impl RedisLock {
     /// Connect to `url` (`redis://[user:password@]host:port[/db][?namespace=NS]`)
     /// with [`RedisLockOptions::default`].
     ///
-    /// Fails with [`coord_backend::Error::Config`] for a URL it cannot use and
+    /// Fails with [`coord_backend::Error::Config`] for a URL it cannot use or a
+    /// server whose `maxmemory-policy` is not `noeviction` (read once here;
+    /// see [`RedisLockOptions::allow_eviction`]), and
     /// [`coord_backend::Error::Unavailable`] when the server does not answer.
     pub async fn connect(url: &str) -> Result<Self, Error> {
         Self::connect_with(url, RedisLockOptions::default()).await
@@ -221,6 +259,14 @@ impl RedisLock {
                     Error::unavailable(format!("cannot connect to {endpoint}"), e)
                 }
             })?;
+        if !options.allow_eviction {
+            let reply = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("maxmemory-policy")
+                .query_async(&mut conn.clone())
+                .await;
+            check_eviction(&endpoint, reply)?;
+        }
         let prefix = options
             .key_prefix
             .unwrap_or_else(|| format!("{}:lock:", url.namespace()));
@@ -228,7 +274,8 @@ impl RedisLock {
     }
 
     /// A lock over an existing connection (shared with other users of it),
-    /// writing keys under `prefix`.
+    /// writing keys under `prefix`. The server's `maxmemory-policy` is not
+    /// checked here: it must be `noeviction` (see [`RedisLock::connect`]).
     pub fn from_connection_manager(
         conn: ConnectionManager,
         prefix: impl Into<String>,
@@ -298,6 +345,12 @@ impl RedisLock {
             1 => return Ok(()),
             2 => LostReason::TakenOver,
             0 => LostReason::NotHeld,
+            -1 => {
+                return Err(LockError::Store(Error::malformed(
+                    self.fence_key(handle.key()),
+                    "fence counter is not a decimal integer",
+                )))
+            }
             other => {
                 return Err(LockError::Store(Error::malformed(
                     self.lock_key(handle.key()),
@@ -349,6 +402,11 @@ impl Lock for RedisLock {
                 ttl,
                 expires_at,
             ))),
+            Ok(-1) => Err(LockError::Store(Error::malformed(
+                self.fence_key(key),
+                "fence counter is not a decimal integer below 2^63 - 1 \
+                 (nothing was written)",
+            ))),
             Ok(other) => Err(LockError::Store(Error::malformed(
                 self.fence_key(key),
                 format!("fence counter answered {other}"),
@@ -374,6 +432,52 @@ impl Lock for RedisLock {
 
     async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
         self.compare_and(&RELEASE_SCRIPT, &handle, "release").await
+    }
+}
+
+/// Refuse a server that may evict keys: an evicted fence counter restarts
+/// at 1 and hands fences out again (docs/locks.md). A server that does not
+/// let us read its configuration (`CONFIG` renamed or denied by an ACL) is
+/// accepted with a warning; an I/O failure is `Unavailable`.
+fn check_eviction(endpoint: &str, reply: redis::RedisResult<redis::Value>) -> Result<(), Error> {
+    let value = match reply {
+        Ok(value) => value,
+        Err(error) if matches!(error.kind(), ErrorKind::Server(_) | ErrorKind::Extension) => {
+            tracing::warn!(
+                endpoint,
+                %error,
+                "cannot read maxmemory-policy; RedisLock needs noeviction (an evicted fence \
+                 counter hands fences out again)"
+            );
+            return Ok(());
+        }
+        Err(error) => {
+            return Err(Error::unavailable(
+                format!("cannot read maxmemory-policy of {endpoint}"),
+                error,
+            ))
+        }
+    };
+    let policy: Option<String> = match value {
+        redis::Value::Array(mut pair) if pair.len() == 2 => pair.pop(),
+        redis::Value::Map(mut pairs) if pairs.len() == 1 => pairs.pop().map(|(_, v)| v),
+        _ => None,
+    }
+    .and_then(|v| redis::from_redis_value(v).ok());
+    match policy.as_deref() {
+        Some("noeviction") => Ok(()),
+        Some(policy) => Err(Error::Config(format!(
+            "{endpoint} runs with maxmemory-policy {policy}: Redis may evict lock and fence \
+             keys under memory pressure (a fence could be handed out twice). Set \
+             maxmemory-policy noeviction, or RedisLockOptions::allow_eviction"
+        ))),
+        None => {
+            tracing::warn!(
+                endpoint,
+                "maxmemory-policy not reported; RedisLock needs noeviction"
+            );
+            Ok(())
+        }
     }
 }
 

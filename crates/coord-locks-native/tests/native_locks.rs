@@ -50,7 +50,7 @@ mod redis_lock {
             .unwrap()
     }
 
-    /// The seed's bug class: a release that does not compare the token
+    /// The bug class the token check prevents: a release that does not compare the token
     /// frees whatever lock is there, including a newer holder's.
     #[derive(Debug)]
     struct UncheckedRelease {
@@ -207,6 +207,148 @@ mod redis_lock {
             matches!(err, coord_backend::Error::Unavailable { .. }),
             "{err:?}"
         );
+    }
+
+    /// A fence counter this lock could not have written (not an integer,
+    /// beyond what `INCR` can reach) is MalformedRecord, and the acquire
+    /// writes nothing: no lock key is left behind without a fence.
+    #[tokio::test]
+    async fn a_damaged_fence_is_malformed_and_takes_nothing() {
+        let Some(url) = server_env("COORD_TEST_REDIS_URL") else {
+            return;
+        };
+        let lock = RedisLock::connect(&url).await.unwrap();
+        let mut conn = raw(&url).await;
+        for damaged in [
+            "x",
+            "18446744073709551615",
+            "9223372036854775807",
+            "-1",
+            "007",
+        ] {
+            let key = random_key("damaged");
+            let _: () = conn.set(lock.fence_key(&key), damaged).await.unwrap();
+            let got = lock.try_lock(&key, Duration::from_secs(30)).await;
+            assert!(
+                matches!(
+                    &got,
+                    Err(LockError::Store(
+                        coord_backend::Error::MalformedRecord { .. }
+                    ))
+                ),
+                "fence {damaged:?}: {got:?}"
+            );
+            let exists: bool = conn.exists(lock.lock_key(&key)).await.unwrap();
+            assert!(!exists, "fence {damaged:?}: the lock key was set anyway");
+            let fence: String = conn.get(lock.fence_key(&key)).await.unwrap();
+            assert_eq!(fence, damaged);
+        }
+    }
+
+    /// A `redis-server` child on a free loopback port, killed on drop.
+    struct PrivateRedis {
+        port: u16,
+        child: std::process::Child,
+    }
+
+    impl PrivateRedis {
+        fn start(extra: &[&str]) -> Option<PrivateRedis> {
+            use std::process::{Command, Stdio};
+            if Command::new("redis-server")
+                .arg("--version")
+                .stdout(Stdio::null())
+                .status()
+                .is_err()
+            {
+                assert_ne!(
+                    std::env::var("COORD_REQUIRE_SERVERS").as_deref(),
+                    Ok("1"),
+                    "redis-server is not installed but COORD_REQUIRE_SERVERS=1"
+                );
+                eprintln!("SKIPPED: redis-server is not installed");
+                return None;
+            }
+            for _ in 0..20 {
+                let port = std::net::TcpListener::bind("127.0.0.1:0")
+                    .unwrap()
+                    .local_addr()
+                    .unwrap()
+                    .port();
+                let mut child = Command::new("redis-server")
+                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                    .args(["--save", "", "--appendonly", "no", "--dir", "/tmp"])
+                    .args(extra)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("spawn redis-server");
+                let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                while std::time::Instant::now() < deadline {
+                    if child.try_wait().unwrap().is_some() {
+                        break; // port taken meanwhile: try another
+                    }
+                    let up = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                        .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
+                        .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                        .is_ok();
+                    if up {
+                        return Some(PrivateRedis { port, child });
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            panic!("could not start a private redis-server");
+        }
+    }
+
+    impl Drop for PrivateRedis {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// Eviction can drop a fence counter and hand a fence out twice: a
+    /// server whose `maxmemory-policy` is not `noeviction` is refused unless
+    /// the caller opts out. Private servers: the shared one is never reconfigured.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_evicting_server_is_refused() {
+        if server_env("COORD_TEST_REDIS_URL").is_none() {
+            return;
+        }
+        let Some(evicting) = PrivateRedis::start(&["--maxmemory-policy", "allkeys-lru"]) else {
+            return;
+        };
+        let url = format!("redis://127.0.0.1:{}", evicting.port);
+        let err = RedisLock::connect(&url).await.unwrap_err();
+        assert!(
+            matches!(&err, coord_backend::Error::Config(m) if m.contains("allkeys-lru") && m.contains("noeviction")),
+            "{err:?}"
+        );
+        let lock =
+            RedisLock::connect_with(&url, RedisLockOptions::default().with_allow_eviction(true))
+                .await
+                .unwrap();
+        let handle = lock
+            .try_lock("k", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .unwrap();
+        lock.release(handle).await.unwrap();
+
+        let Some(fine) = PrivateRedis::start(&[]) else {
+            return;
+        };
+        let lock = RedisLock::connect(&format!("redis://127.0.0.1:{}", fine.port))
+            .await
+            .unwrap();
+        assert!(lock
+            .try_lock("k", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_some());
     }
 }
 

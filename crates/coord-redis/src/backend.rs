@@ -1,6 +1,7 @@
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -8,30 +9,276 @@ use coord_backend::{
     validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, Entry,
     Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
 };
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{ErrorKind, RedisError, Script, ScriptInvocation, Value};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
+use redis::{
+    AsyncConnectionConfig, ErrorKind, PushInfo, PushKind, RedisError, RedisResult, Script,
+    ServerErrorKind, ToRedisArgs, Value,
+};
 
 use crate::{scripts, RedisOptions};
 
-static SNAPSHOT: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::SNAPSHOT));
-static TXN: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::TXN));
-static KEYS: LazyLock<Script> = LazyLock::new(|| Script::new(scripts::KEYS));
+/// A script with its source: `EVALSHA` normally, `EVAL` to a node named by
+/// a redirect (which may not have cached it yet).
+struct Lua {
+    script: Script,
+    source: &'static str,
+}
+
+impl Lua {
+    fn new(source: &'static str) -> Lua {
+        Lua {
+            script: Script::new(source),
+            source,
+        }
+    }
+}
+
+static SNAPSHOT: LazyLock<Lua> = LazyLock::new(|| Lua::new(scripts::SNAPSHOT));
+static TXN: LazyLock<Lua> = LazyLock::new(|| Lua::new(scripts::TXN));
+static KEYS: LazyLock<Lua> = LazyLock::new(|| Lua::new(scripts::KEYS));
+
+/// One call of one script: its `KEYS` and `ARGV`.
+struct Call {
+    lua: &'static Lua,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Call {
+    fn new(lua: &'static LazyLock<Lua>) -> Call {
+        Call {
+            lua: LazyLock::force(lua),
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
+    fn key(&mut self, key: impl Into<Vec<u8>>) -> &mut Self {
+        self.keys.push(key.into());
+        self
+    }
+
+    fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    fn command(&self, name: &str, script: &[u8]) -> redis::Cmd {
+        let mut cmd = redis::cmd(name);
+        cmd.arg(script)
+            .arg(self.keys.len())
+            .arg(self.keys.as_slice())
+            .arg(self.args.as_slice());
+        cmd
+    }
+
+    fn evalsha(&self) -> redis::Cmd {
+        self.command("EVALSHA", self.lua.script.get_hash().as_bytes())
+    }
+
+    fn eval(&self) -> redis::Cmd {
+        self.command("EVAL", self.lua.source.as_bytes())
+    }
+}
+
+/// How far a failed call got.
+enum Failure {
+    /// No connection could be (re)established: nothing was sent.
+    NotSent(RedisError),
+    /// The call was, or may have been, written to a socket.
+    Sent(RedisError),
+}
+
+impl Failure {
+    fn error(&self) -> &RedisError {
+        match self {
+            Failure::NotSent(e) | Failure::Sent(e) => e,
+        }
+    }
+}
+
+/// Where a cluster node told us to send a call it did not run: `MOVED`
+/// (the slot lives there now) or `ASK` (this one call goes there, preceded
+/// by `ASKING`, while the slot migrates).
+struct Redirect {
+    ask: bool,
+    host: String,
+    port: u16,
+}
+
+impl Redirect {
+    fn of(error: &RedisError) -> Option<Redirect> {
+        let ask = match error.kind() {
+            ErrorKind::Server(ServerErrorKind::Ask) => true,
+            ErrorKind::Server(ServerErrorKind::Moved) => false,
+            _ => return None,
+        };
+        let (addr, _slot) = error.redirect_node()?;
+        let (host, port) = addr.rsplit_once(':')?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        Some(Redirect {
+            ask,
+            host: host.to_owned(),
+            port: port.parse().ok()?,
+        })
+    }
+}
 
 /// Both connection kinds are cheap handles on one shared connection (cloned per call).
 #[derive(Clone)]
 enum Conn {
-    Standalone(ConnectionManager),
+    Standalone(Arc<Standalone>),
     Cluster(ClusterConnection),
 }
 
 impl Conn {
-    async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> redis::RedisResult<Value> {
+    /// Send `call` once (plus a `SCRIPT LOAD` when the server answers
+    /// `NOSCRIPT`, which ran nothing), to `redirect` when given.
+    async fn run(
+        &self,
+        call: &Call,
+        redirect: Option<Redirect>,
+    ) -> std::result::Result<Value, Failure> {
         match self {
-            Conn::Standalone(c) => invocation.invoke_async(&mut c.clone()).await,
-            Conn::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
+            Conn::Standalone(standalone) => standalone.run(call).await,
+            Conn::Cluster(c) => {
+                let mut c = c.clone();
+                match redirect {
+                    None => match call.evalsha().query_async::<Value>(&mut c).await {
+                        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                            call.lua
+                                .script
+                                .load_async(&mut c)
+                                .await
+                                .map_err(Failure::NotSent)?;
+                            call.evalsha().query_async(&mut c).await
+                        }
+                        other => other,
+                    },
+                    Some(to) => {
+                        let node = SingleNodeRoutingInfo::ByAddress {
+                            host: to.host,
+                            port: to.port,
+                        };
+                        if to.ask {
+                            // ASKING applies to the next command of the same
+                            // connection: one pipeline keeps the two adjacent.
+                            let mut pipe = redis::pipe();
+                            pipe.cmd("ASKING").add_command(call.eval());
+                            c.route_pipeline(pipe, 0, 2, node)
+                                .await
+                                .and_then(|mut replies| {
+                                    replies.pop().unwrap_or(Value::Nil).extract_error()
+                                })
+                        } else {
+                            c.route_command(call.eval(), RoutingInfo::SingleNode(node))
+                                .await
+                                .and_then(Value::extract_error)
+                        }
+                    }
+                }
+                .map_err(Failure::Sent)
+            }
         }
+    }
+}
+
+/// One multiplexed connection to a standalone server, made again on demand
+/// once it is known to be broken. A call therefore knows whether it failed
+/// while connecting (nothing sent: [`Failure::NotSent`]) or after it was
+/// handed to a connection ([`Failure::Sent`]); `redis::aio::ConnectionManager`
+/// returns both kinds of failure alike.
+struct Standalone {
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+    /// RESP3 connections report their own drop (a push), so the next call
+    /// reconnects before sending instead of failing on the dead connection.
+    resp3: bool,
+    reconnect_retries: usize,
+    current: tokio::sync::Mutex<Option<Live>>,
+}
+
+#[derive(Clone)]
+struct Live {
+    conn: MultiplexedConnection,
+    /// Set once this connection is known to be unusable.
+    broken: Arc<AtomicBool>,
+}
+
+impl Live {
+    fn note(&self, error: &RedisError) {
+        if error.is_unrecoverable_error() {
+            self.broken.store(true, Ordering::Release);
+        }
+    }
+}
+
+impl Standalone {
+    /// The current connection, or a new one when there is none or it broke.
+    /// Callers queue here while one of them reconnects.
+    async fn connection(&self) -> RedisResult<Live> {
+        let mut current = self.current.lock().await;
+        if let Some(live) = current.as_ref() {
+            if !live.broken.load(Ordering::Acquire) {
+                return Ok(live.clone());
+            }
+        }
+        *current = None;
+        let live = self.connect().await?;
+        *current = Some(live.clone());
+        Ok(live)
+    }
+
+    async fn connect(&self) -> RedisResult<Live> {
+        let mut attempt = 0;
+        loop {
+            let broken = Arc::new(AtomicBool::new(false));
+            let mut config = self.config.clone();
+            if self.resp3 {
+                let flag = broken.clone();
+                config = config.set_push_sender(move |info: PushInfo| {
+                    if info.kind == PushKind::Disconnection {
+                        flag.store(true, Ordering::Release);
+                    }
+                    Ok::<(), std::convert::Infallible>(())
+                });
+            }
+            match self
+                .client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+            {
+                Ok(conn) => return Ok(Live { conn, broken }),
+                Err(error) if attempt < self.reconnect_retries && !is_permanent(&error) => {
+                    attempt += 1;
+                    let backoff = 20u64 << attempt.min(5);
+                    tokio::time::sleep(Duration::from_millis(backoff.min(500))).await;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    async fn run(&self, call: &Call) -> std::result::Result<Value, Failure> {
+        let live = self.connection().await.map_err(Failure::NotSent)?;
+        let mut conn = live.conn.clone();
+        let result = match call.evalsha().query_async::<Value>(&mut conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                if let Err(e) = call.lua.script.load_async(&mut conn).await {
+                    live.note(&e);
+                    return Err(Failure::NotSent(e));
+                }
+                call.evalsha().query_async(&mut conn).await
+            }
+            other => other,
+        };
+        result.map_err(|e| {
+            live.note(&e);
+            Failure::Sent(e)
+        })
     }
 }
 
@@ -81,7 +328,9 @@ impl RedisBackend {
     /// Connect with [`RedisOptions::default`]. Schemes: `redis`, `rediss`,
     /// `redis+cluster`, `rediss+cluster` (see the crate docs).
     ///
-    /// Fails with [`Error::Config`] for a URL the client cannot use and with
+    /// Fails with [`Error::Config`] for a URL the client cannot use or a
+    /// server (any master of a cluster) whose `maxmemory-policy` is not
+    /// `noeviction` (see [`RedisOptions::allow_eviction`]), and with
     /// [`Error::Unavailable`] when the server (or no seed node) answers.
     pub async fn connect(url: &StoreUrl) -> Result<Self> {
         Self::connect_with(url, RedisOptions::default()).await
@@ -123,24 +372,56 @@ impl RedisBackend {
                 None => client,
             };
             let client = client.build().map_err(|e| config_error(&endpoint, e))?;
-            let connection = client
+            let mut connection = client
                 .get_async_connection()
                 .await
                 .map_err(|e| connect_error(&endpoint, e))?;
+            if !options.allow_eviction {
+                // Every master holds some namespaces: each must keep its records.
+                let reply = connection
+                    .route_command(
+                        policy_cmd(),
+                        RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+                    )
+                    .await;
+                match reply {
+                    Ok(Value::Map(nodes)) => {
+                        for (node, reply) in nodes {
+                            let node = text(node);
+                            check_eviction(&node, reply.extract_error())?;
+                        }
+                    }
+                    other => check_eviction(&endpoint, other)?,
+                }
+            }
             Conn::Cluster(connection)
         } else {
             let client = redis::Client::open(url.without_namespace())
                 .map_err(|e| config_error(&endpoint, e))?;
-            let config = ConnectionManagerConfig::new()
+            let resp3 = client
+                .get_connection_info()
+                .redis_settings()
+                .protocol()
+                .supports_resp3();
+            let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(options.connect_timeout))
-                .set_response_timeout(options.response_timeout)
-                .set_number_of_retries(options.reconnect_retries)
-                .set_min_delay(Duration::from_millis(20))
-                .set_max_delay(Duration::from_millis(500));
-            let manager = ConnectionManager::new_with_config(client, config)
+                .set_response_timeout(options.response_timeout);
+            let standalone = Standalone {
+                client,
+                config,
+                resp3,
+                reconnect_retries: options.reconnect_retries,
+                current: tokio::sync::Mutex::new(None),
+            };
+            let live = standalone
+                .connection()
                 .await
                 .map_err(|e| connect_error(&endpoint, e))?;
-            Conn::Standalone(manager)
+            if !options.allow_eviction {
+                let reply = policy_cmd().query_async(&mut live.conn.clone()).await;
+                check_eviction(&endpoint, reply)?;
+            }
+            Conn::Standalone(Arc::new(standalone))
         };
         Ok(RedisBackend {
             record_prefix: format!("coord:{{{namespace}}}:k:").into_bytes(),
@@ -167,28 +448,54 @@ impl RedisBackend {
         String::from_utf8_lossy(raw).into_owned()
     }
 
-    /// Run a read-only script; reads are repeated on failure (a fresh
-    /// connection is made meanwhile), then reported as unavailable.
-    async fn read(&self, invocation: &ScriptInvocation<'_>, what: &str) -> Result<Value> {
-        let mut attempt = 0;
+    /// Run one script call. Cluster answers that ran nothing are followed:
+    /// `ASK`/`MOVED` go to the node they name, `TRYAGAIN`/`CLUSTERDOWN` are
+    /// waited out (at most `redirect_retries` times in all). Reads are also
+    /// repeated after other failures (a fresh connection is made meanwhile).
+    /// A txn is never sent again after a failure that may have run it.
+    async fn call(&self, call: &Call, op: Op, what: &str) -> Result<Value> {
+        let mut redirects = 0;
+        let mut read_attempts = 0;
+        let mut redirect = None;
         loop {
-            match self.conn.invoke(invocation).await {
+            let failure = match self.conn.run(call, redirect.take()).await {
                 Ok(value) => return Ok(value),
-                Err(error) if attempt < self.options.read_retries && !is_permanent(&error) => {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt))).await;
+                Err(failure) => failure,
+            };
+            let error = failure.error();
+            if redirects < self.options.redirect_retries {
+                if let Some(to) = Redirect::of(error) {
+                    redirects += 1;
+                    redirect = Some(to);
+                    continue;
                 }
-                Err(error) => return Err(self.map_error(error, Op::Read, what)),
+                if error.is_cluster_error() || error.kind() == ErrorKind::ClusterConnectionNotFound
+                {
+                    // The cluster connection refreshes its slot map meanwhile.
+                    redirects += 1;
+                    tokio::time::sleep(Duration::from_millis(50 * u64::from(redirects))).await;
+                    continue;
+                }
             }
+            if op == Op::Read && read_attempts < self.options.read_retries && !is_permanent(error) {
+                read_attempts += 1;
+                tokio::time::sleep(Duration::from_millis(20 * u64::from(read_attempts))).await;
+                continue;
+            }
+            return Err(self.map_error(failure, op, what));
         }
     }
 
-    fn map_error(&self, error: RedisError, op: Op, what: &str) -> Error {
+    fn map_error(&self, failure: Failure, op: Op, what: &str) -> Error {
         let message = format!("{what} on {} (namespace {})", self.endpoint, self.namespace);
+        let (sent, error) = match failure {
+            Failure::NotSent(error) => (false, error),
+            Failure::Sent(error) => (true, error),
+        };
         if matches!(error.kind(), ErrorKind::InvalidClientConfig) {
             return Error::Config(format!("{message}: {error}"));
         }
-        if op == Op::Read || ran_nothing(&error) {
+        if !sent || op == Op::Read || ran_nothing(&error) {
             Error::unavailable(message, error)
         } else {
             Error::indeterminate(message, error)
@@ -266,11 +573,11 @@ impl Backend for RedisBackend {
         if distinct.is_empty() {
             return Ok(Vec::new());
         }
-        let mut invocation = SNAPSHOT.prepare_invoke();
+        let mut call = Call::new(&SNAPSHOT);
         for key in &distinct {
-            invocation.key(self.record_key(key));
+            call.key(self.record_key(key));
         }
-        let reply = self.read(&invocation, "snapshot").await?;
+        let reply = self.call(&call, Op::Read, "snapshot").await?;
         let mut reply = array(reply).map_err(|e| self.malformed_reply(e, distinct[0]))?;
         if reply.first().and_then(tag) != Some(b"ok") {
             return Err(self.malformed_reply(reply, distinct[0]));
@@ -287,7 +594,7 @@ impl Backend for RedisBackend {
         // KEYS[1] is the index; then one record key per distinct key, asserted keys first.
         let mut position: HashMap<&str, usize> = HashMap::new();
         let mut asserted: Vec<(&str, Version)> = Vec::new();
-        let mut invocation = TXN.prepare_invoke();
+        let mut invocation = Call::new(&TXN);
         invocation.key(self.index_key.as_slice());
         for assert in asserts {
             if !position.contains_key(assert.key.as_str()) {
@@ -321,23 +628,7 @@ impl Backend for RedisBackend {
             .or_else(|| mutations.first().map(Mutation::key))
             .unwrap_or("");
 
-        let mut redirects = 0;
-        let reply = loop {
-            match self.conn.invoke(&invocation).await {
-                Ok(reply) => break reply,
-                // MOVED / ASK / TRYAGAIN / CLUSTERDOWN: the script did not run
-                // anywhere; the cluster connection refreshes its slot map meanwhile.
-                Err(error)
-                    if (error.is_cluster_error()
-                        || error.kind() == ErrorKind::ClusterConnectionNotFound)
-                        && redirects < self.options.redirect_retries =>
-                {
-                    redirects += 1;
-                    tokio::time::sleep(Duration::from_millis(50 * u64::from(redirects))).await;
-                }
-                Err(error) => return Err(self.map_error(error, Op::Txn, "txn")),
-            }
-        };
+        let reply = self.call(&invocation, Op::Txn, "txn").await?;
         let mut reply = array(reply).map_err(|e| self.malformed_reply(e, first_key))?;
         match reply.first().and_then(tag) {
             Some(b"applied") if reply.len() == 1 => Ok(TxnOutcome::applied()),
@@ -353,9 +644,9 @@ impl Backend for RedisBackend {
     async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
         validate_prefix(prefix, &self.options.limits)?;
         let (min, max) = lex_range(prefix.as_bytes());
-        let mut invocation = KEYS.prepare_invoke();
-        invocation.key(self.index_key.as_slice()).arg(min).arg(max);
-        let reply = self.read(&invocation, "keys").await?;
+        let mut call = Call::new(&KEYS);
+        call.key(self.index_key.as_slice()).arg(min).arg(max);
+        let reply = self.call(&call, Op::Read, "keys").await?;
         let index = String::from_utf8_lossy(&self.index_key).into_owned();
         let reply = array(reply).map_err(|e| self.malformed_reply(e, &index))?;
         if reply.first().and_then(tag) != Some(b"ok") {
@@ -406,6 +697,62 @@ fn ran_nothing(error: &RedisError) -> bool {
                 | ErrorKind::ClusterConnectionNotFound
                 | ErrorKind::RESP3NotSupported
         )
+}
+
+/// `CONFIG GET maxmemory-policy`
+fn policy_cmd() -> redis::Cmd {
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("GET").arg("maxmemory-policy");
+    cmd
+}
+
+/// Refuse a node that may evict keys: an evicted record takes its version
+/// counter and tombstone with it, so a version (and a fence kept in a
+/// record) could be handed out again (docs/shapes.md, Redis). A server that
+/// does not let us read its configuration (`CONFIG` renamed or denied by an
+/// ACL) is accepted with a warning; an I/O failure is `Unavailable`.
+fn check_eviction(node: &str, reply: RedisResult<Value>) -> Result<()> {
+    let value = match reply {
+        Ok(value) => value,
+        Err(error) if matches!(error.kind(), ErrorKind::Server(_) | ErrorKind::Extension) => {
+            tracing::warn!(
+                node,
+                %error,
+                "cannot read maxmemory-policy; coord needs noeviction (a record evicted \
+                 under memory pressure loses its version counter)"
+            );
+            return Ok(());
+        }
+        Err(error) => {
+            return Err(Error::unavailable(
+                format!("cannot read maxmemory-policy of {node}"),
+                error,
+            ))
+        }
+    };
+    let policy = match value {
+        Value::Array(mut pair) if pair.len() == 2 => pair.pop(),
+        Value::Map(mut pairs) if pairs.len() == 1 => pairs.pop().map(|(_, v)| v),
+        _ => None,
+    }
+    .and_then(bytes)
+    .map(|raw| String::from_utf8_lossy(&raw).into_owned());
+    match policy.as_deref() {
+        Some("noeviction") => Ok(()),
+        Some(policy) => Err(Error::Config(format!(
+            "{node} runs with maxmemory-policy {policy}: Redis may evict coord records under \
+             memory pressure, and with them versions, tombstones and fence counters (a version \
+             or fence could be handed out twice). Set maxmemory-policy noeviction, or \
+             RedisOptions::allow_eviction when the data can never reach maxmemory"
+        ))),
+        None => {
+            tracing::warn!(
+                node,
+                "maxmemory-policy not reported; coord needs noeviction"
+            );
+            Ok(())
+        }
+    }
 }
 
 /// Errors that repeating the same call cannot fix.

@@ -46,32 +46,47 @@
 //!
 //! - `redis://[user:password@]host:port[/db]` and `rediss://…` (TLS, feature
 //!   `tls`, on by default: rustls with the `ring` provider and the OS trust
-//!   store): one multiplexed connection behind a
-//!   [`redis::aio::ConnectionManager`], which reconnects after a drop.
+//!   store): one multiplexed connection, made again (with
+//!   [`RedisOptions::reconnect_retries`]) by the first call after it broke.
 //! - `redis+cluster://[user:password@]host:port,host:port,…` and
 //!   `rediss+cluster://…`: a [`redis::cluster_async::ClusterConnection`]
 //!   seeded with those nodes (it discovers the others and reconnects itself).
 //! - `?namespace=NAME` selects the namespace (see [`coord_backend::StoreUrl`]);
 //!   other query parameters go to the redis client (e.g. `protocol=resp3`).
 //!
-//! A failure to reach the server before the command was sent (connection
-//! refused, server errors such as `LOADING`, `BUSY`, `OOM`, `MOVED`, which
-//! run nothing) is [`Error::Unavailable`](coord_backend::Error::Unavailable).
+//! Connecting reads `maxmemory-policy` once (`CONFIG GET`, on every master
+//! of a cluster) and refuses, with [`Error::Config`](coord_backend::Error::Config),
+//! a server that may evict keys: an evicted record takes its version counter
+//! and tombstone with it, so a version could be handed out again. Only
+//! `noeviction` is accepted, unless [`RedisOptions::allow_eviction`] is set.
+//! Where `CONFIG` is renamed or denied, a warning is logged (`tracing`) and
+//! the connection is kept. Later calls cost no extra round trip.
+//!
+//! A call that found no connection and could not make one (refused, timed
+//! out, reset during the handshake) sent nothing and is
+//! [`Error::Unavailable`](coord_backend::Error::Unavailable), like a server
+//! error that runs nothing (`LOADING`, `BUSY`, `OOM`, `NOSCRIPT`).
 //! An I/O error, a timeout or a dropped connection while a txn script was
 //! in flight is [`Error::Indeterminate`](coord_backend::Error::Indeterminate):
 //! the script may have run. A txn is never resent by this crate after it may
-//! have reached the server (the cluster client's own retries are off; only
-//! redirects, which run nothing, are followed). Snapshots and keys are
-//! reads: they are retried a few times and then fail as `Unavailable`.
-//! A script reply that is not what the scripts return, or a record this
-//! crate did not write, is [`Error::MalformedRecord`](coord_backend::Error::MalformedRecord).
+//! have reached the server (the cluster client's own retries are off).
+//! Cluster answers that say the script did not run are followed:
+//! `MOVED` and `ASK` (a slot being resharded) send it to the node they name
+//! (`ASK` as `ASKING` + `EVAL` in one pipeline), `TRYAGAIN` and `CLUSTERDOWN`
+//! are waited out, at most [`RedisOptions::redirect_retries`] times in all.
+//! Snapshots and keys are reads: they are retried a few times and then fail
+//! as `Unavailable`. A script reply that is not what the scripts return, or
+//! a record this crate did not write (a wrong type, a version field that is
+//! not a decimal in `0..2^63`), is
+//! [`Error::MalformedRecord`](coord_backend::Error::MalformedRecord), and
+//! a txn touching it writes nothing.
 //!
 //! The client cannot tell "not sent" from "sent, reply lost" on a connection
-//! that broke: with RESP2 (the default) a drop nobody has noticed yet makes
-//! the next txn [`Error::Indeterminate`](coord_backend::Error::Indeterminate)
+//! that broke under it: with RESP2 (the default) a drop nobody has noticed
+//! yet makes the next txn [`Error::Indeterminate`](coord_backend::Error::Indeterminate)
 //! although it never left; the adapters resolve that by re-reading. With
-//! `?protocol=resp3` the connection manager learns of the drop from the
-//! connection itself and reconnects before the next call.
+//! `?protocol=resp3` the connection reports its own drop and the next call
+//! reconnects before sending.
 //!
 //! ```no_run
 //! use coord_backend::{Assert, Backend, Mutation, StoreUrl};

@@ -22,16 +22,26 @@ pub struct RedisOptions {
     /// that times out is [`Error::Indeterminate`](coord_backend::Error::Indeterminate).
     pub response_timeout: Option<Duration>,
     /// Extra connection attempts (with backoff) each time the standalone
-    /// connection has to be re-established. Default 2.
+    /// connection has to be re-established. Default 2. A call that still
+    /// has no connection sent nothing: it is
+    /// [`Error::Unavailable`](coord_backend::Error::Unavailable).
     pub reconnect_retries: usize,
     /// Extra attempts of a failed snapshot or keys call (reads, safe to
     /// repeat; a fresh connection is made in between). Default 2.
     pub read_retries: u32,
-    /// Extra attempts of a txn the cluster answered with `MOVED`, `ASK`,
-    /// `TRYAGAIN` or `CLUSTERDOWN` (it ran nothing). Default 3.
+    /// Extra attempts of a call the cluster answered with `MOVED`, `ASK`
+    /// (sent on to the node they name), `TRYAGAIN` or `CLUSTERDOWN` (waited
+    /// out): such an answer means the script did not run. Default 3.
     pub redirect_retries: u32,
     /// Key, value and keys-per-call limits. Default [`Limits::DEFAULT`].
     pub limits: Limits,
+    /// Connect to a server (every master of a cluster) whose
+    /// `maxmemory-policy` is not `noeviction`. Default `false`: such a
+    /// server may evict records under memory pressure, and with them
+    /// versions, tombstones and fence counters, so an old version can be
+    /// handed out again. Set it only when the namespace can never fill memory
+    /// (see docs/shapes.md, Redis).
+    pub allow_eviction: bool,
 }
 
 impl Default for RedisOptions {
@@ -43,6 +53,7 @@ impl Default for RedisOptions {
             read_retries: 2,
             redirect_retries: 3,
             limits: Limits::DEFAULT,
+            allow_eviction: false,
         }
     }
 }
@@ -75,6 +86,12 @@ impl RedisOptions {
     /// Set [`RedisOptions::redirect_retries`].
     pub fn with_redirect_retries(mut self, retries: u32) -> Self {
         self.redirect_retries = retries;
+        self
+    }
+
+    /// Set [`RedisOptions::allow_eviction`].
+    pub fn with_allow_eviction(mut self, allow: bool) -> Self {
+        self.allow_eviction = allow;
         self
     }
 

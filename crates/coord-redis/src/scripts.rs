@@ -9,24 +9,47 @@
 //! Every script reads and checks everything it touches *before* its first
 //! write: a Redis script that fails halfway keeps the writes it already made,
 //! so the only failures allowed after a write are impossible ones (a type was
-//! checked, `HINCRBY` on a checked integer). Redis refuses a script under OOM
-//! at its first write, which is therefore still "nothing applied".
+//! checked, `HINCRBY` on a version that was checked to be a canonical decimal
+//! below `i64::MAX`, the largest value `HINCRBY` can produce). Redis refuses a
+//! script under OOM at its first write, which is therefore still "nothing
+//! applied". A version field this crate could not have written (a sign,
+//! leading zeros, letters, beyond `i64::MAX`) is reported as `malformed`.
 //!
 //! Replies start with a tag: `ok` / `applied` / `rejected` / `malformed`.
+
+/// Lua: is `v` a version this crate can have written? `HINCRBY` only makes
+/// canonical decimals (no sign, no leading zero) up to `i64::MAX`; a string
+/// of 19 digits compares like its number.
+macro_rules! valid_version_lua {
+    () => {
+        r#"
+local function valid_version(v)
+  if v == '0' then return true end
+  if not string.match(v, '^[1-9]%d*$') then return false end
+  return #v < 19 or (#v == 19 and v <= '9223372036854775807')
+end
+"#
+    };
+}
 
 /// KEYS: the record keys. ARGV: none.
 /// Reply: `ok`, then per key its visible version (a decimal string, `0` for
 /// missing or tombstone) and its value (nil when missing), or
 /// `malformed, <record key>, <reason>`.
-pub(crate) const SNAPSHOT: &str = r#"
+pub(crate) const SNAPSHOT: &str = concat!(
+    valid_version_lua!(),
+    r#"
 local out = {'ok'}
 for i = 1, #KEYS do
   local r = redis.pcall('HMGET', KEYS[i], 'v', 'd')
   if r['err'] then return {'malformed', KEYS[i], r['err']} end
   local v, d = r[1], r[2]
+  if v and not valid_version(v) then
+    return {'malformed', KEYS[i], 'version field is not a decimal integer in 0..2^63'}
+  end
   if d then
-    if not v or not string.match(v, '^%d+$') then
-      return {'malformed', KEYS[i], 'value without a valid version field'}
+    if not v then
+      return {'malformed', KEYS[i], 'value without a version field'}
     end
     out[#out + 1] = v
     out[#out + 1] = d
@@ -36,7 +59,8 @@ for i = 1, #KEYS do
   end
 end
 return out
-"#;
+"#
+);
 
 /// KEYS[1]: the index; KEYS[2..]: the record keys of every distinct key the
 /// txn names, asserted keys first (in assert order).
@@ -47,7 +71,9 @@ return out
 /// (KEYS position, `p` or `d`, value — empty for a delete).
 /// Reply: `applied`; or `rejected` then version/value pairs of the asserted
 /// keys (as in SNAPSHOT); or `malformed, <record key>, <reason>`.
-pub(crate) const TXN: &str = r#"
+pub(crate) const TXN: &str = concat!(
+    valid_version_lua!(),
+    r#"
 local plen = tonumber(ARGV[1])
 local nasserts = tonumber(ARGV[2])
 local nmut = tonumber(ARGV[nasserts + 3])
@@ -59,13 +85,15 @@ if nmut > 0 then
 end
 local vis = {}
 local val = {}
+local raw = {}
 for i = 2, #KEYS do
   local r = redis.pcall('HMGET', KEYS[i], 'v', 'd')
   if r['err'] then return {'malformed', KEYS[i], r['err']} end
   local v, d = r[1], r[2]
-  if v and not string.match(v, '^%d+$') then
-    return {'malformed', KEYS[i], 'version field is not a decimal integer'}
+  if v and not valid_version(v) then
+    return {'malformed', KEYS[i], 'version field is not a decimal integer in 0..2^63'}
   end
+  raw[i] = v
   if d then
     if not v then return {'malformed', KEYS[i], 'value without a version field'} end
     vis[i] = v
@@ -86,6 +114,13 @@ for i = 1, nasserts do
   end
 end
 local base = nasserts + 3
+-- HINCRBY fails at i64::MAX: refuse before the first write, not halfway.
+for m = 0, nmut - 1 do
+  local pos = tonumber(ARGV[base + 1 + 3 * m])
+  if raw[pos] == '9223372036854775807' then
+    return {'malformed', KEYS[pos], 'version counter is exhausted (2^63 - 1)'}
+  end
+end
 for m = 0, nmut - 1 do
   local pos = tonumber(ARGV[base + 1 + 3 * m])
   local k = KEYS[pos]
@@ -101,7 +136,8 @@ for m = 0, nmut - 1 do
   end
 end
 return {'applied'}
-"#;
+"#
+);
 
 /// KEYS[1]: the index. ARGV[1], ARGV[2]: the `ZRANGEBYLEX` bounds.
 /// Reply: `ok`, then the members in byte order; or `malformed, <key>, <reason>`.

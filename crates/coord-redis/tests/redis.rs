@@ -4,6 +4,7 @@
 //! between processes, a connection cut after a txn was sent, a server that is
 //! down, records this crate did not write.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -423,6 +424,16 @@ async fn server_down_is_unavailable() {
     }
 }
 
+/// An [`impatient`] store on `url` that has written `k` at version 1.
+async fn impatient_with_k(url: &str, ns: &str) -> RedisBackend {
+    let store = RedisBackend::connect_with(&with_namespace(url, ns), impatient())
+        .await
+        .unwrap();
+    let put = store.put_if("k", Version::MISSING, b"1".to_vec()).await;
+    assert!(put.unwrap().applied);
+    store
+}
+
 /// The server goes away under a connected client: every call fails, reads as
 /// Unavailable, a txn as Unavailable or Indeterminate, never as a success or
 /// as applied=false.
@@ -433,16 +444,7 @@ async fn server_gone_fails_every_call() {
     };
     let ns = unique_namespace("gone");
     let (proxy, url) = proxied(&base).await;
-    let store = RedisBackend::connect_with(&with_namespace(&url, &ns), impatient())
-        .await
-        .unwrap();
-    assert!(
-        store
-            .put_if("k", Version::MISSING, b"1".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    let store = impatient_with_k(&url, &ns).await;
     drop(proxy);
     tokio::time::sleep(Duration::from_millis(100)).await;
 
@@ -612,4 +614,560 @@ async fn idle_connection_killed_by_server() {
                 .applied
         );
     }
+}
+
+/// Redis servers started by a test, for what must not touch the shared ones:
+/// a server that is stopped, another eviction policy, a slot migration.
+mod private {
+    use std::path::PathBuf;
+    use std::process::{Child, Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    /// One `redis-server` child on a free loopback port, killed on drop.
+    pub(crate) struct PrivateRedis {
+        pub(crate) port: u16,
+        child: Option<Child>,
+        dir: PathBuf,
+    }
+
+    impl PrivateRedis {
+        /// `None` (SKIPPED, or a panic under `COORD_REQUIRE_SERVERS=1`) when
+        /// `redis-server` is not installed.
+        pub(crate) fn start(extra: &[&str]) -> Option<PrivateRedis> {
+            if Command::new("redis-server")
+                .arg("--version")
+                .stdout(Stdio::null())
+                .status()
+                .is_err()
+            {
+                if std::env::var("COORD_REQUIRE_SERVERS").as_deref() == Ok("1") {
+                    panic!("redis-server is not installed but COORD_REQUIRE_SERVERS=1");
+                }
+                eprintln!("SKIPPED: redis-server is not installed");
+                return None;
+            }
+            // A clash with another process between the check and the bind
+            // makes the child exit: try another port.
+            for _ in 0..20 {
+                let port = free_port();
+                let dir = std::env::temp_dir()
+                    .join(format!("coord-redis-test-{}-{port}", std::process::id()));
+                std::fs::create_dir_all(&dir).unwrap();
+                let child = Command::new("redis-server")
+                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                    .args(["--save", "", "--appendonly", "no"])
+                    .arg("--dir")
+                    .arg(&dir)
+                    .args(extra)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("spawn redis-server");
+                let mut server = PrivateRedis {
+                    port,
+                    child: Some(child),
+                    dir,
+                };
+                if server.wait_until_up() {
+                    return Some(server);
+                }
+            }
+            panic!("could not start a private redis-server");
+        }
+
+        pub(crate) fn url(&self) -> String {
+            format!("redis://127.0.0.1:{}", self.port)
+        }
+
+        /// Waits for PING; false when the child exited (port taken).
+        fn wait_until_up(&mut self) -> bool {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if let Some(child) = self.child.as_mut() {
+                    if child.try_wait().unwrap().is_some() {
+                        self.child = None;
+                        return false;
+                    }
+                }
+                if self.ping() {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            panic!("private redis-server on port {} did not answer", self.port);
+        }
+
+        fn ping(&self) -> bool {
+            redis::Client::open(self.url())
+                .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .is_ok()
+        }
+
+        /// Kill the server and wait until its port refuses connections.
+        pub(crate) fn stop(&mut self) {
+            if let Some(mut child) = self.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                assert!(Instant::now() < deadline, "port {} still open", self.port);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    impl Drop for PrivateRedis {
+        fn drop(&mut self) {
+            if let Some(mut child) = self.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    /// A free port whose cluster bus port (+10000) is free too.
+    fn free_port() -> u16 {
+        loop {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+            if port <= u16::MAX - 10_000 && free(port) && free(port + 10_000) {
+                return port;
+            }
+        }
+    }
+}
+
+/// The server stops under a connected client, behind a proxy that still
+/// accepts connections (as a load balancer or a sidecar would) and then
+/// with nothing listening at all: a txn that could not be sent because no
+/// connection could be (re)established is Unavailable, never Indeterminate.
+/// (A cut after sending stays Indeterminate: `txn_cut_after_send_is_indeterminate`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn txn_without_a_connection_is_unavailable() {
+    if server_env(STANDALONE).is_none() {
+        return;
+    }
+    for protocol in ["resp2", "resp3"] {
+        let Some(mut server) = private::PrivateRedis::start(&[]) else {
+            return;
+        };
+        let upstream: SocketAddr = ([127, 0, 0, 1], server.port).into();
+        let proxy = FaultProxy::start(upstream).await.unwrap();
+        let ns = unique_namespace("unsent");
+        let url = format!("redis://{}?protocol={protocol}", proxy.addr());
+        let store = impatient_with_k(&url, &ns).await;
+        server.stop();
+        // A read notices the broken connection (with RESP2 nothing else
+        // does); from then on no connection can be made.
+        let read = store.get("k").await;
+        assert!(
+            matches!(read, Err(Error::Unavailable { .. })),
+            "{protocol}: {read:?}"
+        );
+        for attempt in 0..3 {
+            let txn = store.put_if("k", Version(1), b"2".to_vec()).await;
+            assert!(
+                matches!(txn, Err(Error::Unavailable { .. })),
+                "{protocol}: txn {attempt} through a proxy with no server behind it: {txn:?}"
+            );
+        }
+        drop(proxy);
+        for attempt in 0..3 {
+            let txn = store.put_if("k", Version(1), b"2".to_vec()).await;
+            assert!(
+                matches!(txn, Err(Error::Unavailable { .. })),
+                "{protocol}: txn {attempt} with nothing listening: {txn:?}"
+            );
+        }
+    }
+}
+
+/// Raw commands on one node, for test setup.
+fn raw_cmd<T: redis::FromRedisValue>(port: u16, args: &[&str]) -> redis::RedisResult<T> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(5))?;
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd.query(&mut conn)
+}
+
+/// Bytes this crate could not have written in a version field (above what
+/// `HINCRBY` can reach, leading zeros, not a number, the last value
+/// `HINCRBY` can produce): every txn writing such a record is
+/// MalformedRecord and writes nothing, also when other keys come first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_version_fields_are_malformed_and_nothing_is_written() {
+    let Some(base) = server_env(STANDALONE) else {
+        return;
+    };
+    let ns = unique_namespace("damaged");
+    let store = connect(&base, &ns).await;
+    let client = redis::Client::open(base.as_str()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let record = format!("coord:{{{ns}}}:k:damaged");
+    assert!(
+        store
+            .put_if("other", Version::MISSING, b"before".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
+    for version in [
+        "18446744073709551615",
+        "9223372036854775808",
+        "9223372036854775807",
+        "007",
+        "abc",
+        "-3",
+    ] {
+        let _: () = redis::cmd("HSET")
+            .arg(&record)
+            .arg("v")
+            .arg(version)
+            .arg("d")
+            .arg("old")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        let write = store
+            .txn(
+                &[Assert::at("other", Version(1))],
+                &[
+                    Mutation::put("other", b"after".to_vec()),
+                    Mutation::put("fresh", b"new".to_vec()),
+                    Mutation::put("damaged", b"new".to_vec()),
+                ],
+            )
+            .await;
+        assert!(
+            matches!(&write, Err(Error::MalformedRecord { key, .. }) if key == "damaged"),
+            "version {version}: {write:?}"
+        );
+        let other = store.get("other").await.unwrap();
+        assert_eq!(
+            (other.version, other.value.as_deref()),
+            (Version(1), Some(&b"before"[..])),
+            "version {version}: half a txn applied"
+        );
+        assert!(
+            !store.get("fresh").await.unwrap().exists(),
+            "version {version}: half a txn applied"
+        );
+        assert_eq!(store.keys("").await.unwrap(), vec!["other"]);
+        let fields: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(&record)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(fields.get("v").map(String::as_str), Some(version));
+        assert_eq!(fields.get("d").map(String::as_str), Some("old"));
+        // A read reports it too rather than handing out a version no txn can
+        // assert; the last version HINCRBY can reach is still readable.
+        let read = store.get("damaged").await;
+        if version == "9223372036854775807" {
+            assert_eq!(read.unwrap().version, Version(i64::MAX as u64));
+        } else {
+            assert!(
+                matches!(&read, Err(Error::MalformedRecord { .. })),
+                "version {version}: {read:?}"
+            );
+        }
+    }
+}
+
+/// `maxmemory-policy` other than `noeviction` lets Redis drop records and
+/// with them versions and tombstones: connecting is refused with a typed
+/// error unless the caller opts out; the check costs no round trip per call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_policy_is_checked_once_at_connect() {
+    if server_env(STANDALONE).is_none() {
+        return;
+    }
+    let ns = unique_namespace("eviction");
+    for policy in ["allkeys-lru", "volatile-ttl"] {
+        let Some(server) = private::PrivateRedis::start(&["--maxmemory-policy", policy]) else {
+            return;
+        };
+        let url = with_namespace(&server.url(), &ns);
+        let refused = RedisBackend::connect(&url).await;
+        assert!(
+            matches!(&refused, Err(Error::Config(m)) if m.contains(policy) && m.contains("noeviction")),
+            "{policy}: {refused:?}"
+        );
+        let allowed =
+            RedisBackend::connect_with(&url, RedisOptions::default().with_allow_eviction(true))
+                .await
+                .unwrap();
+        assert!(
+            allowed
+                .put_if("k", Version::MISSING, b"x".to_vec())
+                .await
+                .unwrap()
+                .applied
+        );
+    }
+
+    // CONFIG renamed away: the policy cannot be read; connect warns and proceeds.
+    let Some(hidden) = private::PrivateRedis::start(&[
+        "--maxmemory-policy",
+        "allkeys-lru",
+        "--rename-command",
+        "CONFIG",
+        "",
+    ]) else {
+        return;
+    };
+    let store = RedisBackend::connect(&with_namespace(&hidden.url(), &ns))
+        .await
+        .unwrap();
+    assert!(
+        store
+            .put_if("k", Version::MISSING, b"x".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
+
+    // noeviction: connects, and the policy is read once, not per call.
+    let Some(server) = private::PrivateRedis::start(&[]) else {
+        return;
+    };
+    let store = RedisBackend::connect(&with_namespace(&server.url(), &ns))
+        .await
+        .unwrap();
+    for i in 0..20u64 {
+        let version = if i == 0 { Version::MISSING } else { Version(i) };
+        assert!(
+            store
+                .put_if("k", version, b"x".to_vec())
+                .await
+                .unwrap()
+                .applied
+        );
+    }
+    let stats: String = raw_cmd(server.port, &["INFO", "commandstats"]).unwrap();
+    // Successful calls (the first EVALSHA fails with NOSCRIPT, then loads).
+    let calls = |name: &str| -> u64 {
+        let line = stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:")))
+            .unwrap_or("");
+        let field = |f: &str| -> u64 {
+            line.split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{f}=")))
+                .map_or(0, |n| n.parse().unwrap())
+        };
+        field("calls") - field("failed_calls")
+    };
+    assert_eq!(calls("config|get"), 1, "{stats}");
+    assert_eq!(calls("evalsha"), 20, "{stats}");
+}
+
+/// A private three-master Redis Cluster (the shared one on 7001-7003 must
+/// not be resharded under other tests).
+struct PrivateCluster {
+    nodes: Vec<private::PrivateRedis>,
+}
+
+impl PrivateCluster {
+    fn start() -> Option<PrivateCluster> {
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            nodes.push(private::PrivateRedis::start(&[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "5000",
+            ])?);
+        }
+        let status = std::process::Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("redis-cli is installed with redis-server");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let cluster = PrivateCluster { nodes };
+        cluster.wait_until(|info| info.contains("cluster_state:ok"));
+        Some(cluster)
+    }
+
+    fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    fn wait_until(&self, ok: impl Fn(&str) -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let all = self.nodes.iter().all(|n| {
+                raw_cmd::<String>(n.port, &["CLUSTER", "INFO"]).is_ok_and(|info| ok(&info))
+            });
+            if all {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the private cluster did not settle"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn id(&self, port: u16) -> String {
+        raw_cmd(port, &["CLUSTER", "MYID"]).unwrap()
+    }
+
+    /// The port of the master serving `slot`.
+    fn owner(&self, slot: u16) -> u16 {
+        let nodes: String = raw_cmd(self.nodes[0].port, &["CLUSTER", "NODES"]).unwrap();
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let port: u16 = fields[1].split(['@', ':']).nth(1).unwrap().parse().unwrap();
+            for range in &fields[8..] {
+                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                if let (Ok(lo), Ok(hi)) = (lo.parse::<u16>(), hi.parse::<u16>()) {
+                    if (lo..=hi).contains(&slot) {
+                        return port;
+                    }
+                }
+            }
+        }
+        panic!("nobody serves slot {slot}");
+    }
+}
+
+/// Resharding under a connected client: while the namespace's slot is
+/// MIGRATING (every key already moved, so the old owner answers `ASK`) and
+/// after it moved (the client's slot map is stale, so `MOVED`), txns,
+/// snapshots and key listings still succeed, each txn applied exactly once.
+/// Then the eviction check covers every master, not only the seed node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_redirects_are_followed_during_resharding() {
+    if server_env(CLUSTER).is_none() {
+        return;
+    }
+    let Some(cluster) = PrivateCluster::start() else {
+        return;
+    };
+    let ns = unique_namespace("reshard");
+    let store = connect(&cluster.url(), &ns).await;
+    for key in ["a", "b"] {
+        assert!(
+            store
+                .put_if(key, Version::MISSING, b"1".to_vec())
+                .await
+                .unwrap()
+                .applied
+        );
+    }
+    let index = format!("coord:{{{ns}}}:idx");
+    let slot: u16 = raw_cmd(cluster.nodes[0].port, &["CLUSTER", "KEYSLOT", &index]).unwrap();
+    let source = cluster.owner(slot);
+    let target = cluster
+        .nodes
+        .iter()
+        .map(|n| n.port)
+        .find(|p| *p != source)
+        .unwrap();
+    let (source_id, target_id) = (cluster.id(source), cluster.id(target));
+    let slot_arg = slot.to_string();
+    let _: () = raw_cmd(
+        target,
+        &["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &source_id],
+    )
+    .unwrap();
+    let _: () = raw_cmd(
+        source,
+        &["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &target_id],
+    )
+    .unwrap();
+    let keys: Vec<String> =
+        raw_cmd(source, &["CLUSTER", "GETKEYSINSLOT", &slot_arg, "100"]).unwrap();
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    let target_arg = target.to_string();
+    let mut migrate = vec!["MIGRATE", "127.0.0.1", &target_arg, "", "0", "5000", "KEYS"];
+    migrate.extend(keys.iter().map(String::as_str));
+    let _: () = raw_cmd(source, &migrate).unwrap();
+
+    // ASK: the old owner still owns the slot but no longer holds the keys.
+    for (i, version) in [(2u64, Version(1)), (3, Version(2))] {
+        let out = store.put_if("a", version, i.to_string().into_bytes()).await;
+        assert!(
+            matches!(&out, Ok(o) if o.applied),
+            "txn during migration: {out:?}"
+        );
+    }
+    let seen = store.snapshot(&["a".into(), "b".into()]).await.unwrap();
+    assert_eq!((seen[0].version, seen[1].version), (Version(3), Version(1)));
+    assert_eq!(store.keys("").await.unwrap(), vec!["a", "b"]);
+    // Creating a key needs a key the target does not hold yet: Redis
+    // answers TRYAGAIN until the migration ends. Nothing ran, so this is
+    // Unavailable (never Indeterminate, never applied = false).
+    let create = store.put_if("new", Version::MISSING, b"1".to_vec()).await;
+    eprintln!("create during migration: {create:?}");
+    assert!(
+        matches!(&create, Err(Error::Unavailable { .. })),
+        "{create:?}"
+    );
+
+    // MOVED: the slot now belongs to the target; the client's map is stale.
+    for port in cluster.nodes.iter().map(|n| n.port) {
+        let _: () = raw_cmd(port, &["CLUSTER", "SETSLOT", &slot_arg, "NODE", &target_id]).unwrap();
+    }
+    let out = store.put_if("b", Version(1), b"2".to_vec()).await;
+    assert!(
+        matches!(&out, Ok(o) if o.applied),
+        "txn after migration: {out:?}"
+    );
+    assert!(
+        store
+            .put_if("c", Version::MISSING, b"1".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
+    let seen = store
+        .snapshot(&["a".into(), "b".into(), "c".into()])
+        .await
+        .unwrap();
+    let versions: Vec<Version> = seen.iter().map(|e| e.version).collect();
+    assert_eq!(versions, vec![Version(3), Version(2), Version(1)]);
+    assert_eq!(store.keys("").await.unwrap(), vec!["a", "b", "c"]);
+    let on_target: String =
+        raw_cmd(target, &["HGET", &format!("coord:{{{ns}}}:k:a"), "v"]).unwrap();
+    assert_eq!(on_target, "3", "each txn applied exactly once");
+
+    // Eviction on a master that is not the seed node is found too.
+    let last = cluster.nodes[2].port;
+    let _: () = raw_cmd(
+        last,
+        &["CONFIG", "SET", "maxmemory-policy", "allkeys-random"],
+    )
+    .unwrap();
+    let seed_only = with_namespace(
+        &format!("redis+cluster://127.0.0.1:{}", cluster.nodes[0].port),
+        &ns,
+    );
+    let refused = RedisBackend::connect(&seed_only).await;
+    assert!(
+        matches!(&refused, Err(Error::Config(m)) if m.contains("allkeys-random") && m.contains(&last.to_string())),
+        "{refused:?}"
+    );
 }
