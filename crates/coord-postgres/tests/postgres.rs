@@ -101,6 +101,130 @@ fn factory() -> Option<BackendFactory> {
 
 coord_conformance::all_suites_tests!(factory());
 
+// ------------------------------------------- every suite again, whatever the session default
+
+/// Serialises creation of the private test databases across test threads and
+/// processes (`pg_advisory_lock` on the base database).
+const TEST_DATABASES_LOCK: i64 = 0x636f_6f72_645f_6462; // "coord_db"
+
+/// Create database `name` (if missing) whose sessions default to
+/// `default_transaction_isolation = isolation`, and return its URL.
+///
+/// Race-free when tests of several processes get here at once: creators take
+/// one advisory lock, and an "already exists" answer (42P04, or 23505 from the
+/// catalog's unique index) counts as created. The default is checked from a
+/// fresh session, so the suites never run against READ COMMITTED by accident.
+async fn isolation_database(base: &str, name: &str, isolation: &str) -> Result<String, String> {
+    let err = |what: &str, e: sqlx::Error| format!("{what} of test database {name}: {e}");
+    let mut conn = PgConnection::connect(base)
+        .await
+        .map_err(|e| err("connecting for the creation", e))?;
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(TEST_DATABASES_LOCK)
+        .execute(&mut conn)
+        .await
+        .map_err(|e| err("locking the creation", e))?;
+    let created = async {
+        let exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+                .bind(name)
+                .fetch_one(&mut conn)
+                .await?;
+        if !exists {
+            match sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                .execute(&mut conn)
+                .await
+            {
+                Ok(_) => {}
+                Err(sqlx::Error::Database(db))
+                    if matches!(db.code().as_deref(), Some("42P04" | "23505")) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "ALTER DATABASE {name} SET default_transaction_isolation = '{isolation}'"
+        )))
+        .execute(&mut conn)
+        .await
+        .map(|_| ())
+    }
+    .await;
+    let _ = conn.close().await;
+    created.map_err(|e| err("creation", e))?;
+
+    let (head, host, tail) = split_host(base);
+    let query = tail.find('?').map_or("", |i| &tail[i..]);
+    let url = format!("{head}{host}/{name}{query}");
+    let mut check = PgConnection::connect(&url)
+        .await
+        .map_err(|e| err("connecting", e))?;
+    let default: String = sqlx::query_scalar("SHOW transaction_isolation")
+        .fetch_one(&mut check)
+        .await
+        .map_err(|e| err("reading the default isolation", e))?;
+    let _ = check.close().await;
+    if default != isolation {
+        return Err(format!(
+            "test database {name}: sessions run at {default:?}, expected {isolation:?}"
+        ));
+    }
+    Ok(url)
+}
+
+/// [`isolation_database`], once per process and database.
+async fn isolation_database_once(
+    base: &str,
+    name: &str,
+    isolation: &str,
+) -> Result<String, String> {
+    static READY: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+    if let Some((_, url)) = READY.lock().unwrap().iter().find(|(n, _)| n == name) {
+        return Ok(url.clone());
+    }
+    let url = isolation_database(base, name, isolation).await?;
+    READY.lock().unwrap().push((name.to_owned(), url.clone()));
+    Ok(url)
+}
+
+/// Like [`factory`], against database `name` whose sessions default to
+/// `isolation` (created on first use).
+fn isolation_factory(name: &'static str, isolation: &'static str) -> Option<BackendFactory> {
+    let mut base = base_url()?;
+    if !base.contains("sslmode=") {
+        base = with_params(&base, "sslmode=disable");
+    }
+    Some(coord_conformance::factory(move |namespace| {
+        let base = base.clone();
+        async move {
+            let url = isolation_database_once(&base, name, isolation)
+                .await
+                .map_err(|message| Error::Unavailable {
+                    message,
+                    source: None,
+                })?;
+            let store = PostgresBackend::connect_with(
+                &store_url(&url, &namespace),
+                PostgresOptions::default().max_connections(8),
+            )
+            .await?;
+            Ok(Arc::new(store) as Arc<dyn Backend>)
+        }
+    }))
+}
+
+/// A database whose `default_transaction_isolation` is `repeatable read`:
+/// the store must still be correct (docs/shapes.md, PostgreSQL).
+mod repeatable_read_default {
+    use super::*;
+    coord_conformance::all_suites_tests!(isolation_factory("coord_rr", "repeatable read"));
+}
+
+/// The same with `serializable`.
+mod serializable_default {
+    use super::*;
+    coord_conformance::all_suites_tests!(isolation_factory("coord_ser", "serializable"));
+}
+
 // ---------------------------------------------------------------- cross-process race
 
 /// One CAS increment of the decimal counter at `key`, retried on conflict
@@ -223,6 +347,116 @@ async fn lost_reply_is_indeterminate_and_committed() {
     );
     // The broken connection was not handed out again.
     assert_eq!(proxied.get("k").await.unwrap().version, Version(1));
+}
+
+/// A transaction-rollback error (SQLSTATE class 40) at the implicit COMMIT,
+/// i.e. after the function completed: the server rolled back, so the txn
+/// certainly did not apply and may be retried: `Unavailable`, never
+/// `Indeterminate` or an outcome. A deferred constraint trigger in a private
+/// schema raises it at commit time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_at_commit_is_unavailable() {
+    let Some(base) = base_url() else { return };
+    let schema = format!("coord_{}", unique_namespace("rollback").replace('-', "_"));
+    let mut conn = admin(&base).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let scoped = with_params(&base, &format!("options=-c%20search_path%3D{schema}"));
+    let store = connect(&scoped, "rollback", PostgresOptions::default()).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        r#"
+        CREATE FUNCTION {schema}.fail_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.key LIKE 'doomed-%' THEN
+                RAISE EXCEPTION 'injected at commit' USING ERRCODE = substr(NEW.key, 8);
+            END IF;
+            RETURN NULL;
+        END $$;
+        CREATE CONSTRAINT TRIGGER fail_at_commit AFTER INSERT OR UPDATE ON {schema}.coord_kv
+            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {schema}.fail_at_commit();
+        "#
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let mut results = Vec::new();
+    for code in ["40001", "40P01"] {
+        let key = format!("doomed-{code}");
+        let txn = store
+            .txn(
+                &[Assert::missing(key.as_str())],
+                &[Mutation::put(key.as_str(), b"v".to_vec())],
+            )
+            .await;
+        let stored = store.get(&key).await;
+        results.push((code, txn, stored));
+    }
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    for (code, txn, stored) in results {
+        assert!(
+            matches!(txn, Err(Error::Unavailable { .. })),
+            "SQLSTATE {code} at COMMIT (rolled back) must be Unavailable, got {txn:?}"
+        );
+        assert!(stored.unwrap().version.is_missing(), "{code}: rolled back");
+    }
+}
+
+/// `coord_txn` is only correct at READ COMMITTED (docs/shapes.md): called
+/// directly in a REPEATABLE READ or SERIALIZABLE transaction it refuses to
+/// run instead of checking asserts against a snapshot older than its locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coord_txn_refuses_other_isolation_levels() {
+    let Some(base) = base_url() else { return };
+    let schema = format!("coord_{}", unique_namespace("guard").replace('-', "_"));
+    let mut conn = admin(&base).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let scoped = with_params(&base, &format!("options=-c%20search_path%3D{schema}"));
+    // Installs the schema in the private schema.
+    drop(connect(&scoped, "guard", PostgresOptions::default()).await);
+    let mut outcomes = Vec::new();
+    for level in ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"] {
+        let mut tx = conn.begin().await.unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "SET TRANSACTION ISOLATION LEVEL {level}"
+        )))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        let called = sqlx::query_scalar::<_, bool>(sqlx::AssertSqlSafe(format!(
+            "SELECT applied FROM {schema}.coord_txn('guard', '{{}}', '{{}}', ARRAY['k'], \
+             ARRAY['v'::bytea], '{{}}')"
+        )))
+        .fetch_one(&mut *tx)
+        .await;
+        let _ = tx.rollback().await;
+        outcomes.push((
+            level,
+            called.map_err(|e| match e {
+                sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+                other => panic!("{level}: {other}"),
+            }),
+        ));
+    }
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        outcomes,
+        vec![
+            ("READ COMMITTED", Ok(true)),
+            ("REPEATABLE READ", Err(Some("CO001".to_owned()))),
+            ("SERIALIZABLE", Err(Some("CO001".to_owned()))),
+        ]
+    );
 }
 
 #[tokio::test]
