@@ -134,15 +134,25 @@ async fn isolation_database(base: &str, name: &str, isolation: &str) -> Result<S
                 .bind(name)
                 .fetch_one(&mut conn)
                 .await?;
-        if !exists {
-            match sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        let mut attempts = 0;
+        while !exists && attempts < 50 {
+            attempts += 1;
+            let created = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
                 .execute(&mut conn)
-                .await
-            {
-                Ok(_) => {}
-                Err(sqlx::Error::Database(db))
-                    if matches!(db.code().as_deref(), Some("42P04" | "23505")) => {}
-                Err(e) => return Err(e),
+                .await;
+            let code = match &created {
+                Err(sqlx::Error::Database(db)) => db.code().map(|c| c.into_owned()),
+                _ => None,
+            };
+            match code.as_deref() {
+                // Created, or someone else just did.
+                _ if created.is_ok() => break,
+                Some("42P04" | "23505") => break,
+                // Someone else is connected to the template database for a moment.
+                Some("55006") if attempts < 50 => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                _ => return created.map(|_| ()),
             }
         }
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
