@@ -11,7 +11,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_backend::{Assert, Backend, BackendExt, Entry, Error, Mutation, StoreUrl, Version};
+use coord_backend::{
+    Assert, Backend, BackendExt, Entry, Error, Mutation, StoreUrl, TxnOutcome, Version,
+};
 use coord_conformance::fault::FaultProxy;
 use coord_conformance::{unique_namespace, BackendFactory};
 use coord_postgres::{PostgresBackend, PostgresOptions};
@@ -321,6 +323,26 @@ async fn cross_process_cas_increments() {
 
 // ---------------------------------------------------------------- faults
 
+/// Create `key` (missing) with a fresh marker value through `proxy`, cutting
+/// the reply. The marker travels in the Bind message of the txn: the cut
+/// happens after the server received the whole statement.
+async fn put_with_cut_reply(
+    proxy: &FaultProxy,
+    store: &PostgresBackend,
+    key: &str,
+) -> (String, coord_backend::Result<TxnOutcome>) {
+    let marker = format!("marker-{}", unique_namespace("m"));
+    proxy.cut_next_reply(marker.as_bytes());
+    let result = store
+        .txn(
+            &[Assert::missing(key)],
+            &[Mutation::put(key, marker.clone().into_bytes())],
+        )
+        .await;
+    assert_eq!(proxy.cuts(), 1, "the proxy did not see the txn");
+    (marker, result)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_reply_is_indeterminate_and_committed() {
     let Some(base) = base_url() else { return };
@@ -337,17 +359,7 @@ async fn lost_reply_is_indeterminate_and_committed() {
     // Open the pooled connection (and prepare the txn statement) before arming.
     assert!(proxied.get("k").await.unwrap().version.is_missing());
 
-    // The marker travels in the Bind message of the txn: the cut happens
-    // after the server received the whole statement.
-    let marker = format!("marker-{}", unique_namespace("m"));
-    proxy.cut_next_reply(marker.as_bytes());
-    let result = proxied
-        .txn(
-            &[Assert::missing("k")],
-            &[Mutation::put("k", marker.clone().into_bytes())],
-        )
-        .await;
-    assert_eq!(proxy.cuts(), 1, "the proxy did not see the txn");
+    let (marker, result) = put_with_cut_reply(&proxy, &proxied, "k").await;
     match result {
         Err(Error::Indeterminate { .. }) => {}
         other => panic!("a lost txn reply must be Indeterminate, got {other:?}"),
@@ -579,15 +591,7 @@ async fn commit_after_the_cut_is_indeterminate_and_lands() {
     let proxied = proxied_store(&base, &proxy, &namespace, &app).await;
     assert!(proxied.get("late").await.unwrap().version.is_missing());
 
-    let marker = format!("marker-{}", unique_namespace("m"));
-    proxy.cut_next_reply(marker.as_bytes());
-    let result = proxied
-        .txn(
-            &[Assert::missing("late")],
-            &[Mutation::put("late", marker.clone().into_bytes())],
-        )
-        .await;
-    assert_eq!(proxy.cuts(), 1, "the proxy did not see the txn");
+    let (marker, result) = put_with_cut_reply(&proxy, &proxied, "late").await;
     // The client has its answer; the server is still waiting for the lock.
     let waiting = wait_for("the txn waiting for the held lock", || async {
         Some(txn_lock_waiters(&mut admin(&base).await, &namespace, "late").await)
