@@ -379,7 +379,9 @@ async fn lost_reply_is_indeterminate_and_committed() {
 /// i.e. after the function completed: the server rolled back, so the txn
 /// certainly did not apply and may be retried: `Unavailable`, never
 /// `Indeterminate` or an outcome. A deferred constraint trigger in a private
-/// schema raises it at commit time.
+/// schema raises it at commit time. The same trigger raising `CO001` (what
+/// `coord_txn` raises at another isolation level than READ COMMITTED) is a
+/// configuration error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rollback_at_commit_is_unavailable() {
     let Some(base) = base_url() else { return };
@@ -408,7 +410,7 @@ async fn rollback_at_commit_is_unavailable() {
     .await
     .unwrap();
     let mut results = Vec::new();
-    for code in ["40001", "40P01"] {
+    for code in ["40001", "40P01", "CO001"] {
         let key = format!("doomed-{code}");
         let txn = store
             .txn(
@@ -424,10 +426,15 @@ async fn rollback_at_commit_is_unavailable() {
         .await
         .unwrap();
     for (code, txn, stored) in results {
-        assert!(
-            matches!(txn, Err(Error::Unavailable { .. })),
-            "SQLSTATE {code} at COMMIT (rolled back) must be Unavailable, got {txn:?}"
-        );
+        if code == "CO001" {
+            // coord_txn's refusal of another isolation level: configuration.
+            assert!(matches!(txn, Err(Error::Config(_))), "CO001: {txn:?}");
+        } else {
+            assert!(
+                matches!(txn, Err(Error::Unavailable { .. })),
+                "SQLSTATE {code} at COMMIT (rolled back) must be Unavailable, got {txn:?}"
+            );
+        }
         assert!(stored.unwrap().version.is_missing(), "{code}: rolled back");
     }
 }
