@@ -171,6 +171,9 @@ impl PostgresBackend {
     /// query parameter (`sslmode`, `sslrootcert`, `application_name`,
     /// `options`, …) is passed to sqlx. The schema lives in the first schema of
     /// the session's `search_path` (set it with `options=-c search_path=NAME`).
+    /// Sessions always run at READ COMMITTED: a `default_transaction_isolation`
+    /// from `options`, the role, the database or the server is overridden
+    /// (see "Atomicity boundary" above).
     pub async fn connect(url: &StoreUrl) -> Result<Self> {
         Self::connect_with(url, PostgresOptions::default()).await
     }
