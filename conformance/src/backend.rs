@@ -13,6 +13,7 @@
 //! - [`concurrent_txn`]: exactly one of N racing writers commits;
 //! - [`increment_race`]: W×M compare-and-swap increments from separate clients end at exactly W×M;
 //! - [`snapshot_consistency`]: a snapshot never sees a multi-key txn half applied;
+//! - [`disjoint_write_skew`]: two txns asserting `{A, B}`, one writing A and one B, never both commit;
 //! - [`version_monotonic`]: +1 per write, deletes too, never reused after a re-create (ABA);
 //! - [`assert_missing`]: create-if-missing, also after a delete;
 //! - [`all_or_nothing`]: one false assert writes nothing; puts and deletes of one txn apply together;
@@ -439,6 +440,105 @@ fn case_snapshot_consistency(factory: BackendFactory) -> BoxFuture<'static, Chec
     Box::pin(async move {
         let namespace = unique_namespace("snapshot_consistency");
         snapshot_consistency(factory, &namespace, SnapshotRace::default()).await
+    })
+}
+
+/// Two txns that both assert `{A, B}` at the versions they read, one writing
+/// `A` and the other `B`, never both commit, over `rounds` races from two
+/// clients of one namespace: exactly one applies per round.
+///
+/// A txn's asserts must hold when it commits, also on the keys it does not
+/// write. A store that checks them against a snapshot taken before it waited
+/// for a concurrent writer (snapshot isolation, e.g. a SQL store running at
+/// REPEATABLE READ) lets both commit: write skew, which no check of a single
+/// key or of one client can see.
+pub async fn disjoint_write_skew(
+    factory: BackendFactory,
+    namespace: &str,
+    rounds: usize,
+) -> CheckResult {
+    let keys = vec!["skew/a".to_owned(), "skew/b".to_owned()];
+    let first = factory(namespace.to_owned()).await?;
+    let initial = first.snapshot(&keys).await?;
+    ensure!(
+        initial.iter().all(|e| e.version == Version::MISSING),
+        "disjoint_write_skew needs an empty namespace, found {initial:?}"
+    );
+    let clients = [
+        factory(namespace.to_owned()).await?,
+        factory(namespace.to_owned()).await?,
+    ];
+    for round in 0..rounds {
+        let before = first.snapshot(&keys).await?;
+        ensure!(
+            before.len() == 2,
+            "a snapshot of 2 keys returned {} entries",
+            before.len()
+        );
+        let asserts: Vec<Assert> = before
+            .iter()
+            .map(|e| Assert::at(e.key.clone(), e.version))
+            .collect();
+        let start = Arc::new(tokio::sync::Barrier::new(2));
+        let mut tasks = Vec::new();
+        for (writer, backend) in clients.iter().enumerate() {
+            let (backend, start, asserts) = (backend.clone(), start.clone(), asserts.clone());
+            let mutation =
+                Mutation::put(keys[writer].clone(), format!("round-{round}-by-{writer}"));
+            tasks.push(tokio::spawn(async move {
+                start.wait().await;
+                backend.txn(&asserts, &[mutation]).await
+            }));
+        }
+        let mut winners = Vec::new();
+        for (writer, task) in tasks.into_iter().enumerate() {
+            let outcome = task
+                .await
+                .map_err(|e| Failure::new(format!("writer {writer} panicked: {e}")))??;
+            if outcome.applied {
+                winners.push(writer);
+            }
+        }
+        ensure!(
+            winners.len() < 2,
+            "round {round}: both txns asserting {{A, B}} at {:?} committed, one writing A and \
+             the other B (write skew: an assert on a key the txn does not write was not \
+             checked at commit)",
+            before.iter().map(|e| e.version).collect::<Vec<_>>()
+        );
+        ensure!(
+            winners.len() == 1,
+            "round {round}: both txns were rejected, though nothing else wrote {keys:?}"
+        );
+        let winner = winners[0];
+        let after = first.snapshot(&keys).await?;
+        for (i, (old, new)) in before.iter().zip(&after).enumerate() {
+            let expected = if i == winner {
+                Version(old.version.0 + 1)
+            } else {
+                old.version
+            };
+            ensure!(
+                new.version == expected,
+                "round {round}: {:?} moved from {} to {} (writer {winner} won; expected {expected})",
+                new.key,
+                old.version,
+                new.version
+            );
+        }
+        ensure!(
+            after[winner].value.as_deref() == Some(format!("round-{round}-by-{winner}").as_bytes()),
+            "round {round}: {:?} does not hold the winner's value",
+            after[winner].key
+        );
+    }
+    Ok(())
+}
+
+fn case_disjoint_write_skew(factory: BackendFactory) -> BoxFuture<'static, CheckResult> {
+    Box::pin(async move {
+        let namespace = unique_namespace("disjoint_write_skew");
+        disjoint_write_skew(factory, &namespace, 64).await
     })
 }
 
@@ -1681,6 +1781,7 @@ pub fn cases() -> Vec<Case> {
         case("concurrent_txn", case_concurrent_txn),
         case("increment_race", case_increment_race),
         case("snapshot_consistency", case_snapshot_consistency),
+        case("disjoint_write_skew", case_disjoint_write_skew),
         case("version_monotonic", case_version_monotonic),
         case("assert_missing", case_assert_missing),
         case("all_or_nothing", case_all_or_nothing),
@@ -1703,6 +1804,7 @@ macro_rules! backend_tests {
             concurrent_txn,
             increment_race,
             snapshot_consistency,
+            disjoint_write_skew,
             version_monotonic,
             assert_missing,
             all_or_nothing,

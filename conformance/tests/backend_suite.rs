@@ -37,6 +37,10 @@ enum Flaw {
     EmptyRejection,
     /// Every 5th txn fails with `Unavailable` (writing nothing).
     FailingTxns,
+    /// Snapshot isolation: asserts on keys the txn does not write are checked
+    /// against the versions read when it started (before it waited), asserts
+    /// on written keys against the current ones (first committer wins).
+    SnapshotIsolation,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -173,6 +177,32 @@ impl Backend for FlawedStore {
             // before the first write also writes.
             tokio::time::sleep(Duration::from_millis(5)).await;
             self.apply(&mut self.lock(), mutations);
+            return Ok(TxnOutcome::applied());
+        }
+        if self.flaw == Flaw::SnapshotIsolation {
+            let started: HashMap<String, Version> = {
+                let cells = self.lock();
+                asserts
+                    .iter()
+                    .map(|a| (a.key.clone(), entry_of(&cells, &a.key).version))
+                    .collect()
+            };
+            // Long enough for a concurrent txn to commit in between.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            let mut cells = self.lock();
+            let written: HashSet<&str> = mutations.iter().map(Mutation::key).collect();
+            let holds = asserts.iter().all(|a| {
+                let seen = if written.contains(a.key.as_str()) {
+                    entry_of(&cells, &a.key).version
+                } else {
+                    started[&a.key]
+                };
+                seen == a.version
+            });
+            if !holds {
+                return Ok(self.rejected(&cells, asserts));
+            }
+            self.apply(&mut cells, mutations);
             return Ok(TxnOutcome::applied());
         }
         let mut cells = self.lock();
@@ -312,6 +342,11 @@ async fn empty_rejection_entries_are_caught() {
         &["rejected_txn_current", "increment_race", "model_sequences"],
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn write_skew_is_caught() {
+    caught_by(Flaw::SnapshotIsolation, &["disjoint_write_skew"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

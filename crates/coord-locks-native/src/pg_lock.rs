@@ -1,5 +1,4 @@
-//! [`PgAdvisoryLock`]: PostgreSQL session advisory locks with a fence table
-//! (seed 000 `@bext/locking-pg`).
+//! [`PgAdvisoryLock`]: PostgreSQL session advisory locks with a fence table.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -23,7 +22,7 @@ use tokio::sync::Mutex;
 /// use coord_locks_native::PgAdvisoryOptions;
 ///
 /// let options = PgAdvisoryOptions::default()
-///     .with_key_prefix("")              // hash exactly the caller's key, like seed 000
+///     .with_key_prefix("")              // hash exactly the caller's key
 ///     .with_fence_table("billing_lock_fences")
 ///     .with_call_timeout(Duration::from_secs(2));
 /// assert_eq!(options.fence_table, "billing_lock_fences");
@@ -33,8 +32,11 @@ use tokio::sync::Mutex;
 pub struct PgAdvisoryOptions {
     /// Prefix added to every key before it is hashed and before it names its
     /// fence row. `None` (the default): `<namespace>:lock:`, with the
-    /// namespace of the URL (`?namespace=`, default `coord`). `Some("")`
-    /// locks `hashtext(key)` exactly, as the seed's `@bext/locking-pg` does.
+    /// namespace of the URL (`?namespace=`, default `coord`) and every `:`
+    /// in it written as `{}`, so that the name tells namespace and key apart
+    /// (see [`PgAdvisoryLock::lock_name`]). `Some("")` locks `hashtext(key)`
+    /// exactly, as other advisory-lock libraries do; with an explicit prefix,
+    /// keeping names of different lock spaces apart is the caller's job.
     pub key_prefix: Option<String>,
     /// The table of fence counters (default `coord_lock_fences`): lower-case
     /// letters, digits and `_`, optionally `schema.table`.
@@ -104,7 +106,8 @@ impl PgAdvisoryOptions {
 /// | [`renew`](Lock::renew) | `SELECT 1` on the lock's connection | 1 |
 /// | [`release`](Lock::release) | `pg_advisory_unlock(hashtext(name))`, then close the connection | 1 statement + close |
 ///
-/// where `name` is the key with the prefix (default `<namespace>:lock:`).
+/// where `name` is the key with the prefix (default `<namespace>:lock:`, `:` in the
+/// namespace written `{}`: see [`PgAdvisoryLock::lock_name`]).
 ///
 /// # Boundary (read before choosing it)
 ///
@@ -208,7 +211,7 @@ impl PgAdvisoryLock {
         let prefix = options
             .key_prefix
             .clone()
-            .unwrap_or_else(|| format!("{}:lock:", url.namespace()));
+            .unwrap_or_else(|| default_prefix(url.namespace()));
         Self::new(connect, prefix, options).await
     }
 
@@ -304,6 +307,22 @@ impl PgAdvisoryLock {
     }
 
     /// The name a key is hashed as (and its fence row is keyed by).
+    ///
+    /// With the default prefix: `<namespace>:lock:<key>`, where every `:` of
+    /// the namespace is written `{}`. Namespaces never contain `{` or `}`
+    /// (see `coord_backend::validate_namespace`), so the escaped namespace is
+    /// everything before the first `:` and decodes back to one namespace:
+    /// two (namespace, key) pairs never share a name (namespace `a` with key
+    /// `b:lock:c` is `a:lock:b:lock:c`, namespace `a:lock:b` with key `c` is
+    /// `a{}lock{}b:lock:c`).
+    ///
+    /// Existing data: names of namespaces without `:` are unchanged. Earlier
+    /// versions named a namespace *with* `:` unescaped; such a namespace now
+    /// takes other advisory locks and other fence rows, whose fences start
+    /// again at 1. Do not run old and new clients on such a namespace at
+    /// once (they would not exclude each other), and if fences must keep
+    /// increasing across the upgrade, copy each old row's fence to its new
+    /// name (`UPDATE`/`INSERT` into the fence table) before the first lock.
     pub fn lock_name(&self, key: &str) -> String {
         format!("{}{key}", self.prefix)
     }
@@ -363,6 +382,11 @@ impl PgAdvisoryLock {
             None
         }
     }
+}
+
+/// The default key prefix of `namespace`: see [`PgAdvisoryLock::lock_name`].
+fn default_prefix(namespace: &str) -> String {
+    format!("{}:lock:", namespace.replace(':', "{}"))
 }
 
 fn valid_table_name(name: &str) -> bool {
@@ -537,6 +561,21 @@ impl Lock for PgAdvisoryLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_names_are_injective() {
+        let name = |ns: &str, key: &str| format!("{}{key}", default_prefix(ns));
+        assert_eq!(name("coord", "job:1"), "coord:lock:job:1");
+        assert_ne!(name("a", "b:lock:c"), name("a:lock:b", "c"));
+        assert_ne!(name("a:", "lock:x"), name("a", ":lock:x"));
+        // Decoding: the namespace ends at the first ':', `{}` is a ':' of it.
+        for (ns, key) in [("a:lock:b", "c"), ("a", "b:lock:c"), (":", ":"), ("x", "")] {
+            let full = name(ns, key);
+            let (escaped, rest) = full.split_once(':').unwrap();
+            assert_eq!(escaped.replace("{}", ":"), ns);
+            assert_eq!(rest.strip_prefix("lock:"), Some(key));
+        }
+    }
 
     #[test]
     fn table_names_are_plain_identifiers() {

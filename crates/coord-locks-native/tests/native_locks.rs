@@ -495,6 +495,49 @@ mod pg_advisory {
         a.release(h).await.unwrap();
     }
 
+    /// Namespace `N` with key `b:lock:c` and namespace `N:lock:b` with key
+    /// `c` are different locks: neither their advisory locks nor their
+    /// fence rows may be shared.
+    #[tokio::test]
+    async fn namespaces_never_share_a_lock_name() {
+        let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
+            return;
+        };
+        let in_namespace = |namespace: &str| {
+            let sep = if url.contains('?') { '&' } else { '?' };
+            format!("{url}{sep}namespace={namespace}")
+        };
+        let short = random_key("ns").replace('-', "_");
+        let long = format!("{short}:lock:b");
+        let a = PgAdvisoryLock::connect(&in_namespace(&short))
+            .await
+            .unwrap();
+        let b = PgAdvisoryLock::connect(&in_namespace(&long)).await.unwrap();
+        let ttl = Duration::from_secs(30);
+        let ha = a.try_lock("b:lock:c", ttl).await.unwrap().expect("free");
+        let hb = b.try_lock("c", ttl).await.unwrap();
+        let hb = hb.expect("namespace N:lock:b, key c was refused: it shares N's lock on b:lock:c");
+        assert_ne!(a.lock_name("b:lock:c"), b.lock_name("c"));
+        // Fresh names: each has a fence row of its own, starting at 1.
+        assert_eq!((ha.fence(), hb.fence()), (1, 1));
+        a.release(ha).await.unwrap();
+        b.release(hb).await.unwrap();
+    }
+
+    /// The default name of a namespace without `:` is `<namespace>:lock:<key>`,
+    /// as before namespaces were escaped: existing fence rows stay in use.
+    #[tokio::test]
+    async fn plain_namespaces_keep_their_lock_names() {
+        let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
+            return;
+        };
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let lock = PgAdvisoryLock::connect(&format!("{url}{sep}namespace=billing.v2"))
+            .await
+            .unwrap();
+        assert_eq!(lock.lock_name("k:1"), "billing.v2:lock:k:1");
+    }
+
     #[tokio::test]
     async fn bad_configuration_is_a_typed_error() {
         let err = PgAdvisoryLock::connect_with(

@@ -20,6 +20,10 @@ pub(crate) fn read(what: &str, error: sqlx::Error) -> Error {
     }
 }
 
+/// The SQLSTATE `coord_txn` raises when called at another isolation level
+/// than READ COMMITTED (see [`crate::schema`]).
+pub(crate) const ISOLATION_REFUSED: &str = "CO001";
+
 /// An error of the txn statement. `completed` = the server had already sent
 /// CommandComplete, i.e. the function had run to its end.
 ///
@@ -30,8 +34,24 @@ pub(crate) fn read(what: &str, error: sqlx::Error) -> Error {
 /// - an error response after CommandComplete arose in or after the implicit
 ///   COMMIT, and a lost connection (I/O error, closed socket, protocol garbage)
 ///   at any point leaves the commit unknown → `Indeterminate`.
+/// - a transaction-rollback error (SQLSTATE class 40) is the server saying it
+///   rolled back, before or at COMMIT: nothing applied → `Unavailable`;
+/// - `CO001` is `coord_txn` refusing an isolation level other than READ
+///   COMMITTED: a configuration error, nothing applied → `Config`.
 pub(crate) fn txn(error: sqlx::Error, completed: bool) -> Error {
     match error {
+        sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("40")) => {
+            Error::unavailable(
+                "txn rolled back by PostgreSQL (serialization failure or deadlock); \
+                 nothing was applied, retrying is safe",
+                db,
+            )
+        }
+        sqlx::Error::Database(db) if db.code().as_deref() == Some(ISOLATION_REFUSED) => {
+            Error::Config(format!(
+                "coord_txn refused to run: {db} (it needs READ COMMITTED; nothing was applied)"
+            ))
+        }
         sqlx::Error::Database(db) if !completed => {
             Error::unavailable("txn rejected by PostgreSQL; nothing was applied", db)
         }

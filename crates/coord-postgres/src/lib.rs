@@ -51,8 +51,19 @@
 //! released only after its holder's commit is visible, and each statement of
 //! the function takes a new snapshot *after* the locks are held: the check
 //! reads the latest committed version of every involved key, and nobody can
-//! change one of them before this txn commits. SERIALIZABLE would add
-//! retries (serialization failures) without adding safety.
+//! change one of them before this txn commits.
+//!
+//! It is also *required*: at REPEATABLE READ or SERIALIZABLE the snapshot is
+//! taken when the calling statement starts, before the locks, so two txns
+//! asserting `{A, B}` and writing `A` and `B` could both commit (write skew),
+//! and SERIALIZABLE turns contention into serialization failures. So
+//! - every session of the store's pool starts with the startup parameter
+//!   `default_transaction_isolation = 'read committed'`, which outranks the
+//!   server, database and role defaults and the URL's `options` (no extra
+//!   round trip: it travels in the startup packet);
+//! - `coord_txn` itself refuses to run at any other level (SQLSTATE `CO001`,
+//!   reported as [`Error::Config`]), for callers that invoke it directly or
+//!   through a pooler that drops startup parameters.
 //!
 //! # Why a server-side function
 //!
@@ -70,6 +81,12 @@
 //!   [`Error::Unavailable`]; nothing was sent.
 //! - The server answers the txn statement with an error before it completed
 //!   (statement timeout, …): the transaction rolled back, [`Error::Unavailable`].
+//! - A transaction-rollback error (SQLSTATE class 40: serialization failure,
+//!   deadlock), also one raised at the implicit COMMIT: the server rolled the
+//!   transaction back, so nothing applied and a retry is safe:
+//!   [`Error::Unavailable`]. (The store's own sessions run at READ COMMITTED
+//!   and take their locks in one order, so these come only from what others
+//!   added to the database, e.g. triggers.)
 //! - The connection breaks after the txn statement was sent (I/O error,
 //!   closed socket, or an error while the implicit COMMIT runs, which the
 //!   extended protocol performs at `Sync`, after CommandComplete):
@@ -154,6 +171,9 @@ impl PostgresBackend {
     /// query parameter (`sslmode`, `sslrootcert`, `application_name`,
     /// `options`, …) is passed to sqlx. The schema lives in the first schema of
     /// the session's `search_path` (set it with `options=-c search_path=NAME`).
+    /// Sessions always run at READ COMMITTED: a `default_transaction_isolation`
+    /// from `options`, the role, the database or the server is overridden
+    /// (see "Atomicity boundary" above).
     pub async fn connect(url: &StoreUrl) -> Result<Self> {
         Self::connect_with(url, PostgresOptions::default()).await
     }
@@ -167,8 +187,14 @@ impl PostgresBackend {
             )));
         }
         validate_namespace(url.namespace())?;
+        // `coord_txn` is correct at READ COMMITTED only (see the crate docs):
+        // a startup parameter outranks the defaults of the database, the role
+        // and the server, and comes after the URL's own `options`, so every
+        // session of this store runs at READ COMMITTED whatever was
+        // configured, at no extra round trip.
         let mut connect_options = PgConnectOptions::from_str(url.without_namespace())
-            .map_err(|e| Error::Config(format!("invalid PostgreSQL URL: {e}")))?;
+            .map_err(|e| Error::Config(format!("invalid PostgreSQL URL: {e}")))?
+            .options([("default_transaction_isolation", "read committed")]);
         if let Some(timeout) = options.get_statement_timeout() {
             // A startup parameter: costs no round trip per connection.
             connect_options =

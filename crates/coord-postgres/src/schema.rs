@@ -14,7 +14,13 @@ use sqlx::{Connection, PgConnection};
 const SCHEMA_LOCK: i64 = 0x636f_6f72_645f_7631;
 
 /// The comment [`SCHEMA_SQL`] puts on `coord_txn`; bump both when the SQL changes.
-pub(crate) const SCHEMA_TAG: &str = "coord schema r1";
+///
+/// r2: `coord_txn` refuses to run at an isolation level other than READ
+/// COMMITTED (SQLSTATE `CO001`). A client of r1 and one of r2 on one database
+/// each reinstall their own revision when they connect (the comparison is
+/// for equality); both are correct at READ COMMITTED, which r2 clients force,
+/// so this costs DDL, not safety; upgrade every client.
+pub(crate) const SCHEMA_TAG: &str = "coord schema r2";
 
 /// The full signature of the txn function (for `to_regprocedure`).
 const TXN_SIGNATURE: &str = "coord_txn(text,text[],bigint[],text[],bytea[],text[])";
@@ -48,6 +54,16 @@ DECLARE
     h bigint;
     mismatches bigint;
 BEGIN
+    -- At REPEATABLE READ or SERIALIZABLE the snapshot was taken when the
+    -- calling statement started, before the locks below: the asserts would be
+    -- checked against stale versions (write skew). Refuse rather than guess.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'coord_txn needs READ COMMITTED, the transaction runs at %',
+                        current_setting('transaction_isolation')
+              USING ERRCODE = 'CO001',
+                    HINT = 'SET TRANSACTION ISOLATION LEVEL READ COMMITTED before calling it';
+    END IF;
+
     -- Lock every involved key, existing or not, in one global order (sorted
     -- 64-bit hashes), so two txns can never wait on each other in a cycle.
     -- The two-int4 form keeps these locks apart from single-bigint advisory
@@ -101,7 +117,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION coord_txn(text, text[], bigint[], text[], bytea[], text[]) IS 'coord schema r1';
+COMMENT ON FUNCTION coord_txn(text, text[], bigint[], text[], bytea[], text[]) IS 'coord schema r2';
 "#;
 
 /// Create the table and the function unless this revision is already installed.
