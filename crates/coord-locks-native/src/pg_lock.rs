@@ -420,6 +420,7 @@ impl Lock for PgAdvisoryLock {
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
         validate_lock_input(key, ttl)?;
         let name = self.lock_name(key);
+        let sent = tokio::time::Instant::now();
         let mut conn = self.open().await?;
         let answer = self
             .timed(
@@ -469,13 +470,9 @@ impl Lock for PgAdvisoryLock {
             .lock()
             .expect("held map poisoned")
             .insert(token.clone(), held);
-        Ok(Some(LockHandle::new(
-            key,
-            token,
-            fence,
-            ttl,
-            SystemTime::now() + ttl,
-        )))
+        Ok(Some(
+            LockHandle::new(key, token, fence, ttl, SystemTime::now() + ttl).requested_at(sent),
+        ))
     }
 
     async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {

@@ -269,7 +269,10 @@ impl RedisLock {
         }
         let prefix = options
             .key_prefix
-            .unwrap_or_else(|| format!("{}:lock:", url.namespace()));
+            // `:` of the namespace written `{}` (namespaces never contain
+            // braces): namespace `a` + key `b:lock:c` and namespace `a:lock:b`
+            // + key `c` must not share a Redis key.
+            .unwrap_or_else(|| format!("{}:lock:", url.namespace().replace(':', "{}")));
         Self::from_connection(conn, prefix, endpoint)
     }
 
@@ -386,6 +389,7 @@ impl Lock for RedisLock {
         // Read before sending: the server's lease starts later, so this
         // estimate of the expiry is never later than the real one.
         let expires_at = SystemTime::now() + ttl;
+        let sent = tokio::time::Instant::now();
         let reply = ACQUIRE_SCRIPT
             .key(self.lock_key(key))
             .key(self.fence_key(key))
@@ -395,13 +399,9 @@ impl Lock for RedisLock {
             .await;
         match reply {
             Ok(0) => Ok(None),
-            Ok(fence) if fence > 0 => Ok(Some(LockHandle::new(
-                key,
-                token,
-                fence as u64,
-                ttl,
-                expires_at,
-            ))),
+            Ok(fence) if fence > 0 => Ok(Some(
+                LockHandle::new(key, token, fence as u64, ttl, expires_at).requested_at(sent),
+            )),
             Ok(-1) => Err(LockError::Store(Error::malformed(
                 self.fence_key(key),
                 "fence counter is not a decimal integer below 2^63 - 1 \

@@ -630,7 +630,6 @@ async fn commit_after_the_cut_is_indeterminate_and_lands() {
 /// a conclusion nobody reached (AGENTS.md, "No conclusion must be observable
 /// that was not reached").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the CAS engine late-commit fix"]
 async fn late_commit_under_try_lock_is_the_callers_grant_or_indeterminate() {
     use coord_adapters::lock::{GenericLock, Lock, LockError};
 
