@@ -24,7 +24,7 @@
 //! across deletes).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,10 +33,9 @@ use coord_adapters::sideeffect::{
     Lease, Outcome, ReconcileClaim, Resolution, RetrySafety, Runner, SideEffectAdapter,
     SideEffectError, SideEffectStore,
 };
-use coord_backend::{
-    Assert, Backend, BackendExt, Clock, Entry, Error, Limits, ManualClock, Mutation, TxnOutcome,
-};
+use coord_backend::{Backend, BackendExt, Clock, Entry, Error, ManualClock, Mutation};
 
+use crate::faults::{Fault, FaultyBackend, Target};
 use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
 
 /// Builds the side-effect store under test over a backend and a clock.
@@ -1297,85 +1296,19 @@ pub async fn rule_26_mark_uncertain_stale_fence(fx: Fixture) -> CheckResult {
     expect_replayed(&fx.store().await?, &k, "new", "after the refused mark").await
 }
 
-/// A backend whose n-th txn (counted from arming) fails with `Unavailable`
-/// before reaching the store.
-#[derive(Debug)]
-struct FailNthTxn {
-    inner: Arc<dyn Backend>,
-    countdown: AtomicUsize,
-    fired: AtomicBool,
-}
-
-impl FailNthTxn {
-    fn new(inner: Arc<dyn Backend>) -> Self {
-        FailNthTxn {
-            inner,
-            countdown: AtomicUsize::new(0),
-            fired: AtomicBool::new(false),
-        }
-    }
-
-    fn arm(&self, nth: usize) {
-        self.fired.store(false, Ordering::SeqCst);
-        self.countdown.store(nth, Ordering::SeqCst);
-    }
-
-    /// Disarm; whether the fault fired.
-    fn disarm(&self) -> bool {
-        self.countdown.store(0, Ordering::SeqCst);
-        self.fired.load(Ordering::SeqCst)
-    }
-}
-
-#[async_trait]
-impl Backend for FailNthTxn {
-    fn namespace(&self) -> &str {
-        self.inner.namespace()
-    }
-
-    fn limits(&self) -> Limits {
-        self.inner.limits()
-    }
-
-    async fn snapshot(&self, keys: &[String]) -> coord_backend::Result<Vec<Entry>> {
-        self.inner.snapshot(keys).await
-    }
-
-    async fn txn(
-        &self,
-        asserts: &[Assert],
-        mutations: &[Mutation],
-    ) -> coord_backend::Result<TxnOutcome> {
-        let hit = self
-            .countdown
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok_and(|before| before == 1);
-        if hit {
-            self.fired.store(true, Ordering::SeqCst);
-            return Err(Error::Unavailable {
-                message: "injected failure (conformance)".into(),
-                source: None,
-            });
-        }
-        self.inner.txn(asserts, mutations).await
-    }
-
-    async fn keys(&self, prefix: &str) -> coord_backend::Result<Vec<String>> {
-        self.inner.keys(prefix).await
-    }
-}
-
 /// Rule 27: marking and clearing the intent are one txn: whichever txn of
 /// mark_uncertain fails, the key is never left runnable.
 pub async fn rule_27_mark_uncertain_one_txn(fx: Fixture) -> CheckResult {
     for nth in 1..=3 {
         let a = action(&format!("a{nth}"), &format!("r{nth}"));
-        let faulty = Arc::new(FailNthTxn::new(fx.backend().await?));
+        let faulty = Arc::new(FaultyBackend::new(fx.backend().await?, nth as u64));
         let store = fx.store_over(faulty.clone());
         let la = grant(&store, &a).await?;
-        faulty.arm(nth);
+        // The nth txn of mark_uncertain is refused before reaching the store.
+        faulty.nth(Target::Txn, nth as u64, Fault::Refuse);
         let marked = store.mark_uncertain(&a, &la, "conformance").await;
-        let fired = faulty.disarm();
+        let fired = faulty.fired() > 0;
+        faulty.heal();
         if marked.is_err() {
             ensure!(
                 fired,

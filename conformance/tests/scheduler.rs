@@ -844,41 +844,20 @@ async fn a_clock_jump_on_one_instance_never_runs_a_slot_twice() {
 }
 
 /// A store that is down: every call fails with `Unavailable`.
-#[derive(Debug, Default)]
-struct DownBackend {
-    calls: AtomicUsize,
-}
-
-impl DownBackend {
-    fn fail<T>(&self) -> coord_backend::Result<T> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        Err(coord_backend::Error::Unavailable {
-            message: "connection refused (test double)".into(),
-            source: None,
-        })
-    }
-}
-
-#[async_trait]
-impl Backend for DownBackend {
-    fn namespace(&self) -> &str {
-        "down"
-    }
-    async fn snapshot(&self, _keys: &[String]) -> coord_backend::Result<Vec<Entry>> {
-        self.fail()
-    }
-    async fn txn(&self, _a: &[Assert], _m: &[Mutation]) -> coord_backend::Result<TxnOutcome> {
-        self.fail()
-    }
-    async fn keys(&self, _prefix: &str) -> coord_backend::Result<Vec<String>> {
-        self.fail()
-    }
+fn down_backend() -> Arc<coord_conformance::faults::FaultyBackend> {
+    let inner = SingleProcessMemoryBackend::shared(&unique_namespace("down")).unwrap();
+    let down = coord_conformance::faults::FaultyBackend::new(Arc::new(inner), 2);
+    down.always(
+        coord_conformance::faults::Target::Any,
+        coord_conformance::faults::Fault::Refuse,
+    );
+    Arc::new(down)
 }
 
 #[tokio::test]
 async fn locking_hints_with_a_broken_store_and_without_a_store() {
     let log: RunLog = Arc::default();
-    let down = Arc::new(DownBackend::default());
+    let down = down_backend();
     let clock = Arc::new(ManualClock::at_millis(T0));
     let store: Arc<dyn SlotStore> =
         Arc::new(RunStore::new(down.clone(), clock.clone(), RunStoreOptions::default()).unwrap());
@@ -904,7 +883,7 @@ async fn locking_hints_with_a_broken_store_and_without_a_store() {
         .unwrap();
 
     // NodeLocal over the broken store: runs, and never calls the store.
-    let down_local = Arc::new(DownBackend::default());
+    let down_local = down_backend();
     let local_store: Arc<dyn SlotStore> = Arc::new(
         RunStore::new(
             down_local.clone(),
@@ -939,7 +918,7 @@ async fn locking_hints_with_a_broken_store_and_without_a_store() {
         FinalStatus::Succeeded
     );
     assert_eq!(
-        down_local.calls.load(Ordering::SeqCst),
+        down_local.fired() as usize,
         0,
         "NodeLocal touched the store"
     );
@@ -964,7 +943,7 @@ async fn locking_hints_with_a_broken_store_and_without_a_store() {
         .count();
     assert_eq!(ran, 0, "a coordinated job ran with the store down");
     assert!(
-        down.calls.load(Ordering::SeqCst) >= 2,
+        down.fired() as usize >= 2,
         "the coordinated jobs did not even try the store"
     );
 
@@ -1095,65 +1074,25 @@ async fn the_tick_loop_runs_each_slot_once_across_instances() {
     assert!(runs.values().all(|n| *n == 1), "a slot ran twice: {runs:?}");
 }
 
-/// Commits a txn but loses its reply, once, then loses every call (the
-/// re-reads and resends that would tell) until `blind` is cleared.
-#[derive(Debug)]
-struct LostReplyBackend {
-    inner: SingleProcessMemoryBackend,
-    armed: std::sync::atomic::AtomicBool,
-    blind: std::sync::atomic::AtomicBool,
-}
-
-#[async_trait]
-impl Backend for LostReplyBackend {
-    fn namespace(&self) -> &str {
-        self.inner.namespace()
-    }
-    async fn snapshot(&self, keys: &[String]) -> coord_backend::Result<Vec<Entry>> {
-        if self.blind.load(Ordering::SeqCst) {
-            return Err(coord_backend::Error::Indeterminate {
-                message: "connection reset (test double)".into(),
-                source: None,
-            });
-        }
-        self.inner.snapshot(keys).await
-    }
-    async fn txn(
-        &self,
-        asserts: &[Assert],
-        mutations: &[Mutation],
-    ) -> coord_backend::Result<TxnOutcome> {
-        if self.blind.load(Ordering::SeqCst) {
-            return Err(coord_backend::Error::Indeterminate {
-                message: "connection reset (test double)".into(),
-                source: None,
-            });
-        }
-        let outcome = self.inner.txn(asserts, mutations).await?;
-        if outcome.applied && !mutations.is_empty() && self.armed.swap(false, Ordering::SeqCst) {
-            self.blind.store(true, Ordering::SeqCst);
-            return Err(coord_backend::Error::Indeterminate {
-                message: "reply lost (test double)".into(),
-                source: None,
-            });
-        }
-        Ok(outcome)
-    }
-    async fn keys(&self, prefix: &str) -> coord_backend::Result<Vec<String>> {
-        self.inner.keys(prefix).await
-    }
-}
-
 #[tokio::test]
 async fn a_claim_whose_reply_was_lost_is_retried_with_the_same_token() {
     let ns = unique_namespace("lost_reply");
     let log: RunLog = Arc::default();
     let clock = Arc::new(ManualClock::at_millis(T0));
-    let flaky = Arc::new(LostReplyBackend {
-        inner: SingleProcessMemoryBackend::shared(&ns).unwrap(),
-        armed: true.into(),
-        blind: false.into(),
-    });
+    // The claim commits but its reply is lost, then every call (the
+    // resends that would tell) is lost too, until healed.
+    let flaky = Arc::new(coord_conformance::faults::FaultyBackend::new(
+        Arc::new(SingleProcessMemoryBackend::shared(&ns).unwrap()),
+        1,
+    ));
+    flaky.once(
+        coord_conformance::faults::Target::WritingTxn,
+        coord_conformance::faults::Fault::LoseReply,
+    );
+    flaky.always(
+        coord_conformance::faults::Target::Any,
+        coord_conformance::faults::Fault::Drop,
+    );
     let store: Arc<dyn SlotStore> =
         Arc::new(RunStore::new(flaky.clone(), clock.clone(), RunStoreOptions::default()).unwrap());
     let a = Scheduler::new(Some(store), clock.clone(), SchedulerOptions::instance("a"));
@@ -1173,7 +1112,7 @@ async fn a_claim_whose_reply_was_lost_is_retried_with_the_same_token() {
         matches!(report.events[0].action, TickAction::StoreError { .. }),
         "{report:?}"
     );
-    flaky.blind.store(false, Ordering::SeqCst);
+    flaky.heal();
     // b sees the slot held (by a's committed claim) and does not run it.
     let report = b.tick_to(slot + 100).await;
     assert!(

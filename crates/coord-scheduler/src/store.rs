@@ -1232,10 +1232,17 @@ mod tests {
         assert_eq!(s.prune("j").await.unwrap(), 0, "inside the window");
         clock.advance(Duration::from_secs(2));
         assert_eq!(s.prune("j").await.unwrap(), 1, "the running claim stays");
-        // Forgotten: a new token may claim it again, which is exactly why the
-        // scheduler refuses jobs that could still claim after the window.
+        // Forgotten, yet never claimable again: the floor kept in the store
+        // refuses it whatever the claimer's clock says.
         let again = ClaimRequest::new("j", 1_000_000, "late", "b", ttl).allow_overlap(true);
-        assert!(s.claim(&again).await.unwrap().won);
+        let refused = s.claim(&again).await.unwrap();
+        assert!(
+            !refused.won && refused.outcome == ClaimOutcome::Done,
+            "{refused:?}"
+        );
+        // A later slot than the forgotten ones is claimable as usual.
+        let later = ClaimRequest::new("j", 1_002_000, "next", "b", ttl).allow_overlap(true);
+        assert!(s.claim(&later).await.unwrap().won);
     }
 
     #[tokio::test]
