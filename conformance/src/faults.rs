@@ -62,9 +62,10 @@ pub enum Fault {
     LoseReply,
     /// The answer is lost at once (`Indeterminate`) and the txn is applied
     /// only after `after_calls` further calls through this wrapper have
-    /// completed (1: right after the caller's next read or resend), the way
-    /// a server finishes a transaction after its client gave up. On a read,
-    /// the same as [`Fault::Drop`].
+    /// completed (0: just before the next call reaches the store; 1: right
+    /// after the caller's next read or resend), the way a server finishes a
+    /// transaction after its client gave up. On a read, the same as
+    /// [`Fault::Drop`].
     LateCommit {
         /// Calls to complete before the held-back txn is applied.
         after_calls: u32,
@@ -320,13 +321,18 @@ impl FaultyBackend {
     /// After a call completed at the store: count it against every
     /// held-back txn and apply those that are due.
     async fn after_call(&self) {
+        for d in &mut self.state().deferred {
+            d.calls_left = d.calls_left.saturating_sub(1);
+        }
+        self.apply_due().await;
+    }
+
+    /// Apply the held-back txns with no calls left to wait for.
+    async fn apply_due(&self) {
         let due: Vec<Deferred> = {
             let mut state = self.state();
             if state.deferred.is_empty() {
                 return;
-            }
-            for d in &mut state.deferred {
-                d.calls_left = d.calls_left.saturating_sub(1);
             }
             let (due, kept) = std::mem::take(&mut state.deferred)
                 .into_iter()
@@ -368,6 +374,7 @@ impl FaultyBackend {
         Fut: Future<Output = coord_backend::Result<T>>,
     {
         self.wait_unpaused().await;
+        self.apply_due().await;
         let fault = self.pick(call);
         if let Some(fault) = fault {
             self.fire(fault, what);
@@ -384,7 +391,7 @@ impl FaultyBackend {
             }
             Some(Fault::LateCommit { after_calls }) => {
                 if let Some(mut txn) = defer {
-                    txn.calls_left = after_calls.max(1);
+                    txn.calls_left = after_calls;
                     self.state().deferred.push(txn);
                 }
                 // Not counted as a completed call: the held-back txn waits for later ones.

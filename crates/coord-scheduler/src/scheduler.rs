@@ -776,7 +776,13 @@ impl Scheduler {
                 Ok(claim) => match claim.outcome {
                     ClaimOutcome::Overlap { running_slot } => {
                         blocked_by = Some(running_slot);
-                        st.pending.insert(slot, Pending::Overlap);
+                        // A followed slot keeps what it saw of its holder's
+                        // lease: forgetting it here would restart the full
+                        // lease of observation a takeover needs, and a dead
+                        // holder's slot would go late behind the next slots.
+                        if !matches!(st.pending.get(&slot), Some(Pending::Following(_))) {
+                            st.pending.insert(slot, Pending::Overlap);
+                        }
                         tracing::info!(
                             job = name,
                             slot,
