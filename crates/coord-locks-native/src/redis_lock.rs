@@ -269,10 +269,7 @@ impl RedisLock {
         }
         let prefix = options
             .key_prefix
-            // `:` of the namespace written `{}` (namespaces never contain
-            // braces): namespace `a` + key `b:lock:c` and namespace `a:lock:b`
-            // + key `c` must not share a Redis key.
-            .unwrap_or_else(|| format!("{}:lock:", url.namespace().replace(':', "{}")));
+            .unwrap_or_else(|| default_prefix(url.namespace()));
         Self::from_connection(conn, prefix, endpoint)
     }
 
@@ -511,9 +508,25 @@ fn redact(raw: &str) -> String {
     }
 }
 
+/// The default key prefix of `namespace`: `<namespace>:lock:` with each `:`
+/// of the namespace written `{}` (namespaces never contain braces), so that
+/// namespace `a` + key `b:lock:c` and namespace `a:lock:b` + key `c` never
+/// share a Redis key.
+fn default_prefix(namespace: &str) -> String {
+    format!("{}:lock:", namespace.replace(':', "{}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_prefixes_keep_namespaces_apart() {
+        let key = |ns: &str, k: &str| format!("{}{k}", default_prefix(ns));
+        assert_eq!(key("coord", "job:1"), "coord:lock:job:1");
+        assert_ne!(key("a", "b:lock:c"), key("a:lock:b", "c"));
+        assert_ne!(key("a:", "lock:x"), key("a", ":lock:x"));
+    }
 
     #[test]
     fn ttl_is_rounded_up_to_whole_milliseconds() {
