@@ -628,7 +628,7 @@ fn start_scheduler(inst: &Arc<Instance>, log: &Arc<Log>, shared: &Shared) -> Sch
 
 /// Random faults until `end`: windows of faults, hung writes, pauses, clock steps.
 async fn chaos(everyone: &[Arc<Instance>], crons: usize, log: &Log, seed: u64, end: Instant) {
-    let mut rng = StdRng::seed_from_u64(seed ^ 0xC4A0_5);
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x000C_4A05);
     let first_cron = everyone.len() - crons;
     while Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..2500))).await;
@@ -706,7 +706,7 @@ fn heal_later(victim: Arc<Instance>, after: Duration) {
 /// An error's kind for the trace: its first words, without tokens or values.
 fn kind(message: &str) -> String {
     message
-        .split(|c: char| c == ':' || c == '(')
+        .split([':', '('])
         .next()
         .unwrap_or(message)
         .trim()
