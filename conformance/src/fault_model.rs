@@ -29,7 +29,7 @@ use coord_adapters::sideeffect::{
     Action, BackendFencedSink, EffectResult, Fence, FencedSink, Outcome, Runner, SideEffectAdapter,
     SideEffectError,
 };
-use coord_backend::{Backend, BackendExt, Error, Mutation};
+use coord_backend::{Backend, BackendExt, Mutation};
 
 use crate::faults::{Fault, FaultyBackend, Target};
 use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
@@ -44,10 +44,6 @@ async fn wrapped(
 ) -> Result<(Arc<FaultyBackend>, Arc<dyn Backend>), Failure> {
     let store = factory(unique_namespace(label)).await?;
     Ok((Arc::new(FaultyBackend::new(store.clone(), seed)), store))
-}
-
-fn indeterminate(error: &Error) -> bool {
-    error.is_indeterminate()
 }
 
 /// The delays after which a held-back txn lands: before the caller's next
@@ -85,7 +81,7 @@ pub async fn late_commit_try_lock(factory: BackendFactory) -> CheckResult {
                          with nobody else there; record: {record}"
                     )))
                 }
-                Err(LockError::Store(e)) if indeterminate(&e) => {}
+                Err(LockError::Store(e)) if e.is_indeterminate() => {}
                 Err(e) => {
                     return Err(Failure::new(format!(
                         "late commit ({after_calls}, warm {warm}): {e}"
@@ -124,7 +120,7 @@ pub async fn late_commit_release(factory: BackendFactory) -> CheckResult {
                     "late commit ({after_calls}): release said Ok but the lock is still held"
                 );
             }
-            Err(LockError::Store(e)) if indeterminate(&e) => {}
+            Err(LockError::Store(e)) if e.is_indeterminate() => {}
             Err(e) => {
                 return Err(Failure::new(format!(
                     "late commit ({after_calls}): release of the holder's own lock: {e}"
@@ -159,7 +155,7 @@ pub async fn late_commit_board_claim(factory: BackendFactory) -> CheckResult {
                         ))
                     })?;
             }
-            Err(BoardError::Store(e)) if indeterminate(&e) => {}
+            Err(BoardError::Store(e)) if e.is_indeterminate() => {}
             Err(e) => {
                 return Err(Failure::new(format!(
                     "late commit ({after_calls}): claim with nobody else there: {e}"
@@ -207,7 +203,7 @@ pub async fn late_commit_runner(factory: BackendFactory) -> CheckResult {
                     }
                 },
                 Err(e) if e.outcome() == Some(Outcome::Uncertain) => {}
-                Err(SideEffectError::Store(e)) if indeterminate(&e) => {}
+                Err(SideEffectError::Store(e)) if e.is_indeterminate() => {}
                 Err(e) => return Err(Failure::new(format!("{context}: {e}"))),
             }
         }
@@ -235,7 +231,7 @@ pub async fn late_commit_fenced_sink(factory: BackendFactory) -> CheckResult {
                 "late commit ({after_calls}): Ok, but the data reads {:?}",
                 now.value
             ),
-            Err(SideEffectError::Store(e)) if indeterminate(&e) => {}
+            Err(SideEffectError::Store(e)) if e.is_indeterminate() => {}
             Err(e) => {
                 return Err(Failure::new(format!(
                 "late commit ({after_calls}): the holder of the highest fence got {e}; data {:?}",
@@ -257,7 +253,7 @@ pub async fn indeterminate_forever_ends(factory: BackendFactory) -> CheckResult 
         .await
         .map_err(|_| Failure::new("try_lock did not end while every txn was lost"))?;
     ensure!(
-        matches!(&answer, Err(LockError::Store(e)) if indeterminate(e)),
+        matches!(&answer, Err(LockError::Store(e)) if e.is_indeterminate()),
         "every txn lost: expected indeterminate, got {answer:?}"
     );
     ensure!(
@@ -285,7 +281,7 @@ pub async fn hung_writes_time_out(factory: BackendFactory) -> CheckResult {
         .await
         .map_err(|_| Failure::new("try_lock hung with the writes"))?;
     ensure!(
-        matches!(&answer, Err(LockError::Store(e)) if indeterminate(e)),
+        matches!(&answer, Err(LockError::Store(e)) if e.is_indeterminate()),
         "hung writes: expected indeterminate, got {answer:?}"
     );
     // Reads still answer during the partition.
