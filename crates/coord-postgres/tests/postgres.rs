@@ -50,6 +50,19 @@ async fn admin(base: &str) -> PgConnection {
     PgConnection::connect(base).await.unwrap()
 }
 
+/// A fresh schema of its own: `(its name, the base URL with it as the
+/// search_path, an admin connection)`.
+async fn private_schema(base: &str, label: &str) -> (String, String, PgConnection) {
+    let schema = format!("coord_{}", unique_namespace(label).replace('-', "_"));
+    let mut conn = admin(base).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let scoped = with_params(base, &format!("options=-c%20search_path%3D{schema}"));
+    (schema, scoped, conn)
+}
+
 /// `(before host, host:port, after host)` of a `postgres://user@host:port/db?...` URL.
 fn split_host(base: &str) -> (String, String, String) {
     let (scheme, rest) = base.split_once("://").unwrap();
@@ -385,13 +398,7 @@ async fn lost_reply_is_indeterminate_and_committed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rollback_at_commit_is_unavailable() {
     let Some(base) = base_url() else { return };
-    let schema = format!("coord_{}", unique_namespace("rollback").replace('-', "_"));
-    let mut conn = admin(&base).await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let scoped = with_params(&base, &format!("options=-c%20search_path%3D{schema}"));
+    let (schema, scoped, mut conn) = private_schema(&base, "rollback").await;
     let store = connect(&scoped, "rollback", PostgresOptions::default()).await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         r#"
@@ -445,13 +452,7 @@ async fn rollback_at_commit_is_unavailable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coord_txn_refuses_other_isolation_levels() {
     let Some(base) = base_url() else { return };
-    let schema = format!("coord_{}", unique_namespace("guard").replace('-', "_"));
-    let mut conn = admin(&base).await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let scoped = with_params(&base, &format!("options=-c%20search_path%3D{schema}"));
+    let (schema, scoped, mut conn) = private_schema(&base, "guard").await;
     // Installs the schema in the private schema.
     drop(connect(&scoped, "guard", PostgresOptions::default()).await);
     let mut outcomes = Vec::new();
@@ -756,13 +757,7 @@ async fn server_gone_before_sending_is_unavailable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_first_use_creates_the_schema_once() {
     let Some(base) = base_url() else { return };
-    let schema = format!("coord_{}", unique_namespace("schema").replace('-', "_"));
-    let mut conn = admin(&base).await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let scoped = with_params(&base, &format!("options=-c%20search_path%3D{schema}"));
+    let (schema, scoped, mut conn) = private_schema(&base, "schema").await;
     let tasks: Vec<_> = (0..6)
         .map(|i| {
             let scoped = scoped.clone();
@@ -1099,13 +1094,7 @@ async fn urls_and_schema_options() {
     assert!(matches!(wrong, Err(Error::Config(_))), "{wrong:?}");
 
     // Without schema creation, a database lacking the schema is a configuration error.
-    let schema = format!("coord_{}", unique_namespace("noschema").replace('-', "_"));
-    let mut conn = admin(&base).await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let scoped = with_params(&base, &format!("options=-c%20search_path%3D{schema}"));
+    let (schema, scoped, mut conn) = private_schema(&base, "noschema").await;
     let missing = PostgresBackend::connect_with(
         &store_url(&scoped, "x"),
         PostgresOptions::default().create_schema(false),
