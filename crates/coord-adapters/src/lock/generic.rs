@@ -1,7 +1,7 @@
 //! [`GenericLock`]: the lock decided over the three primitives of any backend.
 
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use coord_backend::{Backend, Clock, Error, Mutation, SystemClock};
@@ -274,10 +274,60 @@ impl Lock for GenericLock {
     }
 }
 
+/// What the store holds for one lock key (read-only inspection, see
+/// [`GenericLock::status`]). Never carries the holder's token: that is a
+/// credential.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockStatus {
+    /// The key, without the adapter's record prefix.
+    pub key: String,
+    /// The fence of the latest grant (strictly increasing per key, kept across releases).
+    pub fence: u64,
+    /// When the current holder's lease ends; `None` when nobody holds the
+    /// lock (released, or never granted).
+    pub expires_at: Option<SystemTime>,
+    /// Whether a holder's lease is unexpired now, by the adapter's clock.
+    pub live: bool,
+}
+
+impl GenericLock {
+    /// The prefix of this lock's records in the backend's namespace (`lock/` by default).
+    pub fn key_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// What the store holds for `key`: one consistent read, for inspection
+    /// only (never a basis for a decision). `Ok(None)`: never locked.
+    pub async fn status(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
+        validate_lock_input(key, Duration::from_millis(1))?;
+        let record_key = self.record_key(key);
+        let entries = self
+            .engine
+            .snapshot(std::slice::from_ref(&record_key))
+            .await?;
+        let Some(bytes) = entries.first().and_then(|e| e.value.as_deref()) else {
+            return Ok(None);
+        };
+        let record: LockRecord = serde_json::from_slice(bytes)
+            .map_err(|e| Error::malformed(&record_key, format!("not a lock record: {e}")))?;
+        let now = self.clock.now_millis();
+        Ok(Some(LockStatus {
+            key: key.to_owned(),
+            fence: record.fence,
+            expires_at: record
+                .holder
+                .as_ref()
+                .map(|h| UNIX_EPOCH + Duration::from_millis(h.expires_ms)),
+            live: record.holder.as_ref().is_some_and(|h| h.expires_ms > now),
+        }))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use coord_backend::{BackendExt, ManualClock};
+    use coord_backend::{BackendExt, InvalidInput, ManualClock};
     use coord_memory::SingleProcessMemoryBackend;
 
     fn lock_with_clock(backend: Arc<dyn Backend>, clock: Arc<ManualClock>) -> GenericLock {
@@ -386,5 +436,34 @@ mod tests {
             ),
             "{err:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn status_reads_fence_and_lease_without_the_token() {
+        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("st").unwrap());
+        let clock = Arc::new(ManualClock::at_millis(1_000));
+        let lock = lock_with_clock(backend, clock.clone());
+        assert_eq!(lock.key_prefix(), "lock/");
+        assert_eq!(lock.status("never").await.unwrap(), None);
+        assert!(matches!(
+            lock.status("").await,
+            Err(LockError::Invalid(InvalidInput::EmptyKey))
+        ));
+
+        let ttl = Duration::from_secs(10);
+        let h = lock.try_lock("job", ttl).await.unwrap().unwrap();
+        let held = lock.status("job").await.unwrap().unwrap();
+        assert_eq!((held.key.as_str(), held.fence, held.live), ("job", 1, true));
+        assert_eq!(held.expires_at, Some(UNIX_EPOCH + Duration::from_millis(11_000)));
+        assert!(!format!("{held:?}").contains(h.token()), "no token in Debug");
+
+        clock.advance(Duration::from_secs(10));
+        let expired = lock.status("job").await.unwrap().unwrap();
+        assert!(!expired.live && expired.expires_at.is_some());
+
+        let h = lock.try_lock("job", ttl).await.unwrap().unwrap();
+        lock.release(h).await.unwrap();
+        let free = lock.status("job").await.unwrap().unwrap();
+        assert_eq!((free.fence, free.expires_at, free.live), (2, None, false));
     }
 }

@@ -64,7 +64,7 @@ mod generic;
 mod guard;
 mod wait;
 
-pub use generic::{GenericLock, LockOptions};
+pub use generic::{GenericLock, LockOptions, LockStatus};
 pub use guard::{GuardOptions, LockGuard, LostSignal};
 pub use wait::{LockExt, WaitOptions};
 
