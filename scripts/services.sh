@@ -63,3 +63,8 @@ ensure_postgres() {
 ensure_etcd() {
   bash scripts/start-etcd.sh >&2
 }
+
+ensure_chromium() {
+  # The web console test (crates/coordctl/tests/console.rs) loads each page in headless Chromium.
+  command -v chromium >/dev/null || apt_install chromium
+}

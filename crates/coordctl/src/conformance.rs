@@ -15,6 +15,9 @@ pub(crate) struct ConformanceArgs {
     /// Only the suites named (comma separated: backend, lock, board, sideeffect, scheduler); default: all.
     #[arg(long, value_delimiter = ',')]
     suite: Vec<String>,
+    /// Print one JSON document instead of the table (schema: docs/console.md).
+    #[arg(long)]
+    json: bool,
 }
 
 pub(crate) async fn run(args: ConformanceArgs) -> Result<ExitCode, Error> {
@@ -37,11 +40,13 @@ pub(crate) async fn run(args: ConformanceArgs) -> Result<ExitCode, Error> {
         let url = base.with_namespace(&namespace);
         async move { coord::connect(&url).await }
     });
-    println!(
-        "coordctl conformance: {} cases against {}",
-        cases.len(),
-        url.without_namespace()
-    );
+    if !args.json {
+        println!(
+            "coordctl conformance: {} cases against {}",
+            cases.len(),
+            url.without_namespace()
+        );
+    }
     let bar = crate::progress::bar(cases.len() as u64, "running");
     let reports = run_cases(&cases, make, |report| {
         bar.set_message(format!("{}::{}", report.suite, report.name));
@@ -50,27 +55,24 @@ pub(crate) async fn run(args: ConformanceArgs) -> Result<ExitCode, Error> {
     .await;
     bar.finish_and_clear();
 
-    println!("{:<12} {:<48} {:>8}  result", "suite", "case", "ms");
-    let mut failed = 0;
-    for r in &reports {
-        let verdict = match &r.result {
-            Ok(()) => "pass".to_owned(),
-            Err(failure) => {
-                failed += 1;
-                format!("FAIL: {failure}")
-            }
-        };
-        println!(
-            "{:<12} {:<48} {:>8}  {verdict}",
-            r.suite,
-            r.name,
-            r.elapsed.as_millis()
-        );
-    }
-    println!("{} passed, {failed} failed", reports.len() - failed);
-    Ok(if failed == 0 {
+    let view = crate::views::conformance(crate::cron::redact(url.without_namespace()), &reports);
+    let code = if view.failed == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    })
+    };
+    if args.json {
+        crate::views::print_json(&view)?;
+        return Ok(code);
+    }
+    println!("{:<12} {:<48} {:>8}  result", "suite", "case", "ms");
+    for c in &view.cases {
+        let verdict = match &c.failure {
+            None => "pass".to_owned(),
+            Some(failure) => format!("FAIL: {failure}"),
+        };
+        println!("{:<12} {:<48} {:>8}  {verdict}", c.suite, c.name, c.ms);
+    }
+    println!("{} passed, {} failed", view.passed, view.failed);
+    Ok(code)
 }

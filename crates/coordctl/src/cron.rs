@@ -39,7 +39,7 @@ use clap::{Args, Subcommand};
 use coord_backend::{Error, SystemClock};
 use coord_scheduler::{
     command_handler, handler, validate_job_name, Config, Handler, LockingHint, RunContext,
-    RunStatus, RunStore, Scheduler, SkipReason, SlotStore, Tz,
+    RunStore, Scheduler, SlotStore, Tz,
 };
 
 /// Arguments of `coordctl cron`.
@@ -76,6 +76,9 @@ struct HistoryArgs {
     /// Runs to show (the store keeps `[store] history_size`, default 50).
     #[arg(long, default_value_t = 20)]
     limit: usize,
+    /// Print one JSON document instead of the table (schema: docs/console.md).
+    #[arg(long)]
+    json: bool,
 }
 
 fn config_error(path: &Path, e: impl std::fmt::Display) -> Error {
@@ -126,7 +129,7 @@ async fn open_store(config: &Config) -> Result<Option<(Arc<RunStore>, String)>, 
 }
 
 /// Hide the user-info part of a URL (`postgres://user:secret@host` → `postgres://***@host`).
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
@@ -137,7 +140,7 @@ fn redact(url: &str) -> String {
     }
 }
 
-fn fmt_time(ms: u64, tz: Option<Tz>) -> String {
+pub(crate) fn fmt_time(ms: u64, tz: Option<Tz>) -> String {
     let Some(utc) = i64::try_from(ms)
         .ok()
         .and_then(DateTime::<Utc>::from_timestamp_millis)
@@ -379,19 +382,6 @@ async fn daemon(path: &Path, config: Config, instance: Option<String>) -> Result
     Ok(ExitCode::SUCCESS)
 }
 
-fn status_name(status: RunStatus) -> String {
-    match status {
-        RunStatus::Running => "running".into(),
-        RunStatus::Succeeded => "succeeded".into(),
-        RunStatus::Failed => "failed".into(),
-        RunStatus::TimedOut => "timed_out".into(),
-        RunStatus::Released => "released".into(),
-        RunStatus::Skipped(SkipReason::Late) => "skipped (late)".into(),
-        RunStatus::Skipped(SkipReason::Overlap) => "skipped (overlap)".into(),
-        other => format!("{other:?}").to_lowercase(),
-    }
-}
-
 fn fmt_run_duration(ms: Option<u64>) -> String {
     match ms {
         None => "-".into(),
@@ -444,18 +434,18 @@ async fn history(path: &Path, config: &Config, args: HistoryArgs) -> Result<Exit
             None
         }
     };
-    let records = store
-        .history(&args.job, args.limit)
-        .await
-        .map_err(scheduler_error)?;
-    let active = store.active(&args.job).await.map_err(scheduler_error)?;
-    let zone = tz.map(|t| t.name().to_owned()).unwrap_or("UTC".into());
+    let view = crate::views::runs(&store, &args.job, args.limit, tz).await?;
+    if args.json {
+        crate::views::print_json(&view)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     println!(
-        "history of {:?} on {shown}: {} run(s), newest slot first, times in {zone}",
+        "history of {:?} on {shown}: {} run(s), newest slot first, times in {}",
         args.job,
-        records.len()
+        view.runs.len(),
+        view.time_zone
     );
-    if records.is_empty() {
+    if view.runs.is_empty() {
         return Ok(ExitCode::SUCCESS);
     }
     let header = [
@@ -467,22 +457,25 @@ async fn history(path: &Path, config: &Config, args: HistoryArgs) -> Result<Exit
         "TAKEOVERS",
         "MESSAGE",
     ];
-    let rows: Vec<[String; 7]> = records
+    let rows: Vec<[String; 7]> = view
+        .runs
         .iter()
         .map(|r| {
-            let mut status = status_name(r.status);
-            if r.status == RunStatus::Running && active.iter().any(|a| a.slot == r.slot && !a.live)
-            {
+            let mut status = r.status.clone();
+            if let Some(why) = r.skip_reason {
+                status.push_str(&format!(" ({why})"));
+            }
+            if r.lease_expired {
                 status.push_str(" (lease expired)");
             }
             if r.manual {
                 status.push_str(" (manual)");
             }
             [
-                fmt_time(r.slot, tz),
+                r.slot.clone(),
                 r.instance.clone(),
                 status,
-                fmt_time(r.started_ms, tz),
+                r.started.clone(),
                 fmt_run_duration(r.duration_ms),
                 r.takeovers.to_string(),
                 r.message.clone().unwrap_or_default(),

@@ -4,11 +4,13 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod conformance;
+mod console;
 mod crash;
 mod cron;
 mod demo;
 mod progress;
 mod sideeffect_cmd;
+mod views;
 
 use std::process::ExitCode;
 
@@ -37,6 +39,8 @@ enum Command {
     Reconcile(sideeffect_cmd::ReconcileArgs),
     /// Run the config's shell-command jobs as a cluster cron daemon (`cron history JOB`: recent runs).
     Cron(cron::CronArgs),
+    /// Serve the web console: locks, tasks, side-effect keys, scheduler jobs and a JSON API.
+    Serve(console::ServeArgs),
     /// Internal: one side-effect run that the crash test SIGKILLs.
     #[command(hide = true)]
     CrashChild(crash::ChildArgs),
@@ -66,6 +70,7 @@ fn main() -> ExitCode {
             Command::Inspect(args) => sideeffect_cmd::inspect(args).await,
             Command::Reconcile(args) => sideeffect_cmd::reconcile(args).await,
             Command::Cron(args) => cron::run(args).await,
+            Command::Serve(args) => console::run(args).await,
             Command::CrashChild(args) => crash::child(args).await,
             Command::CrashDrive(args) => crash::drive(args).await,
         }

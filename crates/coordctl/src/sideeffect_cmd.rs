@@ -10,7 +10,9 @@
 //!   records are decoded by the adapter only, never here. Each row is its
 //!   own consistent read; the table as a whole is not one snapshot (a key
 //!   may move between two rows), which is fine for a report and is why
-//!   nothing here decides anything.
+//!   nothing here decides anything. The report is built as a
+//!   [`crate::views`] value; `--json` prints that value (one document,
+//!   schema in docs/console.md), the tables are rendered from it.
 //! - `reconcile` resolves through the adapter's owned path:
 //!   `begin_reconcile` (a claim, so two operators cannot race) then
 //!   `resolve_uncertain_owned`. The verdict must come from downstream facts
@@ -18,20 +20,18 @@
 //!   Exit codes: 0 resolved, 3 the key is not uncertain (nothing changed),
 //!   4 another reconciler holds or took the key (nothing changed),
 //!   5 invalid input, 1 the store failed (2 is clap's usage error).
+//!   [`resolve`] is that path; the web console's reconcile form calls it too.
 
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use clap::Args;
 use coord_adapters::sideeffect::{
     Action, KeyStatus, Outcome, Resolution, SideEffectAdapter, SideEffectError, SideEffectStore,
 };
-use coord_backend::{Backend, Error};
+use coord_backend::Error;
 
-/// The adapter's record prefixes (its documented layout: SPEC / module docs).
-const ACT_PREFIX: &str = "se/act/";
-const RES_PREFIX: &str = "se/res/";
+use crate::views::{self, side_effect_error, shorten, InspectView, Stores};
 
 /// Arguments of `coordctl inspect`.
 #[derive(Debug, Args)]
@@ -45,6 +45,9 @@ pub(crate) struct InspectArgs {
     /// Also list idle and completed keys (default: only those needing attention).
     #[arg(long)]
     all: bool,
+    /// Print one JSON document instead of the tables (schema: docs/console.md).
+    #[arg(long)]
+    json: bool,
 }
 
 /// Arguments of `coordctl reconcile`.
@@ -78,234 +81,126 @@ pub(crate) struct ReconcileArgs {
     claim_ttl_ms: u64,
 }
 
-/// One key's row (uncertain, in flight, idle or completed).
-struct KeyRow {
-    key: String,
-    status: KeyStatus,
-    /// For an intent: the holder of its resource and when that lease ends.
-    holder: Option<(Option<String>, Option<SystemTime>)>,
-}
-
-fn strip_all(keys: Vec<String>, prefix: &str) -> Vec<String> {
-    keys.into_iter()
-        .filter_map(|k| k.strip_prefix(prefix).map(str::to_owned))
-        .collect()
-}
-
-/// "in 1.250s" / "expired 3.100s ago" / "-".
-fn relative(at: Option<SystemTime>, now: SystemTime) -> String {
-    match at {
+/// "in 1.250s" / "expired 3.100s ago" / "-" (UTC ms against `now_ms`).
+pub(crate) fn relative(at_ms: Option<u64>, now_ms: u64) -> String {
+    match at_ms {
         None => "-".into(),
-        Some(at) => match at.duration_since(now) {
-            Ok(ahead) => format!("in {:.3}s", ahead.as_secs_f64()),
-            Err(behind) => format!("expired {:.3}s ago", behind.duration().as_secs_f64()),
-        },
-    }
-}
-
-fn live_word(live: bool) -> &'static str {
-    if live {
-        "live"
-    } else {
-        "expired"
-    }
-}
-
-fn shorten(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        text.to_owned()
-    } else {
-        let mut s: String = text.chars().take(max.saturating_sub(1)).collect();
-        s.push('…');
-        s
-    }
-}
-
-async fn open(url: &str) -> Result<(Arc<dyn Backend>, SideEffectAdapter), Error> {
-    let backend = coord::connect(url).await?;
-    let adapter = SideEffectAdapter::new(backend.clone());
-    Ok((backend, adapter))
-}
-
-/// Store errors pass through; every other side-effect error is unexpected
-/// for a read and is reported as a config error with its text.
-fn store_error(e: SideEffectError) -> Error {
-    match e {
-        SideEffectError::Store(e) => e,
-        other => Error::Config(other.to_string()),
+        Some(at) if at >= now_ms => format!("in {:.3}s", (at - now_ms) as f64 / 1000.0),
+        Some(at) => format!("expired {:.3}s ago", (now_ms - at) as f64 / 1000.0),
     }
 }
 
 /// `coordctl inspect`: uncertain keys, in-flight intents, resources.
 pub(crate) async fn inspect(args: InspectArgs) -> Result<ExitCode, Error> {
-    let (backend, adapter) = open(&args.store).await?;
-    let keys = if args.keys.is_empty() {
-        strip_all(backend.keys(ACT_PREFIX).await?, ACT_PREFIX)
-    } else {
-        args.keys.clone()
-    };
-    let mut rows = Vec::with_capacity(keys.len());
-    for key in keys {
-        let status = adapter.key_status(&key).await.map_err(store_error)?;
-        let holder = match &status {
-            KeyStatus::InFlight { resource, .. } => {
-                let res = adapter
-                    .resource_status(resource)
-                    .await
-                    .map_err(store_error)?;
-                Some((res.holder, res.expires_at))
-            }
-            _ => None,
-        };
-        rows.push(KeyRow {
-            key,
-            status,
-            holder,
-        });
-    }
-    let resources: Vec<String> = if args.keys.is_empty() {
-        strip_all(backend.keys(RES_PREFIX).await?, RES_PREFIX)
+    let stores = Stores::new(coord::connect(&args.store).await?)?;
+    let named = (!args.keys.is_empty()).then_some(args.keys.as_slice());
+    let keys = views::side_effects(&stores, named, None, args.all).await?;
+    let resources = if named.is_none() {
+        views::resources(&stores, None, None).await?
     } else {
         // Only the resources the named keys are in flight on.
-        let mut named: Vec<String> = rows
-            .iter()
-            .filter_map(|r| match &r.status {
-                KeyStatus::InFlight { resource, .. } => Some(resource.clone()),
-                _ => None,
-            })
-            .collect();
-        named.sort();
-        named.dedup();
-        named
+        let mut names: Vec<String> = keys.in_flight.iter().map(|k| k.resource.clone()).collect();
+        names.sort();
+        names.dedup();
+        views::resources(&stores, Some(names), None).await?
     };
-    let now = adapter.clock().now();
+    let view = InspectView {
+        keys,
+        resources: resources.resources,
+    };
+    if args.json {
+        views::print_json(&view)?;
+    } else {
+        print_inspect(&view);
+    }
+    Ok(ExitCode::SUCCESS)
+}
 
+/// The text report of `inspect` (the same view `--json` prints).
+fn print_inspect(view: &InspectView) {
+    let keys = &view.keys;
+    let now = keys.now_ms;
     println!(
         "coordctl inspect: namespace {:?}, {} key(s), {} resource(s)",
-        backend.namespace(),
-        rows.len(),
-        resources.len()
+        keys.namespace,
+        keys.examined,
+        view.resources.len()
     );
 
-    // What `acquire` answers `Uncertain` for: marked keys, and intents whose
-    // lease is gone (the holder died or released before completing).
-    let uncertain: Vec<(&KeyRow, String)> = rows
-        .iter()
-        .filter_map(|r| match &r.status {
-            KeyStatus::Uncertain { reason } => Some((r, reason.clone())),
-            KeyStatus::InFlight {
-                fence, live: false, ..
-            } => Some((
-                r,
-                format!("intent ({fence}) lost its lease before completing: the holder died or released"),
-            )),
-            _ => None,
-        })
-        .collect();
     println!(
         "\nUNCERTAIN KEYS ({}): check downstream, then `coordctl reconcile KEY --applied|--not-applied`",
-        uncertain.len()
+        keys.uncertain.len()
     );
-    if !uncertain.is_empty() {
+    if !keys.uncertain.is_empty() {
         println!("{:<40} reason", "key");
-        for (r, reason) in uncertain {
-            println!("{:<40} {}", r.key, shorten(&reason, 100));
+        for k in &keys.uncertain {
+            println!("{:<40} {}", k.key, shorten(&k.reason, 100));
         }
     }
 
-    let in_flight: Vec<&KeyRow> = rows
-        .iter()
-        .filter(|r| matches!(r.status, KeyStatus::InFlight { .. }))
-        .collect();
     println!(
         "\nIN-FLIGHT INTENTS ({}): an expired one reads as uncertain until reconciled",
-        in_flight.len()
+        keys.in_flight.len()
     );
-    if !in_flight.is_empty() {
+    if !keys.in_flight.is_empty() {
         println!(
             "{:<40} {:<32} {:>8} {:<24} {:<22} state",
             "key", "resource", "fence", "resource holder", "lease"
         );
-        for r in in_flight {
-            if let KeyStatus::InFlight {
-                resource,
-                fence,
-                live,
-            } = &r.status
-            {
-                let (holder, expires) = r.holder.clone().unwrap_or((None, None));
-                // The resource may since have gone to another key: then the
-                // lease column is that key's, not this intent's.
-                let holder = holder.unwrap_or_else(|| "(released)".into());
-                let state = if *live {
-                    "live (in flight)"
-                } else {
-                    "expired (uncertain)"
-                };
-                println!(
-                    "{:<40} {:<32} {:>8} {:<24} {:<22} {}",
-                    r.key,
-                    resource,
-                    fence.0,
-                    shorten(&holder, 24),
-                    relative(expires, now),
-                    state
-                );
-            }
-        }
-    }
-
-    println!("\nRESOURCES ({})", resources.len());
-    if !resources.is_empty() {
-        println!(
-            "{:<40} {:>13} {:<32} {:<22} state",
-            "resource", "highest fence", "holder", "lease"
-        );
-        for resource in &resources {
-            let s = adapter
-                .resource_status(resource)
-                .await
-                .map_err(store_error)?;
-            let state = match (&s.holder, s.live) {
-                (None, _) => "free",
-                (Some(_), live) => live_word(live),
+        for k in &keys.in_flight {
+            // The resource may since have gone to another key: then the
+            // lease column is that key's, not this intent's.
+            let holder = k.resource_holder.as_deref().unwrap_or("(released)");
+            let state = if k.live {
+                "live (in flight)"
+            } else {
+                "expired (uncertain)"
             };
             println!(
-                "{:<40} {:>13} {:<32} {:<22} {}",
-                resource,
-                s.highest_fence.0,
-                s.holder.as_deref().unwrap_or("-"),
-                relative(s.expires_at, now),
+                "{:<40} {:<32} {:>8} {:<24} {:<22} {}",
+                k.key,
+                k.resource,
+                k.fence,
+                shorten(holder, 24),
+                relative(k.lease_expires_ms, now),
                 state
             );
         }
     }
 
-    let completed = rows
-        .iter()
-        .filter(|r| matches!(r.status, KeyStatus::Completed { .. }))
-        .count();
-    let idle = rows
-        .iter()
-        .filter(|r| matches!(r.status, KeyStatus::Idle))
-        .count();
-    println!("\ncompleted keys: {completed}, idle keys: {idle}");
-    if args.all {
-        println!("{:<40} {:<10} result", "key", "state");
-        for r in &rows {
-            match &r.status {
-                KeyStatus::Completed { result } => println!(
-                    "{:<40} {:<10} {}",
-                    r.key,
-                    "completed",
-                    shorten(&String::from_utf8_lossy(result.as_bytes()), 80)
-                ),
-                KeyStatus::Idle => println!("{:<40} {:<10} -", r.key, "idle"),
-                _ => {}
-            }
+    println!("\nRESOURCES ({})", view.resources.len());
+    if !view.resources.is_empty() {
+        println!(
+            "{:<40} {:>13} {:<32} {:<22} state",
+            "resource", "highest fence", "holder", "lease"
+        );
+        for r in &view.resources {
+            println!(
+                "{:<40} {:>13} {:<32} {:<22} {}",
+                r.resource,
+                r.highest_fence,
+                r.holder.as_deref().unwrap_or("-"),
+                relative(r.lease_expires_ms, now),
+                r.state
+            );
         }
     }
-    Ok(ExitCode::SUCCESS)
+
+    println!(
+        "\ncompleted keys: {}, idle keys: {}",
+        keys.completed, keys.idle
+    );
+    if let Some(settled) = &keys.settled {
+        println!("{:<40} {:<10} result", "key", "state");
+        for k in settled {
+            println!(
+                "{:<40} {:<10} {}",
+                k.key,
+                k.state,
+                k.result.as_deref().unwrap_or("-")
+            );
+        }
+    }
 }
 
 fn refuse(code: u8, message: String) -> Result<ExitCode, Error> {
@@ -313,75 +208,134 @@ fn refuse(code: u8, message: String) -> Result<ExitCode, Error> {
     Ok(ExitCode::from(code))
 }
 
-/// `coordctl reconcile`: claim the key, record the verdict, print the outcome.
-pub(crate) async fn reconcile(args: ReconcileArgs) -> Result<ExitCode, Error> {
-    if args.claim_ttl_ms == 0 {
-        return refuse(5, "--claim-ttl-ms must be at least 1".into());
-    }
-    let (_backend, adapter) = open(&args.store).await?;
-    let resource = match args.resource.clone() {
+/// An operator's verdict on an uncertain key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The action took effect downstream: the key completes with this result.
+    Applied {
+        /// What later runs replay.
+        result: String,
+    },
+    /// It did not: the mark is cleared and the key may run again.
+    NotApplied,
+}
+
+/// What a recorded verdict did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Resolved {
+    /// The key is completed; runs replay this result.
+    Completed {
+        /// The stored result (lossy UTF-8).
+        result: String,
+    },
+    /// The mark is cleared; the key may run again.
+    Cleared,
+}
+
+/// Why a verdict was not recorded (nothing changed), with the exit code of
+/// `coordctl reconcile` and the operator's message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Refused {
+    pub(crate) code: u8,
+    pub(crate) message: String,
+}
+
+/// Record `verdict` on `key` through the adapter's owned path:
+/// `begin_reconcile` (a claim, so two operators cannot race) then
+/// `resolve_uncertain_owned`. The one implementation behind
+/// `coordctl reconcile` and the web console's reconcile form.
+/// `Err`: the store failed.
+pub(crate) async fn resolve(
+    adapter: &SideEffectAdapter,
+    key: &str,
+    resource: Option<String>,
+    verdict: &Verdict,
+    reason: &str,
+    claim_ttl: Duration,
+) -> Result<Result<Resolved, Refused>, Error> {
+    let resource = match resource {
         Some(r) => r,
-        None => match adapter.key_status(&args.key).await.map_err(store_error)? {
+        None => match adapter.key_status(key).await.map_err(side_effect_error)? {
             KeyStatus::InFlight { resource, .. } => resource,
             // The adapter does not expose an uncertain key's resource, and
             // resolving checks none: any valid name will do.
             _ => "coordctl-reconcile".to_owned(),
         },
     };
-    let action = Action::new(args.key.clone(), resource);
-    let resolution = if args.applied {
-        Resolution::applied(args.result.as_str(), args.reason.clone())
-    } else {
-        Resolution::not_applied(args.reason.clone())
+    let action = Action::new(key.to_owned(), resource);
+    let resolution = match verdict {
+        Verdict::Applied { result } => Resolution::applied(result.as_str(), reason.to_owned()),
+        Verdict::NotApplied => Resolution::not_applied(reason.to_owned()),
     };
-
-    let claim = match adapter
-        .begin_reconcile(&action, Duration::from_millis(args.claim_ttl_ms))
-        .await
-    {
+    let claim = match adapter.begin_reconcile(&action, claim_ttl).await {
         Ok(Some(claim)) => claim,
         Ok(None) => {
-            return refuse(
-                4,
-                format!(
-                    "key {:?} is being reconciled by someone else; nothing changed (retry after their claim lapses)",
-                    args.key
+            return Ok(Err(Refused {
+                code: 4,
+                message: format!(
+                    "key {key:?} is being reconciled by someone else; nothing changed (retry after their claim lapses)"
                 ),
-            )
+            }))
         }
-        Err(e) => return not_resolved(&adapter, &args.key, e).await,
+        Err(e) => return not_resolved(adapter, key, e).await,
     };
     match adapter
         .resolve_uncertain_owned(&action, &resolution, &claim.holder)
         .await
     {
-        Ok(execution) => {
-            let verdict = if args.applied {
-                "applied"
-            } else {
-                "not applied"
-            };
-            match execution.outcome {
-                Outcome::Replayed => {
-                    let stored = execution
-                        .result
-                        .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned())
-                        .unwrap_or_default();
-                    println!(
-                        "resolved {:?} as {verdict}: the key is completed; runs replay result {stored:?}",
-                        args.key
-                    );
-                }
-                _ => println!(
-                    "resolved {:?} as {verdict}: the mark is cleared; the key may run again",
-                    args.key
-                ),
-            }
-            println!("reason: {}", args.reason);
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(e) => not_resolved(&adapter, &args.key, e).await,
+        Ok(execution) => Ok(Ok(match execution.outcome {
+            Outcome::Replayed => Resolved::Completed {
+                result: execution
+                    .result
+                    .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned())
+                    .unwrap_or_default(),
+            },
+            _ => Resolved::Cleared,
+        })),
+        Err(e) => not_resolved(adapter, key, e).await,
     }
+}
+
+/// `coordctl reconcile`: claim the key, record the verdict, print the outcome.
+pub(crate) async fn reconcile(args: ReconcileArgs) -> Result<ExitCode, Error> {
+    if args.claim_ttl_ms == 0 {
+        return refuse(5, "--claim-ttl-ms must be at least 1".into());
+    }
+    let adapter = SideEffectAdapter::new(coord::connect(&args.store).await?);
+    let verdict = if args.applied {
+        Verdict::Applied {
+            result: args.result.clone(),
+        }
+    } else {
+        Verdict::NotApplied
+    };
+    let outcome = resolve(
+        &adapter,
+        &args.key,
+        args.resource.clone(),
+        &verdict,
+        &args.reason,
+        Duration::from_millis(args.claim_ttl_ms),
+    )
+    .await?;
+    let word = if args.applied {
+        "applied"
+    } else {
+        "not applied"
+    };
+    match outcome {
+        Ok(Resolved::Completed { result }) => println!(
+            "resolved {:?} as {word}: the key is completed; runs replay result {result:?}",
+            args.key
+        ),
+        Ok(Resolved::Cleared) => println!(
+            "resolved {:?} as {word}: the mark is cleared; the key may run again",
+            args.key
+        ),
+        Err(refused) => return refuse(refused.code, refused.message),
+    }
+    println!("reason: {}", args.reason);
+    Ok(ExitCode::SUCCESS)
 }
 
 /// A refusal with the reason an operator needs; store failures stay errors.
@@ -389,10 +343,11 @@ async fn not_resolved(
     adapter: &SideEffectAdapter,
     key: &str,
     e: SideEffectError,
-) -> Result<ExitCode, Error> {
+) -> Result<Result<Resolved, Refused>, Error> {
+    let refused = |code: u8, message: String| Ok(Err(Refused { code, message }));
     match e {
         SideEffectError::NotUncertain => {
-            let now = match adapter.key_status(key).await.map_err(store_error)? {
+            let now = match adapter.key_status(key).await.map_err(side_effect_error)? {
                 KeyStatus::Idle => "idle (never run, abandoned, or already cleared)".to_owned(),
                 KeyStatus::InFlight { fence, .. } => format!(
                     "in flight with a live lease ({fence}): its holder may still complete it; retry after the lease expires"
@@ -404,14 +359,14 @@ async fn not_resolved(
                 KeyStatus::Uncertain { .. } => "uncertain again (raced); retry".to_owned(),
                 _ => "in a state this coordctl does not know".to_owned(),
             };
-            refuse(3, format!("key {key:?} is not uncertain: {now}; nothing changed"))
+            refused(3, format!("key {key:?} is not uncertain: {now}; nothing changed"))
         }
-        SideEffectError::ReconcileLost => refuse(
+        SideEffectError::ReconcileLost => refused(
             4,
             format!("lost the reconcile claim on {key:?} (it lapsed or another reconciler resolved the key); nothing changed"),
         ),
-        SideEffectError::InvalidAction(why) => refuse(5, format!("invalid input: {why}")),
+        SideEffectError::InvalidAction(why) => refused(5, format!("invalid input: {why}")),
         SideEffectError::Store(e) => Err(e),
-        other => refuse(1, format!("{other}")),
+        other => refused(1, format!("{other}")),
     }
 }

@@ -1,0 +1,885 @@
+//! `coordctl serve` (the web console) and the `--json` outputs, end to end.
+//!
+//! A fresh store is seeded through the adapters with live locks (one of
+//! them with an HTML key), tasks, side-effect keys (two marked uncertain,
+//! one whose lease was lost, one live in flight) and scheduler history
+//! (succeeded, failed, skipped, running). Then `coordctl serve` runs on a
+//! free port and:
+//!
+//! - the `/api/` answers parse as JSON and hold exactly the seeded records;
+//! - hostile input is refused with a status and a message (bad `limit`,
+//!   unknown parameter, bad job name, huge path, foreign `Host`), never a 5xx;
+//! - without `--allow-writes` the reconcile form is absent and `POST
+//!   /reconcile` is 403; with it, form → confirmation → recorded verdict,
+//!   after which the key may run again;
+//! - headless Chromium loads every page (`--dump-dom`): the keys, fences,
+//!   the uncertain key and the job runs are on it, the HTML key shows
+//!   escaped and no `<script>` element exists; a screenshot of each page is
+//!   written to `<target>/console-screenshots/<page>.png`.
+//!
+//! SQLite always; PostgreSQL and Redis when `COORD_TEST_POSTGRES_URL` /
+//! `COORD_TEST_REDIS_URL` are set (the API and the reconcile flow; the
+//! browser part runs once, on SQLite). Without a `chromium` binary (or
+//! `COORD_CHROMIUM=/path`) the browser part prints SKIPPED, and fails
+//! under `COORD_REQUIRE_SERVERS=1`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use coord_adapters::board::{Board, BoardAdapter, TaskSpec};
+use coord_adapters::lock::{GenericLock, Lock};
+use coord_adapters::sideeffect::{Action, KeyStatus, SideEffectAdapter, SideEffectStore};
+use coord_backend::SystemClock;
+use coord_scheduler::{
+    ClaimRequest, FinalStatus, RunStore, RunStoreOptions, SkipReason, SlotStore,
+};
+use serde_json::Value;
+
+const COORDCTL: &str = env!("CARGO_BIN_EXE_coordctl");
+const HOSTILE: &str = "<script>alert(1)</script>";
+const HOSTILE_EFFECT: &str = "<img src=x onerror=alert(2)>";
+const TEN_MIN: Duration = Duration::from_secs(600);
+
+/// A per-test scratch directory, removed at the end.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "coordctl-console-{name}-{}-{:08x}",
+            std::process::id(),
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn fresh_namespace(store: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("console-{store}-{}-{nanos:x}", std::process::id())
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn now_ms() -> u64 {
+    u64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
+/// What the seed put in the store (what the pages must show).
+struct Seeded {
+    /// Slots of the job `nightly`: succeeded, failed, skipped, running.
+    slots: [u64; 4],
+}
+
+/// Locks, tasks, side-effect keys and scheduler history in `url`'s namespace.
+fn seed(url: &str) -> Seeded {
+    runtime().block_on(async {
+        let backend = coord::connect(url).await.expect("store reachable");
+
+        // Locks: `orders/42` held (fence 1), `reports` released then held again
+        // (fence 2), an HTML key held, `idle-lock` released (free, fence 1).
+        let locks = GenericLock::new(backend.clone());
+        for key in ["orders/42", "reports", HOSTILE, "idle-lock"] {
+            let h = locks.try_lock(key, TEN_MIN).await.unwrap().expect("free");
+            if key == "reports" || key == "idle-lock" {
+                locks.release(h).await.unwrap();
+            }
+        }
+        let again = locks.try_lock("reports", TEN_MIN).await.unwrap().unwrap();
+        assert_eq!(again.fence(), 2);
+
+        // The board: `fetch` claimed by agent-1, `index` waits for it,
+        // `done-task` completed.
+        let board = BoardAdapter::new(backend.clone());
+        board
+            .seed(vec![
+                TaskSpec::new("fetch", b"secret-payload".to_vec()),
+                TaskSpec::new("index", b"".to_vec()).with_deps(["fetch"]),
+                TaskSpec::new("done-task", b"".to_vec()),
+            ])
+            .await
+            .unwrap();
+        board.claim("fetch", "agent-1", TEN_MIN).await.unwrap();
+        let done = board.claim("done-task", "agent-2", TEN_MIN).await.unwrap();
+        board
+            .complete("done-task", &done.token, b"secret-result".to_vec())
+            .await
+            .unwrap();
+
+        // Side effects: two keys marked uncertain (one with an HTML key), one
+        // whose lease ran out before it completed, one live in flight, one completed.
+        let effects = SideEffectAdapter::new(backend.clone());
+        for (key, resource) in [("charge-7", "psp"), (HOSTILE_EFFECT, "mailer")] {
+            let action = Action::new(key, resource);
+            let lease = effects.acquire(&action, TEN_MIN).await.unwrap().lease.unwrap();
+            effects
+                .mark_uncertain(&action, &lease, "payment gateway timed out after send")
+                .await
+                .unwrap();
+        }
+        let lost = Action::new("export-3", "exporter");
+        effects
+            .acquire(&lost, Duration::from_millis(200))
+            .await
+            .unwrap()
+            .lease
+            .unwrap();
+        let live = Action::new("ship-9", "warehouse");
+        effects.acquire(&live, TEN_MIN).await.unwrap().lease.unwrap();
+        let doneact = Action::new("mail-1", "smtp");
+        let lease = effects.acquire(&doneact, TEN_MIN).await.unwrap().lease.unwrap();
+        effects
+            .complete(&doneact, &lease, b"secret-effect-result".to_vec().into())
+            .await
+            .unwrap();
+        // Wait (no sleep-and-hope) until the lost intent's lease is over.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match effects.key_status("export-3").await.unwrap() {
+                KeyStatus::InFlight { live: false, .. } => break,
+                other => assert!(Instant::now() < deadline, "still {other:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+
+        // Scheduler history of `nightly`: succeeded, failed, skipped (late), running.
+        let runs = RunStore::new(backend, Arc::new(SystemClock), RunStoreOptions::default())
+            .unwrap();
+        let base = now_ms() / 60_000 * 60_000 - 4 * 60_000;
+        let slots = [base, base + 60_000, base + 120_000, base + 180_000];
+        let claim = |slot: u64, token: &'static str, instance: &'static str| {
+            ClaimRequest::new("nightly", slot, token, instance, TEN_MIN)
+        };
+        assert!(runs.claim(&claim(slots[0], "t0", "node-a")).await.unwrap().won);
+        runs.finish("nightly", slots[0], "t0", FinalStatus::Succeeded)
+            .await
+            .unwrap();
+        assert!(runs.claim(&claim(slots[1], "t1", "node-b")).await.unwrap().won);
+        runs.finish(
+            "nightly",
+            slots[1],
+            "t1",
+            FinalStatus::Failed("exit status 3".into()),
+        )
+        .await
+        .unwrap();
+        assert!(runs
+            .record_skip("nightly", slots[2], "node-a", SkipReason::Late)
+            .await
+            .unwrap());
+        assert!(runs.claim(&claim(slots[3], "t3", "node-c")).await.unwrap().won);
+        Seeded { slots }
+    })
+}
+
+// ----- a tiny HTTP/1.1 client (std::net only) -----
+
+struct Reply {
+    status: u16,
+    headers: String,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+fn http(addr: &str, method: &str, path: &str, host: &str, form: Option<&str>) -> Reply {
+    let mut stream = TcpStream::connect(addr).expect("console reachable");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let body = form.unwrap_or("");
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    if form.is_some() {
+        request.push_str(&format!(
+            "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    assert!(
+        !head.to_ascii_lowercase().contains("transfer-encoding: chunked"),
+        "this client reads whole bodies only: {head}"
+    );
+    Reply {
+        status,
+        headers: head.to_owned(),
+        body: body.to_owned(),
+    }
+}
+
+fn form_encode(fields: &[(&str, &str)]) -> String {
+    fields
+        .iter()
+        .map(|(k, v)| format!("{k}={}", url_encode(v)))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+fn url_encode(text: &str) -> String {
+    let mut out = String::new();
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+// ----- the server process -----
+
+struct Server {
+    child: Child,
+    addr: String,
+    /// stdout lines after the first (the reconcile records).
+    lines: mpsc::Receiver<String>,
+}
+
+impl Server {
+    fn start(url: &str, extra: &[&str]) -> Server {
+        let mut child = Command::new(COORDCTL)
+            .args(["serve", "--store", url, "--addr", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("coordctl serve starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let first = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("coordctl serve prints its address");
+        let addr = first
+            .split("http://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .unwrap_or_else(|| panic!("no address in {first:?}"))
+            .to_owned();
+        let server = Server {
+            child,
+            addr,
+            lines: rx,
+        };
+        // Wait until it answers.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(&server.addr).is_err() {
+            assert!(Instant::now() < deadline, "console never answered");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    fn get(&self, path: &str) -> Reply {
+        http(&self.addr, "GET", path, &self.addr, None)
+    }
+
+    fn post(&self, path: &str, fields: &[(&str, &str)]) -> Reply {
+        http(
+            &self.addr,
+            "POST",
+            path,
+            &self.addr,
+            Some(&form_encode(fields)),
+        )
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ----- checks -----
+
+fn find<'v>(list: &'v Value, field: &str, value: &str) -> &'v Value {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not a list: {list}"))
+        .iter()
+        .find(|item| item[field] == value)
+        .unwrap_or_else(|| panic!("no {field}={value:?} in {list}"))
+}
+
+/// The `/api/` answers hold exactly the seeded records, and nothing secret.
+fn check_api(server: &Server, seeded: &Seeded) {
+    let locks = server.get("/api/locks");
+    assert_eq!(locks.status, 200, "{}", locks.body);
+    assert!(locks.headers.to_ascii_lowercase().contains("application/json"));
+    let locks = locks.json();
+    assert_eq!(locks["locks"].as_array().unwrap().len(), 4, "{locks}");
+    let orders = find(&locks["locks"], "key", "orders/42");
+    assert_eq!((orders["fence"].as_u64(), orders["state"].as_str()), (Some(1), Some("held")));
+    assert!(orders["lease_expires_ms"].as_u64().unwrap() > now_ms());
+    assert_eq!(find(&locks["locks"], "key", "reports")["fence"], 2);
+    assert_eq!(find(&locks["locks"], "key", HOSTILE)["state"], "held");
+    assert_eq!(find(&locks["locks"], "key", "idle-lock")["state"], "free");
+    assert_eq!(locks["truncated"], false);
+
+    // Paging: one name per page, a cursor to the next.
+    let first = server.get("/api/locks?limit=1").json();
+    assert_eq!(first["locks"].as_array().unwrap().len(), 1);
+    assert_eq!(first["truncated"], true);
+    let cursor = first["next_after"].as_str().unwrap().to_owned();
+    let second = server
+        .get(&format!("/api/locks?limit=1&after={}", url_encode(&cursor)))
+        .json();
+    assert!(second["locks"][0]["key"].as_str().unwrap() > cursor.as_str());
+
+    let resources = server.get("/api/resources").json();
+    let psp = find(&resources["resources"], "resource", "psp");
+    assert_eq!((psp["highest_fence"].as_u64(), psp["holder"].as_str()), (Some(1), Some("charge-7")));
+    assert_eq!(find(&resources["resources"], "resource", "smtp")["state"], "free");
+
+    let tasks = server.get("/api/tasks").json();
+    assert_eq!(tasks["tasks"].as_array().unwrap().len(), 3, "{tasks}");
+    let fetch = find(&tasks["tasks"], "id", "fetch");
+    assert_eq!((fetch["state"].as_str(), fetch["agent"].as_str()), (Some("claimed"), Some("agent-1")));
+    assert_eq!(fetch["generation"], 1);
+    assert_eq!(find(&tasks["tasks"], "id", "index")["deps"][0], "fetch");
+    assert_eq!(find(&tasks["tasks"], "id", "done-task")["state"], "completed");
+
+    let effects = server.get("/api/sideeffects").json();
+    assert_eq!(effects["examined"], 5, "{effects}");
+    let uncertain = &effects["uncertain"];
+    assert_eq!(uncertain.as_array().unwrap().len(), 3, "{effects}");
+    let charge = find(uncertain, "key", "charge-7");
+    assert_eq!(charge["kind"], "marked");
+    assert_eq!(charge["reason"], "payment gateway timed out after send");
+    assert_eq!(find(uncertain, "key", HOSTILE_EFFECT)["kind"], "marked");
+    let lost = find(uncertain, "key", "export-3");
+    assert_eq!((lost["kind"].as_str(), lost["resource"].as_str()), (Some("lease_lost"), Some("exporter")));
+    let ship = find(&effects["in_flight"], "key", "ship-9");
+    assert_eq!((ship["live"].as_bool(), ship["fence"].as_u64()), (Some(true), Some(1)));
+    assert_eq!((effects["completed"].as_u64(), effects["idle"].as_u64()), (Some(1), Some(0)));
+
+    let jobs = server.get("/api/jobs").json();
+    let nightly = find(&jobs["jobs"], "job", "nightly");
+    assert_eq!(nightly["active"].as_array().unwrap().len(), 1);
+    assert_eq!(nightly["recent_skipped"], 1);
+    let runs = server.get("/api/jobs/nightly/runs").json();
+    let statuses: Vec<(u64, &str)> = runs["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["slot_ms"].as_u64().unwrap(), r["status"].as_str().unwrap()))
+        .collect();
+    let [s0, s1, s2, s3] = seeded.slots;
+    assert_eq!(
+        statuses,
+        [(s3, "running"), (s2, "skipped"), (s1, "failed"), (s0, "succeeded")]
+    );
+    assert_eq!(runs["runs"][1]["skip_reason"], "late");
+    assert_eq!(runs["runs"][2]["message"], "exit status 3");
+    assert_eq!(runs["runs"][0]["instance"], "node-c");
+    // The jobs page summary is the same view as the job's runs.
+    assert_eq!(nightly["recent"], serde_json::json!(runs["runs"].as_array().unwrap()[..4]));
+
+    // Never a token, payload or result in any answer.
+    for path in ["/api/locks", "/api/tasks", "/api/sideeffects", "/api/jobs", "/api/resources"] {
+        let body = server.get(path).body;
+        for secret in ["secret-payload", "secret-result", "secret-effect-result", "token", "\"t0\"", "\"t3\""] {
+            assert!(!body.contains(secret), "{path} shows {secret:?}: {body}");
+        }
+    }
+}
+
+/// Bad and hostile input: a clear 4xx, never a 5xx or a hang.
+fn check_refusals(server: &Server) {
+    for (path, status, words) in [
+        ("/api/locks?limit=0", 400, "1 to 500"),
+        ("/api/locks?limit=501", 400, "1 to 500"),
+        ("/api/tasks?limit=abc", 400, "1 to 500"),
+        ("/locks?limit=100000", 400, "1 to 500"),
+        ("/api/locks?bogus=1", 400, "bogus"),
+        ("/api/jobs/bad%20name/runs", 400, "not a job name"),
+        ("/jobs/%3Cscript%3E", 400, "not a job name"),
+        ("/jobs/%FF", 400, "bad path"),
+        ("/api/nope", 404, "no such page"),
+        ("/nope/%3Cscript%3E", 404, "no such page"),
+    ] {
+        let reply = server.get(path);
+        assert_eq!(reply.status, status, "{path}: {}", reply.body);
+        assert!(reply.body.contains(words), "{path}: {}", reply.body);
+        if path.starts_with("/api/") {
+            assert!(reply.json()["error"].is_string(), "{path}");
+        } else {
+            assert!(!reply.body.contains("<script"), "{path}: {}", reply.body);
+        }
+    }
+    let huge = format!("/api/jobs/{}/runs", "j".repeat(20_000));
+    let reply = server.get(&huge);
+    assert!(
+        (400..500).contains(&reply.status),
+        "a 20 kB job name: {}",
+        reply.status
+    );
+    // Not even a valid request target: refused by the HTTP layer.
+    let raw = server.get("/nope/<script>");
+    assert!((400..500).contains(&raw.status), "a raw <script> path: {}", raw.status);
+    let cursor = format!("/api/locks?after={}", "k".repeat(5_000));
+    assert_eq!(server.get(&cursor).status, 400);
+
+    // DNS rebinding: a foreign Host name is refused.
+    let foreign = http(&server.addr, "GET", "/api/locks", "evil.example", None);
+    assert_eq!(foreign.status, 403, "{}", foreign.body);
+    // Every answer forbids scripts.
+    let page = server.get("/locks");
+    assert!(page.headers.contains("script-src") || page.headers.contains("default-src 'none'"));
+}
+
+/// The read-only console: no form, and POST /reconcile is 403.
+fn check_read_only(server: &Server) {
+    let page = server.get("/sideeffects");
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("charge-7"));
+    assert!(!page.body.contains("<form"), "a form on a read-only console");
+    assert!(page.body.contains("coordctl reconcile"));
+    let post = server.post(
+        "/reconcile",
+        &[
+            ("csrf", "x"),
+            ("key", "charge-7"),
+            ("verdict", "not_applied"),
+            ("reason", "r"),
+            ("confirm", "yes"),
+        ],
+    );
+    assert_eq!(post.status, 403, "{}", post.body);
+    assert!(post.body.contains("--allow-writes"));
+}
+
+fn effect_status(url: &str, key: &str) -> KeyStatus {
+    runtime().block_on(async {
+        let adapter = SideEffectAdapter::new(coord::connect(url).await.unwrap());
+        adapter.key_status(key).await.unwrap()
+    })
+}
+
+/// With --allow-writes: form → confirmation → recorded verdict.
+fn check_reconcile(server: &Server, url: &str) {
+    let page = server.get("/sideeffects");
+    assert!(page.body.contains("<form"), "{}", page.body);
+    let csrf = page
+        .body
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a form token")
+        .to_owned();
+    let fields = |confirm: Option<&'static str>, reason: &'static str| {
+        let mut f = vec![
+            ("csrf", csrf.clone()),
+            ("key", "charge-7".to_owned()),
+            ("verdict", "not_applied".to_owned()),
+            ("reason", reason.to_owned()),
+        ];
+        if let Some(c) = confirm {
+            f.push(("confirm", c.to_owned()));
+        }
+        f
+    };
+    let post = |f: Vec<(&str, String)>| {
+        let borrowed: Vec<(&str, &str)> = f.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        server.post("/reconcile", &borrowed)
+    };
+
+    // Refusals change nothing.
+    let mut wrong = fields(Some("yes"), "no charge at the PSP");
+    wrong[0].1 = "forged".into();
+    assert_eq!(post(wrong).status, 403);
+    let no_reason = post(fields(Some("yes"), "   "));
+    assert_eq!(no_reason.status, 400, "{}", no_reason.body);
+    assert!(no_reason.body.contains("reason is required"));
+    let mut bad_verdict = fields(None, "x");
+    bad_verdict[2].1 = "maybe".into();
+    assert_eq!(post(bad_verdict).status, 400);
+    assert!(matches!(effect_status(url, "charge-7"), KeyStatus::Uncertain { .. }));
+
+    // Step 1: the confirmation page, nothing recorded yet.
+    let confirm = post(fields(None, "no charge at the PSP (ticket 881)"));
+    assert_eq!(confirm.status, 200, "{}", confirm.body);
+    assert!(confirm.body.contains("name=\"confirm\" value=\"yes\""));
+    assert!(confirm.body.contains("no charge at the PSP (ticket 881)"));
+    assert!(matches!(effect_status(url, "charge-7"), KeyStatus::Uncertain { .. }));
+
+    // Step 2: confirmed: recorded through the adapter, with its reason.
+    let done = post(fields(Some("yes"), "no charge at the PSP (ticket 881)"));
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert!(done.body.contains("id=\"reconciled\""), "{}", done.body);
+    assert_eq!(effect_status(url, "charge-7"), KeyStatus::Idle);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let line = server
+            .lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("the reconcile is recorded on stdout");
+        if line.contains("reconciled key \"charge-7\"") {
+            assert!(line.contains("ticket 881"), "{line}");
+            break;
+        }
+    }
+    // Again: the key is no longer uncertain (409, nothing changed).
+    let again = post(fields(Some("yes"), "again"));
+    assert_eq!(again.status, 409, "{}", again.body);
+    assert!(again.body.contains("not uncertain"));
+}
+
+// ----- the browser -----
+
+fn chromium() -> Option<PathBuf> {
+    if let Ok(path) = std::env::var("COORD_CHROMIUM") {
+        return Some(PathBuf::from(path));
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .flat_map(|dir| ["chromium", "chromium-browser"].map(|name| dir.join(name)))
+            .find(|p| p.is_file())
+    })
+}
+
+/// `<target>/console-screenshots`: `CARGO_TARGET_DIR`, else the target dir
+/// holding this test's `coordctl` binary (`<target>/<profile>/coordctl`).
+fn screenshot_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(COORDCTL)
+                .parent()
+                .and_then(Path::parent)
+                .expect("coordctl lives in <target>/<profile>/")
+                .to_path_buf()
+        });
+    target.join("console-screenshots")
+}
+
+/// Run chromium with `args`, killing it after 90 s; its stdout.
+fn run_chromium(bin: &Path, profile: &Path, args: &[String]) -> String {
+    let mut child = Command::new(bin)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("chromium starts");
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut out = String::new();
+        let _ = stdout.read_to_string(&mut out);
+        out
+    });
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "chromium {args:?} failed: {status}");
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("chromium {args:?} did not finish in 90 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    reader.join().unwrap()
+}
+
+fn check_browser(server: &Server, scratch: &Path) {
+    let Some(bin) = chromium() else {
+        assert_ne!(
+            std::env::var("COORD_REQUIRE_SERVERS").as_deref(),
+            Ok("1"),
+            "chromium is not installed but COORD_REQUIRE_SERVERS=1 (scripts/services.sh ensure_chromium)"
+        );
+        println!("SKIPPED: the browser part of the console test (no chromium on PATH)");
+        return;
+    };
+    let shots = screenshot_dir();
+    std::fs::create_dir_all(&shots).unwrap();
+    let profile = scratch.join("chromium-profile");
+    let escaped_lock = "&lt;script&gt;alert(1)&lt;/script&gt;";
+    let escaped_effect = "&lt;img src=x onerror=alert(2)&gt;";
+    let pages: [(&str, &str, &[&str]); 6] = [
+        ("overview", "/", &["locks held", "side-effect keys need attention"]),
+        (
+            "locks",
+            "/locks",
+            &["orders/42", "reports", escaped_lock, "idle-lock", "psp", "charge-7", "warehouse"],
+        ),
+        ("tasks", "/tasks", &["fetch", "agent-1", "index", "done-task", "claimed", "completed"]),
+        (
+            "sideeffects",
+            "/sideeffects",
+            &[
+                "charge-7",
+                "payment gateway timed out after send",
+                escaped_effect,
+                "export-3",
+                "lease_lost",
+                "ship-9",
+                "coordctl reconcile",
+            ],
+        ),
+        ("jobs", "/jobs", &["nightly", "node-a", "node-b", "node-c", "succeeded", "failed", "skipped", "exit status 3"]),
+        ("job-nightly", "/jobs/nightly", &["node-a", "running", "late", "exit status 3"]),
+    ];
+    for (name, path, wanted) in pages {
+        let url = server.url(path);
+        let dom = run_chromium(&bin, &profile, &["--dump-dom".into(), url.clone()]);
+        assert!(dom.contains("coord console"), "{name}: not the console: {dom}");
+        for w in wanted {
+            assert!(dom.contains(w), "{name} ({url}) lacks {w:?}:\n{dom}");
+        }
+        assert!(
+            !dom.to_ascii_lowercase().contains("<script"),
+            "{name}: a script element in the page:\n{dom}"
+        );
+        assert!(!dom.contains("<img"), "{name}: an injected element:\n{dom}");
+        let png = shots.join(format!("{name}.png"));
+        let _ = std::fs::remove_file(&png);
+        run_chromium(
+            &bin,
+            &profile,
+            &[
+                format!("--screenshot={}", png.display()),
+                "--window-size=1280,900".into(),
+                url,
+            ],
+        );
+        let size = std::fs::metadata(&png)
+            .unwrap_or_else(|e| panic!("{name}: no screenshot at {}: {e}", png.display()))
+            .len();
+        assert!(size > 1_000, "{name}: screenshot of {size} bytes");
+    }
+    println!("console screenshots in {}", shots.display());
+}
+
+/// Everything on one store; the browser part only when `browser`.
+fn console_on(name: &str, url: String, browser: bool) {
+    let scratch = Scratch::new(name);
+    let seeded = seed(&url);
+    {
+        let server = Server::start(&url, &[]);
+        check_api(&server, &seeded);
+        check_refusals(&server);
+        check_read_only(&server);
+        if browser {
+            check_browser(&server, &scratch.0);
+        }
+    }
+    let writable = Server::start(&url, &["--allow-writes"]);
+    check_reconcile(&writable, &url);
+}
+
+#[test]
+fn console_sqlite() {
+    let scratch = Scratch::new("sqlite-db");
+    let url = format!(
+        "sqlite://{}?namespace={}",
+        scratch.0.join("coord.db").display(),
+        fresh_namespace("sqlite")
+    );
+    console_on("sqlite", url, true);
+}
+
+#[test]
+fn console_postgres() {
+    let Some(base) = coord_conformance::server_env("COORD_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let url = coord_backend::StoreUrl::parse(&base)
+        .unwrap()
+        .with_namespace(&fresh_namespace("pg"));
+    console_on("postgres", url, false);
+}
+
+#[test]
+fn console_redis() {
+    let Some(base) = coord_conformance::server_env("COORD_TEST_REDIS_URL") else {
+        return;
+    };
+    let url = coord_backend::StoreUrl::parse(&base)
+        .unwrap()
+        .with_namespace(&fresh_namespace("redis"));
+    console_on("redis", url, false);
+}
+
+#[test]
+fn serve_refuses_a_non_loopback_address() {
+    let scratch = Scratch::new("remote");
+    let url = format!("sqlite://{}", scratch.0.join("coord.db").display());
+    let out = Command::new(COORDCTL)
+        .args(["serve", "--store", &url, "--addr", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a loopback address") && err.contains("--allow-remote"), "{err}");
+    let out = Command::new(COORDCTL)
+        .args(["serve", "--store", &url, "--addr", "localhost:80"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not an IP address"));
+}
+
+/// `inspect --json` and `cron history --json`: one JSON document each,
+/// the same records the console's API shows.
+#[test]
+fn json_outputs_parse() {
+    let scratch = Scratch::new("json");
+    let db = scratch.0.join("coord.db");
+    let ns = fresh_namespace("json");
+    let url = format!("sqlite://{}?namespace={ns}", db.display());
+    let seeded = seed(&url);
+
+    let out = Command::new(COORDCTL)
+        .args(["inspect", "--store", &url, "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 1, "one document on one line: {stdout}");
+    let inspect: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(inspect["namespace"], ns.as_str());
+    assert_eq!(inspect["examined"], 5);
+    assert_eq!(inspect["uncertain"].as_array().unwrap().len(), 3);
+    find(&inspect["uncertain"], "key", HOSTILE_EFFECT);
+    assert_eq!(find(&inspect["in_flight"], "key", "ship-9")["resource"], "warehouse");
+    assert_eq!(find(&inspect["resources"], "resource", "psp")["highest_fence"], 1);
+    assert!(inspect.get("settled").is_none(), "settled keys only with --all");
+    assert!(!stdout.contains("secret-effect-result"));
+
+    let all: Value = serde_json::from_slice(
+        &Command::new(COORDCTL)
+            .args(["inspect", "--store", &url, "--json", "--all", "--key", "mail-1"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(all["examined"], 1);
+    let mail = find(&all["settled"], "key", "mail-1");
+    assert_eq!((mail["state"].as_str(), mail["result"].as_str()), (Some("completed"), Some("secret-effect-result")));
+
+    // The text report is rendered from the same view.
+    let text = Command::new(COORDCTL)
+        .args(["inspect", "--store", &url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("UNCERTAIN KEYS (3)"), "{text}");
+    assert!(text.contains("IN-FLIGHT INTENTS (2)"), "{text}");
+
+    let config = scratch.0.join("coord.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nurl = \"sqlite://{}?namespace={ns}\"\n\n[[job]]\nname = \"nightly\"\nschedule = \"every 1m\"\ncommand = \"true\"\n",
+            db.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(COORDCTL)
+        .args(["cron", "history", "nightly", "--json", "--limit", "3", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    let history: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(history["job"], "nightly");
+    assert_eq!(history["time_zone"], "UTC");
+    let runs = history["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    assert_eq!(runs[0]["slot_ms"], seeded.slots[3]);
+    assert_eq!(runs[0]["status"], "running");
+    assert_eq!(runs[1]["skip_reason"], "late");
+    assert_eq!(history["active"][0]["instance"], "node-c");
+}
+
+/// `conformance --json`: one document with every case of the suite asked for.
+#[test]
+fn conformance_json_parses() {
+    let scratch = Scratch::new("conf");
+    let url = format!("sqlite://{}", scratch.0.join("coord.db").display());
+    let out = Command::new(COORDCTL)
+        .args(["conformance", "--backend", &url, "--suite", "lock", "--json"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{stdout}");
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    let view: Value = serde_json::from_str(&stdout).unwrap();
+    let cases = view["cases"].as_array().unwrap();
+    assert!(!cases.is_empty());
+    assert!(cases.iter().all(|c| c["suite"] == "lock" && c["passed"] == true));
+    assert_eq!(view["passed"].as_u64(), Some(cases.len() as u64));
+    assert_eq!(view["failed"], 0);
+    assert!(view["store"].as_str().unwrap().starts_with("sqlite://"));
+}
