@@ -31,7 +31,7 @@ use coord_adapters::sideeffect::{
 };
 use coord_backend::Error;
 
-use crate::views::{self, side_effect_error, shorten, InspectView, Stores};
+use crate::views::{self, shorten, side_effect_error, InspectView, Stores};
 
 /// Arguments of `coordctl inspect`.
 #[derive(Debug, Args)]

@@ -74,14 +74,20 @@ async fn list_names(
         .keys(prefix)
         .await?
         .into_iter()
-        .filter_map(|k| k.strip_prefix(prefix).map(str::to_owned));
+        .filter_map(|k| k.strip_prefix(prefix).map(str::to_owned))
+        // No adapter stores a record under an empty name.
+        .filter(|name| !name.is_empty());
     let Some(page) = page else {
         return Ok((names.collect(), false, None));
     };
     let mut names = names.filter(|n| page.after.as_deref().is_none_or(|after| n.as_str() > after));
     let taken: Vec<String> = names.by_ref().take(page.limit).collect();
     let truncated = names.next().is_some();
-    let next_after = if truncated { taken.last().cloned() } else { None };
+    let next_after = if truncated {
+        taken.last().cloned()
+    } else {
+        None
+    };
     Ok((taken, truncated, next_after))
 }
 
@@ -484,8 +490,7 @@ pub(crate) struct TasksView {
 
 /// The tasks of `page`.
 pub(crate) async fn tasks(stores: &Stores, page: &Page) -> Result<TasksView, Error> {
-    let (ids, truncated, next_after) =
-        list_names(&stores.backend, TASK_PREFIX, Some(page)).await?;
+    let (ids, truncated, next_after) = list_names(&stores.backend, TASK_PREFIX, Some(page)).await?;
     let mut rows = Vec::with_capacity(ids.len());
     for id in ids {
         let task = match stores.board.get(&id).await {
@@ -664,7 +669,11 @@ pub(crate) async fn jobs(stores: &Stores, page: &Page, recent: usize) -> Result<
         .collect();
     let truncated = names.len() > page.limit;
     names.truncate(page.limit);
-    let next_after = if truncated { names.last().cloned() } else { None };
+    let next_after = if truncated {
+        names.last().cloned()
+    } else {
+        None
+    };
     let mut jobs = Vec::with_capacity(names.len());
     for job in names {
         let view = runs(&stores.runs, &job, recent, None).await?;

@@ -139,7 +139,12 @@ fn seed(url: &str) -> Seeded {
         let effects = SideEffectAdapter::new(backend.clone());
         for (key, resource) in [("charge-7", "psp"), (HOSTILE_EFFECT, "mailer")] {
             let action = Action::new(key, resource);
-            let lease = effects.acquire(&action, TEN_MIN).await.unwrap().lease.unwrap();
+            let lease = effects
+                .acquire(&action, TEN_MIN)
+                .await
+                .unwrap()
+                .lease
+                .unwrap();
             effects
                 .mark_uncertain(&action, &lease, "payment gateway timed out after send")
                 .await
@@ -153,9 +158,19 @@ fn seed(url: &str) -> Seeded {
             .lease
             .unwrap();
         let live = Action::new("ship-9", "warehouse");
-        effects.acquire(&live, TEN_MIN).await.unwrap().lease.unwrap();
+        effects
+            .acquire(&live, TEN_MIN)
+            .await
+            .unwrap()
+            .lease
+            .unwrap();
         let doneact = Action::new("mail-1", "smtp");
-        let lease = effects.acquire(&doneact, TEN_MIN).await.unwrap().lease.unwrap();
+        let lease = effects
+            .acquire(&doneact, TEN_MIN)
+            .await
+            .unwrap()
+            .lease
+            .unwrap();
         effects
             .complete(&doneact, &lease, b"secret-effect-result".to_vec().into())
             .await
@@ -171,18 +186,28 @@ fn seed(url: &str) -> Seeded {
         }
 
         // Scheduler history of `nightly`: succeeded, failed, skipped (late), running.
-        let runs = RunStore::new(backend, Arc::new(SystemClock), RunStoreOptions::default())
-            .unwrap();
+        let runs =
+            RunStore::new(backend, Arc::new(SystemClock), RunStoreOptions::default()).unwrap();
         let base = now_ms() / 60_000 * 60_000 - 4 * 60_000;
         let slots = [base, base + 60_000, base + 120_000, base + 180_000];
         let claim = |slot: u64, token: &'static str, instance: &'static str| {
             ClaimRequest::new("nightly", slot, token, instance, TEN_MIN)
         };
-        assert!(runs.claim(&claim(slots[0], "t0", "node-a")).await.unwrap().won);
+        assert!(
+            runs.claim(&claim(slots[0], "t0", "node-a"))
+                .await
+                .unwrap()
+                .won
+        );
         runs.finish("nightly", slots[0], "t0", FinalStatus::Succeeded)
             .await
             .unwrap();
-        assert!(runs.claim(&claim(slots[1], "t1", "node-b")).await.unwrap().won);
+        assert!(
+            runs.claim(&claim(slots[1], "t1", "node-b"))
+                .await
+                .unwrap()
+                .won
+        );
         runs.finish(
             "nightly",
             slots[1],
@@ -195,7 +220,12 @@ fn seed(url: &str) -> Seeded {
             .record_skip("nightly", slots[2], "node-a", SkipReason::Late)
             .await
             .unwrap());
-        assert!(runs.claim(&claim(slots[3], "t3", "node-c")).await.unwrap().won);
+        assert!(
+            runs.claim(&claim(slots[3], "t3", "node-c"))
+                .await
+                .unwrap()
+                .won
+        );
         Seeded { slots }
     })
 }
@@ -210,8 +240,7 @@ struct Reply {
 
 impl Reply {
     fn json(&self) -> Value {
-        serde_json::from_str(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
     }
 }
 
@@ -241,7 +270,9 @@ fn http(addr: &str, method: &str, path: &str, host: &str, form: Option<&str>) ->
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no status in {head:?}"));
     assert!(
-        !head.to_ascii_lowercase().contains("transfer-encoding: chunked"),
+        !head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked"),
         "this client reads whole bodies only: {head}"
     );
     Reply {
@@ -361,11 +392,17 @@ fn find<'v>(list: &'v Value, field: &str, value: &str) -> &'v Value {
 fn check_api(server: &Server, seeded: &Seeded) {
     let locks = server.get("/api/locks");
     assert_eq!(locks.status, 200, "{}", locks.body);
-    assert!(locks.headers.to_ascii_lowercase().contains("application/json"));
+    assert!(locks
+        .headers
+        .to_ascii_lowercase()
+        .contains("application/json"));
     let locks = locks.json();
     assert_eq!(locks["locks"].as_array().unwrap().len(), 4, "{locks}");
     let orders = find(&locks["locks"], "key", "orders/42");
-    assert_eq!((orders["fence"].as_u64(), orders["state"].as_str()), (Some(1), Some("held")));
+    assert_eq!(
+        (orders["fence"].as_u64(), orders["state"].as_str()),
+        (Some(1), Some("held"))
+    );
     assert!(orders["lease_expires_ms"].as_u64().unwrap() > now_ms());
     assert_eq!(find(&locks["locks"], "key", "reports")["fence"], 2);
     assert_eq!(find(&locks["locks"], "key", HOSTILE)["state"], "held");
@@ -384,16 +421,28 @@ fn check_api(server: &Server, seeded: &Seeded) {
 
     let resources = server.get("/api/resources").json();
     let psp = find(&resources["resources"], "resource", "psp");
-    assert_eq!((psp["highest_fence"].as_u64(), psp["holder"].as_str()), (Some(1), Some("charge-7")));
-    assert_eq!(find(&resources["resources"], "resource", "smtp")["state"], "free");
+    assert_eq!(
+        (psp["highest_fence"].as_u64(), psp["holder"].as_str()),
+        (Some(1), Some("charge-7"))
+    );
+    assert_eq!(
+        find(&resources["resources"], "resource", "smtp")["state"],
+        "free"
+    );
 
     let tasks = server.get("/api/tasks").json();
     assert_eq!(tasks["tasks"].as_array().unwrap().len(), 3, "{tasks}");
     let fetch = find(&tasks["tasks"], "id", "fetch");
-    assert_eq!((fetch["state"].as_str(), fetch["agent"].as_str()), (Some("claimed"), Some("agent-1")));
+    assert_eq!(
+        (fetch["state"].as_str(), fetch["agent"].as_str()),
+        (Some("claimed"), Some("agent-1"))
+    );
     assert_eq!(fetch["generation"], 1);
     assert_eq!(find(&tasks["tasks"], "id", "index")["deps"][0], "fetch");
-    assert_eq!(find(&tasks["tasks"], "id", "done-task")["state"], "completed");
+    assert_eq!(
+        find(&tasks["tasks"], "id", "done-task")["state"],
+        "completed"
+    );
 
     let effects = server.get("/api/sideeffects").json();
     assert_eq!(effects["examined"], 5, "{effects}");
@@ -404,10 +453,19 @@ fn check_api(server: &Server, seeded: &Seeded) {
     assert_eq!(charge["reason"], "payment gateway timed out after send");
     assert_eq!(find(uncertain, "key", HOSTILE_EFFECT)["kind"], "marked");
     let lost = find(uncertain, "key", "export-3");
-    assert_eq!((lost["kind"].as_str(), lost["resource"].as_str()), (Some("lease_lost"), Some("exporter")));
+    assert_eq!(
+        (lost["kind"].as_str(), lost["resource"].as_str()),
+        (Some("lease_lost"), Some("exporter"))
+    );
     let ship = find(&effects["in_flight"], "key", "ship-9");
-    assert_eq!((ship["live"].as_bool(), ship["fence"].as_u64()), (Some(true), Some(1)));
-    assert_eq!((effects["completed"].as_u64(), effects["idle"].as_u64()), (Some(1), Some(0)));
+    assert_eq!(
+        (ship["live"].as_bool(), ship["fence"].as_u64()),
+        (Some(true), Some(1))
+    );
+    assert_eq!(
+        (effects["completed"].as_u64(), effects["idle"].as_u64()),
+        (Some(1), Some(0))
+    );
 
     let jobs = server.get("/api/jobs").json();
     let nightly = find(&jobs["jobs"], "job", "nightly");
@@ -418,23 +476,49 @@ fn check_api(server: &Server, seeded: &Seeded) {
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| (r["slot_ms"].as_u64().unwrap(), r["status"].as_str().unwrap()))
+        .map(|r| {
+            (
+                r["slot_ms"].as_u64().unwrap(),
+                r["status"].as_str().unwrap(),
+            )
+        })
         .collect();
     let [s0, s1, s2, s3] = seeded.slots;
     assert_eq!(
         statuses,
-        [(s3, "running"), (s2, "skipped"), (s1, "failed"), (s0, "succeeded")]
+        [
+            (s3, "running"),
+            (s2, "skipped"),
+            (s1, "failed"),
+            (s0, "succeeded")
+        ]
     );
     assert_eq!(runs["runs"][1]["skip_reason"], "late");
     assert_eq!(runs["runs"][2]["message"], "exit status 3");
     assert_eq!(runs["runs"][0]["instance"], "node-c");
     // The jobs page summary is the same view as the job's runs.
-    assert_eq!(nightly["recent"], serde_json::json!(runs["runs"].as_array().unwrap()[..4]));
+    assert_eq!(
+        nightly["recent"],
+        serde_json::json!(runs["runs"].as_array().unwrap()[..4])
+    );
 
     // Never a token, payload or result in any answer.
-    for path in ["/api/locks", "/api/tasks", "/api/sideeffects", "/api/jobs", "/api/resources"] {
+    for path in [
+        "/api/locks",
+        "/api/tasks",
+        "/api/sideeffects",
+        "/api/jobs",
+        "/api/resources",
+    ] {
         let body = server.get(path).body;
-        for secret in ["secret-payload", "secret-result", "secret-effect-result", "token", "\"t0\"", "\"t3\""] {
+        for secret in [
+            "secret-payload",
+            "secret-result",
+            "secret-effect-result",
+            "token",
+            "\"t0\"",
+            "\"t3\"",
+        ] {
             assert!(!body.contains(secret), "{path} shows {secret:?}: {body}");
         }
     }
@@ -472,7 +556,11 @@ fn check_refusals(server: &Server) {
     );
     // Not even a valid request target: refused by the HTTP layer.
     let raw = server.get("/nope/<script>");
-    assert!((400..500).contains(&raw.status), "a raw <script> path: {}", raw.status);
+    assert!(
+        (400..500).contains(&raw.status),
+        "a raw <script> path: {}",
+        raw.status
+    );
     let cursor = format!("/api/locks?after={}", "k".repeat(5_000));
     assert_eq!(server.get(&cursor).status, 400);
 
@@ -489,7 +577,10 @@ fn check_read_only(server: &Server) {
     let page = server.get("/sideeffects");
     assert_eq!(page.status, 200);
     assert!(page.body.contains("charge-7"));
-    assert!(!page.body.contains("<form"), "a form on a read-only console");
+    assert!(
+        !page.body.contains("<form"),
+        "a form on a read-only console"
+    );
     assert!(page.body.contains("coordctl reconcile"));
     let post = server.post(
         "/reconcile",
@@ -550,14 +641,20 @@ fn check_reconcile(server: &Server, url: &str) {
     let mut bad_verdict = fields(None, "x");
     bad_verdict[2].1 = "maybe".into();
     assert_eq!(post(bad_verdict).status, 400);
-    assert!(matches!(effect_status(url, "charge-7"), KeyStatus::Uncertain { .. }));
+    assert!(matches!(
+        effect_status(url, "charge-7"),
+        KeyStatus::Uncertain { .. }
+    ));
 
     // Step 1: the confirmation page, nothing recorded yet.
     let confirm = post(fields(None, "no charge at the PSP (ticket 881)"));
     assert_eq!(confirm.status, 200, "{}", confirm.body);
     assert!(confirm.body.contains("name=\"confirm\" value=\"yes\""));
     assert!(confirm.body.contains("no charge at the PSP (ticket 881)"));
-    assert!(matches!(effect_status(url, "charge-7"), KeyStatus::Uncertain { .. }));
+    assert!(matches!(
+        effect_status(url, "charge-7"),
+        KeyStatus::Uncertain { .. }
+    ));
 
     // Step 2: confirmed: recorded through the adapter, with its reason.
     let done = post(fields(Some("yes"), "no charge at the PSP (ticket 881)"));
@@ -664,13 +761,36 @@ fn check_browser(server: &Server, scratch: &Path) {
     let escaped_lock = "&lt;script&gt;alert(1)&lt;/script&gt;";
     let escaped_effect = "&lt;img src=x onerror=alert(2)&gt;";
     let pages: [(&str, &str, &[&str]); 6] = [
-        ("overview", "/", &["locks held", "side-effect keys need attention"]),
+        (
+            "overview",
+            "/",
+            &["locks held", "side-effect keys need attention"],
+        ),
         (
             "locks",
             "/locks",
-            &["orders/42", "reports", escaped_lock, "idle-lock", "psp", "charge-7", "warehouse"],
+            &[
+                "orders/42",
+                "reports",
+                escaped_lock,
+                "idle-lock",
+                "psp",
+                "charge-7",
+                "warehouse",
+            ],
         ),
-        ("tasks", "/tasks", &["fetch", "agent-1", "index", "done-task", "claimed", "completed"]),
+        (
+            "tasks",
+            "/tasks",
+            &[
+                "fetch",
+                "agent-1",
+                "index",
+                "done-task",
+                "claimed",
+                "completed",
+            ],
+        ),
         (
             "sideeffects",
             "/sideeffects",
@@ -684,13 +804,33 @@ fn check_browser(server: &Server, scratch: &Path) {
                 "coordctl reconcile",
             ],
         ),
-        ("jobs", "/jobs", &["nightly", "node-a", "node-b", "node-c", "succeeded", "failed", "skipped", "exit status 3"]),
-        ("job-nightly", "/jobs/nightly", &["node-a", "running", "late", "exit status 3"]),
+        (
+            "jobs",
+            "/jobs",
+            &[
+                "nightly",
+                "node-a",
+                "node-b",
+                "node-c",
+                "succeeded",
+                "failed",
+                "skipped",
+                "exit status 3",
+            ],
+        ),
+        (
+            "job-nightly",
+            "/jobs/nightly",
+            &["node-a", "running", "late", "exit status 3"],
+        ),
     ];
     for (name, path, wanted) in pages {
         let url = server.url(path);
         let dom = run_chromium(&bin, &profile, &["--dump-dom".into(), url.clone()]);
-        assert!(dom.contains("coord console"), "{name}: not the console: {dom}");
+        assert!(
+            dom.contains("coord console"),
+            "{name}: not the console: {dom}"
+        );
         for w in wanted {
             assert!(dom.contains(w), "{name} ({url}) lacks {w:?}:\n{dom}");
         }
@@ -778,7 +918,10 @@ fn serve_refuses_a_non_loopback_address() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("not a loopback address") && err.contains("--allow-remote"), "{err}");
+    assert!(
+        err.contains("not a loopback address") && err.contains("--allow-remote"),
+        "{err}"
+    );
     let out = Command::new(COORDCTL)
         .args(["serve", "--store", &url, "--addr", "localhost:80"])
         .output()
@@ -803,20 +946,35 @@ fn json_outputs_parse() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(stdout.lines().count(), 1, "one document on one line: {stdout}");
+    assert_eq!(
+        stdout.lines().count(),
+        1,
+        "one document on one line: {stdout}"
+    );
     let inspect: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(inspect["namespace"], ns.as_str());
     assert_eq!(inspect["examined"], 5);
     assert_eq!(inspect["uncertain"].as_array().unwrap().len(), 3);
     find(&inspect["uncertain"], "key", HOSTILE_EFFECT);
-    assert_eq!(find(&inspect["in_flight"], "key", "ship-9")["resource"], "warehouse");
-    assert_eq!(find(&inspect["resources"], "resource", "psp")["highest_fence"], 1);
-    assert!(inspect.get("settled").is_none(), "settled keys only with --all");
+    assert_eq!(
+        find(&inspect["in_flight"], "key", "ship-9")["resource"],
+        "warehouse"
+    );
+    assert_eq!(
+        find(&inspect["resources"], "resource", "psp")["highest_fence"],
+        1
+    );
+    assert!(
+        inspect.get("settled").is_none(),
+        "settled keys only with --all"
+    );
     assert!(!stdout.contains("secret-effect-result"));
 
     let all: Value = serde_json::from_slice(
         &Command::new(COORDCTL)
-            .args(["inspect", "--store", &url, "--json", "--all", "--key", "mail-1"])
+            .args([
+                "inspect", "--store", &url, "--json", "--all", "--key", "mail-1",
+            ])
             .output()
             .unwrap()
             .stdout,
@@ -824,7 +982,10 @@ fn json_outputs_parse() {
     .unwrap();
     assert_eq!(all["examined"], 1);
     let mail = find(&all["settled"], "key", "mail-1");
-    assert_eq!((mail["state"].as_str(), mail["result"].as_str()), (Some("completed"), Some("secret-effect-result")));
+    assert_eq!(
+        (mail["state"].as_str(), mail["result"].as_str()),
+        (Some("completed"), Some("secret-effect-result"))
+    );
 
     // The text report is rendered from the same view.
     let text = Command::new(COORDCTL)
@@ -845,7 +1006,9 @@ fn json_outputs_parse() {
     )
     .unwrap();
     let out = Command::new(COORDCTL)
-        .args(["cron", "history", "nightly", "--json", "--limit", "3", "--config"])
+        .args([
+            "cron", "history", "nightly", "--json", "--limit", "3", "--config",
+        ])
         .arg(&config)
         .output()
         .unwrap();
@@ -869,7 +1032,14 @@ fn conformance_json_parses() {
     let scratch = Scratch::new("conf");
     let url = format!("sqlite://{}", scratch.0.join("coord.db").display());
     let out = Command::new(COORDCTL)
-        .args(["conformance", "--backend", &url, "--suite", "lock", "--json"])
+        .args([
+            "conformance",
+            "--backend",
+            &url,
+            "--suite",
+            "lock",
+            "--json",
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8(out.stdout).unwrap();
@@ -878,7 +1048,9 @@ fn conformance_json_parses() {
     let view: Value = serde_json::from_str(&stdout).unwrap();
     let cases = view["cases"].as_array().unwrap();
     assert!(!cases.is_empty());
-    assert!(cases.iter().all(|c| c["suite"] == "lock" && c["passed"] == true));
+    assert!(cases
+        .iter()
+        .all(|c| c["suite"] == "lock" && c["passed"] == true));
     assert_eq!(view["passed"].as_u64(), Some(cases.len() as u64));
     assert_eq!(view["failed"], 0);
     assert!(view["store"].as_str().unwrap().starts_with("sqlite://"));

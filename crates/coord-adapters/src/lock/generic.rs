@@ -454,8 +454,14 @@ mod tests {
         let h = lock.try_lock("job", ttl).await.unwrap().unwrap();
         let held = lock.status("job").await.unwrap().unwrap();
         assert_eq!((held.key.as_str(), held.fence, held.live), ("job", 1, true));
-        assert_eq!(held.expires_at, Some(UNIX_EPOCH + Duration::from_millis(11_000)));
-        assert!(!format!("{held:?}").contains(h.token()), "no token in Debug");
+        assert_eq!(
+            held.expires_at,
+            Some(UNIX_EPOCH + Duration::from_millis(11_000))
+        );
+        assert!(
+            !format!("{held:?}").contains(h.token()),
+            "no token in Debug"
+        );
 
         clock.advance(Duration::from_secs(10));
         let expired = lock.status("job").await.unwrap().unwrap();

@@ -6,7 +6,6 @@
 use std::fmt::Write as _;
 
 use crate::cron::fmt_time;
-use crate::sideeffect_cmd::relative;
 use crate::views::{
     JobsView, LocksView, ResourcesView, RunView, RunsView, SideEffectsView, TasksView,
     UncertainKind,
@@ -44,15 +43,31 @@ fn shell_word(text: &str) -> String {
     format!("'{}'", text.replace('\'', r"'\''"))
 }
 
-/// "2026-01-02T03:04:05.678Z (in 1.250s)" or "-".
+/// "1h 2m", "9m 53s", "4.2s".
+fn span(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..=59 => format!("{:.1}s", ms as f64 / 1000.0),
+        60..=3599 => format!("{}m {}s", s / 60, s % 60),
+        _ => format!("{}h {}m", s / 3600, s % 3600 / 60),
+    }
+}
+
+/// "2026-01-02T03:04:05.678Z (in 9m 53s)" / "(expired 4.2s ago)" or "-".
 fn when(at_ms: Option<u64>, now_ms: u64) -> String {
     match at_ms {
         None => "-".into(),
-        Some(at) => format!(
-            "{} <span class=\"dim\">({})</span>",
-            esc(&fmt_time(at, None)),
-            esc(&relative(Some(at), now_ms))
-        ),
+        Some(at) => {
+            let rel = if at >= now_ms {
+                format!("in {}", span(at - now_ms))
+            } else {
+                format!("expired {} ago", span(now_ms - at))
+            };
+            format!(
+                "{} <span class=\"dim\">({rel})</span>",
+                esc(&fmt_time(at, None))
+            )
+        }
     }
 }
 
@@ -445,7 +460,11 @@ through a store; node_local jobs never touch it). Times in UTC.</p>",
                 esc(&fmt_time(a.slot_ms, None)),
                 esc(&a.instance),
                 when(Some(a.lease_until_ms), view.now_ms),
-                if a.live { "" } else { "(expired: may be taken over)" }
+                if a.live {
+                    ""
+                } else {
+                    "(expired: may be taken over)"
+                }
             );
         }
         out.push_str(&runs_table(&format!("runs-{}", esc(&job.job)), &job.recent));

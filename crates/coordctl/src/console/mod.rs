@@ -211,7 +211,8 @@ fn loopback_host(host: &str) -> bool {
     } else {
         host.rsplit_once(':').map_or(host, |(name, _)| name)
     };
-    name.eq_ignore_ascii_case("localhost") || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    name.eq_ignore_ascii_case("localhost")
+        || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 async fn guard(State(state): State<Shared>, request: Request, next: Next) -> Response {
@@ -243,7 +244,10 @@ start it with --allow-remote to serve other names",
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }
@@ -374,7 +378,8 @@ fn page_of(q: &ListQuery, default: usize) -> Answer<Page> {
 }
 
 fn job_name(path: Result<Path<String>, PathRejection>) -> Answer<String> {
-    let Path(job) = path.map_err(|e| Failure::bad_request(format!("bad path: {}", e.body_text())))?;
+    let Path(job) =
+        path.map_err(|e| Failure::bad_request(format!("bad path: {}", e.body_text())))?;
     coord_scheduler::validate_job_name(&job).map_err(|_| {
         Failure::bad_request(format!(
             "{:?} is not a job name (1 to 128 characters of A-Z a-z 0-9 . _ : -)",
@@ -709,9 +714,15 @@ async fn reconcile_step(
     let adapter = &state.stores.effects;
     match form.confirm.as_deref() {
         None => {
-            let current = match adapter.key_status(&key).await.map_err(|e| Failure::store(side_effect_error(e)))? {
+            let current = match adapter
+                .key_status(&key)
+                .await
+                .map_err(|e| Failure::store(side_effect_error(e)))?
+            {
                 KeyStatus::Uncertain { reason } => format!("uncertain: {reason}"),
-                KeyStatus::InFlight { live: false, fence, .. } => {
+                KeyStatus::InFlight {
+                    live: false, fence, ..
+                } => {
                     format!("in flight ({fence}), lease expired: reads as uncertain")
                 }
                 KeyStatus::InFlight { .. } => {
@@ -724,7 +735,14 @@ async fn reconcile_step(
             Ok((
                 "Confirm the reconcile".to_owned(),
                 "/sideeffects",
-                html::confirm(&key, &form.verdict, &reason, &form.result, &current, &state.csrf),
+                html::confirm(
+                    &key,
+                    &form.verdict,
+                    &reason,
+                    &form.result,
+                    &current,
+                    &state.csrf,
+                ),
             ))
         }
         Some("yes") => {
