@@ -567,6 +567,8 @@ fn check_refusals(server: &Server) {
     // DNS rebinding: a foreign Host name is refused.
     let foreign = http(&server.addr, "GET", "/api/locks", "evil.example", None);
     assert_eq!(foreign.status, 403, "{}", foreign.body);
+    assert!(foreign.body.contains("loopback host names only"));
+    assert!(!foreign.body.contains("namespace"), "{}", foreign.body);
     // Every answer forbids scripts.
     let page = server.get("/locks");
     assert!(page.headers.contains("script-src") || page.headers.contains("default-src 'none'"));
@@ -909,7 +911,7 @@ fn console_redis() {
 }
 
 #[test]
-fn serve_refuses_a_non_loopback_address() {
+fn serve_refuses_a_remote_address_or_a_missing_file() {
     let scratch = Scratch::new("remote");
     let url = format!("sqlite://{}", scratch.0.join("coord.db").display());
     let out = Command::new(COORDCTL)
@@ -921,6 +923,19 @@ fn serve_refuses_a_non_loopback_address() {
     assert!(
         err.contains("not a loopback address") && err.contains("--allow-remote"),
         "{err}"
+    );
+    let out = Command::new(COORDCTL)
+        .args(["serve", "--store", &url, "--addr", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("does not exist"),
+        "{out:?}"
+    );
+    assert!(
+        !scratch.0.join("coord.db").exists(),
+        "serve created the file"
     );
     let out = Command::new(COORDCTL)
         .args(["serve", "--store", &url, "--addr", "localhost:80"])
@@ -1024,6 +1039,26 @@ fn json_outputs_parse() {
     assert_eq!(runs[0]["status"], "running");
     assert_eq!(runs[1]["skip_reason"], "late");
     assert_eq!(history["active"][0]["instance"], "node-c");
+
+    // The table is rendered from the same view.
+    let out = Command::new(COORDCTL)
+        .args(["cron", "history", "nightly", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("4 run(s)"), "{text}");
+    for word in [
+        "running",
+        "skipped (late)",
+        "failed",
+        "succeeded",
+        "exit status 3",
+        "node-c",
+    ] {
+        assert!(text.contains(word), "{word:?} missing:\n{text}");
+    }
 }
 
 /// `conformance --json`: one document with every case of the suite asked for.

@@ -103,6 +103,14 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode, Error> {
     })?;
     check_addr(addr, args.allow_remote)?;
     let url = StoreUrl::parse(&args.store)?;
+    // Watching a store must not create an empty SQLite file (a typo'd path
+    // would otherwise look like a store with nothing in it).
+    if url.scheme() == "sqlite" && !std::path::Path::new(url.body()).exists() {
+        return Err(Error::Config(format!(
+            "the store file {} does not exist",
+            url.body()
+        )));
+    }
     let backend = coord::connect(&args.store).await?;
     // Fail fast with the store's own error when it cannot be reached at all
     // (some clients connect lazily): one read proves the store answers.
@@ -222,16 +230,17 @@ async fn guard(State(state): State<Shared>, request: Request, next: Next) -> Res
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
             .is_some_and(loopback_host);
-    let wants_json = request.uri().path().starts_with("/api/");
     let mut response = if host_ok {
         next.run(request).await
     } else {
-        Failure::new(
+        // Plain text without the store's name: the asker may be a rebinding page.
+        (
             StatusCode::FORBIDDEN,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
             "this console answers loopback host names only (127.0.0.1, localhost, [::1]); \
-start it with --allow-remote to serve other names",
+start it with --allow-remote to serve other names\n",
         )
-        .respond(&state, wants_json)
+            .into_response()
     };
     let headers = response.headers_mut();
     headers.insert(
