@@ -841,23 +841,46 @@ fn check_browser(server: &Server, scratch: &Path) {
             "{name}: a script element in the page:\n{dom}"
         );
         assert!(!dom.contains("<img"), "{name}: an injected element:\n{dom}");
-        let png = shots.join(format!("{name}.png"));
-        let _ = std::fs::remove_file(&png);
-        run_chromium(
-            &bin,
-            &profile,
-            &[
-                format!("--screenshot={}", png.display()),
-                "--window-size=1280,900".into(),
-                url,
-            ],
-        );
-        let size = std::fs::metadata(&png)
-            .unwrap_or_else(|e| panic!("{name}: no screenshot at {}: {e}", png.display()))
-            .len();
-        assert!(size > 1_000, "{name}: screenshot of {size} bytes");
+        screenshot(&bin, &profile, &url, name);
     }
     println!("console screenshots in {}", shots.display());
+}
+
+/// A 1280x900 PNG of `url` at `<screenshot_dir>/<name>.png`, checked non-empty.
+fn screenshot(bin: &Path, profile: &Path, url: &str, name: &str) {
+    let png = screenshot_dir().join(format!("{name}.png"));
+    let _ = std::fs::remove_file(&png);
+    run_chromium(
+        bin,
+        profile,
+        &[
+            format!("--screenshot={}", png.display()),
+            "--window-size=1280,900".into(),
+            url.to_owned(),
+        ],
+    );
+    let size = std::fs::metadata(&png)
+        .unwrap_or_else(|e| panic!("{name}: no screenshot at {}: {e}", png.display()))
+        .len();
+    assert!(size > 1_000, "{name}: screenshot of {size} bytes");
+}
+
+/// The side-effects page of a writable console: a reconcile form per uncertain key.
+fn check_browser_writable(server: &Server, scratch: &Path) {
+    let Some(bin) = chromium() else {
+        return; // check_browser already said SKIPPED (or failed).
+    };
+    let profile = scratch.join("chromium-profile");
+    let url = server.url("/sideeffects");
+    let dom = run_chromium(&bin, &profile, &["--dump-dom".into(), url.clone()]);
+    assert_eq!(
+        dom.matches("<form").count(),
+        3,
+        "one form per uncertain key:\n{dom}"
+    );
+    assert!(dom.contains("writes allowed"));
+    assert!(!dom.to_ascii_lowercase().contains("<script"), "{dom}");
+    screenshot(&bin, &profile, &url, "sideeffects-writes");
 }
 
 /// Everything on one store; the browser part only when `browser`.
@@ -874,6 +897,9 @@ fn console_on(name: &str, url: String, browser: bool) {
         }
     }
     let writable = Server::start(&url, &["--allow-writes"]);
+    if browser {
+        check_browser_writable(&writable, &scratch.0);
+    }
     check_reconcile(&writable, &url);
 }
 
