@@ -400,74 +400,76 @@ fn job_name(path: Result<Path<String>, PathRejection>) -> Answer<String> {
 
 // ----- the JSON API -----
 
+/// A listing's JSON answer: the page from the query, then `read` it.
+async fn api_list<T, Fut>(
+    state: &AppState,
+    q: Result<Query<ListQuery>, QueryRejection>,
+    read: impl FnOnce(Page) -> Fut,
+) -> Response
+where
+    T: serde::Serialize,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    let result = match query(q).and_then(|q| page_of(&q, DEFAULT_LIMIT)) {
+        Ok(page) => read(page).await.map_err(Failure::store),
+        Err(f) => Err(f),
+    };
+    json_answer(state, result)
+}
+
 async fn api_locks(
     State(state): State<Shared>,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Response {
-    let result = async {
-        let page = page_of(&query(q)?, DEFAULT_LIMIT)?;
-        views::locks(&state.stores, &page)
-            .await
-            .map_err(Failure::store)
-    }
-    .await;
-    json_answer(&state, result)
+    let stores = &state.stores;
+    api_list(&state, q, |page| async move {
+        views::locks(stores, &page).await
+    })
+    .await
 }
 
 async fn api_resources(
     State(state): State<Shared>,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Response {
-    let result = async {
-        let page = page_of(&query(q)?, DEFAULT_LIMIT)?;
-        views::resources(&state.stores, None, Some(&page))
-            .await
-            .map_err(Failure::store)
-    }
-    .await;
-    json_answer(&state, result)
+    let stores = &state.stores;
+    api_list(&state, q, |page| async move {
+        views::resources(stores, None, Some(&page)).await
+    })
+    .await
 }
 
 async fn api_tasks(
     State(state): State<Shared>,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Response {
-    let result = async {
-        let page = page_of(&query(q)?, DEFAULT_LIMIT)?;
-        views::tasks(&state.stores, &page)
-            .await
-            .map_err(Failure::store)
-    }
-    .await;
-    json_answer(&state, result)
+    let stores = &state.stores;
+    api_list(&state, q, |page| async move {
+        views::tasks(stores, &page).await
+    })
+    .await
 }
 
 async fn api_side_effects(
     State(state): State<Shared>,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Response {
-    let result = async {
-        let page = page_of(&query(q)?, DEFAULT_LIMIT)?;
-        views::side_effects(&state.stores, None, Some(&page), false)
-            .await
-            .map_err(Failure::store)
-    }
-    .await;
-    json_answer(&state, result)
+    let stores = &state.stores;
+    api_list(&state, q, |page| async move {
+        views::side_effects(stores, None, Some(&page), false).await
+    })
+    .await
 }
 
 async fn api_jobs(
     State(state): State<Shared>,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Response {
-    let result = async {
-        let page = page_of(&query(q)?, DEFAULT_LIMIT)?;
-        views::jobs(&state.stores, &page, RECENT_RUNS)
-            .await
-            .map_err(Failure::store)
-    }
-    .await;
-    json_answer(&state, result)
+    let stores = &state.stores;
+    api_list(&state, q, |page| async move {
+        views::jobs(stores, &page, RECENT_RUNS).await
+    })
+    .await
 }
 
 async fn api_job_runs(
