@@ -419,6 +419,13 @@ fn check_api(server: &Server, seeded: &Seeded) {
         .json();
     assert!(second["locks"][0]["key"].as_str().unwrap() > cursor.as_str());
 
+    // The page is bounded the same way and links to the rest.
+    let page = server.get("/locks?limit=1");
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("more…"), "{}", page.body);
+    let next = format!("/locks?after={}&amp;limit=1", url_encode(&cursor));
+    assert!(page.body.contains(&next), "no link {next:?}: {}", page.body);
+
     let resources = server.get("/api/resources").json();
     let psp = find(&resources["resources"], "resource", "psp");
     assert_eq!(
