@@ -39,7 +39,11 @@ const WARMUP: u32 = 20;
 const TARGET_ROUND_TRIPS: f64 = 3.0;
 
 /// The three measurements of one store: (raw, execute, replay).
-async fn measure_store(url: &str, run: String, secs: f64) -> (measure::Tally, measure::Tally, measure::Tally) {
+async fn measure_store(
+    url: &str,
+    run: String,
+    secs: f64,
+) -> (measure::Tally, measure::Tally, measure::Tally) {
     let backend = coord::connect(url)
         .await
         .unwrap_or_else(|e| panic!("connect {url}: {e}"));

@@ -28,17 +28,21 @@ pub(crate) type OpFn = Arc<dyn Fn() -> BoxFuture + Send + Sync>;
 pub(crate) enum Budget {
     /// Run until this much time has passed (at least one call).
     Time(Duration),
-    /// Run exactly this many calls (at least one).
+    /// Run exactly this many calls.
     Calls(u64),
 }
 
 impl Budget {
-    /// The budget of one of `slices` equal slices of `self`.
-    pub(crate) fn per_slice(self, slices: u32) -> Budget {
+    /// The budget of slice `index` of `slices` equal slices of `self`: calls
+    /// are spread so that the slices add up to exactly the total.
+    pub(crate) fn slice(self, index: u32, slices: u32) -> Budget {
         let slices = slices.max(1);
         match self {
             Budget::Time(total) => Budget::Time(total / slices),
-            Budget::Calls(total) => Budget::Calls(total.div_ceil(u64::from(slices)).max(1)),
+            Budget::Calls(total) => {
+                let (each, extra) = (total / u64::from(slices), total % u64::from(slices));
+                Budget::Calls(each + u64::from(u64::from(index) < extra))
+            }
         }
     }
 
@@ -46,7 +50,7 @@ impl Budget {
     pub(crate) fn done(self, started: Instant, calls: u64) -> bool {
         match self {
             Budget::Time(time) => calls > 0 && started.elapsed() >= time,
-            Budget::Calls(n) => calls >= n.max(1),
+            Budget::Calls(n) => calls >= n,
         }
     }
 }
@@ -128,11 +132,10 @@ pub(crate) async fn interleaved(
             op().await?;
         }
     }
-    let per_slice = budget.per_slice(slices);
     let mut tallies = vec![Tally::default(); ops.len()];
-    for _ in 0..slices.max(1) {
+    for index in 0..slices.max(1) {
         for (op, tally) in ops.iter().zip(tallies.iter_mut()) {
-            run_slice(op, per_slice, tally).await?;
+            run_slice(op, budget.slice(index, slices), tally).await?;
             on_slice();
         }
     }

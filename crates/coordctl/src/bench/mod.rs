@@ -274,7 +274,13 @@ async fn measure_all(
         } else {
             "primitives"
         };
-        let mut row = Row::new(section, pair.id, pair.label, Stat::of(&mut tallies[0]), baseline);
+        let mut row = Row::new(
+            section,
+            pair.id,
+            pair.label,
+            Stat::of(&mut tallies[0]),
+            baseline,
+        );
         if let (Some(generic), Some(before)) = (&pair.counted, before) {
             // Warm-up calls are counted by the engine too.
             let calls = tallies[0].calls + u64::from(WARMUP);
@@ -397,4 +403,39 @@ fn print_table(report: &Report) {
         "ratio = µs/op of the operation / µs of its baseline (× times); RT/op = store round trips \
          counted by coord's CAS engine. Numbers from one run on this machine, not a promise."
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shown_url_hides_the_password_and_namespace() {
+        let cases = [
+            (
+                "postgres://u:pw@h:5432/db?namespace=x&sslmode=disable",
+                "postgres://u:***@h:5432/db?sslmode=disable",
+            ),
+            ("redis://:pw@h:6379/0", "redis://:***@h:6379/0"),
+            ("redis://u@h:6379", "redis://u@h:6379"),
+            ("etcd://a:1,b:2?namespace=n", "etcd://a:1,b:2"),
+            ("sqlite:///tmp/a@b/c.db", "sqlite:///tmp/a@b/c.db"),
+        ];
+        for (given, want) in cases {
+            assert_eq!(shown(&StoreUrl::parse(given).unwrap()), want, "{given}");
+        }
+    }
+
+    #[test]
+    fn calls_are_spread_exactly_over_slices() {
+        for total in [0u64, 1, 3, 4, 5, 17] {
+            let sum: u64 = (0..SLICES)
+                .map(|i| match Budget::Calls(total).slice(i, SLICES) {
+                    Budget::Calls(n) => n,
+                    Budget::Time(_) => unreachable!(),
+                })
+                .sum();
+            assert_eq!(sum, total);
+        }
+    }
 }

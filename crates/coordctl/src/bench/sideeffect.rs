@@ -114,10 +114,7 @@ impl Bench {
         let n = self.next_key;
         self.next_key += 1;
         let key = format!("bench/{}/{n}", self.run);
-        let action = Action::new(
-            key.clone(),
-            format!("bench-res-{}", n as usize % RESOURCES),
-        );
+        let action = Action::new(key.clone(), format!("bench-res-{}", n as usize % RESOURCES));
         let execution = self
             .runner
             .execute(&action, TTL, |lease| async move {
@@ -214,9 +211,9 @@ pub(crate) async fn measure(
         bench.execute_fresh().await?;
         bench.execute_replay().await?;
     }
-    let per_slice = budget.per_slice(slices);
     let (mut raw, mut exec, mut replay) = (Tally::default(), Tally::default(), Tally::default());
-    for _ in 0..slices.max(1) {
+    for index in 0..slices.max(1) {
+        let per_slice = budget.slice(index, slices);
         for (op, tally) in [
             (Op::Raw, &mut raw),
             (Op::Execute, &mut exec),

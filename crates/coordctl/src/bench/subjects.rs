@@ -219,7 +219,11 @@ mod sqlite {
 
     use super::{fail, op, Baseline, Cleanup, Failure, Raw, VALUE};
 
-    pub(super) async fn raw(url: &StoreUrl, run: &str, cleanup: &mut Cleanup) -> Result<Raw, Failure> {
+    pub(super) async fn raw(
+        url: &StoreUrl,
+        run: &str,
+        cleanup: &mut Cleanup,
+    ) -> Result<Raw, Failure> {
         let path = PathBuf::from(format!("{}.bench-raw-{run}", url.body()));
         let normal = url.without_namespace().contains("durability=normal");
         let options = SqliteConnectOptions::new()
@@ -317,9 +321,12 @@ mod redis_raw {
     const CAS: &str = "if redis.call('HGET', KEYS[1], 'v') == ARGV[1] then \
         redis.call('HSET', KEYS[1], 'v', ARGV[2], 'd', ARGV[3]) return 1 end return 0";
 
-    pub(super) async fn raw(url: &StoreUrl, run: &str, cleanup: &mut Cleanup) -> Result<Raw, Failure> {
-        let client = redis::Client::open(url.without_namespace())
-            .map_err(fail("the Redis URL"))?;
+    pub(super) async fn raw(
+        url: &StoreUrl,
+        run: &str,
+        cleanup: &mut Cleanup,
+    ) -> Result<Raw, Failure> {
+        let client = redis::Client::open(url.without_namespace()).map_err(fail("the Redis URL"))?;
         let conn = client
             .get_connection_manager()
             .await
@@ -411,7 +418,11 @@ mod postgres {
 
     use super::{fail, lock_cycle, op, Baseline, Cleanup, Failure, Raw, VALUE};
 
-    pub(super) async fn raw(url: &StoreUrl, run: &str, cleanup: &mut Cleanup) -> Result<Raw, Failure> {
+    pub(super) async fn raw(
+        url: &StoreUrl,
+        run: &str,
+        cleanup: &mut Cleanup,
+    ) -> Result<Raw, Failure> {
         let options: PgConnectOptions = url
             .without_namespace()
             .parse()
@@ -441,8 +452,9 @@ mod postgres {
                 pool.close().await;
             }));
         }
-        let update =
-            format!("UPDATE {table} SET value = $1, version = version + 1 WHERE k = 'k' AND version = $2");
+        let update = format!(
+            "UPDATE {table} SET value = $1, version = version + 1 WHERE k = 'k' AND version = $2"
+        );
         let select = format!("SELECT version, value FROM {table} WHERE k = 'k'");
         let version = Arc::new(AtomicI64::new(0));
         let write = {
@@ -507,7 +519,11 @@ mod etcd {
 
     use super::{fail, op, Baseline, Cleanup, Failure, Raw, VALUE};
 
-    pub(super) async fn raw(url: &StoreUrl, run: &str, cleanup: &mut Cleanup) -> Result<Raw, Failure> {
+    pub(super) async fn raw(
+        url: &StoreUrl,
+        run: &str,
+        cleanup: &mut Cleanup,
+    ) -> Result<Raw, Failure> {
         let endpoints: Vec<String> = url
             .body()
             .split(',')
