@@ -62,7 +62,8 @@ const JSON_SCHEMA: &str = "\
       \"section\": \"primitives\" | \"locks\" | \"sideeffect\",
       \"op\": \"txn\" | \"snapshot\" | \"lock_cycle\" | \"execute\" | \"replay\",
       \"subject\": \"…\",                        what was measured
-      \"calls\", \"seconds\", \"ops_per_sec\", \"mean_us\", \"p99_us\",
+      \"calls\", \"seconds\", \"ops_per_sec\", \"mean_us\", \"p99_us\",   numbers: seconds
+                                              spent in the calls, *_us in microseconds
       \"round_trips_per_op\": number | null,     counted by a CAS engine
       \"baseline\": null | {\"subject\", \"times\", \"calls\", \"seconds\", \"ops_per_sec\",
                           \"mean_us\", \"p99_us\"},
