@@ -204,7 +204,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<ExitCode, Error> {
     store.snapshot(&["bench/probe".to_owned()]).await?;
 
     let mut cleanup = subjects::Cleanup::new();
-    let result = measure_all(&store, &url, &run, budget, args.json, &mut cleanup).await;
+    let result = measure_all(&store, &url, &run, budget, &mut cleanup).await;
     for step in cleanup {
         step.await;
     }
@@ -240,7 +240,6 @@ async fn measure_all(
     url: &StoreUrl,
     run: &str,
     budget: Budget,
-    quiet: bool,
     cleanup: &mut subjects::Cleanup,
 ) -> Result<Vec<Row>, Failure> {
     let mut raw = subjects::raw(url, run, cleanup).await?;
@@ -251,10 +250,8 @@ async fn measure_all(
         .map(|p| 1 + u64::from(p.baseline.op.is_some()))
         .sum::<u64>()
         + 3;
+    // On stderr (and only on a terminal): a --json document on stdout stays whole.
     let bar = crate::progress::bar(measurements * u64::from(SLICES), "measuring");
-    if quiet {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
     let mut rows = Vec::new();
     for pair in pairs {
         bar.set_message(pair.label.clone());
