@@ -206,12 +206,57 @@ fn lock_cycle(lock: Arc<dyn Lock>, key: &'static str) -> OpFn {
     })
 }
 
+/// The raw conditional write and point read of a sqlx pool (SQLite or
+/// PostgreSQL): `update` binds (value, version) and must match one row,
+/// `select` reads (version, value). The caller builds both from literals and
+/// the run's hex token only.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+macro_rules! sql_write_read {
+    ($pool:expr, $update:expr, $select:expr) => {{
+        use sqlx::AssertSqlSafe;
+        use std::sync::atomic::{AtomicI64, Ordering};
+        let (pool, update, select): (_, String, String) = ($pool, $update, $select);
+        let version = Arc::new(AtomicI64::new(0));
+        let write = {
+            let pool = pool.clone();
+            op(move || {
+                let (pool, update, version) = (pool.clone(), update.clone(), version.clone());
+                async move {
+                    let v = version.load(Ordering::Relaxed);
+                    let done = sqlx::query(AssertSqlSafe(update))
+                        .bind(&VALUE[..])
+                        .bind(v)
+                        .execute(&pool)
+                        .await
+                        .map_err(fail("raw UPDATE"))?;
+                    if done.rows_affected() != 1 {
+                        return Err("raw UPDATE matched no row".into());
+                    }
+                    version.store(v + 1, Ordering::Relaxed);
+                    Ok(())
+                }
+            })
+        };
+        let read = op(move || {
+            let (pool, select) = (pool.clone(), select.clone());
+            async move {
+                let row: (i64, Option<Vec<u8>>) = sqlx::query_as(AssertSqlSafe(select))
+                    .fetch_one(&pool)
+                    .await
+                    .map_err(fail("raw SELECT"))?;
+                std::hint::black_box(row);
+                Ok(())
+            }
+        });
+        (write, read)
+    }};
+}
+
 #[cfg(feature = "sqlite")]
 mod sqlite {
     //! Raw baseline: a table like coord-sqlite's in a sibling file opened the
     //! same way (WAL, the URL's durability, busy timeout).
     use std::path::PathBuf;
-    use std::sync::atomic::{AtomicI64, Ordering};
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -261,41 +306,12 @@ mod sqlite {
         .execute(&pool)
         .await
         .map_err(fail("creating the raw table"))?;
-        let version = Arc::new(AtomicI64::new(0));
-        let write = {
-            let pool = pool.clone();
-            op(move || {
-                let (pool, version) = (pool.clone(), version.clone());
-                async move {
-                    let v = version.load(Ordering::Relaxed);
-                    let done = sqlx::query(
-                        "UPDATE t SET value = ?, version = version + 1 WHERE k = 'k' AND version = ?",
-                    )
-                    .bind(&VALUE[..])
-                    .bind(v)
-                    .execute(&pool)
-                    .await
-                    .map_err(fail("raw UPDATE"))?;
-                    if done.rows_affected() != 1 {
-                        return Err("raw UPDATE matched no row".into());
-                    }
-                    version.store(v + 1, Ordering::Relaxed);
-                    Ok(())
-                }
-            })
-        };
-        let read = op(move || {
-            let pool = pool.clone();
-            async move {
-                let row: (i64, Option<Vec<u8>>) =
-                    sqlx::query_as("SELECT version, value FROM t WHERE k = 'k'")
-                        .fetch_one(&pool)
-                        .await
-                        .map_err(fail("raw SELECT"))?;
-                std::hint::black_box(row);
-                Ok(())
-            }
-        });
+        let (write, read) = sql_write_read!(
+            pool,
+            "UPDATE t SET value = ?, version = version + 1 WHERE k = 'k' AND version = ?"
+                .to_owned(),
+            "SELECT version, value FROM t WHERE k = 'k'".to_owned()
+        );
         Ok(Raw {
             write_read: Some((
                 "raw UPDATE … WHERE version = ? (sqlx)".into(),
@@ -411,7 +427,6 @@ mod postgres {
     //! Raw baseline: `UPDATE … WHERE version = $3` and a point `SELECT` on a
     //! table of the run (dropped afterwards), through a pool set up like the
     //! store's; native lock: `PgAdvisoryLock`.
-    use std::sync::atomic::{AtomicI64, Ordering};
     use std::sync::Arc;
 
     use coord_backend::StoreUrl;
@@ -459,38 +474,7 @@ mod postgres {
             "UPDATE {table} SET value = $1, version = version + 1 WHERE k = 'k' AND version = $2"
         );
         let select = format!("SELECT version, value FROM {table} WHERE k = 'k'");
-        let version = Arc::new(AtomicI64::new(0));
-        let write = {
-            let pool = pool.clone();
-            op(move || {
-                let (pool, update, version) = (pool.clone(), update.clone(), version.clone());
-                async move {
-                    let v = version.load(Ordering::Relaxed);
-                    let done = sqlx::query(AssertSqlSafe(update))
-                        .bind(&VALUE[..])
-                        .bind(v)
-                        .execute(&pool)
-                        .await
-                        .map_err(fail("raw UPDATE"))?;
-                    if done.rows_affected() != 1 {
-                        return Err("raw UPDATE matched no row".into());
-                    }
-                    version.store(v + 1, Ordering::Relaxed);
-                    Ok(())
-                }
-            })
-        };
-        let read = op(move || {
-            let (pool, select) = (pool.clone(), select.clone());
-            async move {
-                let row: (i64, Option<Vec<u8>>) = sqlx::query_as(AssertSqlSafe(select))
-                    .fetch_one(&pool)
-                    .await
-                    .map_err(fail("raw SELECT"))?;
-                std::hint::black_box(row);
-                Ok(())
-            }
-        });
+        let (write, read) = sql_write_read!(pool, update, select);
         let native = PgAdvisoryLock::connect(&url.with_namespace(url.namespace()))
             .await
             .map_err(fail("connecting PgAdvisoryLock"))?;
