@@ -21,8 +21,8 @@ wait_port() {
 }
 
 ensure_build_tools() {
-  # etcd-client builds its gRPC stubs with protoc.
-  command -v protoc >/dev/null || apt_install protobuf-compiler libprotobuf-dev
+  # etcd-client's protoc comes from a crates.io package (scripts/protoc,
+  # named by .cargo/config.toml): only a C compiler is needed here.
   command -v cc >/dev/null || apt_install build-essential
 }
 

@@ -68,7 +68,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>> {
         #[cfg(not(feature = "etcd"))]
         "etcd" | "etcds" => Err(Error::Config(
             "this build has no etcd store: rebuild with the cargo feature `etcd` \
-             (e.g. `cargo run -p coordctl --features etcd`; building it needs protoc)"
+             (e.g. `cargo run -p coordctl --features etcd`)"
                 .into(),
         )),
         other => Err(Error::Config(format!(

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
+mod bench;
 mod conformance;
 mod console;
 mod crash;
@@ -30,6 +31,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Run every contract suite against a store URL and print a pass/fail table.
     Conformance(conformance::ConformanceArgs),
+    /// Measure coord on a store next to the store's raw operations and native lock (tables or --json).
+    Bench(bench::BenchArgs),
     /// Internal: one worker process of `demo`.
     #[command(hide = true)]
     DemoWorker(demo::WorkerArgs),
@@ -67,6 +70,7 @@ fn main() -> ExitCode {
             Command::Demo(args) => demo::run(args).await,
             Command::DemoWorker(args) => demo::worker(args).await,
             Command::Conformance(args) => conformance::run(args).await,
+            Command::Bench(args) => bench::run(args).await,
             Command::Inspect(args) => sideeffect_cmd::inspect(args).await,
             Command::Reconcile(args) => sideeffect_cmd::reconcile(args).await,
             Command::Cron(args) => cron::run(args).await,

@@ -1,0 +1,297 @@
+//! `coordctl bench`: the report's structure, in JSON and as a table, on
+//! SQLite and on every server whose `COORD_TEST_*` variable is set. Speed is
+//! never asserted: only that every row was measured (exactly the calls asked
+//! for, positive times), that baselines are there where the store has them,
+//! and that the raw baselines' records are gone afterwards.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use coord_backend::StoreUrl;
+use serde_json::Value;
+
+const COORDCTL: &str = env!("CARGO_BIN_EXE_coordctl");
+const ITERATIONS: u64 = 6;
+
+/// The rows every report has: (section, op).
+const ROWS: [(&str, &str); 5] = [
+    ("primitives", "txn"),
+    ("primitives", "snapshot"),
+    ("locks", "lock_cycle"),
+    ("sideeffect", "execute"),
+    ("sideeffect", "replay"),
+];
+
+fn unique(label: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("bench-{label}-{}-{nanos:x}", std::process::id())
+}
+
+/// A scratch directory, removed at the end.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Scratch {
+        let dir = std::env::temp_dir().join(format!("coordctl-{}", unique("test")));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn coordctl(args: &[&str]) -> Output {
+    Command::new(COORDCTL)
+        .args(args)
+        .output()
+        .expect("run coordctl")
+}
+
+fn bench_json(url: &str) -> Value {
+    let iterations = ITERATIONS.to_string();
+    let out = coordctl(&[
+        "bench",
+        "--store",
+        url,
+        "--iterations",
+        &iterations,
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "coordctl bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not one JSON document ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+fn positive(value: &Value, field: &str, context: &str) -> f64 {
+    let n = value[field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{context}: {field} is not a number: {value}"));
+    assert!(n > 0.0 && n.is_finite(), "{context}: {field} = {n}");
+    n
+}
+
+/// Check one measured operation (a row or its baseline).
+fn check_stat(stat: &Value, context: &str) {
+    assert_eq!(
+        stat["calls"].as_u64(),
+        Some(ITERATIONS),
+        "{context}: calls: {stat}"
+    );
+    for field in ["seconds", "ops_per_sec", "mean_us", "p99_us"] {
+        positive(stat, field, context);
+    }
+    assert!(stat["subject"].as_str().is_some_and(|s| !s.is_empty()));
+}
+
+/// Check the whole report; `baselines` lists the (section, op) rows that
+/// must have a measured baseline on this store.
+fn check_report(report: &Value, namespace_prefix: &str, baselines: &[(&str, &str)]) {
+    assert_eq!(report["budget"]["iterations"].as_u64(), Some(ITERATIONS));
+    assert!(report["slices"].as_u64().is_some_and(|n| n > 0));
+    let namespace = report["namespace"].as_str().unwrap();
+    assert!(
+        namespace.starts_with(&format!("{namespace_prefix}-bench-")),
+        "{namespace}"
+    );
+    let rows = report["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), ROWS.len(), "{report}");
+    for (section, op) in ROWS {
+        let context = format!("{section}/{op}");
+        let row = rows
+            .iter()
+            .find(|r| r["section"] == section && r["op"] == op)
+            .unwrap_or_else(|| panic!("no row {context}: {report}"));
+        check_stat(row, &context);
+        if baselines.contains(&(section, op)) {
+            let baseline = &row["baseline"];
+            check_stat(baseline, &format!("{context} baseline"));
+            positive(baseline, "times", &context);
+            positive(row, "ratio", &context);
+            assert!(row["baseline_note"].is_null());
+        } else {
+            assert!(row["baseline"].is_null(), "{context}: {row}");
+            assert!(row["ratio"].is_null(), "{context}: {row}");
+            assert!(
+                row["baseline_note"]
+                    .as_str()
+                    .is_some_and(|s| s.starts_with("n/a")),
+                "{context}: {row}"
+            );
+        }
+        if section != "primitives" {
+            // Counted by the CAS engine: a generic lock cycle or an execute
+            // takes at least one round trip.
+            positive(row, "round_trips_per_op", &context);
+        }
+    }
+    assert_eq!(
+        rows.iter()
+            .find(|r| r["op"] == "execute")
+            .map(|r| r["baseline"]["times"].as_f64()),
+        Some(Some(3.0)),
+        "execute is compared with three raw writes"
+    );
+}
+
+#[test]
+fn sqlite_json_and_table() {
+    let scratch = Scratch::new();
+    let url = format!(
+        "sqlite://{}?namespace=app",
+        scratch.0.join("c.db").display()
+    );
+    let report = bench_json(&url);
+    check_report(
+        &report,
+        "app",
+        &[
+            ("primitives", "txn"),
+            ("primitives", "snapshot"),
+            ("sideeffect", "execute"),
+            ("sideeffect", "replay"),
+        ],
+    );
+    // The raw baseline's sibling file is removed; only the store's own files stay.
+    let mut left: Vec<String> = std::fs::read_dir(&scratch.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.contains("bench-raw"))
+        .collect();
+    left.sort();
+    assert!(left.is_empty(), "raw baseline files left: {left:?}");
+
+    let out = coordctl(&["bench", "--store", &url, "--iterations", "2"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    for header in [
+        "[primitives] operation",
+        "[locks] operation",
+        "[sideeffect] operation",
+        "baseline",
+        "ratio",
+        "GenericLock try_lock + release",
+        "n/a: SQLite has no native lock",
+    ] {
+        assert!(text.contains(header), "no {header:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn memory_has_no_raw_baseline() {
+    let report = bench_json("memory://?namespace=m");
+    check_report(
+        &report,
+        "m",
+        &[("sideeffect", "execute"), ("sideeffect", "replay")],
+    );
+}
+
+#[test]
+fn bad_input_is_refused() {
+    for args in [
+        &["bench", "--store", "nope"][..],
+        &["bench", "--store", "memory://", "--iterations", "0"],
+        &["bench", "--store", "memory://", "--seconds", "-1"],
+        &["bench", "--store", "unknown://x"],
+    ] {
+        let out = coordctl(args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(out.stdout.is_empty(), "{args:?} printed a report");
+        assert!(!out.stderr.is_empty(), "{args:?} said nothing");
+    }
+}
+
+#[test]
+fn a_store_that_is_down_is_an_error() {
+    // Nothing listens on port 1.
+    let out = coordctl(&[
+        "bench",
+        "--store",
+        "redis://127.0.0.1:1",
+        "--iterations",
+        "1",
+    ]);
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty());
+}
+
+/// The server stores: every native baseline is there.
+fn server(var: &str, label: &str, with_native_lock: bool) {
+    let Some(base) = coord_conformance::server_env(var) else {
+        return;
+    };
+    let base = if label == "etcd" {
+        format!("etcd://{}", base.trim())
+    } else {
+        base
+    };
+    let namespace = unique(label);
+    let url = StoreUrl::parse(&base).unwrap().with_namespace(&namespace);
+    let report = bench_json(&url);
+    let mut baselines = vec![
+        ("primitives", "txn"),
+        ("primitives", "snapshot"),
+        ("sideeffect", "execute"),
+        ("sideeffect", "replay"),
+    ];
+    if with_native_lock {
+        baselines.push(("locks", "lock_cycle"));
+    }
+    check_report(&report, &namespace, &baselines);
+    let shown = report["store"].as_str().unwrap();
+    assert!(!shown.contains("namespace="), "{shown}");
+}
+
+#[test]
+fn redis() {
+    server("COORD_TEST_REDIS_URL", "redis", true);
+}
+
+#[test]
+fn postgres() {
+    server("COORD_TEST_POSTGRES_URL", "pg", true);
+}
+
+#[test]
+fn etcd() {
+    server("COORD_TEST_ETCD_ENDPOINTS", "etcd", true);
+}
+
+#[test]
+fn password_is_not_shown() {
+    // The URL is shown in the report; a password in it never is. The store is
+    // down (port 1), so the command fails, and its error must not show it either.
+    let out = coordctl(&[
+        "bench",
+        "--store",
+        "postgres://user:s3cret-pw@127.0.0.1:1/db",
+        "--iterations",
+        "1",
+    ]);
+    assert!(!out.status.success());
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!all.contains("s3cret-pw"), "{all}");
+}
