@@ -349,6 +349,7 @@ impl CasEngine {
                 }
                 Ok(outcome) => {
                     self.counters.rejections.fetch_add(1, Ordering::Relaxed);
+                    crate::telemetry::cas_conflict(self.backend.store_name());
                     self.remember(&outcome.current);
                     if puts_landed(mutations, &outcome.current) {
                         return Ok(());
@@ -400,6 +401,7 @@ impl CasEngine {
         asserts: &[Assert],
         mutations: &[Mutation],
     ) -> Result<TxnOutcome, Error> {
+        crate::telemetry::cas_attempt(self.backend.store_name());
         let call = self.backend.txn(asserts, mutations);
         match self.options.call_timeout {
             None => call.await,
@@ -422,6 +424,7 @@ impl CasEngine {
             Ok(true)
         } else {
             self.counters.rejections.fetch_add(1, Ordering::Relaxed);
+                    crate::telemetry::cas_conflict(self.backend.store_name());
             self.remember(&outcome.current);
             for entry in outcome.current {
                 view.entries.insert(entry.key.clone(), entry);
