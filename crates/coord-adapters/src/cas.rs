@@ -192,6 +192,7 @@ impl CasEngine {
 
     /// An engine over `backend` with `options`.
     pub fn with_options(backend: Arc<dyn Backend>, options: CasOptions) -> Self {
+        crate::telemetry::register_cas(backend.store_name());
         CasEngine {
             backend,
             options,

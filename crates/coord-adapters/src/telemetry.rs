@@ -42,6 +42,64 @@ pub const SIDEEFFECT_UNCERTAIN: &str = "coord_sideeffect_uncertain";
 
 use crate::lock::LostReason;
 
+/// Every value of the `reason` label of [`LOCK_LOST_TOTAL`].
+pub const LOCK_LOST_REASONS: [&str; 4] = ["expired", "taken_over", "not_held", "error"];
+
+/// Every value of the `outcome` label of [`SIDEEFFECT_TOTAL`].
+pub const SIDEEFFECT_OUTCOMES: [&str; 9] = [
+    "applied",
+    "replayed",
+    "contended",
+    "uncertain",
+    "outcome_unknown",
+    "lease_lost",
+    "prepare_failed",
+    "apply_failed",
+    "error",
+];
+
+/// Describe every metric of this module to the current recorder (HELP
+/// text) and register the lock and side-effect series at 0, so an exporter
+/// shows them before the first event. An exporter calls it once after
+/// installing its recorder; libraries never need to.
+pub fn describe() {
+    metrics::describe_counter!(
+        CAS_ATTEMPTS_TOTAL,
+        "Txns sent by the CAS engine (first tries, retries, resends settling a lost answer)"
+    );
+    metrics::describe_counter!(
+        CAS_CONFLICTS_TOTAL,
+        "CAS engine txns rejected because something the decision read had changed"
+    );
+    metrics::describe_counter!(LOCK_ACQUIRED_TOTAL, "Locks granted");
+    metrics::describe_counter!(
+        LOCK_LOST_TOTAL,
+        "Locks a holder learned it had lost, by reason"
+    );
+    metrics::describe_counter!(
+        SIDEEFFECT_TOTAL,
+        "Runner::execute calls, by outcome"
+    );
+    metrics::describe_gauge!(
+        SIDEEFFECT_UNCERTAIN,
+        "Side-effect keys whose outcome is unknown (waiting for a reconcile)"
+    );
+    metrics::counter!(LOCK_ACQUIRED_TOTAL).increment(0);
+    for reason in LOCK_LOST_REASONS {
+        metrics::counter!(LOCK_LOST_TOTAL, "reason" => reason).increment(0);
+    }
+    for outcome in SIDEEFFECT_OUTCOMES {
+        metrics::counter!(SIDEEFFECT_TOTAL, "outcome" => outcome).increment(0);
+    }
+}
+
+/// Export the CAS series of `store` at 0 before the first txn (a rate over
+/// them then starts from 0).
+pub(crate) fn register_cas(store: &'static str) {
+    metrics::counter!(CAS_ATTEMPTS_TOTAL, "store" => store).increment(0);
+    metrics::counter!(CAS_CONFLICTS_TOTAL, "store" => store).increment(0);
+}
+
 pub(crate) fn cas_attempt(store: &'static str) {
     metrics::counter!(CAS_ATTEMPTS_TOTAL, "store" => store).increment(1);
 }

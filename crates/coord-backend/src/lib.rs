@@ -29,7 +29,7 @@
 mod backend;
 mod clock;
 mod error;
-mod metered;
+pub mod metered;
 pub mod redact;
 mod store_url;
 mod types;
@@ -38,7 +38,7 @@ mod validate;
 pub use backend::{Backend, BackendExt, Limits};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, InvalidInput, Result};
-pub use metered::{txn_outcome, Metered, TXN_SECONDS, TXN_TOTAL};
+pub use metered::{Metered, TXN_SECONDS, TXN_TOTAL};
 pub use store_url::{StoreUrl, DEFAULT_NAMESPACE};
 pub use types::{Assert, Entry, Mutation, TxnOutcome, Version};
 pub use validate::{

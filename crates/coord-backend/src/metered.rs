@@ -27,6 +27,29 @@ pub const TXN_TOTAL: &str = "coord_txn_total";
 /// Histogram `coord_txn_seconds{store}`: wall time of each txn call, whatever its outcome.
 pub const TXN_SECONDS: &str = "coord_txn_seconds";
 
+/// Every value of the `outcome` label of [`TXN_TOTAL`].
+pub const TXN_OUTCOMES: [&str; 6] = [
+    "applied",
+    "rejected",
+    "indeterminate",
+    "unavailable",
+    "invalid",
+    "error",
+];
+
+/// Describe [`TXN_TOTAL`] and [`TXN_SECONDS`] to the current recorder (their HELP text).
+pub fn describe() {
+    metrics::describe_counter!(
+        TXN_TOTAL,
+        "Txns sent to a store, by store kind and outcome (applied, rejected, indeterminate, unavailable, invalid, error)"
+    );
+    metrics::describe_histogram!(
+        TXN_SECONDS,
+        metrics::Unit::Seconds,
+        "Wall time of each txn call, by store kind"
+    );
+}
+
 /// The `outcome` label of [`TXN_TOTAL`] for a txn's result.
 pub fn txn_outcome(result: &Result<TxnOutcome>) -> &'static str {
     match result {
@@ -59,8 +82,14 @@ pub struct Metered {
 }
 
 impl Metered {
-    /// `inner`, counted under `store = <store>`.
+    /// `inner`, counted under `store = <store>`. Registers this store's
+    /// series at 0 in the current recorder (so they are exported before the
+    /// first txn, and a rate over them starts from 0).
     pub fn new(store: &'static str, inner: Arc<dyn Backend>) -> Self {
+        describe();
+        for outcome in TXN_OUTCOMES {
+            metrics::counter!(TXN_TOTAL, "store" => store, "outcome" => outcome).increment(0);
+        }
         Metered { store, inner }
     }
 
@@ -191,6 +220,7 @@ mod tests {
             let labels: Vec<_> = key.labels().map(|l| (l.key(), l.value())).collect();
             assert!(labels.contains(&("store", "scripted")), "{labels:?}");
             match (key.name(), value) {
+                (TXN_TOTAL, DebugValue::Counter(0)) => {}
                 (TXN_TOTAL, DebugValue::Counter(n)) => {
                     let outcome = key.labels().find(|l| l.key() == "outcome").unwrap();
                     counts.insert(outcome.value().to_owned(), n);

@@ -13,6 +13,22 @@
 /// failed or timed out; such a run was counted as `ran` or `takeover` too).
 pub const SCHEDULER_RUNS_TOTAL: &str = "coord_scheduler_runs_total";
 
+/// Every value of the `result` label of [`SCHEDULER_RUNS_TOTAL`].
+pub const SCHEDULER_RESULTS: [&str; 5] =
+    ["ran", "takeover", "skipped_late", "skipped_overlap", "failed"];
+
+/// Describe [`SCHEDULER_RUNS_TOTAL`] to the current recorder and register
+/// every `result` at 0, so an exporter shows them before the first run.
+pub fn describe() {
+    metrics::describe_counter!(
+        SCHEDULER_RUNS_TOTAL,
+        "Scheduled slots this instance started (ran, takeover), skipped (skipped_late, skipped_overlap), or whose run failed (failed)"
+    );
+    for result in SCHEDULER_RESULTS {
+        metrics::counter!(SCHEDULER_RUNS_TOTAL, "result" => result).increment(0);
+    }
+}
+
 pub(crate) fn run(result: &'static str) {
     metrics::counter!(SCHEDULER_RUNS_TOTAL, "result" => result).increment(1);
 }

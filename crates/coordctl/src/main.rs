@@ -7,6 +7,7 @@ mod conformance;
 mod crash;
 mod cron;
 mod demo;
+mod metrics;
 mod progress;
 mod sideeffect_cmd;
 
