@@ -43,7 +43,8 @@ const SECRET_PARAMS: [&str; 6] = [
 
 /// A URL with its password (in `user:password@`) and credential query
 /// parameters (`password=`, `token=`, ...) replaced by `***`. Anything that
-/// does not look like a URL is returned unchanged.
+/// has no `scheme://` loses everything before its last `@` (it may be a
+/// mistyped URL with a password).
 ///
 /// ```
 /// use coord_backend::redact::url;
@@ -54,7 +55,11 @@ const SECRET_PARAMS: [&str; 6] = [
 /// ```
 pub fn url(raw: &str) -> String {
     let Some((scheme, rest)) = raw.split_once("://") else {
-        return raw.to_owned();
+        // Not a URL, but `user:password@host` may still be in it.
+        return match raw.rfind('@') {
+            Some(at) => format!("***{}", &raw[at..]),
+            None => raw.to_owned(),
+        };
     };
     let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(authority_end);
@@ -105,6 +110,7 @@ mod tests {
         assert_eq!(url("sqlite://data/a@b.db"), "sqlite://data/a@b.db");
         assert_eq!(url("etcd://a:1,b:2"), "etcd://a:1,b:2");
         assert_eq!(url("not a url"), "not a url");
+        assert_eq!(url("postgres//u:pw@h/db"), "***@h/db");
         assert_eq!(format!("{:?}", Hidden), "<redacted>");
         assert_eq!(format!("{:?}", Bytes(b"secret")), "<6 bytes>");
     }

@@ -65,7 +65,8 @@ impl StoreUrl {
     pub fn parse(raw: &str) -> Result<Self> {
         let (scheme, rest) = raw.split_once("://").ok_or_else(|| {
             Error::Config(format!(
-                "store URL {raw:?} has no scheme (expected e.g. sqlite://coord.db)"
+                "store URL {:?} has no scheme (expected e.g. sqlite://coord.db)",
+                crate::redact::url(raw)
             ))
         })?;
         if scheme.is_empty()
@@ -74,7 +75,8 @@ impl StoreUrl {
                 .all(|c| c.is_ascii_alphanumeric() || c == '+')
         {
             return Err(Error::Config(format!(
-                "store URL {raw:?} has an invalid scheme"
+                "store URL {:?} has an invalid scheme",
+                crate::redact::url(raw)
             )));
         }
         let (body, query) = match rest.split_once('?') {
@@ -178,5 +180,9 @@ mod tests {
         }
         assert_eq!(u.to_string(), "redis://user:***@h:6379/0?password=***&namespace=ns");
         assert!(u.without_namespace().contains("hunter2"));
+        for bad in ["postgres//u:hunter2@h/db", "p g://u:hunter2@h/db"] {
+            let error = StoreUrl::parse(bad).unwrap_err().to_string();
+            assert!(!error.contains("hunter2"), "{error}");
+        }
     }
 }

@@ -122,4 +122,36 @@ mod tests {
         assert!(matches!(err, coord_backend::Error::Config(_)), "{err}");
         assert!(super::connect("memory://some/path").await.is_err());
     }
+
+    #[tokio::test]
+    async fn connected_stores_are_metered_and_show_no_password() {
+        let store = super::connect("memory://?namespace=facade-metered")
+            .await
+            .unwrap();
+        assert_eq!(store.store_name(), "memory");
+        // PostgreSQL with `trust` authentication ignores the password; any
+        // other server needs COORD_TEST_POSTGRES_URL to carry a real one.
+        let Ok(url) = std::env::var("COORD_TEST_POSTGRES_URL") else {
+            eprintln!("SKIPPED: COORD_TEST_POSTGRES_URL is not set");
+            return;
+        };
+        let parsed = coord_backend::StoreUrl::parse(&url).unwrap();
+        let with_password = if parsed.body().contains('@') {
+            url.clone()
+        } else {
+            url.replacen("://", "://postgres:hunter2-secret@", 1)
+        };
+        let secret = coord_backend::StoreUrl::parse(&with_password)
+            .unwrap()
+            .body()
+            .split_once('@')
+            .and_then(|(userinfo, _)| userinfo.split_once(':'))
+            .map(|(_, password)| password.to_owned());
+        let store = super::connect(&with_password).await.unwrap();
+        assert_eq!(store.store_name(), "postgres");
+        let shown = format!("{store:?} {store:#?}");
+        if let Some(secret) = secret.filter(|s| !s.is_empty()) {
+            assert!(!shown.contains(&secret), "{shown}");
+        }
+    }
 }
