@@ -13,8 +13,8 @@ use coord_backend::{ManualClock, Metered};
 use coord_memory::SingleProcessMemoryBackend;
 use coord_scheduler::telemetry::SCHEDULER_RUNS_TOTAL;
 use coord_scheduler::{
-    handler, Job, JobOptions, RunContext, RunStore, RunStoreOptions, Schedule, Scheduler,
-    SchedulerOptions, TickAction, TickReport,
+    handler, ClaimRequest, Job, JobOptions, RunContext, RunStore, RunStoreOptions, Schedule, Scheduler,
+    SchedulerOptions, SlotStore, TickAction, TickReport,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
@@ -106,4 +106,66 @@ fn runs_total_counts_started_skipped_and_failed_slots() {
     assert_eq!(counts.get("skipped_late").copied(), Some(late), "{counts:?}");
     assert_eq!(counts.get("failed").copied(), Some(failed), "{counts:?}");
     assert_eq!(counts.get("takeover"), None, "{counts:?}");
+}
+
+#[test]
+fn a_slot_taken_over_from_a_dead_holder_counts_as_takeover() {
+    let recorder = DebuggingRecorder::new();
+    let mut took_over = false;
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let clock = Arc::new(ManualClock::at_millis(T0));
+                let backend = Metered::wrap(
+                    "memory",
+                    Arc::new(SingleProcessMemoryBackend::new("sched-takeover").unwrap()),
+                );
+                let store = Arc::new(
+                    RunStore::new(backend, clock.clone(), RunStoreOptions::default()).unwrap(),
+                );
+                let lease = Duration::from_millis(100);
+                // A holder that claimed slot T0 and died.
+                let dead = ClaimRequest::new("adopted", T0, "dead-token", "dead", lease);
+                assert!(store.claim(&dead).await.unwrap().won);
+                clock.advance(Duration::from_millis(500));
+                let scheduler = Scheduler::new(
+                    Some(store),
+                    clock.clone(),
+                    SchedulerOptions::instance("heir"),
+                );
+                let job = Job::new(
+                    "adopted",
+                    Schedule::every(Duration::from_secs(1)).unwrap(),
+                    handler(|_: RunContext| async { Ok(()) }),
+                )
+                .with_options(
+                    JobOptions::default()
+                        .lease_ttl(lease)
+                        .max_late(Duration::from_secs(1)),
+                );
+                scheduler.add_job(job).unwrap();
+                // The heir follows the dead lease for a full lease on its own
+                // monotonic clock, then takes the slot over.
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+                while tokio::time::Instant::now() < deadline {
+                    let report = scheduler.tick_at(T0 + 500).await;
+                    if report.events.iter().any(|e| {
+                        matches!(e.action, TickAction::Started { takeover: true, .. })
+                    }) {
+                        took_over = true;
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                scheduler.wait_idle().await;
+                scheduler.shutdown().await;
+            });
+    });
+    assert!(took_over, "the slot was never taken over");
+    let counts = runs_by_result(&recorder);
+    assert_eq!(counts.get("takeover").copied(), Some(1), "{counts:?}");
+    assert_eq!(counts.get("ran"), None, "{counts:?}");
 }

@@ -34,7 +34,7 @@ const ACT_PREFIX: &str = "se/act/";
 const RES_PREFIX: &str = "se/res/";
 
 /// Arguments of `coordctl inspect`.
-#[derive(Debug, Args)]
+#[derive(Args)]
 pub(crate) struct InspectArgs {
     /// Store URL (with `?namespace=NS` when the application uses one).
     #[arg(long)]
@@ -48,7 +48,7 @@ pub(crate) struct InspectArgs {
 }
 
 /// Arguments of `coordctl reconcile`.
-#[derive(Debug, Args)]
+#[derive(Args)]
 #[command(group(clap::ArgGroup::new("verdict").required(true).args(["applied", "not_applied"])))]
 pub(crate) struct ReconcileArgs {
     /// The idempotency key to resolve.
