@@ -425,7 +425,7 @@ impl CasEngine {
             Ok(true)
         } else {
             self.counters.rejections.fetch_add(1, Ordering::Relaxed);
-                    crate::telemetry::cas_conflict(self.backend.store_name());
+            crate::telemetry::cas_conflict(self.backend.store_name());
             self.remember(&outcome.current);
             for entry in outcome.current {
                 view.entries.insert(entry.key.clone(), entry);

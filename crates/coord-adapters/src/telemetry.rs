@@ -76,10 +76,7 @@ pub fn describe() {
         LOCK_LOST_TOTAL,
         "Locks a holder learned it had lost, by reason"
     );
-    metrics::describe_counter!(
-        SIDEEFFECT_TOTAL,
-        "Runner::execute calls, by outcome"
-    );
+    metrics::describe_counter!(SIDEEFFECT_TOTAL, "Runner::execute calls, by outcome");
     metrics::describe_gauge!(
         SIDEEFFECT_UNCERTAIN,
         "Side-effect keys whose outcome is unknown (waiting for a reconcile)"

@@ -95,7 +95,10 @@ fn spans_and_logs_carry_keys_and_fences_but_no_token_or_value() {
     let secrets = secrets.lock().unwrap();
     assert_eq!(secrets.len(), 4, "every operation handed out a token");
     for secret in secrets.iter() {
-        assert!(!output.contains(secret.as_str()), "token in the output:\n{output}");
+        assert!(
+            !output.contains(secret.as_str()),
+            "token in the output:\n{output}"
+        );
     }
     for value in ["PAYLOAD-secret", "RESULT-secret"] {
         assert!(!output.contains(value), "{value} in the output:\n{output}");

@@ -178,7 +178,10 @@ mod tests {
             assert!(!shown.contains("alsosecret"), "{shown}");
             assert!(shown.contains("h:6379"), "{shown}");
         }
-        assert_eq!(u.to_string(), "redis://user:***@h:6379/0?password=***&namespace=ns");
+        assert_eq!(
+            u.to_string(),
+            "redis://user:***@h:6379/0?password=***&namespace=ns"
+        );
         assert!(u.without_namespace().contains("hunter2"));
         for bad in ["postgres//u:hunter2@h/db", "p g://u:hunter2@h/db"] {
             let error = StoreUrl::parse(bad).unwrap_err().to_string();

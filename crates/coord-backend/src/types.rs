@@ -202,6 +202,9 @@ mod tests {
             assert!(!shown.contains("top-secret"), "{shown}");
             assert!(shown.contains("<10 bytes>"), "{shown}");
         }
-        assert_eq!(format!("{:?}", Mutation::delete("k")), "Delete { key: \"k\" }");
+        assert_eq!(
+            format!("{:?}", Mutation::delete("k")),
+            "Delete { key: \"k\" }"
+        );
     }
 }

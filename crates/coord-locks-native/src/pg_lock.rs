@@ -417,7 +417,11 @@ fn after_sending(what: &str, name: &str, error: sqlx::Error) -> Error {
 
 /// The lock operations; the [`Lock`] impl below wraps them in spans and metrics.
 impl PgAdvisoryLock {
-    async fn try_lock_inner(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
+    async fn try_lock_inner(
+        &self,
+        key: &str,
+        ttl: Duration,
+    ) -> Result<Option<LockHandle>, LockError> {
         validate_lock_input(key, ttl)?;
         let name = self.lock_name(key);
         let sent = tokio::time::Instant::now();

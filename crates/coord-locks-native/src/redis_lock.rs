@@ -379,7 +379,11 @@ fn ttl_millis(ttl: Duration) -> Result<u64, LockError> {
 
 /// The lock operations; the [`Lock`] impl below wraps them in spans and metrics.
 impl RedisLock {
-    async fn try_lock_inner(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
+    async fn try_lock_inner(
+        &self,
+        key: &str,
+        ttl: Duration,
+    ) -> Result<Option<LockHandle>, LockError> {
         validate_lock_input(key, ttl)?;
         let ttl_ms = ttl_millis(ttl)?;
         let token = mint_token();

@@ -204,7 +204,11 @@ mod redis_lock {
             })
         ));
         let counts = super::counters(&recorder);
-        assert_eq!(counts.get("coord_lock_acquired_total"), Some(&2), "{counts:?}");
+        assert_eq!(
+            counts.get("coord_lock_acquired_total"),
+            Some(&2),
+            "{counts:?}"
+        );
         assert_eq!(
             counts.get("coord_lock_lost_total{reason=taken_over}"),
             Some(&1),
@@ -466,7 +470,11 @@ mod pg_advisory {
         assert!(a.release(h).await.unwrap_err().is_lost());
         b.release(hb).await.unwrap();
         let counts = super::counters(&recorder);
-        assert_eq!(counts.get("coord_lock_acquired_total"), Some(&2), "{counts:?}");
+        assert_eq!(
+            counts.get("coord_lock_acquired_total"),
+            Some(&2),
+            "{counts:?}"
+        );
         assert_eq!(
             counts.get("coord_lock_lost_total{reason=not_held}"),
             Some(&1),

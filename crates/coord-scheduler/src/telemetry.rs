@@ -14,8 +14,13 @@
 pub const SCHEDULER_RUNS_TOTAL: &str = "coord_scheduler_runs_total";
 
 /// Every value of the `result` label of [`SCHEDULER_RUNS_TOTAL`].
-pub const SCHEDULER_RESULTS: [&str; 5] =
-    ["ran", "takeover", "skipped_late", "skipped_overlap", "failed"];
+pub const SCHEDULER_RESULTS: [&str; 5] = [
+    "ran",
+    "takeover",
+    "skipped_late",
+    "skipped_overlap",
+    "failed",
+];
 
 /// Describe [`SCHEDULER_RUNS_TOTAL`] to the current recorder and register
 /// every `result` at 0, so an exporter shows them before the first run.

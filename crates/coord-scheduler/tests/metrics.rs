@@ -13,8 +13,8 @@ use coord_backend::{ManualClock, Metered};
 use coord_memory::SingleProcessMemoryBackend;
 use coord_scheduler::telemetry::SCHEDULER_RUNS_TOTAL;
 use coord_scheduler::{
-    handler, ClaimRequest, Job, JobOptions, RunContext, RunStore, RunStoreOptions, Schedule, Scheduler,
-    SchedulerOptions, SlotStore, TickAction, TickReport,
+    handler, ClaimRequest, Job, JobOptions, RunContext, RunStore, RunStoreOptions, Schedule,
+    Scheduler, SchedulerOptions, SlotStore, TickAction, TickReport,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
@@ -48,8 +48,8 @@ fn runs_total_counts_started_skipped_and_failed_slots() {
                     "memory",
                     Arc::new(SingleProcessMemoryBackend::new("sched-metrics").unwrap()),
                 );
-                let store = RunStore::new(backend, clock.clone(), RunStoreOptions::default())
-                    .unwrap();
+                let store =
+                    RunStore::new(backend, clock.clone(), RunStoreOptions::default()).unwrap();
                 let scheduler = Scheduler::new(
                     Some(Arc::new(store)),
                     clock.clone(),
@@ -103,7 +103,11 @@ fn runs_total_counts_started_skipped_and_failed_slots() {
     assert!(started >= 3 && late >= 2 && failed >= 1, "{events:?}");
     let counts = runs_by_result(&recorder);
     assert_eq!(counts.get("ran").copied(), Some(started), "{counts:?}");
-    assert_eq!(counts.get("skipped_late").copied(), Some(late), "{counts:?}");
+    assert_eq!(
+        counts.get("skipped_late").copied(),
+        Some(late),
+        "{counts:?}"
+    );
     assert_eq!(counts.get("failed").copied(), Some(failed), "{counts:?}");
     assert_eq!(counts.get("takeover"), None, "{counts:?}");
 }
@@ -152,9 +156,11 @@ fn a_slot_taken_over_from_a_dead_holder_counts_as_takeover() {
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
                 while tokio::time::Instant::now() < deadline {
                     let report = scheduler.tick_at(T0 + 500).await;
-                    if report.events.iter().any(|e| {
-                        matches!(e.action, TickAction::Started { takeover: true, .. })
-                    }) {
+                    if report
+                        .events
+                        .iter()
+                        .any(|e| matches!(e.action, TickAction::Started { takeover: true, .. }))
+                    {
                         took_over = true;
                         break;
                     }

@@ -137,7 +137,11 @@ impl UncertainGauge {
         }
         let count = self.walk().await?;
         metrics::gauge!(SIDEEFFECT_UNCERTAIN).set(count.uncertain as f64);
-        metrics::gauge!(SIDEEFFECT_UNCERTAIN_TRUNCATED).set(if count.truncated { 1.0 } else { 0.0 });
+        metrics::gauge!(SIDEEFFECT_UNCERTAIN_TRUNCATED).set(if count.truncated {
+            1.0
+        } else {
+            0.0
+        });
         *last = Some((Instant::now(), count));
         Ok(count)
     }
@@ -173,7 +177,10 @@ impl UncertainGauge {
 
 /// The Prometheus text of every metric of this process, after refreshing
 /// `uncertain` (a failed refresh keeps the previous value and is logged).
-pub(crate) async fn render(handle: &PrometheusHandle, uncertain: Option<&UncertainGauge>) -> String {
+pub(crate) async fn render(
+    handle: &PrometheusHandle,
+    uncertain: Option<&UncertainGauge>,
+) -> String {
     if let Some(gauge) = uncertain {
         if let Err(error) = gauge.refresh().await {
             tracing::warn!(%error, "could not refresh coord_sideeffect_uncertain");

@@ -69,7 +69,9 @@ fn free_port() -> u16 {
 /// `GET /metrics` with a bare HTTP/1.1 request; `None` while nothing listens.
 fn scrape(port: u16) -> Option<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
     stream
         .write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         .ok()?;
@@ -78,7 +80,8 @@ fn scrape(port: u16) -> Option<String> {
     let (head, body) = reply.split_once("\r\n\r\n")?;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(
-        head.to_ascii_lowercase().contains("content-type: text/plain"),
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain"),
         "{head}"
     );
     assert!(!head.to_ascii_lowercase().contains("chunked"), "{head}");
@@ -88,9 +91,14 @@ fn scrape(port: u16) -> Option<String> {
 /// `name{k="v",...}` (labels sorted) → value, for every sample line.
 fn parse(text: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
         let (series, value) = line.rsplit_once(' ').expect("sample line");
-        let value: f64 = value.parse().unwrap_or_else(|_| panic!("value in {line:?}"));
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("value in {line:?}"));
         let key = match series.split_once('{') {
             Some((name, labels)) => {
                 let mut labels: Vec<&str> = labels.trim_end_matches('}').split(',').collect();
@@ -189,7 +197,8 @@ fn history(url: &str) -> BTreeMap<&'static str, (u64, u64, u64)> {
         let mut out = BTreeMap::new();
         for job in ["good", "bad"] {
             let runs = store.history(job, 1_000).await.unwrap();
-            let count = |f: &dyn Fn(RunStatus) -> bool| runs.iter().filter(|r| f(r.status)).count() as u64;
+            let count =
+                |f: &dyn Fn(RunStatus) -> bool| runs.iter().filter(|r| f(r.status)).count() as u64;
             out.insert(
                 job,
                 (
@@ -303,7 +312,10 @@ fn cron_serves_every_metric_with_counts_that_match_its_history() {
     // Every claim, finish and skip record is a txn through the CAS engine,
     // counted when sent (attempts) and when answered (txn_total).
     let applied = after.get("coord_txn_total{outcome=\"applied\",store=\"sqlite\"}");
-    assert!(applied >= claimed as f64, "applied {applied} < claims {claimed}");
+    assert!(
+        applied >= claimed as f64,
+        "applied {applied} < claims {claimed}"
+    );
     let txns = after.sum("coord_txn_total");
     assert!(after.sum("coord_cas_attempts_total") >= txns);
     assert!(after.get("coord_txn_seconds_count{store=\"sqlite\"}") >= txns);
@@ -363,7 +375,10 @@ fn a_busy_metrics_address_is_an_error_before_anything_runs() {
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(&format!("cannot listen on {addr}")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen on {addr}")),
+        "{stderr}"
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!stdout.contains(" run job="), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -394,7 +394,11 @@ mod redaction_tests {
             generation: 2,
             expires_at: SystemTime::UNIX_EPOCH,
         };
-        for shown in [format!("{spec:?}"), format!("{task:?}"), format!("{claimed:?}")] {
+        for shown in [
+            format!("{spec:?}"),
+            format!("{task:?}"),
+            format!("{claimed:?}"),
+        ] {
             assert!(!shown.contains("SECRET"), "{shown}");
         }
     }

@@ -286,7 +286,7 @@ async fn renew_loop(
                 return lose(LockError::Lost {
                     key: handle.key().to_owned(),
                     reason: LostReason::Expired,
-                })
+                });
             }
         }
     }

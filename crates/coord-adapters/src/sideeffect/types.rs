@@ -176,7 +176,9 @@ pub struct EffectResult(pub Vec<u8>);
 impl fmt::Debug for EffectResult {
     // A result is application data: only its length is shown.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("EffectResult").field(&Bytes(&self.0)).finish()
+        f.debug_tuple("EffectResult")
+            .field(&Bytes(&self.0))
+            .finish()
     }
 }
 
