@@ -28,7 +28,7 @@
 //! only count what happened in THIS process since it started.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::routing::get;
@@ -51,14 +51,17 @@ const TXN_BUCKETS: &[f64] = &[
 /// How often the upkeep task drains histogram samples between scrapes.
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
-static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+/// The installed recorder's handle; a mutex, not a `OnceLock`, so that two
+/// first calls cannot both try to install a recorder.
+static HANDLE: Mutex<Option<PrometheusHandle>> = Mutex::new(None);
 
 /// Install the process-wide Prometheus recorder (once) and return its handle.
 ///
 /// Must run inside a Tokio runtime (it spawns the upkeep task). Fails only
 /// when another `metrics` recorder was installed first.
 pub(crate) fn install_recorder() -> Result<PrometheusHandle, Error> {
-    if let Some(handle) = HANDLE.get() {
+    let mut installed = HANDLE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(handle) = installed.as_ref() {
         return Ok(handle.clone());
     }
     let handle = PrometheusBuilder::new()
@@ -66,7 +69,7 @@ pub(crate) fn install_recorder() -> Result<PrometheusHandle, Error> {
         .map_err(|e| Error::Config(format!("metrics buckets: {e}")))?
         .install_recorder()
         .map_err(|e| Error::Config(format!("cannot install the metrics recorder: {e}")))?;
-    let handle = HANDLE.get_or_init(|| handle).clone();
+    *installed = Some(handle.clone());
     coord_backend::metered::describe();
     coord_adapters::telemetry::describe();
     coord_scheduler::telemetry::describe();
