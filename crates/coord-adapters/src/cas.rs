@@ -192,6 +192,7 @@ impl CasEngine {
 
     /// An engine over `backend` with `options`.
     pub fn with_options(backend: Arc<dyn Backend>, options: CasOptions) -> Self {
+        crate::telemetry::register_cas(backend.store_name());
         CasEngine {
             backend,
             options,
@@ -349,6 +350,7 @@ impl CasEngine {
                 }
                 Ok(outcome) => {
                     self.counters.rejections.fetch_add(1, Ordering::Relaxed);
+                    crate::telemetry::cas_conflict(self.backend.store_name());
                     self.remember(&outcome.current);
                     if puts_landed(mutations, &outcome.current) {
                         return Ok(());
@@ -400,6 +402,7 @@ impl CasEngine {
         asserts: &[Assert],
         mutations: &[Mutation],
     ) -> Result<TxnOutcome, Error> {
+        crate::telemetry::cas_attempt(self.backend.store_name());
         let call = self.backend.txn(asserts, mutations);
         match self.options.call_timeout {
             None => call.await,
@@ -422,6 +425,7 @@ impl CasEngine {
             Ok(true)
         } else {
             self.counters.rejections.fetch_add(1, Ordering::Relaxed);
+            crate::telemetry::cas_conflict(self.backend.store_name());
             self.remember(&outcome.current);
             for entry in outcome.current {
                 view.entries.insert(entry.key.clone(), entry);

@@ -12,6 +12,7 @@
 //! - [`board`]: a task board with dependencies and takeover generations.
 //! - [`sideeffect`]: at-most-once side effects: the store adapter, the
 //!   [`Runner`], [`sideeffect::FencedSink`] and reconciliation.
+//! - [`telemetry`]: the names of the metrics the adapters emit (docs/operations.md).
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
@@ -20,6 +21,7 @@ pub mod cas;
 pub mod jitter;
 pub mod lock;
 pub mod sideeffect;
+pub mod telemetry;
 pub mod token;
 
 pub use board::{Board, BoardAdapter, BoardError};

@@ -61,6 +61,14 @@ pub trait Backend: Send + Sync + Debug {
         Limits::DEFAULT
     }
 
+    /// A short fixed name of the kind of store (`sqlite`, `redis`, ...), for
+    /// metric labels and tracing spans; never a URL or anything secret.
+    /// `"unnamed"` unless the store, or the [`crate::Metered`] wrapper that
+    /// `coord::connect` puts around every store, says otherwise.
+    fn store_name(&self) -> &'static str {
+        "unnamed"
+    }
+
     /// A consistent view of `keys` at one instant.
     ///
     /// Returns one entry per distinct key, in the order of first appearance.

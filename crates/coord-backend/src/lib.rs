@@ -29,6 +29,8 @@
 mod backend;
 mod clock;
 mod error;
+pub mod metered;
+pub mod redact;
 mod store_url;
 mod types;
 mod validate;
@@ -36,6 +38,7 @@ mod validate;
 pub use backend::{Backend, BackendExt, Limits};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, InvalidInput, Result};
+pub use metered::{Metered, TXN_SECONDS, TXN_TOTAL};
 pub use store_url::{StoreUrl, DEFAULT_NAMESPACE};
 pub use types::{Assert, Entry, Mutation, TxnOutcome, Version};
 pub use validate::{

@@ -6,6 +6,8 @@
 //! store crate interprets the rest, and the `coord` facade crate maps schemes
 //! to stores.
 
+use std::fmt;
+
 use crate::{validate_namespace, Error, Result};
 
 /// The namespace used when a URL names none.
@@ -21,11 +23,41 @@ pub const DEFAULT_NAMESPACE: &str = "coord";
 /// assert_eq!(url.namespace(), "billing");
 /// assert_eq!(url.without_namespace(), "sqlite://data/coord.db");
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// `Debug` and `Display` hide the password (`postgres://app:***@db/x`, see
+/// [`crate::redact::url`]); [`StoreUrl::without_namespace`] and
+/// [`StoreUrl::with_namespace`] give the full URL for connecting.
+///
+/// ```
+/// use coord_backend::StoreUrl;
+///
+/// let url = StoreUrl::parse("postgres://app:s3cret@db/x?namespace=n").unwrap();
+/// assert_eq!(url.to_string(), "postgres://app:***@db/x?namespace=n");
+/// assert!(!format!("{url:?}").contains("s3cret"));
+/// assert!(url.without_namespace().contains("s3cret"));
+/// ```
+#[derive(Clone, PartialEq, Eq)]
 pub struct StoreUrl {
     scheme: String,
     namespace: String,
     without_namespace: String,
+}
+
+impl fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreUrl")
+            .field("scheme", &self.scheme)
+            .field("namespace", &self.namespace)
+            .field("url", &crate::redact::url(&self.without_namespace))
+            .finish()
+    }
+}
+
+impl fmt::Display for StoreUrl {
+    /// The URL with its namespace and without its password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&crate::redact::url(&self.with_namespace(&self.namespace)))
+    }
 }
 
 impl StoreUrl {
@@ -33,7 +65,8 @@ impl StoreUrl {
     pub fn parse(raw: &str) -> Result<Self> {
         let (scheme, rest) = raw.split_once("://").ok_or_else(|| {
             Error::Config(format!(
-                "store URL {raw:?} has no scheme (expected e.g. sqlite://coord.db)"
+                "store URL {:?} has no scheme (expected e.g. sqlite://coord.db)",
+                crate::redact::url(raw)
             ))
         })?;
         if scheme.is_empty()
@@ -42,7 +75,8 @@ impl StoreUrl {
                 .all(|c| c.is_ascii_alphanumeric() || c == '+')
         {
             return Err(Error::Config(format!(
-                "store URL {raw:?} has an invalid scheme"
+                "store URL {:?} has an invalid scheme",
+                crate::redact::url(raw)
             )));
         }
         let (body, query) = match rest.split_once('?') {
@@ -133,5 +167,25 @@ mod tests {
         assert_eq!(again.namespace(), "x y");
         assert_eq!(again.without_namespace(), u.without_namespace());
         assert!(StoreUrl::parse("memory://?namespace={x}").is_err());
+    }
+
+    #[test]
+    fn debug_and_display_hide_the_password() {
+        let u = StoreUrl::parse("redis://user:hunter2@h:6379/0?password=alsosecret&namespace=ns")
+            .unwrap();
+        for shown in [format!("{u:?}"), format!("{u}"), format!("{u:#?}")] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(!shown.contains("alsosecret"), "{shown}");
+            assert!(shown.contains("h:6379"), "{shown}");
+        }
+        assert_eq!(
+            u.to_string(),
+            "redis://user:***@h:6379/0?password=***&namespace=ns"
+        );
+        assert!(u.without_namespace().contains("hunter2"));
+        for bad in ["postgres//u:hunter2@h/db", "p g://u:hunter2@h/db"] {
+            let error = StoreUrl::parse(bad).unwrap_err().to_string();
+            assert!(!error.contains("hunter2"), "{error}");
+        }
     }
 }

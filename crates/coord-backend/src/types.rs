@@ -25,8 +25,9 @@ impl fmt::Display for Version {
     }
 }
 
-/// One key as a snapshot (or a rejected txn) saw it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One key as a snapshot (or a rejected txn) saw it. `Debug` shows the
+/// value's length, never its bytes (see [`crate::redact`]).
+#[derive(Clone, PartialEq, Eq)]
 pub struct Entry {
     /// The key, relative to the backend's namespace.
     pub key: String,
@@ -34,6 +35,16 @@ pub struct Entry {
     pub version: Version,
     /// The current value (an independent copy); `None` when the key does not exist.
     pub value: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for Entry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Entry")
+            .field("key", &self.key)
+            .field("version", &self.version)
+            .field("value", &self.value.as_deref().map(crate::redact::Bytes))
+            .finish()
+    }
 }
 
 impl Entry {
@@ -87,7 +98,8 @@ impl Assert {
 }
 
 /// A write applied by a successful txn. Each written key's version moves by exactly 1.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// `Debug` shows a put's value length, never its bytes.
+#[derive(Clone, PartialEq, Eq)]
 pub enum Mutation {
     /// Create or overwrite `key` with `value`.
     Put {
@@ -103,6 +115,19 @@ pub enum Mutation {
         /// The key, relative to the backend's namespace.
         key: String,
     },
+}
+
+impl fmt::Debug for Mutation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mutation::Put { key, value } => f
+                .debug_struct("Put")
+                .field("key", key)
+                .field("value", &crate::redact::Bytes(value))
+                .finish(),
+            Mutation::Delete { key } => f.debug_struct("Delete").field("key", key).finish(),
+        }
+    }
 }
 
 impl Mutation {
@@ -157,5 +182,29 @@ impl TxnOutcome {
             applied: false,
             current,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_shows_no_value() {
+        let entry = Entry::present("k", Version(3), b"top-secret".to_vec());
+        let put = Mutation::put("k", b"top-secret".to_vec());
+        let outcome = TxnOutcome::rejected(vec![entry.clone()]);
+        for shown in [
+            format!("{entry:?}"),
+            format!("{put:?}"),
+            format!("{outcome:?}"),
+        ] {
+            assert!(!shown.contains("top-secret"), "{shown}");
+            assert!(shown.contains("<10 bytes>"), "{shown}");
+        }
+        assert_eq!(
+            format!("{:?}", Mutation::delete("k")),
+            "Delete { key: \"k\" }"
+        );
     }
 }

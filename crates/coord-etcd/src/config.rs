@@ -317,7 +317,7 @@ pub(crate) fn parse_url(url: &StoreUrl, mut options: EtcdOptions) -> Result<Targ
     if endpoints.is_empty() {
         return Err(Error::Config(format!(
             "etcd URL {:?} names no endpoint (expected etcd://host:port[,host:port])",
-            url.without_namespace()
+            coord_backend::redact::url(url.without_namespace())
         )));
     }
     Ok(Target {

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use coord_adapters::lock::{
     async_trait, validate_lock_input, Lock, LockError, LockHandle, LostReason,
 };
-use coord_adapters::mint_token;
+use coord_adapters::{mint_token, telemetry};
 use coord_backend::{Error, StoreUrl};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{AssertSqlSafe, Connection};
@@ -415,9 +415,13 @@ fn after_sending(what: &str, name: &str, error: sqlx::Error) -> Error {
     }
 }
 
-#[async_trait]
-impl Lock for PgAdvisoryLock {
-    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
+/// The lock operations; the [`Lock`] impl below wraps them in spans and metrics.
+impl PgAdvisoryLock {
+    async fn try_lock_inner(
+        &self,
+        key: &str,
+        ttl: Duration,
+    ) -> Result<Option<LockHandle>, LockError> {
         validate_lock_input(key, ttl)?;
         let name = self.lock_name(key);
         let sent = tokio::time::Instant::now();
@@ -475,7 +479,7 @@ impl Lock for PgAdvisoryLock {
         ))
     }
 
-    async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
+    async fn renew_inner(&self, handle: &LockHandle) -> Result<(), LockError> {
         validate_lock_input(handle.key(), handle.ttl())?;
         let Some(held) = self.find(handle) else {
             return Err(Self::lost(handle, LostReason::NotHeld));
@@ -508,7 +512,7 @@ impl Lock for PgAdvisoryLock {
         }
     }
 
-    async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
+    async fn release_inner(&self, handle: LockHandle) -> Result<(), LockError> {
         validate_lock_input(handle.key(), handle.ttl())?;
         let Some(held) = self.forget(&handle) else {
             return Err(Self::lost(&handle, LostReason::NotHeld));
@@ -552,6 +556,39 @@ impl Lock for PgAdvisoryLock {
                 }))
             }
         }
+    }
+}
+
+#[async_trait]
+impl Lock for PgAdvisoryLock {
+    #[tracing::instrument(name = "lock.try_lock", skip_all, fields(
+        key = %key, store = "postgres", fence = tracing::field::Empty,
+    ))]
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
+        let answer = self.try_lock_inner(key, ttl).await;
+        if let Ok(Some(handle)) = &answer {
+            tracing::Span::current().record("fence", handle.fence());
+            telemetry::lock_acquired();
+        }
+        answer
+    }
+
+    #[tracing::instrument(name = "lock.renew", skip_all, fields(
+        key = %handle.key(), store = "postgres", fence = handle.fence(),
+    ))]
+    async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
+        let renewed = self.renew_inner(handle).await;
+        if let Err(error) = &renewed {
+            telemetry::lock_lost_if(error);
+        }
+        renewed
+    }
+
+    #[tracing::instrument(name = "lock.release", skip_all, fields(
+        key = %handle.key(), store = "postgres", fence = handle.fence(),
+    ))]
+    async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
+        self.release_inner(handle).await
     }
 }
 

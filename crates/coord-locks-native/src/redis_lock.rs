@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use coord_adapters::lock::{
     async_trait, validate_lock_input, Lock, LockError, LockHandle, LostReason,
 };
-use coord_adapters::mint_token;
+use coord_adapters::{mint_token, telemetry};
 use coord_backend::{Error, InvalidInput, StoreUrl};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, Script};
@@ -377,9 +377,13 @@ fn ttl_millis(ttl: Duration) -> Result<u64, LockError> {
     Ok(u64::try_from(ms).expect("bounded by MAX_TTL"))
 }
 
-#[async_trait]
-impl Lock for RedisLock {
-    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
+/// The lock operations; the [`Lock`] impl below wraps them in spans and metrics.
+impl RedisLock {
+    async fn try_lock_inner(
+        &self,
+        key: &str,
+        ttl: Duration,
+    ) -> Result<Option<LockHandle>, LockError> {
         validate_lock_input(key, ttl)?;
         let ttl_ms = ttl_millis(ttl)?;
         let token = mint_token();
@@ -423,12 +427,45 @@ impl Lock for RedisLock {
         }
     }
 
-    async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
+    async fn renew_inner(&self, handle: &LockHandle) -> Result<(), LockError> {
         self.compare_and(&RENEW_SCRIPT, handle, "renew").await
     }
 
-    async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
+    async fn release_inner(&self, handle: LockHandle) -> Result<(), LockError> {
         self.compare_and(&RELEASE_SCRIPT, &handle, "release").await
+    }
+}
+
+#[async_trait]
+impl Lock for RedisLock {
+    #[tracing::instrument(name = "lock.try_lock", skip_all, fields(
+        key = %key, store = "redis", fence = tracing::field::Empty,
+    ))]
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
+        let answer = self.try_lock_inner(key, ttl).await;
+        if let Ok(Some(handle)) = &answer {
+            tracing::Span::current().record("fence", handle.fence());
+            telemetry::lock_acquired();
+        }
+        answer
+    }
+
+    #[tracing::instrument(name = "lock.renew", skip_all, fields(
+        key = %handle.key(), store = "redis", fence = handle.fence(),
+    ))]
+    async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
+        let renewed = self.renew_inner(handle).await;
+        if let Err(error) = &renewed {
+            telemetry::lock_lost_if(error);
+        }
+        renewed
+    }
+
+    #[tracing::instrument(name = "lock.release", skip_all, fields(
+        key = %handle.key(), store = "redis", fence = handle.fence(),
+    ))]
+    async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
+        self.release_inner(handle).await
     }
 }
 

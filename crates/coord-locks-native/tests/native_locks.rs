@@ -13,6 +13,29 @@ use coord_adapters::lock::{Lock, LockError, LostReason};
 use coord_conformance::lock::{lock_factory, LockEnv, TimeControl};
 use coord_conformance::server_env;
 
+/// `name{label=value,...}` → value of every counter the recorder saw.
+fn counters(
+    recorder: &metrics_util::debugging::DebuggingRecorder,
+) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for (key, _, _, value) in recorder.snapshotter().snapshot().into_vec() {
+        if let metrics_util::debugging::DebugValue::Counter(n) = value {
+            let key = key.key();
+            let labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            let name = if labels.is_empty() {
+                key.name().to_owned()
+            } else {
+                format!("{}{{{}}}", key.name(), labels.join(","))
+            };
+            out.insert(name, n);
+        }
+    }
+    out
+}
+
 fn random_key(label: &str) -> String {
     format!("{label}-{}", &coord_adapters::mint_token()[..16])
 }
@@ -145,6 +168,9 @@ mod redis_lock {
         let Some(url) = server_env("COORD_TEST_REDIS_URL") else {
             return;
         };
+        // This test's metrics only: a current-thread runtime on this thread.
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let _local = metrics::set_default_local_recorder(&recorder);
         let (a, b) = (
             RedisLock::connect(&url).await.unwrap(),
             RedisLock::connect(&url).await.unwrap(),
@@ -177,6 +203,17 @@ mod redis_lock {
                 ..
             })
         ));
+        let counts = super::counters(&recorder);
+        assert_eq!(
+            counts.get("coord_lock_acquired_total"),
+            Some(&2),
+            "{counts:?}"
+        );
+        assert_eq!(
+            counts.get("coord_lock_lost_total{reason=taken_over}"),
+            Some(&1),
+            "{counts:?}"
+        );
     }
 
     #[tokio::test]
@@ -397,6 +434,9 @@ mod pg_advisory {
         let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
             return;
         };
+        // This test's metrics only: a current-thread runtime on this thread.
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let _local = metrics::set_default_local_recorder(&recorder);
         let (a, b) = (
             PgAdvisoryLock::connect(&url).await.unwrap(),
             PgAdvisoryLock::connect(&url).await.unwrap(),
@@ -429,6 +469,17 @@ mod pg_advisory {
         assert_eq!(a.held_count(), 0, "a lost lock's connection is dropped");
         assert!(a.release(h).await.unwrap_err().is_lost());
         b.release(hb).await.unwrap();
+        let counts = super::counters(&recorder);
+        assert_eq!(
+            counts.get("coord_lock_acquired_total"),
+            Some(&2),
+            "{counts:?}"
+        );
+        assert_eq!(
+            counts.get("coord_lock_lost_total{reason=not_held}"),
+            Some(&1),
+            "{counts:?}"
+        );
     }
 
     #[tokio::test]

@@ -37,7 +37,7 @@ use coord_backend::{
 };
 
 /// One key's cell: its version counter survives deletes (tombstone = `value: None`).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 struct Cell {
     version: u64,
     value: Option<Vec<u8>>,
@@ -53,11 +53,24 @@ fn registry() -> &'static Mutex<HashMap<String, Arc<Mutex<Namespace>>>> {
 
 /// The in-process reference backend. Its atomicity comes from a mutex in this
 /// process: **never use it to coordinate two processes.**
-#[derive(Clone, Debug)]
+///
+/// `Debug` shows the namespace and the number of keys, never their values.
+#[derive(Clone)]
 pub struct SingleProcessMemoryBackend {
     namespace: String,
     cells: Arc<Mutex<Namespace>>,
     limits: Limits,
+}
+
+impl std::fmt::Debug for SingleProcessMemoryBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SingleProcessMemoryBackend")
+            .field("namespace", &self.namespace)
+            // try_lock: formatting must never wait on (or deadlock with) a txn.
+            .field("keys", &self.cells.try_lock().map(|cells| cells.len()).ok())
+            .field("limits", &self.limits)
+            .finish()
+    }
 }
 
 impl SingleProcessMemoryBackend {

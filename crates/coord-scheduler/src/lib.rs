@@ -64,6 +64,7 @@ mod job;
 mod schedule;
 mod scheduler;
 mod store;
+pub mod telemetry;
 
 pub use config::{command_handler, Config, ConfigError, JobConfig, SchedulerConfig, StoreConfig};
 pub use error::Error;

@@ -254,7 +254,8 @@ struct Follow {
     look_at: Instant,
 }
 
-#[derive(Clone, Debug)]
+// No `Debug`: a retry carries its token.
+#[derive(Clone)]
 enum Pending {
     /// Held elsewhere: followed until taken over, done, or late.
     Following(Follow),
@@ -588,7 +589,19 @@ impl Scheduler {
         let follow_every = (ttl / 3).max(Duration::from_millis(1));
         let store_timeout = self.inner.options.store_timeout;
         let mut events = Vec::new();
-        let mut event = |slot, action| {
+        let mut event = |slot, action: TickAction| {
+            match &action {
+                TickAction::Started { takeover: true, .. } => crate::telemetry::run("takeover"),
+                TickAction::Started { .. } => crate::telemetry::run("ran"),
+                TickAction::Late {
+                    reason: SkipReason::Overlap,
+                    ..
+                } => crate::telemetry::run("skipped_overlap"),
+                TickAction::Late { .. } | TickAction::LateUnlisted { .. } => {
+                    crate::telemetry::run("skipped_late")
+                }
+                _ => {}
+            }
             events.push(TickEvent {
                 job: name.to_owned(),
                 slot,
@@ -972,6 +985,9 @@ impl Scheduler {
             {
                 let mut st = entry.state.lock().unwrap_or_else(|e| e.into_inner());
                 st.local_running.remove(&slot);
+            }
+            if let Some(FinalStatus::Failed(_) | FinalStatus::TimedOut) = &status {
+                crate::telemetry::run("failed");
             }
             let (Some(store), Some(token)) = (store, token) else {
                 tracing::info!(job = %name, slot, ?status, "local run ended");

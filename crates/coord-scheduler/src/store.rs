@@ -60,7 +60,7 @@ const MAX_NAME: usize = 128;
 const PRUNE_BATCH: usize = 64;
 
 /// What one instance asks for when it wants to run `(job, slot)`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ClaimRequest {
     /// The job name.
@@ -79,6 +79,21 @@ pub struct ClaimRequest {
     /// When a lease of another token that expired by the store's clock may
     /// be taken over (default [`Takeover::WhenExpired`]).
     pub takeover: Takeover,
+}
+
+impl std::fmt::Debug for ClaimRequest {
+    // The token is the run's credential: it never appears in logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimRequest")
+            .field("job", &self.job)
+            .field("slot", &self.slot)
+            .field("token", &coord_backend::redact::Hidden)
+            .field("instance", &self.instance)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("allow_overlap", &self.allow_overlap)
+            .field("takeover", &self.takeover)
+            .finish()
+    }
 }
 
 /// When [`SlotStore::claim`] may take over another token's unfinished run
@@ -275,7 +290,7 @@ pub struct Lease {
 }
 
 /// A manual run (`run_now`), recorded without deduplication.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ManualRun {
     /// The job.
@@ -286,6 +301,18 @@ pub struct ManualRun {
     pub token: String,
     /// Who runs it.
     pub instance: String,
+}
+
+impl std::fmt::Debug for ManualRun {
+    // The token is the run's credential: it never appears in logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManualRun")
+            .field("job", &self.job)
+            .field("slot", &self.slot)
+            .field("token", &coord_backend::redact::Hidden)
+            .field("instance", &self.instance)
+            .finish()
+    }
 }
 
 impl ManualRun {
@@ -442,7 +469,8 @@ enum SlotState {
     Released,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+// No `Debug`: it holds tokens.
+#[derive(Clone, Serialize, Deserialize)]
 struct SlotRecord {
     token: String,
     instance: String,
@@ -454,7 +482,8 @@ struct SlotRecord {
     takeovers: u32,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+// No `Debug`: it holds tokens.
+#[derive(Clone, Serialize, Deserialize)]
 struct RunningEntry {
     token: String,
     instance: String,
@@ -462,12 +491,14 @@ struct RunningEntry {
     lease_until_ms: u64,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+// No `Debug`: it holds tokens.
+#[derive(Clone, Default, Serialize, Deserialize)]
 struct RunningSet {
     runs: BTreeMap<Slot, RunningEntry>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+// No `Debug`: it holds tokens.
+#[derive(Clone, Serialize, Deserialize)]
 struct HistoryEntry {
     slot: Slot,
     #[serde(default)]
@@ -486,7 +517,8 @@ struct HistoryEntry {
     takeovers: u32,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+// No `Debug`: it holds tokens.
+#[derive(Clone, Default, Serialize, Deserialize)]
 struct History {
     runs: Vec<HistoryEntry>,
     /// Slots below this were forgotten by [`SlotStore::prune`] (their claims
@@ -634,6 +666,10 @@ impl SlotStore for RunStore {
         self.options.forget_claims_after
     }
 
+    #[tracing::instrument(name = "scheduler.claim", skip_all, fields(
+        key = %request.job, slot = request.slot, store = self.engine.backend().store_name(),
+        takeovers = tracing::field::Empty,
+    ))]
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, Error> {
         validate_job_name(&request.job)?;
         validate_label("token", &request.token)?;
@@ -652,7 +688,8 @@ impl SlotStore for RunStore {
         let now = self.clock.now_millis();
         let lease_until = now.saturating_add(millis(request.lease_ttl));
         let history_size = self.options.history_size;
-        self.engine
+        let claim = self
+            .engine
             .decide(&keys, |view| {
                 let record: Option<SlotRecord> = decode(view, &slot_key)?;
                 let mut running: RunningSet = decode(view, &running_key)?.unwrap_or_default();
@@ -801,7 +838,11 @@ impl SlotStore for RunStore {
                     },
                 })
             })
-            .await
+            .await;
+        if let Ok(claim) = &claim {
+            tracing::Span::current().record("takeovers", claim.takeovers);
+        }
+        claim
     }
 
     async fn heartbeat(

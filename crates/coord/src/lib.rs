@@ -39,9 +39,15 @@ pub use coord_backend as backend;
 use coord_backend::{Backend, Error, Result, StoreUrl};
 
 /// Open the store a URL names. See the table in the crate docs.
+///
+/// The store comes wrapped in [`coord_backend::Metered`] with `store` = the
+/// URL's scheme family (`memory`, `sqlite`, `redis`, `redis+cluster`,
+/// `postgres`, `etcd`), so every txn is counted in `coord_txn_total` and
+/// timed in `coord_txn_seconds` once a `metrics` recorder is installed
+/// (docs/operations.md). Without one this costs nothing measurable.
 pub async fn connect(url: &str) -> Result<Arc<dyn Backend>> {
     let parsed = StoreUrl::parse(url)?;
-    match parsed.scheme() {
+    let (label, store): (&'static str, Arc<dyn Backend>) = match parsed.scheme() {
         "memory" => {
             if !parsed.body().is_empty() {
                 return Err(Error::Config(format!(
@@ -49,33 +55,53 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>> {
                     parsed.body()
                 )));
             }
-            Ok(Arc::new(coord_memory::SingleProcessMemoryBackend::shared(
-                parsed.namespace(),
-            )?))
+            (
+                "memory",
+                Arc::new(coord_memory::SingleProcessMemoryBackend::shared(
+                    parsed.namespace(),
+                )?),
+            )
         }
         #[cfg(feature = "sqlite")]
-        "sqlite" => Ok(Arc::new(coord_sqlite::SqliteBackend::connect(&parsed).await?)),
+        "sqlite" => (
+            "sqlite",
+            Arc::new(coord_sqlite::SqliteBackend::connect(&parsed).await?),
+        ),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
-            Ok(Arc::new(coord_redis::RedisBackend::connect(&parsed).await?))
-        }
+        scheme @ ("redis" | "rediss" | "redis+cluster" | "rediss+cluster") => (
+            if scheme.ends_with("+cluster") {
+                "redis+cluster"
+            } else {
+                "redis"
+            },
+            Arc::new(coord_redis::RedisBackend::connect(&parsed).await?),
+        ),
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => Ok(Arc::new(
-            coord_postgres::PostgresBackend::connect(&parsed).await?,
-        )),
+        "postgres" | "postgresql" => (
+            "postgres",
+            Arc::new(coord_postgres::PostgresBackend::connect(&parsed).await?),
+        ),
         #[cfg(feature = "etcd")]
-        "etcd" | "etcds" => Ok(Arc::new(coord_etcd::EtcdBackend::connect(&parsed).await?)),
+        "etcd" | "etcds" => (
+            "etcd",
+            Arc::new(coord_etcd::EtcdBackend::connect(&parsed).await?),
+        ),
         #[cfg(not(feature = "etcd"))]
-        "etcd" | "etcds" => Err(Error::Config(
-            "this build has no etcd store: rebuild with the cargo feature `etcd` \
-             (e.g. `cargo run -p coordctl --features etcd`)"
-                .into(),
-        )),
-        other => Err(Error::Config(format!(
-            "unknown store scheme {other:?} (known: memory, sqlite, redis, rediss, redis+cluster, postgres, etcd; \
-             a store may also be compiled out by a cargo feature)"
-        ))),
-    }
+        "etcd" | "etcds" => {
+            return Err(Error::Config(
+                "this build has no etcd store: rebuild with the cargo feature `etcd` \
+                 (e.g. `cargo run -p coordctl --features etcd`)"
+                    .into(),
+            ))
+        }
+        other => {
+            return Err(Error::Config(format!(
+                "unknown store scheme {other:?} (known: memory, sqlite, redis, rediss, redis+cluster, postgres, etcd; \
+                 a store may also be compiled out by a cargo feature)"
+            )))
+        }
+    };
+    Ok(coord_backend::Metered::wrap(label, store))
 }
 
 /// The README's example, compiled as a doc test so it stays true.
@@ -95,5 +121,37 @@ mod tests {
         let err = super::connect("nope://x").await.unwrap_err();
         assert!(matches!(err, coord_backend::Error::Config(_)), "{err}");
         assert!(super::connect("memory://some/path").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn connected_stores_are_metered_and_show_no_password() {
+        let store = super::connect("memory://?namespace=facade-metered")
+            .await
+            .unwrap();
+        assert_eq!(store.store_name(), "memory");
+        // PostgreSQL with `trust` authentication ignores the password; any
+        // other server needs COORD_TEST_POSTGRES_URL to carry a real one.
+        let Ok(url) = std::env::var("COORD_TEST_POSTGRES_URL") else {
+            eprintln!("SKIPPED: COORD_TEST_POSTGRES_URL is not set");
+            return;
+        };
+        let parsed = coord_backend::StoreUrl::parse(&url).unwrap();
+        let with_password = if parsed.body().contains('@') {
+            url.clone()
+        } else {
+            url.replacen("://", "://postgres:hunter2-secret@", 1)
+        };
+        let secret = coord_backend::StoreUrl::parse(&with_password)
+            .unwrap()
+            .body()
+            .split_once('@')
+            .and_then(|(userinfo, _)| userinfo.split_once(':'))
+            .map(|(_, password)| password.to_owned());
+        let store = super::connect(&with_password).await.unwrap();
+        assert_eq!(store.store_name(), "postgres");
+        let shown = format!("{store:?} {store:#?}");
+        if let Some(secret) = secret.filter(|s| !s.is_empty()) {
+            assert!(!shown.contains(&secret), "{shown}");
+        }
     }
 }

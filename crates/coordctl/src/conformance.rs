@@ -7,7 +7,7 @@ use coord_backend::{Error, StoreUrl};
 use coord_conformance::{factory, run_cases, Case};
 
 /// Arguments of `coordctl conformance`.
-#[derive(Debug, Args)]
+#[derive(Args)]
 pub(crate) struct ConformanceArgs {
     /// Store URL, e.g. sqlite://c.db, redis://127.0.0.1:6379, postgres://…, etcd://127.0.0.1:2379.
     #[arg(long)]

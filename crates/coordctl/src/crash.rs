@@ -55,7 +55,7 @@ use serde::{Deserialize, Serialize};
 const PHASE_MARKER: &str = "crash-child phase=";
 
 /// Arguments of `coordctl crash-child` (internal).
-#[derive(Debug, Args)]
+#[derive(Args)]
 pub(crate) struct ChildArgs {
     /// Store URL.
     #[arg(long)]
@@ -218,7 +218,7 @@ pub(crate) async fn child(args: ChildArgs) -> Result<ExitCode, Error> {
 }
 
 /// Arguments of `coordctl crash-drive` (internal).
-#[derive(Debug, Args)]
+#[derive(Args)]
 pub(crate) struct DriveArgs {
     /// Store URL (use a fresh `?namespace=` per run).
     #[arg(long)]

@@ -61,6 +61,10 @@ pub(crate) struct CronArgs {
     /// else `$HOSTNAME-<random>`).
     #[arg(long, value_name = "NAME")]
     instance: Option<String>,
+    /// Serve the process's metrics in Prometheus text format at
+    /// `http://ADDR/metrics` (e.g. 127.0.0.1:9464; docs/operations.md). Default: none.
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -97,7 +101,7 @@ pub(crate) async fn run(args: CronArgs) -> Result<ExitCode, Error> {
     let text = std::fs::read_to_string(&args.config).map_err(|e| config_error(&args.config, e))?;
     let config = Config::from_toml_str(&text).map_err(|e| config_error(&args.config, e))?;
     match args.action {
-        None => daemon(&args.config, config, args.instance).await,
+        None => daemon(&args.config, config, args.instance, args.metrics_addr).await,
         Some(CronAction::History(history_args)) => {
             history(&args.config, &config, history_args).await
         }
@@ -293,8 +297,17 @@ impl Signals {
     }
 }
 
-async fn daemon(path: &Path, config: Config, instance: Option<String>) -> Result<ExitCode, Error> {
+async fn daemon(
+    path: &Path,
+    config: Config,
+    instance: Option<String>,
+    metrics_addr: Option<std::net::SocketAddr>,
+) -> Result<ExitCode, Error> {
     init_logging();
+    // Before the store is opened, so its first txns are counted too.
+    let metrics_handle = metrics_addr
+        .map(|_| crate::metrics::install_recorder())
+        .transpose()?;
     let mut signals = Signals::register()?;
     if config.jobs.is_empty() {
         return Err(config_error(path, "no [[job]] to run"));
@@ -317,6 +330,16 @@ async fn daemon(path: &Path, config: Config, instance: Option<String>) -> Result
             return Ok(ExitCode::from(130));
         }
     };
+    if let (Some(addr), Some(handle)) = (metrics_addr, metrics_handle) {
+        let gauge = store.as_ref().map(|(s, _)| {
+            Arc::new(crate::metrics::UncertainGauge::new(
+                s.engine().backend().clone(),
+            ))
+        });
+        let (bound, _task) =
+            crate::metrics::serve(addr, crate::metrics::router(handle, gauge)).await?;
+        println!("coordctl cron: metrics at http://{bound}/metrics");
+    }
     let scheduler = Scheduler::new(
         store.as_ref().map(|(s, _)| s.clone() as Arc<dyn SlotStore>),
         Arc::new(SystemClock),

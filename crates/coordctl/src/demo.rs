@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
 /// Arguments of `coordctl demo`.
-#[derive(Debug, Args)]
+#[derive(Args)]
 pub(crate) struct DemoArgs {
     /// Store URL; default: a fresh SQLite file in a temporary directory (the embedded default).
     #[arg(long)]
@@ -39,7 +39,7 @@ pub(crate) struct DemoArgs {
 }
 
 /// Arguments of one worker (internal).
-#[derive(Debug, Args)]
+#[derive(Args)]
 pub(crate) struct WorkerArgs {
     #[arg(long)]
     store: String,

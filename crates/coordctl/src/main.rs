@@ -9,6 +9,7 @@ mod console;
 mod crash;
 mod cron;
 mod demo;
+mod metrics;
 mod progress;
 mod sideeffect_cmd;
 mod views;
@@ -18,14 +19,14 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 /// coord's command-line tool.
-#[derive(Debug, Parser)]
+#[derive(Parser)]
 #[command(name = "coordctl", version, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Subcommand)]
 enum Command {
     /// Race several worker processes on shared keys of one store and check the totals.
     Demo(demo::DemoArgs),

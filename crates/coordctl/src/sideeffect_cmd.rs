@@ -34,7 +34,7 @@ use coord_backend::Error;
 use crate::views::{self, shorten, side_effect_error, InspectView, Stores};
 
 /// Arguments of `coordctl inspect`.
-#[derive(Debug, Args)]
+#[derive(Args)]
 pub(crate) struct InspectArgs {
     /// Store URL (with `?namespace=NS` when the application uses one).
     #[arg(long)]
@@ -51,7 +51,7 @@ pub(crate) struct InspectArgs {
 }
 
 /// Arguments of `coordctl reconcile`.
-#[derive(Debug, Args)]
+#[derive(Args)]
 #[command(group(clap::ArgGroup::new("verdict").required(true).args(["applied", "not_applied"])))]
 pub(crate) struct ReconcileArgs {
     /// The idempotency key to resolve.

@@ -890,6 +890,47 @@ fn check_browser_writable(server: &Server, scratch: &Path) {
     screenshot(&bin, &profile, &url, "sideeffects-writes");
 }
 
+/// The value of one unlabelled series in Prometheus text.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// `/metrics` answers Prometheus text naming every metric of
+/// docs/operations.md, and counts the seeded uncertain keys (two marked, one
+/// whose intent lost its lease) like `/api/sideeffects` does.
+fn check_metrics(server: &Server) {
+    let reply = server.get("/metrics");
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(reply.headers.contains("text/plain"), "{}", reply.headers);
+    for name in [
+        "coord_txn_total",
+        "coord_cas_attempts_total",
+        "coord_lock_acquired_total",
+        "coord_lock_lost_total",
+        "coord_sideeffect_total",
+        "coord_scheduler_runs_total",
+    ] {
+        assert!(
+            reply.body.contains(name),
+            "no {name} in /metrics:\n{}",
+            reply.body
+        );
+    }
+    assert_eq!(metric(&reply.body, "coord_sideeffect_uncertain"), 3.0);
+    assert_eq!(
+        metric(&reply.body, "coord_sideeffect_uncertain_truncated"),
+        0.0
+    );
+    // Behind the same Host guard as the pages.
+    let foreign = http(&server.addr, "GET", "/metrics", "evil.example", None);
+    assert_eq!(foreign.status, 403);
+}
+
 /// Everything on one store; the browser part only when `browser`.
 fn console_on(name: &str, url: String, browser: bool) {
     let scratch = Scratch::new(name);
@@ -897,6 +938,7 @@ fn console_on(name: &str, url: String, browser: bool) {
     {
         let server = Server::start(&url, &[]);
         check_api(&server, &seeded);
+        check_metrics(&server);
         check_refusals(&server);
         check_read_only(&server);
         if browser {
@@ -908,6 +950,25 @@ fn console_on(name: &str, url: String, browser: bool) {
         check_browser_writable(&writable, &scratch.0);
     }
     check_reconcile(&writable, &url);
+    check_metrics_after_reconcile(&writable);
+}
+
+/// The reconcile the console recorded is one applied txn of its own, timed.
+fn check_metrics_after_reconcile(server: &Server) {
+    let text = server.get("/metrics").body;
+    let applied: f64 = text
+        .lines()
+        .filter(|line| line.starts_with("coord_txn_total{") && line.contains("outcome=\"applied\""))
+        .map(|line| line.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert!(
+        applied >= 1.0,
+        "no applied txn counted after a reconcile:\n{text}"
+    );
+    assert!(
+        text.contains("coord_txn_seconds_count"),
+        "no txn timing:\n{text}"
+    );
 }
 
 #[test]

@@ -208,6 +208,9 @@ fn normalize(mut spec: TaskSpec) -> Result<TaskSpec, BoardError> {
 
 #[async_trait]
 impl Board for BoardAdapter {
+    #[tracing::instrument(name = "board.add", skip_all, fields(
+        key = %task.id, store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+    ))]
     async fn add(&self, task: TaskSpec) -> Result<(), BoardError> {
         let spec = normalize(task)?;
         self.check_fits(&spec)?;
@@ -245,13 +248,17 @@ impl Board for BoardAdapter {
             .await?
     }
 
+    #[tracing::instrument(name = "board.claim", skip_all, fields(
+        key = %id, store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+    ))]
     async fn claim(&self, id: &str, agent: &str, ttl: Duration) -> Result<ClaimedTask, BoardError> {
         validate_claim(id, agent, ttl)?;
         let key = self.task_key(id);
         let now = self.clock.now_millis();
         let expires_ms = now.saturating_add(millis(ttl));
         let token = mint_token();
-        self.engine
+        let answer = self
+            .engine
             .decide::<Result<ClaimedTask, BoardError>, BoardError, _>(
                 std::slice::from_ref(&key),
                 |view| {
@@ -322,15 +329,23 @@ impl Board for BoardAdapter {
                     })
                 },
             )
-            .await?
+            .await?;
+        if let Ok(claimed) = &answer {
+            tracing::Span::current().record("fence", claimed.generation);
+        }
+        answer
     }
 
+    #[tracing::instrument(name = "board.renew", skip_all, fields(
+        key = %id, store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+    ))]
     async fn renew(&self, id: &str, token: &str, ttl: Duration) -> Result<ClaimedTask, BoardError> {
         validate_task_id(id)?;
         validate_ttl(ttl)?;
         let key = self.task_key(id);
         let now = self.clock.now_millis();
-        self.engine
+        let answer = self
+            .engine
             .decide::<Result<ClaimedTask, BoardError>, BoardError, _>(
                 std::slice::from_ref(&key),
                 |view| {
@@ -367,9 +382,16 @@ impl Board for BoardAdapter {
                     })
                 },
             )
-            .await?
+            .await?;
+        if let Ok(claimed) = &answer {
+            tracing::Span::current().record("fence", claimed.generation);
+        }
+        answer
     }
 
+    #[tracing::instrument(name = "board.release", skip_all, fields(
+        key = %id, store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+    ))]
     async fn release(&self, id: &str, token: &str) -> Result<(), BoardError> {
         validate_task_id(id)?;
         let key = self.task_key(id);
@@ -397,6 +419,9 @@ impl Board for BoardAdapter {
             .await?
     }
 
+    #[tracing::instrument(name = "board.complete", skip_all, fields(
+        key = %id, store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+    ))]
     async fn complete(&self, id: &str, token: &str, result: Vec<u8>) -> Result<(), BoardError> {
         validate_task_id(id)?;
         if token.is_empty() {

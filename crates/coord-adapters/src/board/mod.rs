@@ -60,7 +60,7 @@ use std::fmt::Debug;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use coord_backend::InvalidInput;
+use coord_backend::{redact::Bytes, InvalidInput};
 
 mod adapter;
 mod record;
@@ -68,7 +68,7 @@ mod record;
 pub use adapter::{BoardAdapter, BoardOptions};
 
 /// A task to put on the board.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct TaskSpec {
     /// The task's id (non-empty, unique on the board).
     pub id: String,
@@ -76,6 +76,52 @@ pub struct TaskSpec {
     pub payload: Vec<u8>,
     /// Ids of the tasks that must be completed before this one can be claimed.
     pub deps: Vec<String>,
+}
+
+impl Debug for TaskSpec {
+    // The payload is application data: only its length is shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskSpec")
+            .field("id", &self.id)
+            .field("payload", &Bytes(&self.payload))
+            .field("deps", &self.deps)
+            .finish()
+    }
+}
+
+impl Debug for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Task")
+            .field("id", &self.id)
+            .field("payload", &Bytes(&self.payload))
+            .field("deps", &self.deps)
+            .field("generation", &self.generation)
+            .field("state", &self.state)
+            .finish()
+    }
+}
+
+impl Debug for TaskState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TaskState::Open => f.write_str("Open"),
+            TaskState::Claimed { agent, expires_at } => f
+                .debug_struct("Claimed")
+                .field("agent", agent)
+                .field("expires_at", expires_at)
+                .finish(),
+            TaskState::Expired { agent, expired_at } => f
+                .debug_struct("Expired")
+                .field("agent", agent)
+                .field("expired_at", expired_at)
+                .finish(),
+            TaskState::Completed { agent, result } => f
+                .debug_struct("Completed")
+                .field("agent", agent)
+                .field("result", &Bytes(result))
+                .finish(),
+        }
+    }
 }
 
 impl TaskSpec {
@@ -100,7 +146,7 @@ impl TaskSpec {
 }
 
 /// A task as the board shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Task {
     /// The task's id.
     pub id: String,
@@ -115,7 +161,7 @@ pub struct Task {
 }
 
 /// Where a task stands.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TaskState {
     /// Nobody holds it (never claimed, or released).
@@ -320,4 +366,40 @@ fn validate_spec(spec: &TaskSpec) -> Result<(), BoardError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::*;
+
+    #[test]
+    fn debug_shows_no_payload_result_or_token() {
+        let spec = TaskSpec::new("t1", b"SECRET-payload".to_vec());
+        let task = Task {
+            id: "t1".into(),
+            payload: b"SECRET-payload".to_vec(),
+            deps: Vec::new(),
+            generation: 2,
+            state: TaskState::Completed {
+                agent: "a".into(),
+                result: b"SECRET-result".to_vec(),
+            },
+        };
+        let claimed = ClaimedTask {
+            id: "t1".into(),
+            payload: b"SECRET-payload".to_vec(),
+            deps: Vec::new(),
+            agent: "a".into(),
+            token: "SECRET-token".into(),
+            generation: 2,
+            expires_at: SystemTime::UNIX_EPOCH,
+        };
+        for shown in [
+            format!("{spec:?}"),
+            format!("{task:?}"),
+            format!("{claimed:?}"),
+        ] {
+            assert!(!shown.contains("SECRET"), "{shown}");
+        }
+    }
 }

@@ -9,7 +9,8 @@ use super::{Task, TaskState};
 
 /// What is stored under `<prefix>task/<id>`. Records are never deleted, so
 /// the generation counter survives releases and completions.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+// No `Debug`: it holds a token or stored bytes; see coord_backend::redact.
+#[derive(Clone, Serialize, Deserialize)]
 pub(super) struct TaskRecord {
     pub(super) id: String,
     #[serde(with = "hex")]
@@ -24,14 +25,16 @@ pub(super) struct TaskRecord {
     pub(super) nonce: String,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+// No `Debug`: it holds a token or stored bytes; see coord_backend::redact.
+#[derive(Clone, Serialize, Deserialize)]
 pub(super) struct ClaimRecord {
     pub(super) agent: String,
     pub(super) token: String,
     pub(super) expires_ms: u64,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+// No `Debug`: it holds a token or stored bytes; see coord_backend::redact.
+#[derive(Clone, Serialize, Deserialize)]
 pub(super) struct DoneRecord {
     pub(super) agent: String,
     /// The token that completed the task: a retry of the same completion is a no-op.

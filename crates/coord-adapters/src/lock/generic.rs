@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{validate_lock_input, Lock, LockError, LockHandle, LostReason};
 use crate::cas::{CasEngine, CasOptions, CasStats, Decision, View};
-use crate::mint_token;
+use crate::{mint_token, telemetry};
 
 /// Options of a [`GenericLock`].
 #[derive(Clone, Debug)]
@@ -73,7 +73,7 @@ pub struct GenericLock {
 }
 
 /// What is stored under `<prefix><key>`.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Serialize, Deserialize)]
 struct LockRecord {
     /// The fence of the latest grant (0 = never granted).
     fence: u64,
@@ -84,10 +84,28 @@ struct LockRecord {
     nonce: String,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Serialize, Deserialize)]
 struct Holder {
     token: String,
     expires_ms: u64,
+}
+
+impl std::fmt::Debug for LockRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockRecord")
+            .field("fence", &self.fence)
+            .field("holder", &self.holder)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Holder")
+            .field("token", &coord_backend::redact::Hidden)
+            .field("expires_ms", &self.expires_ms)
+            .finish()
+    }
 }
 
 impl GenericLock {
@@ -159,6 +177,9 @@ fn millis(d: Duration) -> u64 {
 
 #[async_trait]
 impl Lock for GenericLock {
+    #[tracing::instrument(name = "lock.try_lock", skip_all, fields(
+        key = %key, store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+    ))]
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
         validate_lock_input(key, ttl)?;
         let record_key = self.record_key(key);
@@ -208,15 +229,23 @@ impl Lock for GenericLock {
                 })
             })
             .await?;
+        if let Ok(Some(handle)) = &answer {
+            tracing::Span::current().record("fence", handle.fence());
+            telemetry::lock_acquired();
+        }
         answer
     }
 
+    #[tracing::instrument(name = "lock.renew", skip_all, fields(
+        key = %handle.key, store = self.engine.backend().store_name(), fence = handle.fence,
+    ))]
     async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
         validate_lock_input(&handle.key, handle.ttl)?;
         let record_key = self.record_key(&handle.key);
         let now = self.clock.now_millis();
         let keys = [record_key.clone()];
-        self.engine
+        let renewed = self
+            .engine
             .decide::<Result<(), LockError>, LockError, _>(&keys, |view| {
                 let record = match Self::decode(view, &record_key) {
                     Ok(record) => record,
@@ -241,9 +270,16 @@ impl Lock for GenericLock {
                     then: Ok(()),
                 })
             })
-            .await?
+            .await?;
+        if let Err(error) = &renewed {
+            telemetry::lock_lost_if(error);
+        }
+        renewed
     }
 
+    #[tracing::instrument(name = "lock.release", skip_all, fields(
+        key = %handle.key, store = self.engine.backend().store_name(), fence = handle.fence,
+    ))]
     async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
         validate_lock_input(&handle.key, handle.ttl)?;
         let record_key = self.record_key(&handle.key);

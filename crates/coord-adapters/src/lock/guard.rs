@@ -262,6 +262,7 @@ async fn renew_loop(
         tokio::time::sleep_until((Instant::now() + every).min(valid_until)).await;
         let sent = Instant::now();
         if sent >= valid_until {
+            crate::telemetry::lock_lost("expired");
             return lose(LockError::Lost {
                 key: handle.key().to_owned(),
                 reason: LostReason::Expired,
@@ -273,12 +274,19 @@ async fn renew_loop(
                 valid_until = sent + ttl;
                 *shared_valid_until.lock().unwrap_or_else(|e| e.into_inner()) = valid_until;
             }
-            Ok(Err(error)) => return lose(error),
+            Ok(Err(error)) => {
+                // A `Lost` answer was counted by the lock's own `renew`.
+                if !error.is_lost() {
+                    crate::telemetry::lock_lost("error");
+                }
+                return lose(error);
+            }
             Err(_) => {
+                crate::telemetry::lock_lost("expired");
                 return lose(LockError::Lost {
                     key: handle.key().to_owned(),
                     reason: LostReason::Expired,
-                })
+                });
             }
         }
     }

@@ -190,6 +190,10 @@ impl SideEffectAdapter {
 
 #[async_trait]
 impl SideEffectStore for SideEffectAdapter {
+    #[tracing::instrument(name = "sideeffect.acquire", skip_all, fields(
+        key = %action.key, resource = %action.resource,
+        store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+    ))]
     async fn acquire(&self, action: &Action, ttl: Duration) -> Result<Acquired, SideEffectError> {
         self.check_action(action)?;
         let ttl_ms = Self::check_ttl(ttl)?;
@@ -284,6 +288,9 @@ impl SideEffectStore for SideEffectAdapter {
             })
             .await?;
         if let Ok(acquired) = &decided {
+            if let Some(lease) = &acquired.lease {
+                tracing::Span::current().record("fence", lease.fence.0);
+            }
             tracing::debug!(
                 key = %action.key,
                 resource = %action.resource,
@@ -295,6 +302,10 @@ impl SideEffectStore for SideEffectAdapter {
         decided
     }
 
+    #[tracing::instrument(name = "sideeffect.complete", skip_all, fields(
+        key = %action.key, resource = %action.resource,
+        store = self.engine.backend().store_name(), fence = lease.fence.0,
+    ))]
     async fn complete(
         &self,
         action: &Action,
@@ -356,6 +367,10 @@ impl SideEffectStore for SideEffectAdapter {
             .await?
     }
 
+    #[tracing::instrument(name = "sideeffect.release", skip_all, fields(
+        key = %action.key, resource = %action.resource,
+        store = self.engine.backend().store_name(), fence = lease.fence.0,
+    ))]
     async fn release(&self, action: &Action, lease: &Lease) -> Result<(), SideEffectError> {
         self.check_action(action)?;
         let w = mint_token();
@@ -377,6 +392,10 @@ impl SideEffectStore for SideEffectAdapter {
             .await?
     }
 
+    #[tracing::instrument(name = "sideeffect.renew", skip_all, fields(
+        key = %action.key, resource = %action.resource,
+        store = self.engine.backend().store_name(), fence = lease.fence.0,
+    ))]
     async fn renew(
         &self,
         action: &Action,
@@ -420,6 +439,10 @@ impl SideEffectStore for SideEffectAdapter {
             .await?
     }
 
+    #[tracing::instrument(name = "sideeffect.mark_uncertain", skip_all, fields(
+        key = %action.key, resource = %action.resource,
+        store = self.engine.backend().store_name(), fence = lease.fence.0,
+    ))]
     async fn mark_uncertain(
         &self,
         action: &Action,
@@ -467,6 +490,10 @@ impl SideEffectStore for SideEffectAdapter {
             .await?
     }
 
+    #[tracing::instrument(name = "sideeffect.resolve_uncertain", skip_all, fields(
+        key = %action.key, resource = %action.resource,
+        store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+    ))]
     async fn resolve_uncertain(
         &self,
         action: &Action,
@@ -475,6 +502,10 @@ impl SideEffectStore for SideEffectAdapter {
         self.resolve(action, resolution, None).await
     }
 
+    #[tracing::instrument(name = "sideeffect.abandon", skip_all, fields(
+        key = %action.key, resource = %action.resource,
+        store = self.engine.backend().store_name(), fence = lease.fence.0,
+    ))]
     async fn abandon(
         &self,
         action: &Action,
@@ -526,6 +557,10 @@ impl SideEffectStore for SideEffectAdapter {
         decided
     }
 
+    #[tracing::instrument(name = "sideeffect.begin_reconcile", skip_all, fields(
+        key = %action.key, resource = %action.resource,
+        store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+    ))]
     async fn begin_reconcile(
         &self,
         action: &Action,
@@ -534,6 +569,10 @@ impl SideEffectStore for SideEffectAdapter {
         self.begin(action, ttl).await
     }
 
+    #[tracing::instrument(name = "sideeffect.resolve_uncertain_owned", skip_all, fields(
+        key = %action.key, resource = %action.resource,
+        store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+    ))]
     async fn resolve_uncertain_owned(
         &self,
         action: &Action,

@@ -34,7 +34,8 @@ pub(crate) fn sink_key(resource: &str) -> String {
 }
 
 /// Resource level: who holds it, and the fence counter.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+// No `Debug`: it holds a token (and results); see coord_backend::redact.
+#[derive(Clone, Serialize, Deserialize)]
 pub(crate) struct ResRecord {
     /// Highest fence ever issued on this resource.
     pub(crate) fence: u64,
@@ -44,7 +45,8 @@ pub(crate) struct ResRecord {
 }
 
 /// The current grant of a resource (its fence is [`ResRecord::fence`]).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+// No `Debug`: it holds a token (and results); see coord_backend::redact.
+#[derive(Clone, Serialize, Deserialize)]
 pub(crate) struct Holder {
     /// The idempotency key the grant went to.
     pub(crate) key: String,
@@ -61,7 +63,8 @@ impl ResRecord {
 }
 
 /// Key level state.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+// No `Debug`: it holds a token (and results); see coord_backend::redact.
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub(crate) enum KeyState {
     Idle,
@@ -90,7 +93,8 @@ pub(crate) enum KeyState {
     },
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+// No `Debug`: it holds a token (and results); see coord_backend::redact.
+#[derive(Clone, Serialize, Deserialize)]
 pub(crate) struct ActRecord {
     pub(crate) state: KeyState,
     #[serde(default, skip_serializing_if = "Option::is_none")]

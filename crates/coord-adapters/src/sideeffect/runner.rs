@@ -141,9 +141,24 @@ impl Runner {
             resource = %action.resource,
             retry_safety = %action.retry_safety,
         );
-        self.run_steps(action, ttl, prepare, apply)
+        let result = self
+            .run_steps(action, ttl, prepare, apply)
             .instrument(span)
-            .await
+            .await;
+        crate::telemetry::sideeffect(match &result {
+            Ok(execution) => match execution.outcome {
+                Outcome::Applied => "applied",
+                Outcome::Replayed => "replayed",
+                Outcome::Contended => "contended",
+                Outcome::Uncertain => "uncertain",
+            },
+            Err(SideEffectError::OutcomeUnknown { .. }) => "outcome_unknown",
+            Err(SideEffectError::LeaseLost | SideEffectError::FenceStale) => "lease_lost",
+            Err(SideEffectError::PrepareFailed { .. }) => "prepare_failed",
+            Err(SideEffectError::ApplyFailed { .. }) => "apply_failed",
+            Err(_) => "error",
+        });
+        result
     }
 
     async fn run_steps<P, PFut, PE, T, A, AFut, AE>(

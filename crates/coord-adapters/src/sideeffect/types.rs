@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::SystemTime;
 
+use coord_backend::redact::{Bytes, Hidden};
 use serde::{Deserialize, Serialize};
 
 /// Whether an action may be applied again after an apply that failed.
@@ -49,7 +50,7 @@ impl fmt::Display for RetrySafety {
 ///     .with_retry_safety(RetrySafety::Safe);
 /// assert_eq!(action.key, "invoice-42/charge");
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Action {
     /// The idempotency key (required, non-empty).
     pub key: String,
@@ -60,6 +61,18 @@ pub struct Action {
     pub payload: Vec<u8>,
     /// What a failed apply means (default [`RetrySafety::Unknown`]).
     pub retry_safety: RetrySafety,
+}
+
+impl fmt::Debug for Action {
+    // The payload is application data: only its length is shown.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Action")
+            .field("key", &self.key)
+            .field("resource", &self.resource)
+            .field("payload", &Bytes(&self.payload))
+            .field("retry_safety", &self.retry_safety)
+            .finish()
+    }
 }
 
 impl Action {
@@ -102,7 +115,7 @@ impl fmt::Display for Fence {
 }
 
 /// One exclusive hold of a resource, granted by `acquire`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Lease {
     /// The resource held.
     pub resource: String,
@@ -114,6 +127,19 @@ pub struct Lease {
     pub holder: String,
     /// When the hold ends unless renewed (judged with the adapter's clock).
     pub expires_at: SystemTime,
+}
+
+impl fmt::Debug for Lease {
+    // The token is the lease's credential: it never appears in logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("resource", &self.resource)
+            .field("fence", &self.fence)
+            .field("token", &Hidden)
+            .field("holder", &self.holder)
+            .field("expires_at", &self.expires_at)
+            .finish()
+    }
 }
 
 /// What `acquire` decided. An enum rather than a bool: each calls for a
@@ -144,8 +170,17 @@ impl fmt::Display for Outcome {
 }
 
 /// The bytes an action produced (its result), stored and replayed as they are.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
 pub struct EffectResult(pub Vec<u8>);
+
+impl fmt::Debug for EffectResult {
+    // A result is application data: only its length is shown.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("EffectResult")
+            .field(&Bytes(&self.0))
+            .finish()
+    }
+}
 
 impl EffectResult {
     /// The bytes.
@@ -311,4 +346,39 @@ pub struct ResourceStatus {
     pub expires_at: Option<SystemTime>,
     /// Whether the holder's lease is unexpired now.
     pub live: bool,
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::*;
+
+    #[test]
+    fn debug_shows_no_token_payload_or_result() {
+        let lease = Lease {
+            resource: "payments".into(),
+            fence: Fence(7),
+            token: "tok-SECRET-123".into(),
+            holder: "refund/1".into(),
+            expires_at: SystemTime::UNIX_EPOCH,
+        };
+        let action = Action::new("refund/1", "payments").with_payload(b"card=SECRET".to_vec());
+        let done = Execution {
+            outcome: Outcome::Applied,
+            result: Some(EffectResult::from("SECRET-receipt")),
+        };
+        let status = KeyStatus::Completed {
+            result: EffectResult::from("SECRET-receipt"),
+        };
+        for shown in [
+            format!("{lease:?}"),
+            format!("{lease:#?}"),
+            format!("{action:?}"),
+            format!("{done:?}"),
+            format!("{status:?}"),
+        ] {
+            assert!(!shown.contains("SECRET"), "{shown}");
+        }
+        assert!(format!("{lease:?}").contains("fence: Fence(7)"));
+        assert!(format!("{lease:?}").contains("<redacted>"));
+    }
 }

@@ -89,6 +89,10 @@ struct AppState {
     allow_remote: bool,
     /// The per-process token every form carries (a CSRF guard).
     csrf: String,
+    /// This process's Prometheus recorder (`GET /metrics`).
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// `coord_sideeffect_uncertain` for the watched store, refreshed on scrape.
+    uncertain: crate::metrics::UncertainGauge,
 }
 
 type Shared = Arc<AppState>;
@@ -111,12 +115,16 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode, Error> {
             url.body()
         )));
     }
+    // Before connecting, so the store's first txns are counted too.
+    let metrics = crate::metrics::install_recorder()?;
     let backend = coord::connect(&args.store).await?;
     // Fail fast with the store's own error when it cannot be reached at all
     // (some clients connect lazily): one read proves the store answers.
     backend.snapshot(&["coordctl/probe".to_owned()]).await?;
     let redacted = crate::cron::redact(url.without_namespace());
     let state = Arc::new(AppState {
+        uncertain: crate::metrics::UncertainGauge::new(backend.clone()),
+        metrics,
         stores: Stores::new(backend)?,
         shown: format!("{redacted} (namespace {})", url.namespace()),
         command_url: crate::cron::redact(&args.store),
@@ -199,10 +207,7 @@ fn router(state: Shared) -> Router {
         .route("/api/sideeffects", get(api_side_effects))
         .route("/api/jobs", get(api_jobs))
         .route("/api/jobs/{job}/runs", get(api_job_runs))
-        // METRICS (issue 12): the Prometheus text render of coord's metrics
-        // belongs on this route; it is wired where the metrics recorder is
-        // installed. Until then it says so (501), rather than an empty page.
-        .route("/metrics", get(metrics_not_wired))
+        .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(16 * 1024))
         .layer(middleware::from_fn_with_state(state.clone(), guard))
@@ -621,14 +626,15 @@ async fn job_page(
     html_answer(&state, result)
 }
 
-async fn metrics_not_wired(State(state): State<Shared>) -> Response {
+/// Prometheus text of this process's metrics (docs/operations.md), behind
+/// the same Host guard as every page.
+async fn metrics_text(State(state): State<Shared>) -> Response {
     (
-        StatusCode::NOT_IMPLEMENTED,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        format!(
-            "metrics are not wired into this coordctl build yet (console on {})\n",
-            state.shown
-        ),
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::metrics::render(&state.metrics, Some(&state.uncertain)).await,
     )
         .into_response()
 }

@@ -1,0 +1,137 @@
+//! The metrics the adapters emit, through the `metrics` facade (a no-op
+//! until the program installs a recorder; no exporter is forced on anyone).
+//!
+//! Every name and label is documented in docs/operations.md. Labels take
+//! only the fixed values listed here: never a key, a token or a value, so
+//! the number of series stays bounded whatever the workload.
+
+/// Counter `coord_cas_attempts_total{store}`: txns the CAS engine sent
+/// (first tries, retries after a rejection, and resends that settle a lost
+/// answer). `store` is [`coord_backend::Backend::store_name`].
+pub const CAS_ATTEMPTS_TOTAL: &str = "coord_cas_attempts_total";
+
+/// Counter `coord_cas_conflicts_total{store}`: CAS engine txns rejected
+/// because something the decision read had changed (contention).
+pub const CAS_CONFLICTS_TOTAL: &str = "coord_cas_conflicts_total";
+
+/// Counter `coord_lock_acquired_total`: locks granted by `try_lock` (and so by
+/// every waiting acquisition), by [`crate::GenericLock`] and by the native
+/// locks of `coord-locks-native`.
+pub const LOCK_ACQUIRED_TOTAL: &str = "coord_lock_acquired_total";
+
+/// Counter `coord_lock_lost_total{reason}`: a holder learned that its lock
+/// is gone. Counted when a `renew` answers [`crate::LockError::Lost`] (reason
+/// `expired`, `taken_over`, `not_held`) and when a [`crate::LockGuard`] gives
+/// a lock up on its own (reason `expired`: its lease ran out before a renewal
+/// answered; `error`: a renewal failed).
+pub const LOCK_LOST_TOTAL: &str = "coord_lock_lost_total";
+
+/// Counter `coord_sideeffect_total{outcome}`: calls of
+/// [`crate::Runner::execute`] (and `execute_with`, `run`) by how they ended:
+/// `applied`, `replayed`, `contended`, `uncertain` (the key was already
+/// uncertain: nothing done), `outcome_unknown` (this call made the key
+/// uncertain), `lease_lost`, `prepare_failed`, `apply_failed` (retry-safe
+/// action, abandoned), `error` (anything else).
+pub const SIDEEFFECT_TOTAL: &str = "coord_sideeffect_total";
+
+/// Gauge `coord_sideeffect_uncertain`: side-effect keys whose outcome is
+/// unknown and wait for a reconcile. Listing them walks `se/act/`, so no
+/// adapter sets it on its own: a process that can afford the walk sets it
+/// (`coordctl cron --metrics-addr` and `coordctl serve` do, per scrape).
+pub const SIDEEFFECT_UNCERTAIN: &str = "coord_sideeffect_uncertain";
+
+use crate::lock::LostReason;
+
+/// Every value of the `reason` label of [`LOCK_LOST_TOTAL`].
+pub const LOCK_LOST_REASONS: [&str; 4] = ["expired", "taken_over", "not_held", "error"];
+
+/// Every value of the `outcome` label of [`SIDEEFFECT_TOTAL`].
+pub const SIDEEFFECT_OUTCOMES: [&str; 9] = [
+    "applied",
+    "replayed",
+    "contended",
+    "uncertain",
+    "outcome_unknown",
+    "lease_lost",
+    "prepare_failed",
+    "apply_failed",
+    "error",
+];
+
+/// Describe every metric of this module to the current recorder (HELP
+/// text) and register the lock and side-effect series at 0, so an exporter
+/// shows them before the first event. An exporter calls it once after
+/// installing its recorder; libraries never need to.
+pub fn describe() {
+    metrics::describe_counter!(
+        CAS_ATTEMPTS_TOTAL,
+        "Txns sent by the CAS engine (first tries, retries, resends settling a lost answer)"
+    );
+    metrics::describe_counter!(
+        CAS_CONFLICTS_TOTAL,
+        "CAS engine txns rejected because something the decision read had changed"
+    );
+    metrics::describe_counter!(LOCK_ACQUIRED_TOTAL, "Locks granted");
+    metrics::describe_counter!(
+        LOCK_LOST_TOTAL,
+        "Locks a holder learned it had lost, by reason"
+    );
+    metrics::describe_counter!(SIDEEFFECT_TOTAL, "Runner::execute calls, by outcome");
+    metrics::describe_gauge!(
+        SIDEEFFECT_UNCERTAIN,
+        "Side-effect keys whose outcome is unknown (waiting for a reconcile)"
+    );
+    metrics::counter!(LOCK_ACQUIRED_TOTAL).increment(0);
+    for reason in LOCK_LOST_REASONS {
+        metrics::counter!(LOCK_LOST_TOTAL, "reason" => reason).increment(0);
+    }
+    for outcome in SIDEEFFECT_OUTCOMES {
+        metrics::counter!(SIDEEFFECT_TOTAL, "outcome" => outcome).increment(0);
+    }
+}
+
+/// Export the CAS series of `store` at 0 before the first txn (a rate over
+/// them then starts from 0).
+pub(crate) fn register_cas(store: &'static str) {
+    metrics::counter!(CAS_ATTEMPTS_TOTAL, "store" => store).increment(0);
+    metrics::counter!(CAS_CONFLICTS_TOTAL, "store" => store).increment(0);
+}
+
+pub(crate) fn cas_attempt(store: &'static str) {
+    metrics::counter!(CAS_ATTEMPTS_TOTAL, "store" => store).increment(1);
+}
+
+pub(crate) fn cas_conflict(store: &'static str) {
+    metrics::counter!(CAS_CONFLICTS_TOTAL, "store" => store).increment(1);
+}
+
+/// Count a granted lock in [`LOCK_ACQUIRED_TOTAL`]; for [`crate::Lock`]
+/// implementations outside this crate.
+pub fn lock_acquired() {
+    metrics::counter!(LOCK_ACQUIRED_TOTAL).increment(1);
+}
+
+/// Count a lost lock in [`LOCK_LOST_TOTAL`] when `error` is
+/// [`crate::LockError::Lost`] (and nothing otherwise); for [`crate::Lock`]
+/// implementations outside this crate, from their `renew`.
+pub fn lock_lost_if(error: &crate::LockError) {
+    if let crate::LockError::Lost { reason, .. } = error {
+        lock_lost(lost_reason(*reason));
+    }
+}
+
+pub(crate) fn lock_lost(reason: &'static str) {
+    metrics::counter!(LOCK_LOST_TOTAL, "reason" => reason).increment(1);
+}
+
+fn lost_reason(reason: LostReason) -> &'static str {
+    match reason {
+        LostReason::Expired => "expired",
+        LostReason::TakenOver => "taken_over",
+        LostReason::NotHeld => "not_held",
+    }
+}
+
+pub(crate) fn sideeffect(outcome: &'static str) {
+    metrics::counter!(SIDEEFFECT_TOTAL, "outcome" => outcome).increment(1);
+}

@@ -1,0 +1,212 @@
+//! The adapters' metrics, counted against a workload whose outcome is known.
+//!
+//! A local `DebuggingRecorder` (metrics::with_local_recorder) captures only
+//! this thread's metrics, so tests running in parallel do not mix counts; the
+//! workload runs on a current-thread runtime to stay on this thread.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_adapters::lock::{GenericLock, GuardOptions, Lock, LockGuard, LockOptions};
+use coord_adapters::sideeffect::{
+    Action, EffectResult, Outcome, Runner, SideEffectAdapter, SideEffectError,
+};
+use coord_adapters::telemetry::*;
+use coord_backend::{Backend, ManualClock, Metered, TXN_TOTAL};
+use coord_memory::SingleProcessMemoryBackend;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+/// `name{label=value,...}` → counter value, for every counter recorded.
+fn counters(recorder: &DebuggingRecorder) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for (key, _, _, value) in recorder.snapshotter().snapshot().into_vec() {
+        if let DebugValue::Counter(n) = value {
+            let key = key.key();
+            let labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            let name = if labels.is_empty() {
+                key.name().to_owned()
+            } else {
+                format!("{}{{{}}}", key.name(), labels.join(","))
+            };
+            out.insert(name, n);
+        }
+    }
+    out
+}
+
+fn sum(counts: &BTreeMap<String, u64>, name: &str) -> u64 {
+    counts
+        .iter()
+        .filter(|(k, _)| *k == name || k.starts_with(&format!("{name}{{")))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+fn run<F: std::future::Future<Output = ()>>(recorder: &DebuggingRecorder, workload: F) {
+    metrics::with_local_recorder(recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(workload)
+    });
+}
+
+fn store(name: &str) -> Arc<dyn Backend> {
+    Metered::wrap(
+        "memory",
+        Arc::new(SingleProcessMemoryBackend::new(name).unwrap()),
+    )
+}
+
+#[test]
+fn lock_metrics_count_grants_and_losses() {
+    let recorder = DebuggingRecorder::new();
+    run(&recorder, async {
+        let clock = Arc::new(ManualClock::starting_now());
+        let lock = GenericLock::with_options(
+            store("lock-metrics"),
+            LockOptions::default().with_clock(clock.clone()),
+        );
+        let ttl = Duration::from_secs(10);
+        let first = lock.try_lock("a", ttl).await.unwrap().unwrap();
+        assert!(lock.try_lock("a", ttl).await.unwrap().is_none());
+        clock.advance(Duration::from_secs(11));
+        let second = lock.try_lock("a", ttl).await.unwrap().unwrap();
+        // The first holder learns it lost the lock: one loss, taken over.
+        assert!(lock.renew(&first).await.unwrap_err().is_lost());
+        lock.release(second).await.unwrap();
+        let third = lock.try_lock("b", ttl).await.unwrap().unwrap();
+        lock.release(third).await.unwrap();
+    });
+    let counts = counters(&recorder);
+    assert_eq!(
+        counts.get(LOCK_ACQUIRED_TOTAL).copied(),
+        Some(3),
+        "{counts:#?}"
+    );
+    assert_eq!(
+        counts
+            .get(&format!("{LOCK_LOST_TOTAL}{{reason=taken_over}}"))
+            .copied(),
+        Some(1),
+        "{counts:#?}"
+    );
+    assert_eq!(sum(&counts, LOCK_LOST_TOTAL), 1, "{counts:#?}");
+    // Every txn the engine sent went through the metered store, and the other way round.
+    let attempts = sum(&counts, CAS_ATTEMPTS_TOTAL);
+    assert!(attempts >= 5, "{counts:#?}");
+    assert_eq!(attempts, sum(&counts, TXN_TOTAL), "{counts:#?}");
+    assert_eq!(
+        sum(&counts, CAS_CONFLICTS_TOTAL),
+        counts
+            .get(&format!("{TXN_TOTAL}{{store=memory,outcome=rejected}}"))
+            .copied()
+            .unwrap_or(0),
+        "{counts:#?}"
+    );
+}
+
+#[test]
+fn a_guard_that_loses_its_lock_counts_one_loss() {
+    let recorder = DebuggingRecorder::new();
+    run(&recorder, async {
+        let clock = Arc::new(ManualClock::starting_now());
+        let lock: Arc<dyn Lock> = Arc::new(GenericLock::with_options(
+            store("guard-metrics"),
+            LockOptions::default().with_clock(clock.clone()),
+        ));
+        let handle = lock
+            .try_lock("g", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .unwrap();
+        // Another holder takes over (the store's clock says the lease ran
+        // out), so the guard's next renewal answers Lost.
+        clock.advance(Duration::from_secs(6));
+        let other = lock
+            .try_lock("g", Duration::from_secs(10))
+            .await
+            .unwrap()
+            .unwrap();
+        let guard = LockGuard::new(
+            lock.clone(),
+            handle,
+            GuardOptions::default().with_renew_every(Duration::from_millis(10)),
+        );
+        let lost = guard.lost().await;
+        assert!(lost.is_lost(), "{lost}");
+        drop(guard);
+        lock.release(other).await.unwrap();
+    });
+    let counts = counters(&recorder);
+    assert_eq!(
+        counts.get(LOCK_ACQUIRED_TOTAL).copied(),
+        Some(2),
+        "{counts:#?}"
+    );
+    // Counted once: by the lock's renew, not again by the guard.
+    assert_eq!(sum(&counts, LOCK_LOST_TOTAL), 1, "{counts:#?}");
+}
+
+#[test]
+fn sideeffect_metrics_count_each_outcome() {
+    let recorder = DebuggingRecorder::new();
+    run(&recorder, async {
+        let runner = Runner::new(Arc::new(SideEffectAdapter::new(store("se-metrics"))));
+        let ttl = Duration::from_secs(30);
+        let ok = Action::new("refund/1", "payments");
+        let ran = runner
+            .execute(&ok, ttl, |_| async {
+                Ok::<_, std::io::Error>(EffectResult::from("r"))
+            })
+            .await
+            .unwrap();
+        assert_eq!(ran.outcome, Outcome::Applied);
+        let again = runner
+            .execute(&ok, ttl, |_| async {
+                Ok::<_, std::io::Error>(EffectResult::from("x"))
+            })
+            .await
+            .unwrap();
+        assert_eq!(again.outcome, Outcome::Replayed);
+        let failing = Action::new("refund/2", "payments");
+        let error = runner
+            .execute(&failing, ttl, |_| async {
+                Err::<EffectResult, _>(std::io::Error::other("timeout"))
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, SideEffectError::OutcomeUnknown { .. }),
+            "{error}"
+        );
+        let blocked = runner
+            .execute(&failing, ttl, |_| async {
+                Ok::<_, std::io::Error>(EffectResult::from("r"))
+            })
+            .await
+            .unwrap();
+        assert_eq!(blocked.outcome, Outcome::Uncertain);
+    });
+    let counts = counters(&recorder);
+    for outcome in ["applied", "replayed", "outcome_unknown", "uncertain"] {
+        assert_eq!(
+            counts
+                .get(&format!("{SIDEEFFECT_TOTAL}{{outcome={outcome}}}"))
+                .copied(),
+            Some(1),
+            "{outcome}: {counts:#?}"
+        );
+    }
+    assert_eq!(sum(&counts, SIDEEFFECT_TOTAL), 4, "{counts:#?}");
+    assert_eq!(
+        sum(&counts, CAS_ATTEMPTS_TOTAL),
+        sum(&counts, TXN_TOTAL),
+        "{counts:#?}"
+    );
+}
