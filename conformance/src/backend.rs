@@ -1,4 +1,4 @@
-//! The backend suite: the contract of the three primitives (SPEC §1).
+//! The backend suite: the contract of the three primitives.
 //!
 //! Run it with [`backend_tests!`](crate::backend_tests) or call the checks directly.
 //!

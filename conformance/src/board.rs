@@ -1,4 +1,4 @@
-//! The board suite: the contract of [`coord_adapters::board::Board`] (SPEC §2b).
+//! The board suite: the contract of [`coord_adapters::board::Board`].
 //!
 //! Every check is a plain `async fn` over a [`BoardEnv`]: a factory of board
 //! clients (each call a separate client of the same board, as another

@@ -1,4 +1,4 @@
-//! The lock suite: the contract of [`coord_adapters::lock::Lock`] (SPEC §2a),
+//! The lock suite: the contract of [`coord_adapters::lock::Lock`],
 //! plus the waiting `lock` and the renewing [`LockGuard`] on top of it.
 //!
 //! Every check is a plain `async fn` over a [`LockEnv`]: a factory of lock

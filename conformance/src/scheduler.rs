@@ -1,4 +1,4 @@
-//! The scheduler suite: the run-store contract of SPEC §3 / seed 002.
+//! The scheduler suite: the run-store contract of `coord_scheduler::RunStore`.
 //!
 //! Every check is a plain `async fn` over a [`SchedulerEnv`]: a
 //! [`BackendFactory`] (each call is another client of the store under test,

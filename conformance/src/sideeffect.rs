@@ -1,5 +1,5 @@
 //! The side-effect suite: one check per numbered rule of the at-most-once
-//! contract (`SIDEEFFECT_RULES.md`, SPEC §2c), named `rule_NN_…` after it.
+//! contract (docs/at-most-once.md and `coord_adapters::sideeffect`), named `rule_NN_…` after it.
 //!
 //! Run it with [`sideeffect_tests!`](crate::sideeffect_tests) or call the
 //! checks directly. Each check is a plain `async fn` over a [`Fixture`]: a

@@ -37,7 +37,7 @@ mod memory_suite {
 // ---------------------------------------------------------------------------
 
 /// A store whose txn ignores its asserts: every decision becomes
-/// read-then-write (the classic bug of seed 002's sequence diagram).
+/// read-then-write (the classic double run).
 #[derive(Debug)]
 struct NonAtomicBackend(SingleProcessMemoryBackend);
 

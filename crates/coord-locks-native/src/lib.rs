@@ -1,5 +1,5 @@
 //! Native locks behind coord's [`Lock`](coord_adapters::lock::Lock) trait:
-//! the two distributed backends of seed 000, each with fencing tokens.
+//! Redis and PostgreSQL's own locking, each with fencing tokens.
 //!
 //! | type | feature | acquire | renew | release | expiry judged by |
 //! | --- | --- | --- | --- | --- | --- |

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 use crate::{Schedule, Slot};
 
-/// How a job is coordinated across instances (seed 000's `LockingHint`).
+/// How a job is coordinated across instances.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]

@@ -1,5 +1,5 @@
 //! Cron and interval jobs that run **exactly once per (job, slot)** across
-//! every instance sharing a store (SPEC §3; seeds 002 and 000).
+//! every instance sharing a store.
 //!
 //! - A [`Schedule`] turns a cron expression (with a time zone and an explicit
 //!   DST policy) or an epoch-aligned interval into **slots**: scheduled

@@ -1,5 +1,5 @@
 //! The run store: who runs `(job, slot)`, decided once, atomically, over the
-//! three primitives (seed 002's `RunStore`).
+//! three primitives.
 //!
 //! # Contract ([`SlotStore`])
 //!
@@ -332,7 +332,7 @@ impl ManualRun {
     }
 }
 
-/// The contract a scheduler coordinates through (seed 002's `RunStore`).
+/// The contract a scheduler coordinates through.
 /// [`RunStore`] implements it over any [`Backend`]; the conformance suite
 /// checks any implementation.
 #[async_trait]

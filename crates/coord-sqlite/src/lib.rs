@@ -23,7 +23,7 @@
 //!
 //! For more than one host use a server store (PostgreSQL, Redis, etcd).
 //!
-//! # Shape (SPEC §1, per-store table)
+//! # Shape (docs/shapes.md has every store's)
 //!
 //! One table, created idempotently on open:
 //!

@@ -1,4 +1,4 @@
-//! A task board (SPEC §2b, seed 001 `taskboard.Board`).
+//! A task board (its contract: the board conformance suite).
 //!
 //! # Contract
 //!

@@ -1,4 +1,4 @@
-//! Locks with fencing tokens (SPEC §2a, seed 000 `LockingPlugin`).
+//! Locks with fencing tokens (guide: docs/locks.md; contract: the lock suite).
 //!
 //! # Contract
 //!

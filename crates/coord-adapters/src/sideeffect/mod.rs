@@ -17,7 +17,7 @@
 //!   each grant issues `highest ever + 1`, and the downstream refuses lower
 //!   fences ([`FencedSink`]).
 //!
-//! `acquire` decides in this order (SPEC §2c): **completed → `Replayed` >
+//! `acquire` decides in this order (docs/at-most-once.md, "The decision order"): **completed → `Replayed` >
 //! uncertain → `Uncertain` > unresolved execution intent → `Contended` while
 //! its lease is live, `Uncertain` once it expired or was released > resource
 //! leased by a live holder → `Contended` > grant → `Applied`** (fence =
@@ -44,13 +44,13 @@
 //! [`BackendFencedSink`]. JSON records; bytes that do not decode are
 //! [`coord_backend::Error::MalformedRecord`].
 //!
-//! # Choices where the rules and seeds are silent or disagree
+//! # Choices the contract leaves open
 //!
 //! Each keeps "never apply twice":
 //!
-//! - **Renew refusals are [`SideEffectError::LeaseLost`]** (seed 004 names
-//!   `ErrFenceStale` in `Store.Renew` but `ErrLeaseLost` for "renewal found
-//!   the gate changed hands" and in the runner): taken over, released,
+//! - **Renew refusals are [`SideEffectError::LeaseLost`]** (to a holder, a
+//!   stale fence and a gate that changed hands mean the same: stop):
+//!   taken over, released,
 //!   expired, or the attempt no longer open all answer `LeaseLost`. The
 //!   runner also maps a `FenceStale` from another store's renew to `LeaseLost`.
 //! - **`complete` frees the resource** in the same txn that records the
@@ -60,18 +60,18 @@
 //!   `complete` (3 round trips per uncontended run: acquire, renew-check,
 //!   complete). A lease used after its own `complete` is stale.
 //! - **`complete` on a completed key returns the first result without a
-//!   fence check** (seed: repeated Complete does not error); nothing is
+//!   fence check** (a repeated complete is not an error); nothing is
 //!   written, so a late holder cannot overwrite anything. `complete` on an
 //!   uncertain key is refused with [`SideEffectError::OutcomeUnknown`]: only
 //!   a resolution clears the mark. `complete` of an attempt that was
 //!   abandoned or resolved meanwhile → [`SideEffectError::FenceStale`].
 //! - **`complete` with the current fence after the lease's expiry (nobody
 //!   took over) is accepted**: recording a fact is always safer than
-//!   forgetting it. `renew` after expiry is refused (rule 20).
-//! - **Release keeps the intent** (seed 001 `StoreAdapter.Release`, over seed
-//!   004's older "the key can be acquired again"): a key released between
+//!   forgetting it. `renew` after expiry is refused (suite check `rule_20_renew_after_expiry`).
+//! - **Release keeps the intent** (not "the key can be acquired again",
+//!   which would let an attempt that may have applied run twice): a key released between
 //!   grant and complete reads as `Uncertain` until abandoned or reconciled.
-//! - **Retry-safe re-grant** (rule 6): an intent whose lease expired or was
+//! - **Retry-safe re-grant** (suite check `rule_06_dead_intent_uncertain`): an intent whose lease expired or was
 //!   released is granted again (higher fence) only when the action was
 //!   declared [`RetrySafety::Safe`] both when it was granted and now.
 //!   `Unknown` and `Unsafe` read as `Uncertain`.
