@@ -40,7 +40,10 @@ pub const SIDEEFFECT_TOTAL: &str = "coord_sideeffect_total";
 /// (`coordctl cron --metrics-addr` and `coordctl serve` do, per scrape).
 pub const SIDEEFFECT_UNCERTAIN: &str = "coord_sideeffect_uncertain";
 
-use crate::lock::LostReason;
+use tracing::Instrument;
+
+use crate::lock::{LockHandle, LostReason};
+use crate::LockError;
 
 /// Every value of the `reason` label of [`LOCK_LOST_TOTAL`].
 pub const LOCK_LOST_REASONS: [&str; 4] = ["expired", "taken_over", "not_held", "error"];
@@ -134,4 +137,50 @@ fn lost_reason(reason: LostReason) -> &'static str {
 
 pub(crate) fn sideeffect(outcome: &'static str) {
     metrics::counter!(SIDEEFFECT_TOTAL, "outcome" => outcome).increment(1);
+}
+
+/// The span and metrics of one `try_lock`, shared by every [`crate::Lock`]
+/// implementation outside this crate: a `lock.try_lock` span with `key`,
+/// `store` and (once granted) `fence`, and [`LOCK_ACQUIRED_TOTAL`] on a grant.
+pub async fn observe_try_lock(
+    store: &str,
+    key: &str,
+    attempt: impl std::future::Future<Output = Result<Option<LockHandle>, LockError>>,
+) -> Result<Option<LockHandle>, LockError> {
+    let span =
+        tracing::info_span!("lock.try_lock", key = %key, store, fence = tracing::field::Empty);
+    let answer = attempt.instrument(span.clone()).await;
+    if let Ok(Some(handle)) = &answer {
+        span.record("fence", handle.fence());
+        lock_acquired();
+    }
+    answer
+}
+
+/// The span and metrics of one `renew` (see [`observe_try_lock`]):
+/// [`LOCK_LOST_TOTAL`] when it answers [`LockError::Lost`].
+pub async fn observe_renew(
+    store: &str,
+    handle: &LockHandle,
+    attempt: impl std::future::Future<Output = Result<(), LockError>>,
+) -> Result<(), LockError> {
+    let span =
+        tracing::info_span!("lock.renew", key = %handle.key(), store, fence = handle.fence());
+    let renewed = attempt.instrument(span).await;
+    if let Err(error) = &renewed {
+        lock_lost_if(error);
+    }
+    renewed
+}
+
+/// The span of one `release` of the lock on `key` held with `fence` (see
+/// [`observe_try_lock`]; the handle itself moves into the release).
+pub async fn observe_release(
+    store: &str,
+    key: &str,
+    fence: u64,
+    attempt: impl std::future::Future<Output = Result<(), LockError>>,
+) -> Result<(), LockError> {
+    let span = tracing::info_span!("lock.release", key = %key, store, fence);
+    attempt.instrument(span).await
 }

@@ -561,34 +561,17 @@ impl PgAdvisoryLock {
 
 #[async_trait]
 impl Lock for PgAdvisoryLock {
-    #[tracing::instrument(name = "lock.try_lock", skip_all, fields(
-        key = %key, store = "postgres", fence = tracing::field::Empty,
-    ))]
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
-        let answer = self.try_lock_inner(key, ttl).await;
-        if let Ok(Some(handle)) = &answer {
-            tracing::Span::current().record("fence", handle.fence());
-            telemetry::lock_acquired();
-        }
-        answer
+        telemetry::observe_try_lock("postgres", key, self.try_lock_inner(key, ttl)).await
     }
 
-    #[tracing::instrument(name = "lock.renew", skip_all, fields(
-        key = %handle.key(), store = "postgres", fence = handle.fence(),
-    ))]
     async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
-        let renewed = self.renew_inner(handle).await;
-        if let Err(error) = &renewed {
-            telemetry::lock_lost_if(error);
-        }
-        renewed
+        telemetry::observe_renew("postgres", handle, self.renew_inner(handle)).await
     }
 
-    #[tracing::instrument(name = "lock.release", skip_all, fields(
-        key = %handle.key(), store = "postgres", fence = handle.fence(),
-    ))]
     async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
-        self.release_inner(handle).await
+        let (key, fence) = (handle.key().to_owned(), handle.fence());
+        telemetry::observe_release("postgres", &key, fence, self.release_inner(handle)).await
     }
 }
 

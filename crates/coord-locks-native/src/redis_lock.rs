@@ -241,7 +241,7 @@ impl RedisLock {
                 url.scheme()
             )));
         }
-        let endpoint = redact(url.without_namespace());
+        let endpoint = coord_backend::redact::url(url.without_namespace());
         let client = redis::Client::open(url.without_namespace())
             .map_err(|e| Error::Config(format!("redis URL {endpoint}: {e}")))?;
         let config = ConnectionManagerConfig::new()
@@ -438,34 +438,17 @@ impl RedisLock {
 
 #[async_trait]
 impl Lock for RedisLock {
-    #[tracing::instrument(name = "lock.try_lock", skip_all, fields(
-        key = %key, store = "redis", fence = tracing::field::Empty,
-    ))]
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
-        let answer = self.try_lock_inner(key, ttl).await;
-        if let Ok(Some(handle)) = &answer {
-            tracing::Span::current().record("fence", handle.fence());
-            telemetry::lock_acquired();
-        }
-        answer
+        telemetry::observe_try_lock("redis", key, self.try_lock_inner(key, ttl)).await
     }
 
-    #[tracing::instrument(name = "lock.renew", skip_all, fields(
-        key = %handle.key(), store = "redis", fence = handle.fence(),
-    ))]
     async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
-        let renewed = self.renew_inner(handle).await;
-        if let Err(error) = &renewed {
-            telemetry::lock_lost_if(error);
-        }
-        renewed
+        telemetry::observe_renew("redis", handle, self.renew_inner(handle)).await
     }
 
-    #[tracing::instrument(name = "lock.release", skip_all, fields(
-        key = %handle.key(), store = "redis", fence = handle.fence(),
-    ))]
     async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
-        self.release_inner(handle).await
+        let (key, fence) = (handle.key().to_owned(), handle.fence());
+        telemetry::observe_release("redis", &key, fence, self.release_inner(handle)).await
     }
 }
 
@@ -528,23 +511,6 @@ fn ran_nothing(error: &RedisError) -> bool {
         )
 }
 
-/// `scheme://user:***@host…`: never put a password in a message.
-fn redact(raw: &str) -> String {
-    let Some((scheme, rest)) = raw.split_once("://") else {
-        return raw.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            let hidden = if userinfo.contains(':') { ":***" } else { "" };
-            format!("{scheme}://{user}{hidden}@{host}{tail}")
-        }
-        None => raw.to_owned(),
-    }
-}
-
 /// The default key prefix of `namespace`: `<namespace>:lock:` with each `:`
 /// of the namespace written `{}` (namespaces never contain braces), so that
 /// namespace `a` + key `b:lock:c` and namespace `a:lock:b` + key `c` never
@@ -570,14 +536,5 @@ mod tests {
         assert_eq!(ttl_millis(Duration::from_millis(5)).unwrap(), 5);
         assert_eq!(ttl_millis(Duration::from_micros(5_001)).unwrap(), 6);
         assert!(ttl_millis(MAX_TTL + Duration::from_secs(1)).is_err());
-    }
-
-    #[test]
-    fn passwords_never_reach_messages() {
-        assert_eq!(
-            redact("redis://user:secret@host:6379/0"),
-            "redis://user:***@host:6379/0"
-        );
-        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
     }
 }

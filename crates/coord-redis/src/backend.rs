@@ -341,7 +341,7 @@ impl RedisBackend {
         let namespace = url.namespace().to_owned();
         // StoreUrl already checked it; this store relies on "no braces" for its hash tag.
         validate_namespace(&namespace)?;
-        let endpoint = redact(url.without_namespace());
+        let endpoint = coord_backend::redact::url(url.without_namespace());
         let (cluster, tls) = match url.scheme() {
             "redis" => (false, false),
             "rediss" => (false, true),
@@ -797,27 +797,10 @@ fn cluster_nodes(url: &StoreUrl, tls: bool) -> Result<Vec<String>> {
     if nodes.is_empty() {
         return Err(Error::Config(format!(
             "cluster URL {} names no node (expected redis+cluster://host:port,host:port)",
-            redact(url.without_namespace())
+            coord_backend::redact::url(url.without_namespace())
         )));
     }
     Ok(nodes)
-}
-
-/// The URL with its password replaced by `***`.
-fn redact(raw: &str) -> String {
-    let Some((scheme, rest)) = raw.split_once("://") else {
-        return raw.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => {
-            let user = userinfo.split_once(':').map(|(u, _)| u).unwrap_or(userinfo);
-            let hidden = if userinfo.contains(':') { ":***" } else { "" };
-            format!("{scheme}://{user}{hidden}@{hosts}{tail}")
-        }
-        None => raw.to_owned(),
-    }
 }
 
 fn array(value: Value) -> std::result::Result<Vec<Value>, Vec<Value>> {
@@ -877,15 +860,5 @@ mod tests {
             vec!["rediss://h:1?protocol=resp3"]
         );
         assert!(cluster_nodes(&StoreUrl::parse("redis+cluster://").unwrap(), false).is_err());
-    }
-
-    #[test]
-    fn redacts_passwords() {
-        assert_eq!(
-            redact("redis://user:secret@h:1/0?x=1"),
-            "redis://user:***@h:1/0?x=1"
-        );
-        assert_eq!(redact("redis://h:1"), "redis://h:1");
-        assert_eq!(redact("redis://:secret@h:1"), "redis://:***@h:1");
     }
 }

@@ -55,7 +55,10 @@ pub(crate) async fn run(args: ConformanceArgs) -> Result<ExitCode, Error> {
     .await;
     bar.finish_and_clear();
 
-    let view = crate::views::conformance(crate::cron::redact(url.without_namespace()), &reports);
+    let view = crate::views::conformance(
+        coord_backend::redact::url(url.without_namespace()),
+        &reports,
+    );
     let code = if view.failed == 0 {
         ExitCode::SUCCESS
     } else {

@@ -124,24 +124,12 @@ async fn open_store(config: &Config) -> Result<Option<(Arc<RunStore>, String)>, 
             .unwrap_or_else(|_| PathBuf::from(url.body()));
         format!("sqlite://{}", absolute.display())
     } else {
-        redact(url.without_namespace())
+        coord_backend::redact::url(url.without_namespace())
     };
     Ok(Some((
         Arc::new(run_store),
         format!("{shown} (namespace {})", url.namespace()),
     )))
-}
-
-/// Hide the user-info part of a URL (`postgres://user:secret@host` → `postgres://***@host`).
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}://***{}", &rest[at..]),
-        None => url.to_owned(),
-    }
 }
 
 pub(crate) fn fmt_time(ms: u64, tz: Option<Tz>) -> String {
@@ -589,16 +577,6 @@ mod tests {
             ]
         );
         assert!(config.jobs[1].schedule.time_zone().is_some());
-    }
-
-    #[test]
-    fn redacts_credentials_only() {
-        assert_eq!(
-            redact("postgres://u:secret@127.0.0.1:5432/db?sslmode=disable"),
-            "postgres://***@127.0.0.1:5432/db?sslmode=disable"
-        );
-        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
-        assert_eq!(redact("etcd://a:1,b:2"), "etcd://a:1,b:2");
     }
 
     #[test]

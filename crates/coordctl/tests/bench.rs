@@ -4,11 +4,13 @@
 //! for, positive times), that baselines are there where the store has them,
 //! and that the raw baselines' records are gone afterwards.
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use coord_backend::StoreUrl;
 use serde_json::Value;
+
+mod common;
+use common::{unique, Scratch};
 
 const COORDCTL: &str = env!("CARGO_BIN_EXE_coordctl");
 const ITERATIONS: u64 = 6;
@@ -21,31 +23,6 @@ const ROWS: [(&str, &str); 5] = [
     ("sideeffect", "execute"),
     ("sideeffect", "replay"),
 ];
-
-fn unique(label: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("bench-{label}-{}-{nanos:x}", std::process::id())
-}
-
-/// A scratch directory, removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new() -> Scratch {
-        let dir = std::env::temp_dir().join(format!("coordctl-{}", unique("test")));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn coordctl(args: &[&str]) -> Output {
     Command::new(COORDCTL)
@@ -150,7 +127,7 @@ fn check_report(report: &Value, namespace_prefix: &str, baselines: &[(&str, &str
 
 #[test]
 fn sqlite_json_and_table() {
-    let scratch = Scratch::new();
+    let scratch = Scratch::new("bench");
     let url = format!(
         "sqlite://{}?namespace=app",
         scratch.0.join("c.db").display()
@@ -244,7 +221,7 @@ fn server(var: &str, label: &str, with_native_lock: bool) {
     } else {
         base
     };
-    let namespace = unique(label);
+    let namespace = unique(&format!("bench-{label}"));
     let url = StoreUrl::parse(&base).unwrap().with_namespace(&namespace);
     let report = bench_json(&url);
     let mut baselines = vec![

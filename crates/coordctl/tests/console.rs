@@ -39,42 +39,13 @@ use coord_scheduler::{
 };
 use serde_json::Value;
 
+mod common;
+use common::{unique, Scratch};
+
 const COORDCTL: &str = env!("CARGO_BIN_EXE_coordctl");
 const HOSTILE: &str = "<script>alert(1)</script>";
 const HOSTILE_EFFECT: &str = "<img src=x onerror=alert(2)>";
 const TEN_MIN: Duration = Duration::from_secs(600);
-
-/// A per-test scratch directory, removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "coordctl-console-{name}-{}-{:08x}",
-            std::process::id(),
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap()
-                .subsec_nanos()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn fresh_namespace(store: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("console-{store}-{}-{nanos:x}", std::process::id())
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -933,7 +904,7 @@ fn check_metrics(server: &Server) {
 
 /// Everything on one store; the browser part only when `browser`.
 fn console_on(name: &str, url: String, browser: bool) {
-    let scratch = Scratch::new(name);
+    let scratch = Scratch::new(&format!("console-{name}"));
     let seeded = seed(&url);
     {
         let server = Server::start(&url, &[]);
@@ -973,11 +944,11 @@ fn check_metrics_after_reconcile(server: &Server) {
 
 #[test]
 fn console_sqlite() {
-    let scratch = Scratch::new("sqlite-db");
+    let scratch = Scratch::new("console-sqlite-db");
     let url = format!(
         "sqlite://{}?namespace={}",
         scratch.0.join("coord.db").display(),
-        fresh_namespace("sqlite")
+        unique("console-sqlite")
     );
     console_on("sqlite", url, true);
 }
@@ -989,7 +960,7 @@ fn console_postgres() {
     };
     let url = coord_backend::StoreUrl::parse(&base)
         .unwrap()
-        .with_namespace(&fresh_namespace("pg"));
+        .with_namespace(&unique("console-pg"));
     console_on("postgres", url, false);
 }
 
@@ -1000,13 +971,13 @@ fn console_redis() {
     };
     let url = coord_backend::StoreUrl::parse(&base)
         .unwrap()
-        .with_namespace(&fresh_namespace("redis"));
+        .with_namespace(&unique("console-redis"));
     console_on("redis", url, false);
 }
 
 #[test]
 fn serve_refuses_a_remote_address_or_a_missing_file() {
-    let scratch = Scratch::new("remote");
+    let scratch = Scratch::new("console-remote");
     let url = format!("sqlite://{}", scratch.0.join("coord.db").display());
     let out = Command::new(COORDCTL)
         .args(["serve", "--store", &url, "--addr", "0.0.0.0:0"])
@@ -1043,9 +1014,9 @@ fn serve_refuses_a_remote_address_or_a_missing_file() {
 /// the same records the console's API shows.
 #[test]
 fn json_outputs_parse() {
-    let scratch = Scratch::new("json");
+    let scratch = Scratch::new("console-json");
     let db = scratch.0.join("coord.db");
-    let ns = fresh_namespace("json");
+    let ns = unique("console-json");
     let url = format!("sqlite://{}?namespace={ns}", db.display());
     let seeded = seed(&url);
 
@@ -1158,7 +1129,7 @@ fn json_outputs_parse() {
 /// `conformance --json`: one document with every case of the suite asked for.
 #[test]
 fn conformance_json_parses() {
-    let scratch = Scratch::new("conf");
+    let scratch = Scratch::new("console-conf");
     let url = format!("sqlite://{}", scratch.0.join("coord.db").display());
     let out = Command::new(COORDCTL)
         .args([

@@ -14,11 +14,14 @@
 //! `COORD_TEST_REDIS_URL` are set (SKIPPED otherwise).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use coord_adapters::sideeffect::{KeyStatus, SideEffectAdapter};
 use serde_json::Value;
+
+mod common;
+use common::{unique, Scratch};
 
 const COORDCTL: &str = env!("CARGO_BIN_EXE_coordctl");
 
@@ -28,38 +31,6 @@ fn iterations() -> u32 {
         .and_then(|v| v.trim().parse().ok())
         .filter(|n| *n > 0)
         .unwrap_or(40)
-}
-
-/// A per-test scratch directory, removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let dir = std::env::temp_dir().join(format!(
-            "coordctl-crash-{name}-{}-{nanos:08x}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn fresh_namespace(store: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("crash-{store}-{}-{nanos:x}", std::process::id())
 }
 
 fn counter_lines(path: &Path) -> HashMap<String, u64> {
@@ -73,7 +44,7 @@ fn counter_lines(path: &Path) -> HashMap<String, u64> {
 
 /// Drive the kill loop on `url` and check everything it left behind.
 fn crash_store(name: &str, url: String) {
-    let scratch = Scratch::new(name);
+    let scratch = Scratch::new(&format!("crash-{name}"));
     let counter = scratch.0.join("counter.txt");
     let report_path = scratch.0.join("report.json");
     let n = iterations();
@@ -167,11 +138,11 @@ fn crash_store(name: &str, url: String) {
 
 #[test]
 fn crash_sqlite() {
-    let scratch = Scratch::new("sqlite-db");
+    let scratch = Scratch::new("crash-sqlite-db");
     let url = format!(
         "sqlite://{}?namespace={}",
         scratch.0.join("coord.db").display(),
-        fresh_namespace("sqlite")
+        unique("crash-sqlite")
     );
     crash_store("sqlite", url);
 }
@@ -183,7 +154,7 @@ fn crash_postgres() {
     };
     let url = coord_backend::StoreUrl::parse(&base)
         .expect("COORD_TEST_POSTGRES_URL parses")
-        .with_namespace(&fresh_namespace("pg"));
+        .with_namespace(&unique("crash-pg"));
     crash_store("postgres", url);
 }
 
@@ -194,7 +165,7 @@ fn crash_redis() {
     };
     let url = coord_backend::StoreUrl::parse(&base)
         .expect("COORD_TEST_REDIS_URL parses")
-        .with_namespace(&fresh_namespace("redis"));
+        .with_namespace(&unique("crash-redis"));
     crash_store("redis", url);
 }
 
@@ -202,7 +173,7 @@ fn crash_redis() {
 /// key is not uncertain, and changes nothing.
 #[test]
 fn reconcile_refuses_a_key_that_is_not_uncertain() {
-    let scratch = Scratch::new("refuse");
+    let scratch = Scratch::new("crash-refuse");
     let url = format!("sqlite://{}", scratch.0.join("coord.db").display());
     let counter = scratch.0.join("counter.txt");
     let child = Command::new(COORDCTL)
@@ -254,7 +225,7 @@ fn reconcile_refuses_a_key_that_is_not_uncertain() {
 /// and `reconcile --not-applied` lets the key apply once.
 #[test]
 fn marked_uncertain_key_is_listed_and_reconciled() {
-    let scratch = Scratch::new("marked");
+    let scratch = Scratch::new("crash-marked");
     let url = format!(
         "sqlite://{}?namespace=marked",
         scratch.0.join("coord.db").display()

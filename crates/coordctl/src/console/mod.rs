@@ -121,13 +121,13 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode, Error> {
     // Fail fast with the store's own error when it cannot be reached at all
     // (some clients connect lazily): one read proves the store answers.
     backend.snapshot(&["coordctl/probe".to_owned()]).await?;
-    let redacted = crate::cron::redact(url.without_namespace());
+    let redacted = coord_backend::redact::url(url.without_namespace());
     let state = Arc::new(AppState {
         uncertain: crate::metrics::UncertainGauge::new(backend.clone()),
         metrics,
         stores: Stores::new(backend)?,
         shown: format!("{redacted} (namespace {})", url.namespace()),
-        command_url: crate::cron::redact(&args.store),
+        command_url: coord_backend::redact::url(&args.store),
         allow_writes: args.allow_writes,
         allow_remote: args.allow_remote,
         csrf: coord_adapters::mint_token(),
