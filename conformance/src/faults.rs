@@ -426,6 +426,15 @@ impl Backend for FaultyBackend {
         self.inner.limits()
     }
 
+    fn store_name(&self) -> &'static str {
+        self.inner.store_name()
+    }
+
+    // Wake-ups pass through untouched: faults act on the three primitives.
+    fn changes(&self) -> Option<&dyn coord_backend::Changes> {
+        self.inner.changes()
+    }
+
     async fn snapshot(&self, keys: &[String]) -> coord_backend::Result<Vec<Entry>> {
         self.run(Call::Read, "snapshot", || self.inner.snapshot(keys), None)
             .await

@@ -69,6 +69,13 @@ pub trait Backend: Send + Sync + Debug {
         "unnamed"
     }
 
+    /// Change notifications, when this store offers them (see
+    /// [`crate::Changes`]: wake-ups only, never a source of truth). `None`
+    /// (the default): waiters poll.
+    fn changes(&self) -> Option<&dyn crate::Changes> {
+        None
+    }
+
     /// A consistent view of `keys` at one instant.
     ///
     /// Returns one entry per distinct key, in the order of first appearance.

@@ -27,6 +27,7 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod backend;
+mod changes;
 mod clock;
 mod error;
 pub mod metered;
@@ -36,6 +37,7 @@ mod types;
 mod validate;
 
 pub use backend::{Backend, BackendExt, Limits};
+pub use changes::{ChangeWatch, Changes};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, InvalidInput, Result};
 pub use metered::{Metered, TXN_SECONDS, TXN_TOTAL};

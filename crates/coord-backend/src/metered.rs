@@ -129,6 +129,10 @@ impl Backend for Metered {
         self.store
     }
 
+    fn changes(&self) -> Option<&dyn crate::Changes> {
+        self.inner.changes()
+    }
+
     async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
         self.inner.snapshot(keys).await
     }
