@@ -23,6 +23,7 @@ pub mod lock;
 pub mod sideeffect;
 pub mod telemetry;
 pub mod token;
+pub mod wake;
 
 pub use board::{Board, BoardAdapter, BoardError};
 pub use cas::{CasEngine, CasOptions, CasStats, Decision, View};
