@@ -201,7 +201,10 @@ impl BuggyElection {
         if !self.bugs.term_not_bumped {
             return leadership.clone();
         }
-        let term = self.inner.term(leadership.name()).await.unwrap_or(1);
+        let term = match self.inner.status(leadership.name()).await {
+            Ok(Some(status)) => status.term,
+            _ => 1,
+        };
         Leadership::new(
             leadership.name(),
             leadership.candidate(),

@@ -572,9 +572,10 @@ impl GenericElection {
         Ok(Self::live_leader(name, &record, self.clock.now_millis()))
     }
 
-    /// The term counter of `name` (the latest term ever granted, 0 = never),
-    /// for inspection.
-    pub async fn term(&self, name: &str) -> Result<u64, ElectionError> {
+    /// What the store holds for `name`, in one consistent read, for
+    /// inspection only: the latest term granted (0 = never won) and the
+    /// live leader. `Ok(None)`: no record (never campaigned).
+    pub async fn status(&self, name: &str) -> Result<Option<ElectionStatus>, ElectionError> {
         validate_election_input(name, "-", Duration::from_millis(1))?;
         let record_key = self.record_key(name);
         let entries = self
@@ -582,12 +583,28 @@ impl GenericElection {
             .snapshot(std::slice::from_ref(&record_key))
             .await?;
         let Some(bytes) = entries.first().and_then(|e| e.value.as_deref()) else {
-            return Ok(0);
+            return Ok(None);
         };
         let record: ElectionRecord = serde_json::from_slice(bytes)
             .map_err(|e| Error::malformed(&record_key, format!("not an election record: {e}")))?;
-        Ok(record.term)
+        Ok(Some(ElectionStatus {
+            name: name.to_owned(),
+            term: record.term,
+            leader: Self::live_leader(name, &record, self.clock.now_millis()),
+        }))
     }
+}
+
+/// What the store holds for one election (see [`GenericElection::status`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ElectionStatus {
+    /// The election.
+    pub name: String,
+    /// The latest term granted (0 = never won); kept across resignations.
+    pub term: u64,
+    /// The live leader, if any.
+    pub leader: Option<LeaderInfo>,
 }
 
 #[async_trait]
@@ -750,7 +767,8 @@ mod tests {
             .unwrap();
         assert!(!format!("{a:?}").contains(a.token()));
         election.resign(a).await.unwrap();
-        assert_eq!(election.term("e").await.unwrap(), 1);
+        let status = election.status("e").await.unwrap().unwrap();
+        assert_eq!((status.term, status.leader), (1, None));
         let b = election
             .try_campaign("e", "b", "y", ttl)
             .await
