@@ -290,6 +290,9 @@ pub trait Election: Send + Sync + Debug {
     ) -> Result<Option<Leadership>, ElectionError>;
 
     /// Wait up to `timeout` to become leader of `name` ([`ElectionError::Timeout`] after it).
+    ///
+    /// Leadership belongs to one win (its token), not to a candidate id: a
+    /// second campaign with the id of the live leader waits like any other.
     async fn campaign(
         &self,
         name: &str,
