@@ -510,8 +510,11 @@ impl GenericRwLock {
                 });
             }
             attempts += 1;
-            let pause = fallback_pause(attempts, self.max_poll);
-            wake.until((now + pause).min(deadline)).await;
+            // A queued writer refreshes its queue entry when it polls: poll
+            // well inside its TTL so the entry never lapses while it waits.
+            let max = self.max_poll.min((ttl / 4).max(Duration::from_millis(1)));
+            wake.until((now + fallback_pause(attempts, max)).min(deadline))
+                .await;
         }
     }
 
@@ -680,6 +683,39 @@ mod tests {
         let record: RwRecord = serde_json::from_slice(&stored).unwrap();
         assert_eq!((record.fence, record.holders.len()), (12, 1));
         assert!(!format!("{record:?}").contains(w.lease().token()));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiting_writer_keeps_its_place_past_its_ttl() {
+        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("rw").unwrap());
+        // Real time, and a fallback poll far longer than the writer's TTL:
+        // only polling inside the TTL keeps its queue entry alive.
+        let mut options = RwLockOptions::default();
+        options.max_poll = Duration::from_secs(30);
+        let lock = Arc::new(GenericRwLock::with_options(backend, options));
+        let r = lock
+            .try_read("k", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .unwrap();
+        let writer = lock.clone();
+        let waiting = tokio::spawn(async move {
+            writer
+                .write("k", Duration::from_secs(1), Duration::from_secs(60))
+                .await
+        });
+        while lock.status("k").await.unwrap().unwrap().queued_writers == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let queued_at = Instant::now();
+        while queued_at.elapsed() < Duration::from_secs(3) {
+            let status = lock.status("k").await.unwrap().unwrap();
+            assert_eq!(status.queued_writers, 1, "the queue entry lapsed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        lock.release(r).await.unwrap();
+        let w = waiting.await.unwrap().unwrap();
+        assert_eq!((w.mode(), w.fence()), (RwMode::Write, 2));
     }
 
     #[tokio::test]
