@@ -398,6 +398,12 @@ impl ElectionOptions {
         self.key_prefix = prefix.into();
         self
     }
+
+    /// The longest fallback sleep of a waiting call between two attempts.
+    pub fn with_max_poll(mut self, max_poll: Duration) -> Self {
+        self.max_poll = max_poll.max(Duration::from_millis(1));
+        self
+    }
 }
 
 /// What is stored under `<prefix><name>`.

@@ -243,6 +243,12 @@ impl RwLockOptions {
         self.key_prefix = prefix.into();
         self
     }
+
+    /// The longest fallback sleep of a waiting call between two attempts.
+    pub fn with_max_poll(mut self, max_poll: Duration) -> Self {
+        self.max_poll = max_poll.max(Duration::from_millis(1));
+        self
+    }
 }
 
 /// What is stored under `<prefix><key>`.
@@ -690,8 +696,7 @@ mod tests {
         let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("rw").unwrap());
         // Real time, and a fallback poll far longer than the writer's TTL:
         // only polling inside the TTL keeps its queue entry alive.
-        let mut options = RwLockOptions::default();
-        options.max_poll = Duration::from_secs(30);
+        let options = RwLockOptions::default().with_max_poll(Duration::from_secs(30));
         let lock = Arc::new(GenericRwLock::with_options(backend, options));
         let r = lock
             .try_read("k", Duration::from_secs(60))
