@@ -11,6 +11,8 @@
 //! - [`late_commit_try_lock`]: a grant whose answer was lost and that lands
 //!   after the caller's next call is recognised as the caller's own;
 //! - [`late_commit_release`]: likewise for a release (never "lost");
+//! - [`late_commit_try_write`]: a read-write lock's write grant that lands late is the caller's;
+//! - [`late_commit_campaign`]: an election win that lands late is the caller's, never "someone leads";
 //! - [`late_commit_board_claim`]: a claim is the caller's, never "already claimed";
 //! - [`late_commit_runner`]: the side effect runs once, never "contended" by itself;
 //! - [`late_commit_fenced_sink`]: a landed fenced write is never "stale";
@@ -24,7 +26,9 @@ use std::time::Duration;
 
 use coord_adapters::board::{Board, BoardAdapter, BoardError, TaskSpec};
 use coord_adapters::cas::CasOptions;
+use coord_adapters::election::{Election, ElectionError, GenericElection};
 use coord_adapters::lock::{GenericLock, Lock, LockError, LockOptions};
+use coord_adapters::rwlock::{GenericRwLock, RwLock};
 use coord_adapters::sideeffect::{
     Action, BackendFencedSink, EffectResult, Fence, FencedSink, Outcome, Runner, SideEffectAdapter,
     SideEffectError,
@@ -125,6 +129,101 @@ pub async fn late_commit_release(factory: BackendFactory) -> CheckResult {
                 return Err(Failure::new(format!(
                     "late commit ({after_calls}): release of the holder's own lock: {e}"
                 )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A read-write lock's `try_write` whose grant lands late: `Some(handle)`
+/// whose token is in the record, or indeterminate; never `None` (nobody
+/// else is there).
+pub async fn late_commit_try_write(factory: BackendFactory) -> CheckResult {
+    for after_calls in LATE {
+        for warm in [false, true] {
+            let (faulty, store) =
+                wrapped(&factory, "late_try_write", u64::from(after_calls)).await?;
+            let rw = GenericRwLock::new(faulty.clone());
+            if warm {
+                let h = rw.try_read("k", TTL).await.map_err(lock_failure)?;
+                let h = h.ok_or_else(|| Failure::new("a free key was not granted"))?;
+                rw.release(h).await.map_err(lock_failure)?;
+            }
+            faulty.once(Target::WritingTxn, Fault::LateCommit { after_calls });
+            let answer = rw.try_write("k", TTL).await;
+            faulty.flush().await;
+            let record = store.get("rwlock/k").await?;
+            let record =
+                String::from_utf8_lossy(record.value.as_deref().unwrap_or_default()).into_owned();
+            match answer {
+                Ok(Some(handle)) => ensure!(
+                    record.contains(handle.lease().token()),
+                    "late commit ({after_calls}, warm {warm}): write granted, but the record does \
+                     not hold it"
+                ),
+                Ok(None) => {
+                    return Err(Failure::new(format!(
+                        "late commit ({after_calls}, warm {warm}): try_write said \"held\" with \
+                         nobody else there"
+                    )))
+                }
+                Err(LockError::Store(e)) if e.is_indeterminate() => {}
+                Err(e) => {
+                    return Err(Failure::new(format!(
+                        "late commit ({after_calls}, warm {warm}): {e}"
+                    )))
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A campaign whose win lands late: the caller leads (the store's leader
+/// is it, with its term) or the answer is indeterminate; never a timeout
+/// caused by its own win.
+pub async fn late_commit_campaign(factory: BackendFactory) -> CheckResult {
+    for after_calls in LATE {
+        for warm in [false, true] {
+            let (faulty, store) =
+                wrapped(&factory, "late_campaign", u64::from(after_calls)).await?;
+            let election = GenericElection::new(faulty.clone());
+            if warm {
+                let won = election
+                    .try_campaign("e", "me", "v", TTL)
+                    .await
+                    .map_err(|e| Failure::new(format!("campaign: {e}")))?
+                    .ok_or_else(|| Failure::new("an empty election was not won"))?;
+                election
+                    .resign(won)
+                    .await
+                    .map_err(|e| Failure::new(format!("resign: {e}")))?;
+            }
+            faulty.once(Target::WritingTxn, Fault::LateCommit { after_calls });
+            let answer = election
+                .campaign("e", "me", "v", TTL, Duration::from_millis(200))
+                .await;
+            faulty.flush().await;
+            let truth = GenericElection::new(store.clone());
+            let leader = truth
+                .leader("e")
+                .await
+                .map_err(|e| Failure::new(format!("leader: {e}")))?;
+            match answer {
+                Ok(won) => ensure!(
+                    leader.as_ref().map(|l| (l.candidate.as_str(), l.term))
+                        == Some(("me", won.term())),
+                    "late commit ({after_calls}, warm {warm}): won term {}, but the store's \
+                     leader is {leader:?}",
+                    won.term()
+                ),
+                Err(ElectionError::Store(e)) if e.is_indeterminate() => {}
+                Err(e) => {
+                    return Err(Failure::new(format!(
+                        "late commit ({after_calls}, warm {warm}): campaign with nobody else \
+                         there: {e}"
+                    )))
+                }
             }
         }
     }
@@ -345,6 +444,8 @@ macro_rules! fault_model_checks {
 fault_model_checks!(
     late_commit_try_lock,
     late_commit_release,
+    late_commit_try_write,
+    late_commit_campaign,
     late_commit_board_claim,
     late_commit_runner,
     late_commit_fenced_sink,
@@ -360,6 +461,8 @@ macro_rules! fault_model_tests {
         $crate::__cases_as_tests!($crate::fault_model::cases, $factory;
             late_commit_try_lock,
             late_commit_release,
+            late_commit_try_write,
+            late_commit_campaign,
             late_commit_board_claim,
             late_commit_runner,
             late_commit_fenced_sink,

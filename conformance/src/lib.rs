@@ -28,10 +28,12 @@ mod harness;
 
 pub mod backend;
 pub mod board;
+pub mod election;
 pub mod fault;
 pub mod fault_model;
 pub mod faults;
 pub mod lock;
+pub mod rwlock;
 pub mod scheduler;
 pub mod sideeffect;
 pub mod simulation;
@@ -47,7 +49,7 @@ pub mod __private {
 }
 
 /// Every suite of this crate for one store: a module per suite (`backend`,
-/// `lock`, `board`, `sideeffect`, `scheduler`), each case one `#[tokio::test]`.
+/// `lock`, `board`, `sideeffect`, `scheduler`, `rwlock`, `election`, `fault_model`), each case one `#[tokio::test]`.
 ///
 /// The factory expression is evaluated inside those modules, which import
 /// everything of the calling module (`use super::*`), so it may call the
@@ -81,6 +83,16 @@ macro_rules! all_suites_tests {
             use super::*;
             $crate::scheduler_tests!($factory);
         }
+        mod rwlock_suite {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::rwlock_tests!($factory);
+        }
+        mod election_suite {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::election_tests!($factory);
+        }
         mod fault_model_suite {
             #[allow(unused_imports)]
             use super::*;
@@ -96,6 +108,8 @@ pub fn all_cases() -> Vec<Case> {
     cases.extend(board::cases());
     cases.extend(sideeffect::cases());
     cases.extend(scheduler::cases());
+    cases.extend(rwlock::cases());
+    cases.extend(election::cases());
     cases.extend(fault_model::cases());
     cases
 }

@@ -9,6 +9,8 @@
 //! - [`cas`]: the CAS engine every adapter decides through.
 //! - [`lock`]: locks with fencing tokens ([`GenericLock`] over any backend),
 //!   waiting acquisition and a renewing [`LockGuard`].
+//! - [`rwlock`]: a read-write lock with leases, fences and writer preference.
+//! - [`election`]: leader election with a fencing term (campaign, proclaim, resign, observe).
 //! - [`board`]: a task board with dependencies and takeover generations.
 //! - [`sideeffect`]: at-most-once side effects: the store adapter, the
 //!   [`Runner`], [`sideeffect::FencedSink`] and reconciliation.
@@ -18,8 +20,10 @@
 
 pub mod board;
 pub mod cas;
+pub mod election;
 pub mod jitter;
 pub mod lock;
+pub mod rwlock;
 pub mod sideeffect;
 pub mod telemetry;
 pub mod token;

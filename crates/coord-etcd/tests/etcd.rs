@@ -1,6 +1,6 @@
 //! coord-etcd against a real etcd (`COORD_TEST_ETCD_ENDPOINTS`, e.g.
 //! `127.0.0.1:2379`; start one with `scripts/start-etcd.sh`): the conformance
-//! suites (backend, lock, board, side effects, scheduler), the version mapping, limits, a cross-process race, a cut
+//! suites (backend, lock, board, side effects, scheduler, rwlock, election), the version mapping, limits, a cross-process race, a cut
 //! connection (indeterminate txn), a commit that lands after the client's connection was cut (also under
 //! `GenericLock`) and a server that is down.
 use std::net::SocketAddr;
@@ -55,6 +55,12 @@ mod scheduler {
 }
 mod fault_model {
     coord_conformance::fault_model_tests!(super::etcd_factory());
+}
+mod rwlock {
+    coord_conformance::rwlock_tests!(super::etcd_factory());
+}
+mod election {
+    coord_conformance::election_tests!(super::etcd_factory());
 }
 
 /// A raw etcd client, to look under coord's layout.

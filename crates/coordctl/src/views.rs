@@ -7,7 +7,7 @@
 //! # Contract
 //!
 //! - Records are decoded by their adapters only (`GenericLock::status`,
-//!   `BoardAdapter::get`, `SideEffectAdapter::key_status` /
+//!   `GenericRwLock::status`, `GenericElection::status`, `BoardAdapter::get`, `SideEffectAdapter::key_status` /
 //!   `resource_status`, `RunStore::history` / `active`); these functions
 //!   only list keys under the adapters' documented prefixes (AGENTS.md,
 //!   "Where records live") and arrange the answers.
@@ -27,7 +27,9 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use coord_adapters::board::{Board, BoardAdapter, BoardError, TaskState};
+use coord_adapters::election::{ElectionError, GenericElection};
 use coord_adapters::lock::{GenericLock, LockError};
+use coord_adapters::rwlock::{GenericRwLock, RwLock, RwMode};
 use coord_adapters::sideeffect::{KeyStatus, SideEffectAdapter, SideEffectError};
 use coord_backend::{Backend, Error, SystemClock};
 use coord_scheduler::{
@@ -459,6 +461,144 @@ pub(crate) async fn locks(stores: &Stores, page: &Page) -> Result<LocksView, Err
         next_after,
         locks: rows,
     })
+}
+
+// ----- read-write locks and elections (/api/rwlocks, /api/elections) -----
+
+/// One holder of a read-write lock (no token: it is a credential).
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct RwHolderView {
+    /// `read` or `write`.
+    pub(crate) mode: &'static str,
+    pub(crate) fence: u64,
+    /// `held` (live lease) or `expired` (dropped at the record's next write).
+    pub(crate) state: &'static str,
+    pub(crate) lease_expires_ms: u64,
+}
+
+/// One record of `GenericRwLock` (`rwlock/<key>`).
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct RwLockView {
+    pub(crate) key: String,
+    /// The fence of the latest grant (readers and writers share the counter).
+    pub(crate) fence: u64,
+    /// `read` (live readers only), `write`, or `free`.
+    pub(crate) state: &'static str,
+    pub(crate) holders: Vec<RwHolderView>,
+    /// Live writers waiting in `write` (new readers wait behind them).
+    pub(crate) queued_writers: usize,
+}
+
+/// The read-write lock records of one page.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct RwLocksView {
+    pub(crate) namespace: String,
+    pub(crate) now_ms: u64,
+    pub(crate) truncated: bool,
+    pub(crate) next_after: Option<String>,
+    pub(crate) rwlocks: Vec<RwLockView>,
+}
+
+/// The read-write lock records of `page` (default prefix `rwlock/`).
+pub(crate) async fn rwlocks(stores: &Stores, page: &Page) -> Result<RwLocksView, Error> {
+    let rw = GenericRwLock::new(stores.backend.clone());
+    let prefix = rw.key_prefix().to_owned();
+    let (keys, truncated, next_after) = list_names(&stores.backend, &prefix, Some(page)).await?;
+    let mut rows = Vec::with_capacity(keys.len());
+    for key in keys {
+        let Some(status) = rw.status(&key).await.map_err(lock_error)? else {
+            continue;
+        };
+        let live = |mode| status.holders.iter().any(|h| h.live && h.mode == mode);
+        rows.push(RwLockView {
+            state: if live(RwMode::Write) {
+                "write"
+            } else if live(RwMode::Read) {
+                "read"
+            } else {
+                "free"
+            },
+            holders: status
+                .holders
+                .iter()
+                .map(|h| RwHolderView {
+                    mode: match h.mode {
+                        RwMode::Read => "read",
+                        RwMode::Write => "write",
+                    },
+                    fence: h.fence,
+                    state: if h.live { "held" } else { "expired" },
+                    lease_expires_ms: ms(h.expires_at),
+                })
+                .collect(),
+            key: status.key,
+            fence: status.fence,
+            queued_writers: status.queued_writers,
+        });
+    }
+    Ok(RwLocksView {
+        namespace: stores.backend.namespace().to_owned(),
+        now_ms: now_ms(),
+        truncated,
+        next_after,
+        rwlocks: rows,
+    })
+}
+
+/// One election of `GenericElection` (`election/<name>`). The leader's
+/// announced value is the application's: not shown.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct ElectionView {
+    pub(crate) name: String,
+    /// The latest term granted (0: never won).
+    pub(crate) term: u64,
+    /// The live leader's candidate id; `None` when nobody leads (resigned, expired, never).
+    pub(crate) leader: Option<String>,
+    pub(crate) lease_expires_ms: Option<u64>,
+}
+
+/// The elections of one page.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct ElectionsView {
+    pub(crate) namespace: String,
+    pub(crate) now_ms: u64,
+    pub(crate) truncated: bool,
+    pub(crate) next_after: Option<String>,
+    pub(crate) elections: Vec<ElectionView>,
+}
+
+/// The elections of `page` (default prefix `election/`).
+pub(crate) async fn elections(stores: &Stores, page: &Page) -> Result<ElectionsView, Error> {
+    let election = GenericElection::new(stores.backend.clone());
+    let prefix = election.key_prefix().to_owned();
+    let (names, truncated, next_after) = list_names(&stores.backend, &prefix, Some(page)).await?;
+    let mut rows = Vec::with_capacity(names.len());
+    for name in names {
+        // A name listed but gone is skipped, not invented.
+        let Some(status) = election.status(&name).await.map_err(election_error)? else {
+            continue;
+        };
+        rows.push(ElectionView {
+            name,
+            term: status.term,
+            lease_expires_ms: status.leader.as_ref().map(|l| ms(l.expires_at)),
+            leader: status.leader.map(|l| l.candidate),
+        });
+    }
+    Ok(ElectionsView {
+        namespace: stores.backend.namespace().to_owned(),
+        now_ms: now_ms(),
+        truncated,
+        next_after,
+        elections: rows,
+    })
+}
+
+fn election_error(e: ElectionError) -> Error {
+    match e {
+        ElectionError::Store(e) => e,
+        other => Error::Config(other.to_string()),
+    }
 }
 
 // ----- the task board (/api/tasks) -----

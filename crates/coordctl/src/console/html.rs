@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 
 use crate::cron::fmt_time;
 use crate::views::{
-    JobsView, LocksView, ResourcesView, RunView, RunsView, SideEffectsView, TasksView,
-    UncertainKind,
+    ElectionsView, JobsView, LocksView, ResourcesView, RunView, RunsView, RwLocksView,
+    SideEffectsView, TasksView, UncertainKind,
 };
 
 /// `text` escaped for HTML text and double- or single-quoted attribute values.
@@ -94,6 +94,7 @@ pub(crate) fn page(title: &str, nav: &str, store: &str, writes: bool, body: &str
     for (href, label) in [
         ("/", "Overview"),
         ("/locks", "Locks"),
+        ("/leaders", "Leaders"),
         ("/tasks", "Tasks"),
         ("/sideeffects", "Side effects"),
         ("/jobs", "Jobs"),
@@ -230,6 +231,85 @@ the highest fence issued on each resource and the idempotency key holding it.</p
         "/locks",
         "res_after",
         resources.next_after.as_deref(),
+        &format!("&amp;limit={limit}"),
+    ));
+    out
+}
+
+/// The leaders page: `GenericElection` leaders and `GenericRwLock` holders.
+pub(crate) fn leaders(elections: &ElectionsView, rwlocks: &RwLocksView, limit: usize) -> String {
+    let mut out = String::from(
+        "<h2>Elections</h2><p class=\"dim\">Records <code>election/&lt;name&gt;</code> of \
+GenericElection: the live leader and the latest term (the fencing token; it survives \
+resignations). The value a leader announces is the application's and is not shown.</p>",
+    );
+    if elections.elections.is_empty() {
+        out.push_str("<p>No elections.</p>");
+    } else {
+        out.push_str(
+            "<table id=\"elections\"><tr><th>Election</th><th>Term</th><th>Leader</th><th>State</th><th>Lease expires</th></tr>",
+        );
+        for e in &elections.elections {
+            let state = if e.leader.is_some() { "live" } else { "none" };
+            let _ = write!(
+                out,
+                "<tr><td class=\"key\">{}</td><td class=\"num\">{}</td><td class=\"key\">{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&e.name),
+                e.term,
+                esc(e.leader.as_deref().unwrap_or("-")),
+                state_badge(state),
+                when(e.lease_expires_ms, elections.now_ms)
+            );
+        }
+        out.push_str("</table>");
+    }
+    out.push_str(&more_link(
+        "/leaders",
+        "after",
+        elections.next_after.as_deref(),
+        &format!("&amp;limit={limit}"),
+    ));
+
+    out.push_str(
+        "<h2>Read-write locks</h2><p class=\"dim\">Records <code>rwlock/&lt;key&gt;</code> of \
+GenericRwLock: each holder with its mode and fence; queued writers hold new readers back.</p>",
+    );
+    if rwlocks.rwlocks.is_empty() {
+        out.push_str("<p>No read-write lock records.</p>");
+    } else {
+        out.push_str(
+            "<table id=\"rwlocks\"><tr><th>Key</th><th>Fence</th><th>State</th><th>Holders</th><th>Queued writers</th></tr>",
+        );
+        for r in &rwlocks.rwlocks {
+            let mut holders = String::new();
+            for h in &r.holders {
+                let _ = write!(
+                    holders,
+                    "<div>{} fence {} {} {}</div>",
+                    esc(h.mode),
+                    h.fence,
+                    state_badge(h.state),
+                    when(Some(h.lease_expires_ms), rwlocks.now_ms)
+                );
+            }
+            if holders.is_empty() {
+                holders.push('-');
+            }
+            let _ = write!(
+                out,
+                "<tr><td class=\"key\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{holders}</td><td class=\"num\">{}</td></tr>",
+                esc(&r.key),
+                r.fence,
+                state_badge(r.state),
+                r.queued_writers
+            );
+        }
+        out.push_str("</table>");
+    }
+    out.push_str(&more_link(
+        "/leaders",
+        "rw_after",
+        rwlocks.next_after.as_deref(),
         &format!("&amp;limit={limit}"),
     ));
     out

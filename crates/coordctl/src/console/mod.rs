@@ -201,7 +201,10 @@ fn router(state: Shared) -> Router {
         .route("/jobs", get(jobs_page))
         .route("/jobs/{job}", get(job_page))
         .route("/reconcile", axum::routing::post(reconcile))
+        .route("/leaders", get(leaders_page))
         .route("/api/locks", get(api_locks))
+        .route("/api/elections", get(api_elections))
+        .route("/api/rwlocks", get(api_rwlocks))
         .route("/api/resources", get(api_resources))
         .route("/api/tasks", get(api_tasks))
         .route("/api/sideeffects", get(api_side_effects))
@@ -350,6 +353,8 @@ struct ListQuery {
     after: Option<String>,
     /// The resources' cursor on the locks page.
     res_after: Option<String>,
+    /// The read-write locks' cursor on the leaders page.
+    rw_after: Option<String>,
 }
 
 fn parse_limit(raw: Option<&str>, default: usize) -> Answer<usize> {
@@ -429,6 +434,28 @@ async fn api_locks(
     let stores = &state.stores;
     api_list(&state, q, |page| async move {
         views::locks(stores, &page).await
+    })
+    .await
+}
+
+async fn api_elections(
+    State(state): State<Shared>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
+    let stores = &state.stores;
+    api_list(&state, q, |page| async move {
+        views::elections(stores, &page).await
+    })
+    .await
+}
+
+async fn api_rwlocks(
+    State(state): State<Shared>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
+    let stores = &state.stores;
+    api_list(&state, q, |page| async move {
+        views::rwlocks(stores, &page).await
     })
     .await
 }
@@ -546,6 +573,33 @@ async fn locks_page(
     html_answer(&state, result)
 }
 
+async fn leaders_page(
+    State(state): State<Shared>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
+    let result = async {
+        let q = query(q)?;
+        let page = page_of(&q, DEFAULT_LIMIT)?;
+        let rw_page = Page {
+            limit: page.limit,
+            after: parse_cursor(q.rw_after.as_deref())?,
+        };
+        let elections = views::elections(&state.stores, &page)
+            .await
+            .map_err(Failure::store)?;
+        let rwlocks = views::rwlocks(&state.stores, &rw_page)
+            .await
+            .map_err(Failure::store)?;
+        Ok((
+            "Leaders and read-write locks".to_owned(),
+            "/leaders",
+            html::leaders(&elections, &rwlocks, page.limit),
+        ))
+    }
+    .await;
+    html_answer(&state, result)
+}
+
 async fn tasks_page(
     State(state): State<Shared>,
     q: Result<Query<ListQuery>, QueryRejection>,
@@ -643,8 +697,8 @@ async fn not_found(State(state): State<Shared>, request: Request) -> Response {
     let json = request.uri().path().starts_with("/api/");
     Failure::new(
         StatusCode::NOT_FOUND,
-        "no such page (pages: /, /locks, /tasks, /sideeffects, /jobs, /jobs/JOB; API: /api/locks, \
-/api/resources, /api/tasks, /api/sideeffects, /api/jobs, /api/jobs/JOB/runs)",
+        "no such page (pages: /, /locks, /leaders, /tasks, /sideeffects, /jobs, /jobs/JOB; API: /api/locks, \
+/api/elections, /api/rwlocks, /api/resources, /api/tasks, /api/sideeffects, /api/jobs, /api/jobs/JOB/runs)",
     )
     .respond(&state, json)
 }

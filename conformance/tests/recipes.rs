@@ -1,0 +1,399 @@
+//! The rwlock and election suites on the in-process memory store, and proof
+//! that each goes red on deliberately broken variants (a check that cannot
+//! fail is a defect).
+//!
+//! The broken variants wrap the generic adapters with one bug switched on at
+//! a time; with no bug switched on the wrappers pass every check (tested
+//! below), so a red check is caused by the bug, not by the wrapper.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use coord_adapters::election::{
+    Election, ElectionError, ElectionOptions, GenericElection, LeaderInfo, Leadership,
+};
+use coord_adapters::lock::{async_trait, LockError, LockHandle};
+use coord_adapters::mint_token;
+use coord_adapters::rwlock::{GenericRwLock, RwHandle, RwLock, RwLockOptions, RwMode, RwStatus};
+use coord_backend::{Backend, ManualClock};
+use coord_conformance::election::{self as election_suite, election_factory, ElectionEnv};
+use coord_conformance::rwlock::{self as rwlock_suite, rw_factory, RwEnv};
+use coord_conformance::{factory, unique_namespace, BackendFactory, CheckResult};
+use coord_memory::SingleProcessMemoryBackend;
+
+fn memory() -> BackendFactory {
+    factory(|namespace| async move {
+        Ok(Arc::new(SingleProcessMemoryBackend::shared(&namespace)?) as Arc<dyn Backend>)
+    })
+}
+
+/// The generic adapters on the memory store, time moved by a `ManualClock`.
+mod generic_rwlock {
+    coord_conformance::rwlock_tests!(super::memory());
+}
+
+mod generic_election {
+    coord_conformance::election_tests!(super::memory());
+}
+
+async fn must_fail(check: impl Future<Output = CheckResult>, what: &str) {
+    match check.await {
+        Err(failure) => eprintln!("{what}: red as expected: {failure}"),
+        Ok(()) => panic!("{what}: the check passed against a deliberately broken variant"),
+    }
+}
+
+fn shared_memory(namespace: &str) -> Arc<dyn Backend> {
+    Arc::new(SingleProcessMemoryBackend::shared(namespace).expect("memory store"))
+}
+
+// ---------------------------------------------------------------------------
+// Broken read-write locks
+
+#[derive(Clone, Copy, Debug, Default)]
+struct RwBugs {
+    /// A refused try_write hands out a write grant anyway (beside readers).
+    writer_beside_readers: bool,
+    /// `write` retries try_write instead of queueing: readers starve it.
+    no_writer_preference: bool,
+    /// renew answers Ok whatever the handle.
+    renew_ignores_the_holder: bool,
+}
+
+#[derive(Debug)]
+struct BuggyRw {
+    inner: GenericRwLock,
+    bugs: RwBugs,
+}
+
+impl BuggyRw {
+    fn env(bugs: RwBugs) -> RwEnv {
+        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+        let namespace = unique_namespace("buggy_rw");
+        let rw_clock = clock.clone();
+        let make = rw_factory(move || {
+            let backend = shared_memory(&namespace);
+            let options = RwLockOptions::default().with_clock(rw_clock.clone());
+            let inner = GenericRwLock::with_options(backend, options);
+            async move { Ok(Arc::new(BuggyRw { inner, bugs }) as Arc<dyn RwLock>) }
+        });
+        RwEnv::new(make, clock)
+    }
+}
+
+#[async_trait]
+impl RwLock for BuggyRw {
+    async fn try_read(&self, key: &str, ttl: Duration) -> Result<Option<RwHandle>, LockError> {
+        self.inner.try_read(key, ttl).await
+    }
+
+    async fn try_write(&self, key: &str, ttl: Duration) -> Result<Option<RwHandle>, LockError> {
+        let answer = self.inner.try_write(key, ttl).await?;
+        if answer.is_none() && self.bugs.writer_beside_readers {
+            let lease = LockHandle::new(key, mint_token(), u64::MAX, ttl, SystemTime::now() + ttl);
+            return Ok(Some(RwHandle::new(RwMode::Write, lease)));
+        }
+        Ok(answer)
+    }
+
+    async fn read(
+        &self,
+        key: &str,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<RwHandle, LockError> {
+        self.inner.read(key, ttl, timeout).await
+    }
+
+    async fn write(
+        &self,
+        key: &str,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<RwHandle, LockError> {
+        if !self.bugs.no_writer_preference {
+            return self.inner.write(key, ttl, timeout).await;
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(handle) = self.inner.try_write(key, ttl).await? {
+                return Ok(handle);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(LockError::Timeout {
+                    key: key.to_owned(),
+                    waited: timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn renew(&self, handle: &RwHandle) -> Result<(), LockError> {
+        if self.bugs.renew_ignores_the_holder {
+            return Ok(());
+        }
+        self.inner.renew(handle).await
+    }
+
+    async fn release(&self, handle: RwHandle) -> Result<(), LockError> {
+        if handle.fence() == u64::MAX {
+            return Ok(()); // a forged grant of `writer_beside_readers`
+        }
+        self.inner.release(handle).await
+    }
+
+    async fn status(&self, key: &str) -> Result<Option<RwStatus>, LockError> {
+        self.inner.status(key).await
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Broken elections
+
+#[derive(Clone, Copy, Debug, Default)]
+struct ElectionBugs {
+    /// A refused campaign hands out a leadership anyway.
+    second_leader: bool,
+    /// Every leadership reports term 1.
+    term_not_bumped: bool,
+    /// renew and proclaim answer Ok whatever the leadership.
+    renew_ignores_the_leader: bool,
+}
+
+#[derive(Debug)]
+struct BuggyElection {
+    inner: GenericElection,
+    bugs: ElectionBugs,
+}
+
+impl BuggyElection {
+    fn env(bugs: ElectionBugs) -> ElectionEnv {
+        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+        let namespace = unique_namespace("buggy_election");
+        let el_clock = clock.clone();
+        let make = election_factory(move || {
+            let backend = shared_memory(&namespace);
+            let options = ElectionOptions::default().with_clock(el_clock.clone());
+            let inner = GenericElection::with_options(backend, options);
+            async move { Ok(Arc::new(BuggyElection { inner, bugs }) as Arc<dyn Election>) }
+        });
+        ElectionEnv::new(make, clock)
+    }
+
+    fn report(&self, won: Leadership) -> Leadership {
+        if !self.bugs.term_not_bumped {
+            return won;
+        }
+        Leadership::new(
+            won.name(),
+            won.candidate(),
+            won.token(),
+            1,
+            won.ttl(),
+            won.expires_at(),
+        )
+    }
+
+    /// The leadership the inner adapter knows (the buggy term undone).
+    async fn real(&self, leadership: &Leadership) -> Leadership {
+        if !self.bugs.term_not_bumped {
+            return leadership.clone();
+        }
+        let term = match self.inner.status(leadership.name()).await {
+            Ok(Some(status)) => status.term,
+            _ => 1,
+        };
+        Leadership::new(
+            leadership.name(),
+            leadership.candidate(),
+            leadership.token(),
+            term,
+            leadership.ttl(),
+            leadership.expires_at(),
+        )
+    }
+}
+
+#[async_trait]
+impl Election for BuggyElection {
+    async fn try_campaign(
+        &self,
+        name: &str,
+        candidate: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Result<Option<Leadership>, ElectionError> {
+        match self.inner.try_campaign(name, candidate, value, ttl).await? {
+            Some(won) => Ok(Some(self.report(won))),
+            None if self.bugs.second_leader => Ok(Some(Leadership::new(
+                name,
+                candidate,
+                mint_token(),
+                1,
+                ttl,
+                SystemTime::now() + ttl,
+            ))),
+            None => Ok(None),
+        }
+    }
+
+    async fn campaign(
+        &self,
+        name: &str,
+        candidate: &str,
+        value: &str,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<Leadership, ElectionError> {
+        let won = self
+            .inner
+            .campaign(name, candidate, value, ttl, timeout)
+            .await?;
+        Ok(self.report(won))
+    }
+
+    async fn renew(&self, leadership: &Leadership) -> Result<(), ElectionError> {
+        if self.bugs.renew_ignores_the_leader {
+            return Ok(());
+        }
+        self.inner.renew(&self.real(leadership).await).await
+    }
+
+    async fn proclaim(&self, leadership: &Leadership, value: &str) -> Result<(), ElectionError> {
+        if self.bugs.renew_ignores_the_leader {
+            return Ok(());
+        }
+        self.inner
+            .proclaim(&self.real(leadership).await, value)
+            .await
+    }
+
+    async fn resign(&self, leadership: Leadership) -> Result<(), ElectionError> {
+        self.inner.resign(self.real(&leadership).await).await
+    }
+
+    async fn leader(&self, name: &str) -> Result<Option<LeaderInfo>, ElectionError> {
+        self.inner.leader(name).await
+    }
+
+    async fn observe(
+        &self,
+        name: &str,
+        last: Option<&LeaderInfo>,
+        timeout: Duration,
+    ) -> Result<Option<LeaderInfo>, ElectionError> {
+        self.inner.observe(name, last, timeout).await
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The wrappers without bugs pass: the reds below come from the bugs.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bug_free_wrappers_pass_every_check() {
+    for (name, run) in rwlock_suite::checks() {
+        if let Err(failure) = run(BuggyRw::env(RwBugs::default())).await {
+            panic!("bug-free BuggyRw: rwlock::{name} failed: {failure}");
+        }
+    }
+    for (name, run) in election_suite::checks() {
+        if let Err(failure) = run(BuggyElection::env(ElectionBugs::default())).await {
+            panic!("bug-free BuggyElection: election::{name} failed: {failure}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rwlock_suite_red_when_a_writer_gets_in_beside_readers() {
+    let bugs = RwBugs {
+        writer_beside_readers: true,
+        ..RwBugs::default()
+    };
+    must_fail(
+        rwlock_suite::readers_share(BuggyRw::env(bugs)),
+        "readers_share",
+    )
+    .await;
+    must_fail(
+        rwlock_suite::writer_excludes(BuggyRw::env(bugs)),
+        "writer_excludes",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rwlock_suite_red_when_writers_do_not_queue() {
+    let bugs = RwBugs {
+        no_writer_preference: true,
+        ..RwBugs::default()
+    };
+    must_fail(
+        rwlock_suite::writer_not_starved(BuggyRw::env(bugs)),
+        "writer_not_starved",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rwlock_suite_red_when_renew_ignores_the_holder() {
+    let bugs = RwBugs {
+        renew_ignores_the_holder: true,
+        ..RwBugs::default()
+    };
+    must_fail(
+        rwlock_suite::stale_holder_refused(BuggyRw::env(bugs)),
+        "stale_holder_refused",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn election_suite_red_when_two_candidates_lead() {
+    let bugs = ElectionBugs {
+        second_leader: true,
+        ..ElectionBugs::default()
+    };
+    must_fail(
+        election_suite::one_leader_race(BuggyElection::env(bugs)),
+        "one_leader_race",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn election_suite_red_when_the_term_is_not_bumped() {
+    let bugs = ElectionBugs {
+        term_not_bumped: true,
+        ..ElectionBugs::default()
+    };
+    must_fail(
+        election_suite::term_increases(BuggyElection::env(bugs)),
+        "term_increases",
+    )
+    .await;
+    must_fail(
+        election_suite::resign_hands_over(BuggyElection::env(bugs)),
+        "resign_hands_over",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn election_suite_red_when_a_stale_leader_can_renew() {
+    let bugs = ElectionBugs {
+        renew_ignores_the_leader: true,
+        ..ElectionBugs::default()
+    };
+    must_fail(
+        election_suite::expired_leader_replaced(BuggyElection::env(bugs)),
+        "expired_leader_replaced",
+    )
+    .await;
+    must_fail(
+        election_suite::proclaim_only_by_leader(BuggyElection::env(bugs)),
+        "proclaim_only_by_leader",
+    )
+    .await;
+}

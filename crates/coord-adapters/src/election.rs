@@ -1,0 +1,790 @@
+//! Leader election with a fencing term (guide: docs/locks.md; contract: the
+//! `election` conformance suite).
+//!
+//! # Contract
+//!
+//! An [`Election`] keeps at most one live leader per election name:
+//!
+//! - [`Election::campaign`] waits until the caller leads and returns a
+//!   [`Leadership`] with a **term**: per election, strictly increasing with
+//!   every new leader, allocated in the same atomic step as the win, never
+//!   reset. Pass the term to whatever the leader drives and let that side
+//!   refuse a lower one: a paused old leader is then harmless even if it
+//!   does not yet know it lost.
+//!   [`Election::try_campaign`] is the non-waiting form.
+//! - [`Election::renew`] extends the leader's lease and checks it still
+//!   leads; [`Election::proclaim`] changes the value it announces (only the
+//!   current leader, with the current term); [`Election::resign`] steps down.
+//!   A leader whose lease expired, or that was replaced or resigned, gets
+//!   [`ElectionError::Lost`] from all three and nothing changes.
+//! - A leader whose lease expired is replaced by the next campaign.
+//! - [`Election::leader`] returns the live leader (candidate id, value,
+//!   term, lease expiry) or `None`; [`Election::observe`] waits until that
+//!   answer differs from the one the caller last saw ([`Observer`] keeps the
+//!   last one for you).
+//!
+//! # Boundary
+//!
+//! [`GenericElection`] decides through the [`CasEngine`] over any backend:
+//! one record per election (`<prefix><name>`, default `election/`) holds the
+//! term counter and the current leader. Expiry is judged with the adapter's
+//! [`Clock`] (same caveats as [`crate::lock`]). Waiting calls sleep through
+//! [`Wake`]: a store's change notifications when it has them, else a
+//! fallback poll.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use coord_adapters::election::{Election, GenericElection};
+//! use coord_memory::SingleProcessMemoryBackend;
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let election = GenericElection::new(Arc::new(SingleProcessMemoryBackend::new("demo")?));
+//! let ttl = Duration::from_secs(10);
+//! let lead = election.campaign("scheduler", "node-a", "10.0.0.1:80", ttl, Duration::from_secs(1)).await?;
+//! election.proclaim(&lead, "10.0.0.1:81").await?;
+//! let seen = election.leader("scheduler").await?.expect("a leader");
+//! assert_eq!((seen.candidate.as_str(), seen.term), ("node-a", lead.term()));
+//! election.resign(lead).await?;
+//! assert!(election.leader("scheduler").await?.is_none());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use coord_backend::{Backend, Clock, Error, InvalidInput, Mutation, SystemClock};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::cas::{CasEngine, CasOptions, CasStats, Decision, View};
+use crate::lock::LostReason;
+use crate::mint_token;
+use crate::rwlock::{fallback_pause, millis};
+use crate::wake::Wake;
+
+/// Errors of [`Election`] operations.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ElectionError {
+    /// This leadership is over (expired, replaced, resigned): stop acting as
+    /// leader. Nothing was changed.
+    #[error("leadership of {name:?} lost: {reason}")]
+    Lost {
+        /// The election.
+        name: String,
+        /// What happened.
+        reason: LostReason,
+    },
+    /// A waiting call gave up.
+    #[error("timed out after {waited:?} waiting in election {name:?}")]
+    Timeout {
+        /// The election.
+        name: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+    /// Refused before touching the store (empty name or candidate id, NUL
+    /// bytes, TTL under one millisecond); nothing changed.
+    #[error("invalid election input: {0}")]
+    Invalid(InvalidInput),
+    /// The store failed (unreachable, indeterminate, malformed record).
+    /// Do not assume you lead.
+    #[error("election store error: {0}")]
+    Store(Error),
+}
+
+impl ElectionError {
+    /// Whether this is [`ElectionError::Lost`].
+    pub fn is_lost(&self) -> bool {
+        matches!(self, ElectionError::Lost { .. })
+    }
+}
+
+impl From<Error> for ElectionError {
+    fn from(error: Error) -> Self {
+        match error {
+            Error::InvalidInput(invalid) => ElectionError::Invalid(invalid),
+            other => ElectionError::Store(other),
+        }
+    }
+}
+
+/// The checks every implementation runs first: a non-empty election name
+/// and candidate id without NUL bytes, and a TTL of at least 1 ms.
+pub fn validate_election_input(
+    name: &str,
+    candidate: &str,
+    ttl: Duration,
+) -> Result<(), ElectionError> {
+    for (what, s) in [("election name", name), ("candidate id", candidate)] {
+        if s.is_empty() {
+            return Err(ElectionError::Invalid(if what == "election name" {
+                InvalidInput::EmptyKey
+            } else {
+                InvalidInput::Argument("candidate id must not be empty".into())
+            }));
+        }
+        if s.contains('\0') {
+            return Err(ElectionError::Invalid(InvalidInput::NulByte(s.to_owned())));
+        }
+    }
+    if ttl < Duration::from_millis(1) {
+        return Err(ElectionError::Invalid(InvalidInput::Argument(format!(
+            "election ttl must be at least 1 ms, got {ttl:?}"
+        ))));
+    }
+    Ok(())
+}
+
+/// The live leader of an election, as [`Election::leader`] reports it.
+/// Its `Debug` output leaves the announced value out (record values stay out of logs).
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaderInfo {
+    /// The election.
+    pub name: String,
+    /// The leader's candidate id.
+    pub candidate: String,
+    /// The value it announces (e.g. its address), set by campaign or proclaim.
+    pub value: String,
+    /// Its term (fencing token).
+    pub term: u64,
+    /// When its lease ends unless renewed.
+    pub expires_at: SystemTime,
+}
+
+impl LeaderInfo {
+    /// A leader description, for [`Election`] implementations.
+    pub fn new(
+        name: impl Into<String>,
+        candidate: impl Into<String>,
+        value: impl Into<String>,
+        term: u64,
+        expires_at: SystemTime,
+    ) -> Self {
+        LeaderInfo {
+            name: name.into(),
+            candidate: candidate.into(),
+            value: value.into(),
+            term,
+            expires_at,
+        }
+    }
+}
+
+impl Debug for LeaderInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaderInfo")
+            .field("name", &self.name)
+            .field("candidate", &self.candidate)
+            .field("term", &self.term)
+            .field("expires_at", &self.expires_at)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Proof of leading, returned by [`Election::campaign`]. Hand it back
+/// unchanged to renew / proclaim / resign. `Debug` leaves the token out.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Leadership {
+    name: String,
+    candidate: String,
+    token: String,
+    term: u64,
+    ttl: Duration,
+    expires_at: SystemTime,
+    requested_at: Instant,
+}
+
+impl Leadership {
+    /// A leadership, for [`Election`] implementations only: `token` fresh
+    /// and random per win, `term` following the rules of the module docs.
+    pub fn new(
+        name: impl Into<String>,
+        candidate: impl Into<String>,
+        token: impl Into<String>,
+        term: u64,
+        ttl: Duration,
+        expires_at: SystemTime,
+    ) -> Self {
+        Leadership {
+            name: name.into(),
+            candidate: candidate.into(),
+            token: token.into(),
+            term,
+            ttl,
+            expires_at,
+            requested_at: Instant::now(),
+        }
+    }
+
+    /// Count the lease from when the winning request was sent.
+    pub fn requested_at(mut self, sent: Instant) -> Self {
+        self.requested_at = sent;
+        self
+    }
+
+    /// When the winning request was sent (local monotonic time): the lease
+    /// is surely over at this instant plus the TTL.
+    pub fn requested_instant(&self) -> Instant {
+        self.requested_at
+    }
+
+    /// The election.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// This leader's candidate id.
+    pub fn candidate(&self) -> &str {
+        &self.candidate
+    }
+
+    /// The fencing term: strictly greater than every earlier leader's.
+    pub fn term(&self) -> u64 {
+        self.term
+    }
+
+    /// The lease TTL (renewals extend by this much).
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// When the lease granted at the win expires.
+    pub fn expires_at(&self) -> SystemTime {
+        self.expires_at
+    }
+
+    /// The random token of this win, for implementations only. Do not log it.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+}
+
+impl Debug for Leadership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leadership")
+            .field("name", &self.name)
+            .field("candidate", &self.candidate)
+            .field("term", &self.term)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An election service; see the [module docs](self) for the contract
+/// (checked by `coord_conformance::election`). Object safe.
+#[async_trait]
+pub trait Election: Send + Sync + Debug {
+    /// Become leader of `name` now if nobody leads (`Ok(None)`: someone does).
+    async fn try_campaign(
+        &self,
+        name: &str,
+        candidate: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Result<Option<Leadership>, ElectionError>;
+
+    /// Wait up to `timeout` to become leader of `name` ([`ElectionError::Timeout`] after it).
+    ///
+    /// Leadership belongs to one win (its token), not to a candidate id: a
+    /// second campaign with the id of the live leader waits like any other.
+    async fn campaign(
+        &self,
+        name: &str,
+        candidate: &str,
+        value: &str,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<Leadership, ElectionError>;
+
+    /// Extend the lease by its TTL from now, if `leadership` still leads.
+    async fn renew(&self, leadership: &Leadership) -> Result<(), ElectionError>;
+
+    /// Announce `value` instead, if `leadership` still leads.
+    async fn proclaim(&self, leadership: &Leadership, value: &str) -> Result<(), ElectionError>;
+
+    /// Step down (the term counter stays), if `leadership` still leads.
+    async fn resign(&self, leadership: Leadership) -> Result<(), ElectionError>;
+
+    /// The live leader of `name`, or `None`.
+    async fn leader(&self, name: &str) -> Result<Option<LeaderInfo>, ElectionError>;
+
+    /// Wait up to `timeout` until the answer of [`Election::leader`] differs
+    /// from `last` (another leader, another value, or no leader), and return
+    /// it; [`ElectionError::Timeout`] when it did not change.
+    async fn observe(
+        &self,
+        name: &str,
+        last: Option<&LeaderInfo>,
+        timeout: Duration,
+    ) -> Result<Option<LeaderInfo>, ElectionError>;
+}
+
+/// A loop of [`Election::observe`] calls that remembers what it last saw:
+/// each [`Observer::next`] returns the next change.
+#[derive(Debug)]
+pub struct Observer {
+    election: Arc<dyn Election>,
+    name: String,
+    last: Option<LeaderInfo>,
+}
+
+impl Observer {
+    /// Observe `name`, starting from its current leader.
+    pub async fn start(election: Arc<dyn Election>, name: &str) -> Result<Self, ElectionError> {
+        let last = election.leader(name).await?;
+        Ok(Observer {
+            election,
+            name: name.to_owned(),
+            last,
+        })
+    }
+
+    /// What was seen last.
+    pub fn last(&self) -> Option<&LeaderInfo> {
+        self.last.as_ref()
+    }
+
+    /// Wait up to `timeout` for the next change.
+    pub async fn next(&mut self, timeout: Duration) -> Result<Option<LeaderInfo>, ElectionError> {
+        let seen = self
+            .election
+            .observe(&self.name, self.last.as_ref(), timeout)
+            .await?;
+        self.last = seen.clone();
+        Ok(seen)
+    }
+}
+
+/// Options of a [`GenericElection`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ElectionOptions {
+    /// Where expiry is read from.
+    pub clock: Arc<dyn Clock>,
+    /// Prefix of the records (default `election/`).
+    pub key_prefix: String,
+    /// Tuning of the CAS loop.
+    pub cas: CasOptions,
+    /// Longest sleep of a waiting call without a change notification (default 250 ms).
+    pub max_poll: Duration,
+}
+
+impl Default for ElectionOptions {
+    fn default() -> Self {
+        ElectionOptions {
+            clock: Arc::new(SystemClock),
+            key_prefix: "election/".to_owned(),
+            cas: CasOptions::default(),
+            max_poll: Duration::from_millis(250),
+        }
+    }
+}
+
+impl ElectionOptions {
+    /// Judge expiry with `clock` (tests inject a `ManualClock`).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Keep records under another prefix.
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// The longest fallback sleep of a waiting call between two attempts.
+    pub fn with_max_poll(mut self, max_poll: Duration) -> Self {
+        self.max_poll = max_poll.max(Duration::from_millis(1));
+        self
+    }
+}
+
+/// What is stored under `<prefix><name>`.
+#[derive(Serialize, Deserialize, Default)]
+struct ElectionRecord {
+    /// The term of the latest win (0 = never won).
+    term: u64,
+    /// The current leader, if any (its lease may have expired).
+    leader: Option<LeaderRecord>,
+    /// Fresh per write (see the CAS engine on indeterminate txns).
+    nonce: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct LeaderRecord {
+    candidate: String,
+    token: String,
+    value: String,
+    expires_ms: u64,
+}
+
+impl Debug for ElectionRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ElectionRecord")
+            .field("term", &self.term)
+            .field("leader", &self.leader.as_ref().map(|l| &l.candidate))
+            .finish_non_exhaustive()
+    }
+}
+
+/// An [`Election`] over any [`Backend`], decided through the [`CasEngine`].
+#[derive(Clone, Debug)]
+pub struct GenericElection {
+    engine: CasEngine,
+    clock: Arc<dyn Clock>,
+    prefix: String,
+    max_poll: Duration,
+}
+
+/// What a leader-changing decision does once ownership is checked.
+enum Change<'a> {
+    Renew,
+    Proclaim(&'a str),
+    Resign,
+}
+
+impl GenericElection {
+    /// An election service over `backend` with default options.
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        Self::with_options(backend, ElectionOptions::default())
+    }
+
+    /// An election service over `backend` with `options`.
+    pub fn with_options(backend: Arc<dyn Backend>, options: ElectionOptions) -> Self {
+        GenericElection {
+            engine: CasEngine::with_options(backend, options.cas),
+            clock: options.clock,
+            prefix: options.key_prefix,
+            max_poll: options.max_poll,
+        }
+    }
+
+    /// The record prefix (`election/` by default).
+    pub fn key_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Store calls made so far.
+    pub fn stats(&self) -> CasStats {
+        self.engine.stats()
+    }
+
+    fn record_key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    fn decode(view: &View, key: &str) -> Result<Option<ElectionRecord>, Error> {
+        view.value(key)
+            .map(|bytes| {
+                serde_json::from_slice::<ElectionRecord>(bytes)
+                    .map_err(|e| Error::malformed(key, format!("not an election record: {e}")))
+            })
+            .transpose()
+    }
+
+    fn encode(record: &ElectionRecord) -> Vec<u8> {
+        serde_json::to_vec(record).expect("an election record always serializes")
+    }
+
+    fn live_leader(name: &str, record: &ElectionRecord, now: u64) -> Option<LeaderInfo> {
+        record
+            .leader
+            .as_ref()
+            .filter(|l| l.expires_ms > now)
+            .map(|l| {
+                LeaderInfo::new(
+                    name,
+                    l.candidate.clone(),
+                    l.value.clone(),
+                    record.term,
+                    UNIX_EPOCH + Duration::from_millis(l.expires_ms),
+                )
+            })
+    }
+
+    async fn change(
+        &self,
+        leadership: &Leadership,
+        change: Change<'_>,
+    ) -> Result<(), ElectionError> {
+        validate_election_input(&leadership.name, &leadership.candidate, leadership.ttl)?;
+        let record_key = self.record_key(&leadership.name);
+        let now = self.clock.now_millis();
+        let keys = [record_key.clone()];
+        self.engine
+            .decide::<Result<(), ElectionError>, ElectionError, _>(&keys, |view| {
+                let record = match Self::decode(view, &record_key) {
+                    Ok(record) => record,
+                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
+                };
+                let lost = |reason| ElectionError::Lost {
+                    name: leadership.name.clone(),
+                    reason,
+                };
+                let Some(mut record) = record else {
+                    return Ok(Decision::Return(Err(lost(LostReason::NotHeld))));
+                };
+                let ours = record.term == leadership.term
+                    && record
+                        .leader
+                        .as_ref()
+                        .is_some_and(|l| l.token == leadership.token);
+                if !ours {
+                    let reason = if record.term > leadership.term {
+                        LostReason::TakenOver
+                    } else {
+                        LostReason::NotHeld
+                    };
+                    return Ok(Decision::Return(Err(lost(reason))));
+                }
+                let leader = record.leader.as_mut().expect("ours implies a leader");
+                if leader.expires_ms <= now {
+                    return Ok(Decision::Return(Err(lost(LostReason::Expired))));
+                }
+                match &change {
+                    Change::Renew => {
+                        leader.expires_ms = now
+                            .saturating_add(millis(leadership.ttl))
+                            .max(leader.expires_ms);
+                    }
+                    Change::Proclaim(value) => leader.value = (*value).to_owned(),
+                    Change::Resign => record.leader = None,
+                }
+                record.nonce = mint_token();
+                Ok(Decision::Commit {
+                    mutations: vec![Mutation::put(record_key.clone(), Self::encode(&record))],
+                    then: Ok(()),
+                })
+            })
+            .await?
+    }
+
+    async fn read_leader(&self, name: &str) -> Result<Option<LeaderInfo>, ElectionError> {
+        validate_election_input(name, "-", Duration::from_millis(1))?;
+        let record_key = self.record_key(name);
+        let entries = self
+            .engine
+            .snapshot(std::slice::from_ref(&record_key))
+            .await?;
+        let Some(bytes) = entries.first().and_then(|e| e.value.as_deref()) else {
+            return Ok(None);
+        };
+        let record: ElectionRecord = serde_json::from_slice(bytes)
+            .map_err(|e| Error::malformed(&record_key, format!("not an election record: {e}")))?;
+        Ok(Self::live_leader(name, &record, self.clock.now_millis()))
+    }
+
+    /// What the store holds for `name`, in one consistent read, for
+    /// inspection only: the latest term granted (0 = never won) and the
+    /// live leader. `Ok(None)`: no record (never campaigned).
+    pub async fn status(&self, name: &str) -> Result<Option<ElectionStatus>, ElectionError> {
+        validate_election_input(name, "-", Duration::from_millis(1))?;
+        let record_key = self.record_key(name);
+        let entries = self
+            .engine
+            .snapshot(std::slice::from_ref(&record_key))
+            .await?;
+        let Some(bytes) = entries.first().and_then(|e| e.value.as_deref()) else {
+            return Ok(None);
+        };
+        let record: ElectionRecord = serde_json::from_slice(bytes)
+            .map_err(|e| Error::malformed(&record_key, format!("not an election record: {e}")))?;
+        Ok(Some(ElectionStatus {
+            name: name.to_owned(),
+            term: record.term,
+            leader: Self::live_leader(name, &record, self.clock.now_millis()),
+        }))
+    }
+}
+
+/// What the store holds for one election (see [`GenericElection::status`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ElectionStatus {
+    /// The election.
+    pub name: String,
+    /// The latest term granted (0 = never won); kept across resignations.
+    pub term: u64,
+    /// The live leader, if any.
+    pub leader: Option<LeaderInfo>,
+}
+
+#[async_trait]
+impl Election for GenericElection {
+    #[tracing::instrument(name = "election.try_campaign", skip_all, fields(name = %name))]
+    async fn try_campaign(
+        &self,
+        name: &str,
+        candidate: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Result<Option<Leadership>, ElectionError> {
+        validate_election_input(name, candidate, ttl)?;
+        let record_key = self.record_key(name);
+        let sent = Instant::now();
+        let now = self.clock.now_millis();
+        let expires_ms = now.saturating_add(millis(ttl));
+        let token = mint_token();
+        let keys = [record_key.clone()];
+        self.engine
+            .decide::<Result<Option<Leadership>, ElectionError>, ElectionError, _>(&keys, |view| {
+                let mut record = match Self::decode(view, &record_key) {
+                    Ok(record) => record.unwrap_or_default(),
+                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
+                };
+                if record.leader.as_ref().is_some_and(|l| l.expires_ms > now) {
+                    return Ok(Decision::Return(Ok(None)));
+                }
+                record.term += 1;
+                record.leader = Some(LeaderRecord {
+                    candidate: candidate.to_owned(),
+                    token: token.clone(),
+                    value: value.to_owned(),
+                    expires_ms,
+                });
+                record.nonce = mint_token();
+                let won = Leadership::new(
+                    name,
+                    candidate,
+                    token.clone(),
+                    record.term,
+                    ttl,
+                    UNIX_EPOCH + Duration::from_millis(expires_ms),
+                )
+                .requested_at(sent);
+                Ok(Decision::Commit {
+                    mutations: vec![Mutation::put(record_key.clone(), Self::encode(&record))],
+                    then: Ok(Some(won)),
+                })
+            })
+            .await?
+    }
+
+    #[tracing::instrument(name = "election.campaign", skip_all, fields(name = %name))]
+    async fn campaign(
+        &self,
+        name: &str,
+        candidate: &str,
+        value: &str,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<Leadership, ElectionError> {
+        validate_election_input(name, candidate, ttl)?;
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let mut wake = Wake::watch(self.engine.backend().as_ref(), &self.record_key(name)).await;
+        let mut attempts = 0u32;
+        loop {
+            if let Some(won) = self.try_campaign(name, candidate, value, ttl).await? {
+                return Ok(won);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ElectionError::Timeout {
+                    name: name.to_owned(),
+                    waited: now - started,
+                });
+            }
+            attempts += 1;
+            wake.until((now + fallback_pause(attempts, self.max_poll)).min(deadline))
+                .await;
+        }
+    }
+
+    #[tracing::instrument(name = "election.renew", skip_all, fields(name = %leadership.name, term = leadership.term))]
+    async fn renew(&self, leadership: &Leadership) -> Result<(), ElectionError> {
+        self.change(leadership, Change::Renew).await
+    }
+
+    #[tracing::instrument(name = "election.proclaim", skip_all, fields(name = %leadership.name, term = leadership.term))]
+    async fn proclaim(&self, leadership: &Leadership, value: &str) -> Result<(), ElectionError> {
+        self.change(leadership, Change::Proclaim(value)).await
+    }
+
+    #[tracing::instrument(name = "election.resign", skip_all, fields(name = %leadership.name, term = leadership.term))]
+    async fn resign(&self, leadership: Leadership) -> Result<(), ElectionError> {
+        self.change(&leadership, Change::Resign).await
+    }
+
+    async fn leader(&self, name: &str) -> Result<Option<LeaderInfo>, ElectionError> {
+        self.read_leader(name).await
+    }
+
+    #[tracing::instrument(name = "election.observe", skip_all, fields(name = %name))]
+    async fn observe(
+        &self,
+        name: &str,
+        last: Option<&LeaderInfo>,
+        timeout: Duration,
+    ) -> Result<Option<LeaderInfo>, ElectionError> {
+        validate_election_input(name, "-", Duration::from_millis(1))?;
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let mut wake = Wake::watch(self.engine.backend().as_ref(), &self.record_key(name)).await;
+        let mut attempts = 0u32;
+        loop {
+            let now_leader = self.read_leader(name).await?;
+            // A renewal moves only the expiry: not a change worth reporting.
+            let same = match (&now_leader, last) {
+                (None, None) => true,
+                (Some(a), Some(b)) => {
+                    (a.term, &a.candidate, &a.value) == (b.term, &b.candidate, &b.value)
+                }
+                _ => false,
+            };
+            if !same {
+                return Ok(now_leader);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ElectionError::Timeout {
+                    name: name.to_owned(),
+                    waited: now - started,
+                });
+            }
+            attempts += 1;
+            wake.until((now + fallback_pause(attempts, self.max_poll)).min(deadline))
+                .await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use coord_backend::ManualClock;
+    use coord_memory::SingleProcessMemoryBackend;
+
+    #[tokio::test]
+    async fn resign_keeps_the_term_counter() {
+        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("el").unwrap());
+        let clock = Arc::new(ManualClock::at_millis(1_000_000));
+        let election =
+            GenericElection::with_options(backend, ElectionOptions::default().with_clock(clock));
+        let ttl = Duration::from_secs(5);
+        let a = election
+            .try_campaign("e", "a", "x", ttl)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!format!("{a:?}").contains(a.token()));
+        election.resign(a).await.unwrap();
+        let status = election.status("e").await.unwrap().unwrap();
+        assert_eq!((status.term, status.leader), (1, None));
+        let b = election
+            .try_campaign("e", "b", "y", ttl)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(b.term(), 2);
+        let seen = election.leader("e").await.unwrap().unwrap();
+        assert!(!format!("{seen:?}").contains("\"y\""));
+    }
+}
