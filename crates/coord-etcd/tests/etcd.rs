@@ -56,6 +56,9 @@ mod scheduler {
 mod fault_model {
     coord_conformance::fault_model_tests!(super::etcd_factory());
 }
+mod changes {
+    coord_conformance::changes_tests!(super::etcd_factory());
+}
 
 /// A raw etcd client, to look under coord's layout.
 async fn raw_client(raw: &str) -> etcd_client::Client {
