@@ -165,7 +165,11 @@ pub async fn prefix_is_literal(factory: BackendFactory) -> CheckResult {
     woken(&mut everything, "a put of b/y then a/x, watched as \"\"").await?;
     let odd_key = format!("{odd_prefix}x");
     put(&writer, &odd_key, b"1").await?;
-    woken(&mut odd, &format!("a put of {odd_key:?}, watched as {odd_prefix:?}")).await
+    woken(
+        &mut odd,
+        &format!("a put of {odd_key:?}, watched as {odd_prefix:?}"),
+    )
+    .await
 }
 
 /// Several changes before `changed()` is called fold into at least one
@@ -217,7 +221,10 @@ pub async fn dropped_watches_release(factory: BackendFactory) -> CheckResult {
         drop(watches);
         for task in waiting {
             if let Err(error) = task.await {
-                ensure!(error.is_cancelled(), "a watch panicked while dropped: {error}");
+                ensure!(
+                    error.is_cancelled(),
+                    "a watch panicked while dropped: {error}"
+                );
             }
         }
     }
@@ -225,7 +232,11 @@ pub async fn dropped_watches_release(factory: BackendFactory) -> CheckResult {
         return Ok(());
     };
     put(&writer, "x/k", b"1").await?;
-    woken(&mut fresh, "a put of x/k on a watch made after 48 were dropped").await
+    woken(
+        &mut fresh,
+        "a put of x/k on a watch made after 48 were dropped",
+    )
+    .await
 }
 
 macro_rules! changes_checks {

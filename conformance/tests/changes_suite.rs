@@ -171,7 +171,10 @@ async fn failed_cases(flaw: Flaw) -> Vec<&'static str> {
     for run in runs {
         for report in run.await.unwrap() {
             if let Err(failure) = &report.result {
-                eprintln!("{flaw:?}: {}::{} failed: {failure}", report.suite, report.name);
+                eprintln!(
+                    "{flaw:?}: {}::{} failed: {failure}",
+                    report.suite, report.name
+                );
                 failed.push(report.name);
             }
         }
@@ -188,7 +191,11 @@ async fn control_passes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn silent_watch_is_caught() {
     let failed = failed_cases(Flaw::Silent).await;
-    assert_eq!(failed.len(), coord_conformance::changes::cases().len(), "{failed:?}");
+    assert_eq!(
+        failed.len(),
+        coord_conformance::changes::cases().len(),
+        "{failed:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -208,5 +215,8 @@ async fn watch_firing_once_is_caught() {
 async fn mangled_keys_are_caught() {
     let failed = failed_cases(Flaw::Mangled).await;
     assert!(failed.contains(&"prefix_is_literal"), "{failed:?}");
-    assert!(failed.contains(&"put_by_another_client_wakes"), "{failed:?}");
+    assert!(
+        failed.contains(&"put_by_another_client_wakes"),
+        "{failed:?}"
+    );
 }

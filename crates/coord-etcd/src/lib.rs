@@ -128,8 +128,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use coord_backend::{
-    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend,
-    ChangeWatch, Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
+    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, ChangeWatch,
+    Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
 };
 use etcd_client::{
     Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, KvClient, Txn, TxnOp, TxnOpResponse,

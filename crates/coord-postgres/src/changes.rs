@@ -51,9 +51,8 @@ impl Listener {
         if let Some(feed) = running.as_ref() {
             return Ok(feed.watch(prefix));
         }
-        let unavailable = |e: sqlx::Error| {
-            Error::unavailable("PostgreSQL: listening for changes".to_owned(), e)
-        };
+        let unavailable =
+            |e: sqlx::Error| Error::unavailable("PostgreSQL: listening for changes".to_owned(), e);
         // A pool of its own: the listener pins its connection, which must not
         // starve the store's pool.
         let pool = PgPoolOptions::new()

@@ -137,8 +137,8 @@ use std::str::FromStr;
 
 use async_trait::async_trait;
 use coord_backend::{
-    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend,
-    ChangeWatch, Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
+    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, ChangeWatch,
+    Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
 };
 use futures_util::StreamExt;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};

@@ -1148,7 +1148,12 @@ async fn oversized_or_multiline_key_lists_notify_anything() {
         .collect();
     let multiline = vec![Mutation::put("k/two\nlines", b"1".to_vec())];
     for (what, mutations) in [("9 KB of keys", long), ("a key with a newline", multiline)] {
-        let mut watch = watcher.changes().unwrap().watch("elsewhere/").await.unwrap();
+        let mut watch = watcher
+            .changes()
+            .unwrap()
+            .watch("elsewhere/")
+            .await
+            .unwrap();
         let out = writer.txn(&[], &mutations).await.unwrap();
         assert!(out.applied, "{what}: not applied");
         tokio::time::timeout(coord_conformance::changes::WAKE_BOUND, watch.changed())

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use coord_backend::{
-    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend,
-    ChangeWatch, Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
+    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, ChangeWatch,
+    Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
 };
 use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClientBuilder;

@@ -82,10 +82,7 @@ impl Subscriber {
         let feed = ChangeFeed::new();
         let watch = feed.watch(prefix);
         let unavailable = |e: redis::RedisError| {
-            Error::unavailable(
-                format!("subscribing to changes on {}", self.endpoint),
-                e,
-            )
+            Error::unavailable(format!("subscribing to changes on {}", self.endpoint), e)
         };
         match &self.source {
             Source::Standalone(client) => {
@@ -111,7 +108,9 @@ impl Subscriber {
                             return;
                         }
                     }
-                    tracing::debug!("redis change subscriber disconnected: watches fall back to polling");
+                    tracing::debug!(
+                        "redis change subscriber disconnected: watches fall back to polling"
+                    );
                     this.stop(&feed).await;
                 });
             }

@@ -1203,10 +1203,7 @@ async fn rejected_txns_publish_nothing() {
     let applied = store
         .txn(
             &[],
-            &[
-                Mutation::put("b/1", b"x".to_vec()),
-                Mutation::delete("c"),
-            ],
+            &[Mutation::put("b/1", b"x".to_vec()), Mutation::delete("c")],
         )
         .await
         .unwrap();

@@ -16,7 +16,7 @@
 //! watches fail (`Unavailable`), so their waiters fall back to polling. The
 //! task and its connection end once the backend has no watch left.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,7 +41,7 @@ impl Poller {
     /// `data_version` before returning) when it is not running.
     pub(crate) async fn watch(
         self: &Arc<Self>,
-        path: &PathBuf,
+        path: &Path,
         connect: SqliteConnectOptions,
     ) -> Result<Box<dyn ChangeWatch>> {
         let mut running = self.running.lock().await;
@@ -66,7 +66,11 @@ impl Poller {
     }
 
     /// Forget `sender` (the poller is stopping) unless a newer one replaced it.
-    fn stop(&self, running: &mut Option<Arc<watch::Sender<u64>>>, sender: &Arc<watch::Sender<u64>>) {
+    fn stop(
+        &self,
+        running: &mut Option<Arc<watch::Sender<u64>>>,
+        sender: &Arc<watch::Sender<u64>>,
+    ) {
         if running.as_ref().is_some_and(|r| Arc::ptr_eq(r, sender)) {
             *running = None;
         }

@@ -104,7 +104,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use coord_backend::{
     distinct_keys, validate_keys, validate_namespace, validate_prefix, validate_txn, Assert,
-    Backend, ChangeWatch, Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
+    Backend, ChangeWatch, Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome,
+    Version,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -662,6 +663,19 @@ impl Backend for SqliteBackend {
     }
 }
 
+/// Local polling of one cheap query (`PRAGMA data_version`), see `changes.rs`:
+/// covers every process writing the same file on this host; wakes every
+/// watch of the backend on any change of the file, whatever its prefix.
+#[async_trait]
+impl Changes for SqliteBackend {
+    async fn watch(&self, prefix: &str) -> Result<Box<dyn ChangeWatch>> {
+        validate_prefix(prefix, &self.options.limits)?;
+        self.poller
+            .watch(&self.path, connect_options(&self.path, &self.options))
+            .await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -699,18 +713,5 @@ mod tests {
                 "{bad} was accepted"
             );
         }
-    }
-}
-
-/// Local polling of one cheap query (`PRAGMA data_version`), see `changes.rs`:
-/// covers every process writing the same file on this host; wakes every
-/// watch of the backend on any change of the file, whatever its prefix.
-#[async_trait]
-impl Changes for SqliteBackend {
-    async fn watch(&self, prefix: &str) -> Result<Box<dyn ChangeWatch>> {
-        validate_prefix(prefix, &self.options.limits)?;
-        self.poller
-            .watch(&self.path, connect_options(&self.path, &self.options))
-            .await
     }
 }

@@ -480,7 +480,9 @@ async fn another_process_wakes_a_watch() {
     if let Ok(spec) = std::env::var(WRITER_ENV) {
         let (path, namespace) = spec.split_once('\n').unwrap();
         let store = SqliteBackend::open(path, namespace).await.unwrap();
-        let out = store.put_if("w/from-child", Version::MISSING, b"1".to_vec()).await;
+        let out = store
+            .put_if("w/from-child", Version::MISSING, b"1".to_vec())
+            .await;
         assert!(out.unwrap().applied);
         store.close().await;
         return;
