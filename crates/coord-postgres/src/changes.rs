@@ -18,7 +18,8 @@
 //!   wakes every watch (something may have been missed). If reconnecting
 //!   fails, the watches fail and their waiters fall back to polling. An r2
 //!   `coord_txn` installed by an older client sends nothing.
-//! - **Cost.** One `pg_notify` per writing txn. PostgreSQL serialises the
+//! - **Cost.** One `pg_notify` per writing txn (unless the client set
+//!   `PostgresOptions::notify_changes(false)`). PostgreSQL serialises the
 //!   commits of notifying transactions on one global lock (the notification
 //!   queue), which bounds the commit rate of writing txns across the whole
 //!   cluster.

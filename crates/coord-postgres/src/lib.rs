@@ -198,6 +198,10 @@ impl PostgresBackend {
         let mut connect_options = PgConnectOptions::from_str(url.without_namespace())
             .map_err(|e| Error::Config(format!("invalid PostgreSQL URL: {e}")))?
             .options([("default_transaction_isolation", "read committed")]);
+        if !options.get_notify_changes() {
+            // Read by `coord_txn` (schema r3): no `pg_notify` from this client's sessions.
+            connect_options = connect_options.options([("coord.notify", "off")]);
+        }
         if let Some(timeout) = options.get_statement_timeout() {
             // A startup parameter: costs no round trip per connection.
             connect_options =

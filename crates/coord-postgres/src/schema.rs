@@ -23,7 +23,8 @@ const SCHEMA_LOCK: i64 = 0x636f_6f72_645f_7631;
 ///
 /// r3: an applied txn that wrote something calls `pg_notify` on the
 /// namespace's channel (`coord_` + md5 of the namespace) with the written
-/// keys (change notifications, see `changes.rs`). An r2 and an r3 client on
+/// keys (change notifications, see `changes.rs`), unless the session set
+/// `coord.notify = off`. An r2 and an r3 client on
 /// one database reinstall their revisions in turn as above; while r2 is
 /// installed no notification is sent, which costs r3 waiters latency (they
 /// fall back to polling), never correctness.
@@ -127,8 +128,11 @@ BEGIN
     -- lists the written keys, one per line; when a key holds a newline or
     -- the list would pass NOTIFY's 8000-byte limit it is empty ("anything
     -- may have changed").
+    -- Sessions whose client turned notifications off (setting `coord.notify`,
+    -- PostgresOptions::notify_changes) skip the cost: NOTIFY serialises commits.
     written := p_put_keys || p_delete_keys;
-    IF cardinality(written) > 0 THEN
+    IF cardinality(written) > 0
+       AND coalesce(current_setting('coord.notify', true), '') <> 'off' THEN
         payload := array_to_string(written, E'\n');
         IF octet_length(payload) > 7000
            OR EXISTS (SELECT 1 FROM unnest(written) AS w WHERE strpos(w, E'\n') > 0) THEN

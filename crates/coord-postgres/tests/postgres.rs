@@ -1162,3 +1162,44 @@ async fn oversized_or_multiline_key_lists_notify_anything() {
             .unwrap();
     }
 }
+
+/// A client with `notify_changes(false)` sends no notification; one with the
+/// default does. A listener's first notification is the notifying client's
+/// (notifications arrive in commit order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_changes_off_sends_nothing() {
+    let Some(base) = base_url() else { return };
+    let namespace = unique_namespace("pg_notify_off");
+    let quiet = connect(
+        &base,
+        &namespace,
+        PostgresOptions::default().notify_changes(false),
+    )
+    .await;
+    let loud = connect(&base, &namespace, PostgresOptions::default()).await;
+    let mut listener = sqlx::postgres::PgListener::connect(&base).await.unwrap();
+    let channel: String = sqlx::query_scalar("SELECT 'coord_' || md5($1)")
+        .bind(&namespace)
+        .fetch_one(&mut listener)
+        .await
+        .unwrap();
+    listener.listen(&channel).await.unwrap();
+    assert!(
+        quiet
+            .txn(&[], &[Mutation::put("quiet", b"1".to_vec())])
+            .await
+            .unwrap()
+            .applied
+    );
+    assert!(
+        loud.txn(&[], &[Mutation::put("loud", b"1".to_vec())])
+            .await
+            .unwrap()
+            .applied
+    );
+    let first = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("no notification within 10 s")
+        .unwrap();
+    assert_eq!(first.payload(), "loud");
+}
