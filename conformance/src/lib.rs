@@ -28,6 +28,7 @@ mod harness;
 
 pub mod backend;
 pub mod board;
+pub mod changes;
 pub mod election;
 pub mod fault;
 pub mod fault_model;
@@ -49,7 +50,8 @@ pub mod __private {
 }
 
 /// Every suite of this crate for one store: a module per suite (`backend`,
-/// `lock`, `board`, `sideeffect`, `scheduler`, `rwlock`, `election`, `fault_model`), each case one `#[tokio::test]`.
+/// `lock`, `board`, `sideeffect`, `scheduler`, `rwlock`, `election`, `fault_model`,
+/// `changes`), each case one `#[tokio::test]`.
 ///
 /// The factory expression is evaluated inside those modules, which import
 /// everything of the calling module (`use super::*`), so it may call the
@@ -98,6 +100,11 @@ macro_rules! all_suites_tests {
             use super::*;
             $crate::fault_model_tests!($factory);
         }
+        mod changes_suite {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::changes_tests!($factory);
+        }
     };
 }
 
@@ -111,6 +118,7 @@ pub fn all_cases() -> Vec<Case> {
     cases.extend(rwlock::cases());
     cases.extend(election::cases());
     cases.extend(fault_model::cases());
+    cases.extend(changes::cases());
     cases
 }
 

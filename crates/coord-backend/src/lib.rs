@@ -37,7 +37,7 @@ mod types;
 mod validate;
 
 pub use backend::{Backend, BackendExt, Limits};
-pub use changes::{ChangeWatch, Changes};
+pub use changes::{ChangeFeed, ChangeWatch, Changed, Changes};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, InvalidInput, Result};
 pub use metered::{Metered, TXN_SECONDS, TXN_TOTAL};

@@ -128,11 +128,12 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use coord_backend::{
-    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, Entry,
-    Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
+    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, ChangeWatch,
+    Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
 };
 use etcd_client::{
     Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, KvClient, Txn, TxnOp, TxnOpResponse,
+    WatchClient, WatchOptions, WatchStream,
 };
 
 pub use config::{
@@ -156,6 +157,8 @@ const MAX_TOMBSTONE_HINTS: usize = 16_384;
 #[derive(Clone)]
 pub struct EtcdBackend {
     kv: KvClient,
+    /// Change notifications: one etcd watch per [`Changes::watch`].
+    watch: WatchClient,
     namespace: String,
     prefix: Arc<[u8]>,
     endpoints: Arc<[String]>,
@@ -242,6 +245,7 @@ impl EtcdBackend {
         let kv = client.kv_client().max_decoding_message_size(decode_limit);
         Ok(EtcdBackend {
             kv,
+            watch: client.watch_client(),
             namespace: namespace.to_owned(),
             prefix: namespace_prefix(namespace).into(),
             endpoints: endpoints.into(),
@@ -423,6 +427,10 @@ impl Backend for EtcdBackend {
 
     fn limits(&self) -> Limits {
         self.limits
+    }
+
+    fn changes(&self) -> Option<&dyn Changes> {
+        Some(self)
     }
 
     async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
@@ -608,6 +616,80 @@ impl Backend for EtcdBackend {
             }
         }
         Ok(out)
+    }
+}
+
+/// etcd's Watch API: one watch (a gRPC stream on the client's channel) per
+/// [`Changes::watch`], on the etcd key range of the namespace + prefix.
+/// It is confirmed by etcd (`created`) before `watch` returns, and reports
+/// every revision after that one, so nothing committed later is missed
+/// while the stream lives. A broken stream or a watch etcd cancels makes
+/// `changed()` fail: waiters fall back to polling.
+#[async_trait]
+impl Changes for EtcdBackend {
+    async fn watch(&self, prefix: &str) -> Result<Box<dyn ChangeWatch>> {
+        validate_prefix(prefix, &self.limits)?;
+        let mut client = self.watch.clone();
+        let options = WatchOptions::new().with_prefix();
+        let key = self.etcd_key(prefix);
+        let limit = self.options.request_timeout;
+        let mut stream = run("watch", Call::Read, limit, client.watch(key, Some(options))).await?;
+        loop {
+            match run("watch", Call::Read, limit, stream.message()).await? {
+                Some(response) if response.canceled() => return Err(watch_ended(&response)),
+                Some(response) if response.created() => break,
+                Some(_) => {}
+                None => return Err(watch_ended_early()),
+            }
+        }
+        Ok(Box::new(EtcdWatch {
+            prefix: prefix.to_owned(),
+            stream,
+        }))
+    }
+}
+
+/// One etcd watch; dropping it closes its stream (etcd cancels the watch).
+struct EtcdWatch {
+    prefix: String,
+    stream: WatchStream,
+}
+
+impl std::fmt::Debug for EtcdWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdWatch")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl ChangeWatch for EtcdWatch {
+    async fn changed(&mut self) -> Result<()> {
+        loop {
+            match self.stream.message().await {
+                Ok(Some(response)) if response.canceled() => return Err(watch_ended(&response)),
+                Ok(Some(response)) if !response.events().is_empty() => return Ok(()),
+                // Progress notifications and the like: nothing changed.
+                Ok(Some(_)) => {}
+                Ok(None) => return Err(watch_ended_early()),
+                Err(error) => return Err(classify(error, "watch", Call::Read)),
+            }
+        }
+    }
+}
+
+fn watch_ended(response: &etcd_client::WatchResponse) -> Error {
+    Error::Unavailable {
+        message: format!("etcd canceled the watch: {}", response.cancel_reason()),
+        source: None,
+    }
+}
+
+fn watch_ended_early() -> Error {
+    Error::Unavailable {
+        message: "etcd closed the watch stream".to_owned(),
+        source: None,
     }
 }
 

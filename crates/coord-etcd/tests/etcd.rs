@@ -62,6 +62,9 @@ mod rwlock {
 mod election {
     coord_conformance::election_tests!(super::etcd_factory());
 }
+mod changes {
+    coord_conformance::changes_tests!(super::etcd_factory());
+}
 
 /// A raw etcd client, to look under coord's layout.
 async fn raw_client(raw: &str) -> etcd_client::Client {

@@ -32,8 +32,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use async_trait::async_trait;
 use coord_backend::{
-    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, Entry,
-    Limits, Mutation, Result, TxnOutcome, Version,
+    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, ChangeFeed,
+    ChangeWatch, Changed, Changes, Entry, Limits, Mutation, Result, TxnOutcome, Version,
 };
 
 /// One key's cell: its version counter survives deletes (tombstone = `value: None`).
@@ -45,9 +45,16 @@ struct Cell {
 
 type Namespace = BTreeMap<String, Cell>;
 
-/// Process-wide shared maps for [`SingleProcessMemoryBackend::shared`], one per name.
-fn registry() -> &'static Mutex<HashMap<String, Arc<Mutex<Namespace>>>> {
-    static REGISTRY: OnceLock<Mutex<HashMap<String, Arc<Mutex<Namespace>>>>> = OnceLock::new();
+/// One store: its cells, and the feed its commits notify (under the same lock).
+#[derive(Default)]
+struct Shared {
+    cells: Mutex<Namespace>,
+    feed: ChangeFeed,
+}
+
+/// Process-wide shared stores for [`SingleProcessMemoryBackend::shared`], one per name.
+fn registry() -> &'static Mutex<HashMap<String, Arc<Shared>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<String, Arc<Shared>>>> = OnceLock::new();
     REGISTRY.get_or_init(Default::default)
 }
 
@@ -55,10 +62,14 @@ fn registry() -> &'static Mutex<HashMap<String, Arc<Mutex<Namespace>>>> {
 /// process: **never use it to coordinate two processes.**
 ///
 /// `Debug` shows the namespace and the number of keys, never their values.
+///
+/// It offers change notifications ([`Backend::changes`]): every applied txn
+/// publishes its written keys to the watches of the same store while it
+/// still holds the store's lock, so a watch never misses a commit.
 #[derive(Clone)]
 pub struct SingleProcessMemoryBackend {
     namespace: String,
-    cells: Arc<Mutex<Namespace>>,
+    shared: Arc<Shared>,
     limits: Limits,
 }
 
@@ -67,7 +78,10 @@ impl std::fmt::Debug for SingleProcessMemoryBackend {
         f.debug_struct("SingleProcessMemoryBackend")
             .field("namespace", &self.namespace)
             // try_lock: formatting must never wait on (or deadlock with) a txn.
-            .field("keys", &self.cells.try_lock().map(|cells| cells.len()).ok())
+            .field(
+                "keys",
+                &self.shared.cells.try_lock().map(|cells| cells.len()).ok(),
+            )
             .field("limits", &self.limits)
             .finish()
     }
@@ -79,7 +93,7 @@ impl SingleProcessMemoryBackend {
         validate_namespace(namespace)?;
         Ok(SingleProcessMemoryBackend {
             namespace: namespace.to_owned(),
-            cells: Arc::default(),
+            shared: Arc::default(),
             limits: Limits::DEFAULT,
         })
     }
@@ -89,10 +103,10 @@ impl SingleProcessMemoryBackend {
     pub fn shared(namespace: &str) -> Result<Self> {
         validate_namespace(namespace)?;
         let mut registry = registry().lock().unwrap_or_else(|e| e.into_inner());
-        let cells = registry.entry(namespace.to_owned()).or_default().clone();
+        let shared = registry.entry(namespace.to_owned()).or_default().clone();
         Ok(SingleProcessMemoryBackend {
             namespace: namespace.to_owned(),
-            cells,
+            shared,
             limits: Limits::DEFAULT,
         })
     }
@@ -106,7 +120,13 @@ impl SingleProcessMemoryBackend {
     fn lock(&self) -> std::sync::MutexGuard<'_, Namespace> {
         // A panic while holding the lock cannot leave a half-applied txn:
         // mutations are applied only after every check passed, without panicking paths.
-        self.cells.lock().unwrap_or_else(|e| e.into_inner())
+        self.shared.cells.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How many change watches of this store are alive (dropping a watch
+    /// ends it; this shows that it did).
+    pub fn watchers(&self) -> usize {
+        self.shared.feed.watchers()
     }
 }
 
@@ -138,6 +158,10 @@ impl Backend for SingleProcessMemoryBackend {
 
     fn limits(&self) -> Limits {
         self.limits
+    }
+
+    fn changes(&self) -> Option<&dyn Changes> {
+        Some(self)
     }
 
     async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
@@ -172,6 +196,12 @@ impl Backend for SingleProcessMemoryBackend {
                 Mutation::Delete { .. } => None,
             };
         }
+        if !mutations.is_empty() {
+            // Still under the lock: a watch that began before this commit hears of it.
+            let written: Arc<[String]> = mutations.iter().map(|m| m.key().to_owned()).collect();
+            self.shared.feed.publish(Changed::Keys(written));
+        }
+        drop(cells);
         Ok(TxnOutcome::applied())
     }
 
@@ -184,5 +214,13 @@ impl Backend for SingleProcessMemoryBackend {
             .filter(|(_, c)| c.value.is_some())
             .map(|(k, _)| k.clone())
             .collect())
+    }
+}
+
+#[async_trait]
+impl Changes for SingleProcessMemoryBackend {
+    async fn watch(&self, prefix: &str) -> Result<Box<dyn ChangeWatch>> {
+        validate_prefix(prefix, &self.limits)?;
+        Ok(self.shared.feed.watch(prefix))
     }
 }

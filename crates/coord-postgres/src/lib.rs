@@ -127,6 +127,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
+mod changes;
 mod errors;
 mod options;
 mod schema;
@@ -136,8 +137,8 @@ use std::str::FromStr;
 
 use async_trait::async_trait;
 use coord_backend::{
-    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, Entry,
-    Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
+    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, ChangeWatch,
+    Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
 };
 use futures_util::StreamExt;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
@@ -161,6 +162,8 @@ pub struct PostgresBackend {
     namespace: String,
     pool: PgPool,
     limits: Limits,
+    /// Change notifications (shared by clones), see `changes.rs`.
+    listener: std::sync::Arc<changes::Listener>,
 }
 
 impl PostgresBackend {
@@ -195,6 +198,10 @@ impl PostgresBackend {
         let mut connect_options = PgConnectOptions::from_str(url.without_namespace())
             .map_err(|e| Error::Config(format!("invalid PostgreSQL URL: {e}")))?
             .options([("default_transaction_isolation", "read committed")]);
+        if !options.get_notify_changes() {
+            // Read by `coord_txn` (schema r3): no `pg_notify` from this client's sessions.
+            connect_options = connect_options.options([("coord.notify", "off")]);
+        }
         if let Some(timeout) = options.get_statement_timeout() {
             // A startup parameter: costs no round trip per connection.
             connect_options =
@@ -254,6 +261,7 @@ impl PostgresBackend {
             namespace: url.namespace().to_owned(),
             pool,
             limits: Limits::DEFAULT,
+            listener: Default::default(),
         })
     }
 
@@ -305,6 +313,18 @@ fn version_param(version: Version) -> i64 {
     i64::try_from(version.0).unwrap_or(-1)
 }
 
+/// `pg_notify` sent by `coord_txn` in the writing transaction (delivered only
+/// on commit), one `LISTEN` connection per backend: see `changes.rs`.
+#[async_trait]
+impl Changes for PostgresBackend {
+    async fn watch(&self, prefix: &str) -> Result<Box<dyn ChangeWatch>> {
+        validate_prefix(prefix, &self.limits)?;
+        self.listener
+            .watch(&self.pool, &self.namespace, prefix)
+            .await
+    }
+}
+
 #[async_trait]
 impl Backend for PostgresBackend {
     fn namespace(&self) -> &str {
@@ -313,6 +333,10 @@ impl Backend for PostgresBackend {
 
     fn limits(&self) -> Limits {
         self.limits
+    }
+
+    fn changes(&self) -> Option<&dyn Changes> {
+        Some(self)
     }
 
     async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {

@@ -20,11 +20,13 @@ pub struct PostgresOptions {
     statement_timeout: Option<Duration>,
     ping_idle_after: Option<Duration>,
     create_schema: bool,
+    notify_changes: bool,
 }
 
 impl Default for PostgresOptions {
     /// 10 connections, 5 s to get one, 5 s per statement, ping connections
-    /// idle for 30 s before use, create the schema when missing.
+    /// idle for 30 s before use, create the schema when missing, notify
+    /// changes.
     fn default() -> Self {
         PostgresOptions {
             max_connections: 10,
@@ -32,6 +34,7 @@ impl Default for PostgresOptions {
             statement_timeout: Some(Duration::from_secs(5)),
             ping_idle_after: Some(Duration::from_secs(30)),
             create_schema: true,
+            notify_changes: true,
         }
     }
 }
@@ -78,6 +81,17 @@ impl PostgresOptions {
         self
     }
 
+    /// Whether this client's writing txns send change notifications
+    /// (`pg_notify`, see docs/shapes.md "Change notifications"; default
+    /// `true`). PostgreSQL serialises the commits of notifying transactions
+    /// on one lock, which costs concurrent writers much of their throughput;
+    /// turn it off where nothing waits on this store or where waiters may
+    /// poll. Watches of this backend still hear other clients' writes.
+    pub fn notify_changes(mut self, notify: bool) -> Self {
+        self.notify_changes = notify;
+        self
+    }
+
     /// The pool size.
     pub fn get_max_connections(&self) -> u32 {
         self.max_connections
@@ -101,5 +115,10 @@ impl PostgresOptions {
     /// Whether the schema is created when missing.
     pub fn get_create_schema(&self) -> bool {
         self.create_schema
+    }
+
+    /// Whether writing txns send change notifications.
+    pub fn get_notify_changes(&self) -> bool {
+        self.notify_changes
     }
 }

@@ -20,7 +20,15 @@ const SCHEMA_LOCK: i64 = 0x636f_6f72_645f_7631;
 /// each reinstall their own revision when they connect (the comparison is
 /// for equality); both are correct at READ COMMITTED, which r2 clients force,
 /// so this costs DDL, not safety; upgrade every client.
-pub(crate) const SCHEMA_TAG: &str = "coord schema r2";
+///
+/// r3: an applied txn that wrote something calls `pg_notify` on the
+/// namespace's channel (`coord_` + md5 of the namespace) with the written
+/// keys (change notifications, see `changes.rs`), unless the session set
+/// `coord.notify = off`. An r2 and an r3 client on
+/// one database reinstall their revisions in turn as above; while r2 is
+/// installed no notification is sent, which costs r3 waiters latency (they
+/// fall back to polling), never correctness.
+pub(crate) const SCHEMA_TAG: &str = "coord schema r3";
 
 /// The full signature of the txn function (for `to_regprocedure`).
 const TXN_SIGNATURE: &str = "coord_txn(text,text[],bigint[],text[],bytea[],text[])";
@@ -53,6 +61,8 @@ DECLARE
     hashes bigint[];
     h bigint;
     mismatches bigint;
+    written text[];
+    payload text;
 BEGIN
     -- At REPEATABLE READ or SERIALIZABLE the snapshot was taken when the
     -- calling statement started, before the locks below: the asserts would be
@@ -113,11 +123,29 @@ BEGIN
         ON CONFLICT (ns, key) DO UPDATE SET version = c.version + 1, value = NULL;
     END IF;
 
+    -- Wake the namespace's watchers. NOTIFY is delivered only when this
+    -- transaction commits, and a rejected txn returned above. The payload
+    -- lists the written keys, one per line; when a key holds a newline or
+    -- the list would pass NOTIFY's 8000-byte limit it is empty ("anything
+    -- may have changed").
+    -- Sessions whose client turned notifications off (setting `coord.notify`,
+    -- PostgresOptions::notify_changes) skip the cost: NOTIFY serialises commits.
+    written := p_put_keys || p_delete_keys;
+    IF cardinality(written) > 0
+       AND coalesce(current_setting('coord.notify', true), '') <> 'off' THEN
+        payload := array_to_string(written, E'\n');
+        IF octet_length(payload) > 7000
+           OR EXISTS (SELECT 1 FROM unnest(written) AS w WHERE strpos(w, E'\n') > 0) THEN
+            payload := '';
+        END IF;
+        PERFORM pg_notify('coord_' || md5(p_ns), payload);
+    END IF;
+
     RETURN QUERY SELECT true, NULL::text, NULL::bigint, NULL::bytea;
 END
 $fn$;
 
-COMMENT ON FUNCTION coord_txn(text, text[], bigint[], text[], bytea[], text[]) IS 'coord schema r2';
+COMMENT ON FUNCTION coord_txn(text, text[], bigint[], text[], bytea[], text[]) IS 'coord schema r3';
 "#;
 
 /// Create the table and the function unless this revision is already installed.

@@ -1130,3 +1130,76 @@ async fn urls_and_schema_options() {
     let gone = installed.keys("").await;
     assert!(matches!(gone, Err(Error::Unavailable { .. })), "{gone:?}");
 }
+
+// ---------------------------------------------------------------- change notifications
+
+/// A txn whose key list would pass NOTIFY's 8000-byte payload limit, or
+/// whose keys hold a newline (the payload's separator), still applies and
+/// notifies with an empty payload ("anything"), which wakes every watch of
+/// the namespace, also one on a prefix none of the keys has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_or_multiline_key_lists_notify_anything() {
+    let Some(base) = base_url() else { return };
+    let namespace = unique_namespace("pg_notify_payload");
+    let watcher = connect(&base, &namespace, PostgresOptions::default()).await;
+    let writer = connect(&base, &namespace, PostgresOptions::default()).await;
+    let long: Vec<Mutation> = (0..60)
+        .map(|i| Mutation::put(format!("k/{i:03}/{}", "x".repeat(150)), b"1".to_vec()))
+        .collect();
+    let multiline = vec![Mutation::put("k/two\nlines", b"1".to_vec())];
+    for (what, mutations) in [("9 KB of keys", long), ("a key with a newline", multiline)] {
+        let mut watch = watcher
+            .changes()
+            .unwrap()
+            .watch("elsewhere/")
+            .await
+            .unwrap();
+        let out = writer.txn(&[], &mutations).await.unwrap();
+        assert!(out.applied, "{what}: not applied");
+        tokio::time::timeout(coord_conformance::changes::WAKE_BOUND, watch.changed())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no wake-up"))
+            .unwrap();
+    }
+}
+
+/// A client with `notify_changes(false)` sends no notification; one with the
+/// default does. A listener's first notification is the notifying client's
+/// (notifications arrive in commit order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_changes_off_sends_nothing() {
+    let Some(base) = base_url() else { return };
+    let namespace = unique_namespace("pg_notify_off");
+    let quiet = connect(
+        &base,
+        &namespace,
+        PostgresOptions::default().notify_changes(false),
+    )
+    .await;
+    let loud = connect(&base, &namespace, PostgresOptions::default()).await;
+    let mut listener = sqlx::postgres::PgListener::connect(&base).await.unwrap();
+    let channel: String = sqlx::query_scalar("SELECT 'coord_' || md5($1)")
+        .bind(&namespace)
+        .fetch_one(&mut listener)
+        .await
+        .unwrap();
+    listener.listen(&channel).await.unwrap();
+    assert!(
+        quiet
+            .txn(&[], &[Mutation::put("quiet", b"1".to_vec())])
+            .await
+            .unwrap()
+            .applied
+    );
+    assert!(
+        loud.txn(&[], &[Mutation::put("loud", b"1".to_vec())])
+            .await
+            .unwrap()
+            .applied
+    );
+    let first = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("no notification within 10 s")
+        .unwrap();
+    assert_eq!(first.payload(), "loud");
+}

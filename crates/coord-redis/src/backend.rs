@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use coord_backend::{
-    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, Entry,
-    Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
+    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, ChangeWatch,
+    Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
 };
 use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClientBuilder;
@@ -18,6 +18,7 @@ use redis::{
     ServerErrorKind, ToRedisArgs, Value,
 };
 
+use crate::changes::{Source, Subscriber};
 use crate::{scripts, RedisOptions};
 
 /// A script with its source: `EVALSHA` normally, `EVAL` to a node named by
@@ -297,6 +298,8 @@ pub struct RedisBackend {
     /// The URL without its password, for `Debug`.
     endpoint: String,
     options: RedisOptions,
+    /// Change notifications (shared by clones), see `changes.rs`.
+    subscriber: Arc<Subscriber>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -359,8 +362,12 @@ impl RedisBackend {
                 "rediss:// needs coord-redis built with its `tls` feature".to_owned(),
             ));
         }
-        let conn = if cluster {
+        let (conn, source) = if cluster {
             let nodes = cluster_nodes(url, tls)?;
+            let source = Source::Cluster {
+                nodes: nodes.clone(),
+                connect_timeout: options.connect_timeout,
+            };
             let client = ClusterClientBuilder::new(nodes)
                 // The client's own retries would resend a txn whose connection
                 // dropped after sending: a second run would see its own write
@@ -394,7 +401,7 @@ impl RedisBackend {
                     other => check_eviction(&endpoint, other)?,
                 }
             }
-            Conn::Cluster(connection)
+            (Conn::Cluster(connection), source)
         } else {
             let client = redis::Client::open(url.without_namespace())
                 .map_err(|e| config_error(&endpoint, e))?;
@@ -406,6 +413,7 @@ impl RedisBackend {
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(options.connect_timeout))
                 .set_response_timeout(options.response_timeout);
+            let source = Source::Standalone(client.clone());
             let standalone = Standalone {
                 client,
                 config,
@@ -421,9 +429,10 @@ impl RedisBackend {
                 let reply = policy_cmd().query_async(&mut live.conn.clone()).await;
                 check_eviction(&endpoint, reply)?;
             }
-            Conn::Standalone(Arc::new(standalone))
+            (Conn::Standalone(Arc::new(standalone)), source)
         };
         Ok(RedisBackend {
+            subscriber: Arc::new(Subscriber::new(source, &namespace, &endpoint)),
             record_prefix: format!("coord:{{{namespace}}}:k:").into_bytes(),
             index_key: format!("coord:{{{namespace}}}:idx").into_bytes(),
             namespace,
@@ -567,6 +576,10 @@ impl Backend for RedisBackend {
         self.options.limits
     }
 
+    fn changes(&self) -> Option<&dyn Changes> {
+        Some(self)
+    }
+
     async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
         validate_keys(keys, &self.options.limits)?;
         let distinct = coord_backend::distinct_keys(keys.iter().map(String::as_str));
@@ -622,6 +635,9 @@ impl Backend for RedisBackend {
                 Mutation::Delete { .. } => invocation.arg("d").arg(""),
             };
         }
+        invocation
+            .arg(self.subscriber.publish_command())
+            .arg(self.subscriber.channel());
         let first_key = asserts
             .first()
             .map(|a| a.key.as_str())
@@ -661,6 +677,17 @@ impl Backend for RedisBackend {
                     .ok_or_else(|| Error::malformed(&index, "index member is not a UTF-8 string"))
             })
             .collect()
+    }
+}
+
+/// Pub/sub published by the txn script itself (sharded pub/sub on Cluster),
+/// see `changes.rs`: what is published while the subscriber is disconnected
+/// is lost, and waiters fall back to polling.
+#[async_trait]
+impl Changes for RedisBackend {
+    async fn watch(&self, prefix: &str) -> Result<Box<dyn ChangeWatch>> {
+        validate_prefix(prefix, &self.options.limits)?;
+        self.subscriber.watch(prefix).await
     }
 }
 

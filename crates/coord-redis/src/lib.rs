@@ -106,6 +106,7 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod backend;
+mod changes;
 mod options;
 mod scripts;
 

@@ -68,7 +68,12 @@ return out
 /// ARGV[2]: A, the number of asserted keys (KEYS[2..A+1]); ARGV[3..A+2]: their
 /// expected versions (decimal, `0` = must not exist);
 /// ARGV[A+3]: M, the number of mutations; then M triples
-/// (KEYS position, `p` or `d`, value — empty for a delete).
+/// (KEYS position, `p` or `d`, value — empty for a delete);
+/// then the publish command (`PUBLISH`, `SPUBLISH`, or empty for none) and
+/// the change channel (the last two ARGV).
+/// An applied txn that wrote something ends by publishing the written keys
+/// (NUL-separated) on that channel, through `pcall`: a failed publish costs
+/// a wake-up, never the txn. A rejected txn publishes nothing.
 /// Reply: `applied`; or `rejected` then version/value pairs of the asserted
 /// keys (as in SNAPSHOT); or `malformed, <record key>, <reason>`.
 pub(crate) const TXN: &str = concat!(
@@ -134,6 +139,14 @@ for m = 0, nmut - 1 do
     redis.call('HDEL', k, 'd')
     if vis[pos] ~= '0' then redis.call('ZREM', KEYS[1], string.sub(k, plen + 1)) end
   end
+end
+local publish = ARGV[#ARGV - 1]
+if nmut > 0 and publish ~= '' then
+  local written = {}
+  for m = 0, nmut - 1 do
+    written[#written + 1] = string.sub(KEYS[tonumber(ARGV[base + 1 + 3 * m])], plen + 1)
+  end
+  redis.pcall(publish, ARGV[#ARGV], table.concat(written, '\0'))
 end
 return {'applied'}
 "#

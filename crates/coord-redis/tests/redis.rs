@@ -1171,3 +1171,46 @@ async fn cluster_redirects_are_followed_during_resharding() {
         "{refused:?}"
     );
 }
+
+// ---------------------------------------------------------------- change notifications
+
+/// The txn script publishes the written keys of an applied txn and nothing
+/// for a rejected one: a subscriber's first message is the applied txn's
+/// (messages of one server arrive in the order their scripts ran).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejected_txns_publish_nothing() {
+    use futures_util::StreamExt;
+    let Some(base) = server_env(STANDALONE) else {
+        return;
+    };
+    let namespace = unique_namespace("publish");
+    let store = connect(&base, &namespace).await;
+    let client = redis::Client::open(base.as_str()).unwrap();
+    let mut pubsub = client.get_async_pubsub().await.unwrap();
+    pubsub
+        .subscribe(format!("coord:{{{namespace}}}:changes"))
+        .await
+        .unwrap();
+    let mut messages = pubsub.into_on_message();
+    let rejected = store
+        .txn(
+            &[Assert::at("a", Version(3))],
+            &[Mutation::put("rejected", b"x".to_vec())],
+        )
+        .await
+        .unwrap();
+    assert!(!rejected.applied);
+    let applied = store
+        .txn(
+            &[],
+            &[Mutation::put("b/1", b"x".to_vec()), Mutation::delete("c")],
+        )
+        .await
+        .unwrap();
+    assert!(applied.applied);
+    let first = tokio::time::timeout(Duration::from_secs(10), messages.next())
+        .await
+        .expect("no message within 10 s")
+        .expect("the subscription ended");
+    assert_eq!(first.get_payload_bytes(), b"b/1\0c");
+}

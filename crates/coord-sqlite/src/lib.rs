@@ -94,6 +94,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
+mod changes;
 mod options;
 
 use std::future::Future;
@@ -103,7 +104,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use coord_backend::{
     distinct_keys, validate_keys, validate_namespace, validate_prefix, validate_txn, Assert,
-    Backend, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
+    Backend, ChangeWatch, Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome,
+    Version,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -134,6 +136,8 @@ pub struct SqliteBackend {
     path: PathBuf,
     pool: SqlitePool,
     options: SqliteOptions,
+    /// Change notifications (shared by clones): see `changes.rs`.
+    poller: std::sync::Arc<changes::Poller>,
 }
 
 /// Why one attempt of a call did not produce an answer.
@@ -150,7 +154,7 @@ impl From<Error> for Attempt {
     }
 }
 
-fn is_busy(error: &sqlx::Error) -> bool {
+pub(crate) fn is_busy(error: &sqlx::Error) -> bool {
     const SQLITE_BUSY: i32 = 5;
     const SQLITE_LOCKED: i32 = 6;
     match error {
@@ -309,6 +313,7 @@ impl SqliteBackend {
             path: path.to_owned(),
             pool,
             options,
+            poller: Default::default(),
         })
     }
 
@@ -631,6 +636,10 @@ impl Backend for SqliteBackend {
         self.options.limits
     }
 
+    fn changes(&self) -> Option<&dyn Changes> {
+        Some(self)
+    }
+
     async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
         validate_keys(keys, &self.options.limits)?;
         let keys = distinct_keys(keys.iter().map(String::as_str));
@@ -651,6 +660,19 @@ impl Backend for SqliteBackend {
     async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
         validate_prefix(prefix, &self.options.limits)?;
         retry_busy(&self.options, "listing keys", || self.keys_once(prefix)).await
+    }
+}
+
+/// Local polling of one cheap query (`PRAGMA data_version`), see `changes.rs`:
+/// covers every process writing the same file on this host; wakes every
+/// watch of the backend on any change of the file, whatever its prefix.
+#[async_trait]
+impl Changes for SqliteBackend {
+    async fn watch(&self, prefix: &str) -> Result<Box<dyn ChangeWatch>> {
+        validate_prefix(prefix, &self.options.limits)?;
+        self.poller
+            .watch(&self.path, connect_options(&self.path, &self.options))
+            .await
     }
 }
 

@@ -469,3 +469,40 @@ async fn a_closed_store_is_unavailable_not_empty() {
         Err(Error::Unavailable { .. })
     ));
 }
+
+/// Set in the child of `another_process_wakes_a_watch`: `path\nnamespace` to write in.
+const WRITER_ENV: &str = "COORD_SQLITE_TEST_WRITER";
+
+/// A commit by another OS process on the same file wakes a watch (the
+/// poller sees SQLite's `data_version` move; see docs/shapes.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_process_wakes_a_watch() {
+    if let Ok(spec) = std::env::var(WRITER_ENV) {
+        let (path, namespace) = spec.split_once('\n').unwrap();
+        let store = SqliteBackend::open(path, namespace).await.unwrap();
+        let out = store
+            .put_if("w/from-child", Version::MISSING, b"1".to_vec())
+            .await;
+        assert!(out.unwrap().applied);
+        store.close().await;
+        return;
+    }
+    let path = private_file("wake_process");
+    let namespace = unique_namespace("wake_process");
+    let store = SqliteBackend::open(&path, &namespace).await.unwrap();
+    let mut watch = store.changes().unwrap().watch("w/").await.unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "another_process_wakes_a_watch", "--nocapture"])
+        .env(WRITER_ENV, format!("{}\n{namespace}", path.display()))
+        .spawn()
+        .unwrap();
+    tokio::time::timeout(coord_conformance::changes::WAKE_BOUND, watch.changed())
+        .await
+        .expect("the child's commit did not wake the watch")
+        .unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "the writer process failed: {status}");
+    assert!(store.get("w/from-child").await.unwrap().exists());
+}
