@@ -537,7 +537,11 @@ mod pg_advisory {
         a.release(h).await.unwrap();
         assert_eq!((a.held_count(), a.idle_count()), (0, 1));
         assert_eq!(holder_pid(&mut admin, &name).await, None);
-        assert_eq!(locks_of(&mut admin, pid).await, 0, "an idle session holds nothing");
+        assert_eq!(
+            locks_of(&mut admin, pid).await,
+            0,
+            "an idle session holds nothing"
+        );
         // The same key again, then another key: both on the parked session,
         // with the fence still increasing.
         let again = a
@@ -554,7 +558,10 @@ mod pg_advisory {
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(holder_pid(&mut admin, &a.lock_name(&other)).await, Some(pid));
+        assert_eq!(
+            holder_pid(&mut admin, &a.lock_name(&other)).await,
+            Some(pid)
+        );
         a.release(h).await.unwrap();
         assert_eq!(locks_of(&mut admin, pid).await, 0);
         // Dropping the client closes its idle sessions.
@@ -622,7 +629,9 @@ mod pg_advisory {
         let ttl = Duration::from_secs(30);
         let key = random_key("dead-idle");
         let h = a.try_lock(&key, ttl).await.unwrap().unwrap();
-        let pid = holder_pid(&mut admin, &a.lock_name(&key)).await.expect("held");
+        let pid = holder_pid(&mut admin, &a.lock_name(&key))
+            .await
+            .expect("held");
         a.release(h).await.unwrap();
         assert_eq!(a.idle_count(), 1);
         let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
@@ -637,7 +646,9 @@ mod pg_advisory {
             .await
             .unwrap()
             .expect("a new session takes the free key");
-        let new_pid = holder_pid(&mut admin, &a.lock_name(&key)).await.expect("held");
+        let new_pid = holder_pid(&mut admin, &a.lock_name(&key))
+            .await
+            .expect("held");
         assert_ne!(new_pid, pid);
         a.release(h).await.unwrap();
         assert_eq!((a.held_count(), a.idle_count()), (0, 1));

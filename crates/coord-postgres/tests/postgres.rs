@@ -1152,7 +1152,10 @@ async fn single_key_txns_take_the_coord_txn_lock() {
         };
         let mut watcher = admin(&base).await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while txn_lock_waiters(&mut watcher, &namespace, "k").await.is_empty() {
+        while txn_lock_waiters(&mut watcher, &namespace, "k")
+            .await
+            .is_empty()
+        {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "the single-key txn never waited for the key's lock"
@@ -1233,11 +1236,23 @@ async fn single_key_rejections_answer_the_current_entry() {
     let Some(base) = base_url() else { return };
     let namespace = unique_namespace("fast_reject");
     let store = connect(&base, &namespace, PostgresOptions::default()).await;
-    assert!(store.put_if("k", Version(0), b"a".to_vec()).await.unwrap().applied);
+    assert!(
+        store
+            .put_if("k", Version(0), b"a".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
     let out = store.put_if("k", Version(0), b"b".to_vec()).await.unwrap();
     assert!(!out.applied);
-    assert_eq!(out.current, vec![Entry::present("k", Version(1), b"a".to_vec())]);
-    let out = store.put_if("k", Version(u64::MAX), b"b".to_vec()).await.unwrap();
+    assert_eq!(
+        out.current,
+        vec![Entry::present("k", Version(1), b"a".to_vec())]
+    );
+    let out = store
+        .put_if("k", Version(u64::MAX), b"b".to_vec())
+        .await
+        .unwrap();
     assert!(!out.applied);
     assert_eq!(out.current[0].version, Version(1));
     let deleted = store
@@ -1249,7 +1264,13 @@ async fn single_key_rejections_answer_the_current_entry() {
     let out = store.put_if("k", Version(2), b"c".to_vec()).await.unwrap();
     assert!(!out.applied);
     assert_eq!(out.current, vec![Entry::missing("k")]);
-    assert!(store.put_if("k", Version(0), b"c".to_vec()).await.unwrap().applied);
+    assert!(
+        store
+            .put_if("k", Version(0), b"c".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
     assert_eq!(
         store.get("k").await.unwrap(),
         Entry::present("k", Version(3), b"c".to_vec())
