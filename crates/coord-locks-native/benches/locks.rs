@@ -747,7 +747,7 @@ fn main() {
             row.min,
             row.calls_per_acq,
             row.round_trips_per_acq
-                .map_or("n/a (connect per try)".to_owned(), |r| format!("{r:.2}"))
+                .map_or("n/a (not counted)".to_owned(), |r| format!("{r:.2}"))
         );
     }
 }
