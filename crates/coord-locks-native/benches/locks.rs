@@ -340,71 +340,32 @@ async fn postgres_subjects(setup: &mut Setup, base: &str) {
         round_trips: RoundTrips::ByConstruction("connect + 2 statements (+ prepares) + close"),
     });
 
-    let raw = Arc::new(Mutex::new(
-        sqlx::PgConnection::connect(StoreUrl::parse(base).unwrap().without_namespace())
-            .await
-            .unwrap(),
-    ));
-    let raw_key = format!("{ns}:raw-cycle");
     setup.subjects.push(Subject {
         store: "postgres",
         name: "raw pg_try_advisory_lock + unlock",
-        cycle: Arc::new(move || {
-            let (raw, key) = (raw.clone(), raw_key.clone());
-            Box::pin(async move {
-                let mut conn = raw.lock().await;
-                let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtext($1))")
-                    .bind(&key)
-                    .fetch_one(&mut *conn)
-                    .await
-                    .unwrap();
-                assert!(got, "uncontended");
-                let freed: bool = sqlx::query_scalar("SELECT pg_advisory_unlock(hashtext($1))")
-                    .bind(&key)
-                    .fetch_one(&mut *conn)
-                    .await
-                    .unwrap();
-                assert!(freed);
-            })
-        }),
+        cycle: raw_pg_cycle(
+            base,
+            format!("{ns}:raw-cycle"),
+            "SELECT 1::bigint WHERE pg_try_advisory_lock(hashtext($1))",
+        )
+        .await,
         round_trips: RoundTrips::ByConstruction("2 (lock, unlock)"),
     });
-
-    // The floor of a fenced advisory lock: the same two statements as the
-    // native lock's (lock + durable fence upsert in one, then unlock), on one
-    // connection. The fence upsert commits, so it pays a WAL flush.
-    let fenced = Arc::new(Mutex::new(
-        sqlx::PgConnection::connect(StoreUrl::parse(base).unwrap().without_namespace())
-            .await
-            .unwrap(),
-    ));
-    let fenced_key = format!("{ns}:raw-fenced-cycle");
+    // The floor of a fenced advisory lock: the native lock's two statements
+    // (lock + durable fence upsert in one, then unlock) on one connection.
+    // The fence upsert commits, so it pays a WAL flush.
     setup.subjects.push(Subject {
         store: "postgres",
         name: "raw lock + fence upsert, unlock",
-        cycle: Arc::new(move || {
-            let (conn, key) = (fenced.clone(), fenced_key.clone());
-            Box::pin(async move {
-                let mut conn = conn.lock().await;
-                let fence: Option<i64> = sqlx::query_scalar(
-                    "WITH granted AS MATERIALIZED (SELECT pg_try_advisory_lock(hashtext($1)) AS ok) \
-                     INSERT INTO coord_lock_fences AS f (name, fence) \
-                     SELECT $1, 1 FROM granted WHERE granted.ok \
-                     ON CONFLICT (name) DO UPDATE SET fence = f.fence + 1 RETURNING f.fence",
-                )
-                .bind(&key)
-                .fetch_optional(&mut *conn)
-                .await
-                .unwrap();
-                assert!(fence.is_some(), "uncontended");
-                let freed: bool = sqlx::query_scalar("SELECT pg_advisory_unlock(hashtext($1))")
-                    .bind(&key)
-                    .fetch_one(&mut *conn)
-                    .await
-                    .unwrap();
-                assert!(freed);
-            })
-        }),
+        cycle: raw_pg_cycle(
+            base,
+            format!("{ns}:raw-fenced-cycle"),
+            "WITH granted AS MATERIALIZED (SELECT pg_try_advisory_lock(hashtext($1)) AS ok) \
+             INSERT INTO coord_lock_fences AS f (name, fence) \
+             SELECT $1, 1 FROM granted WHERE granted.ok \
+             ON CONFLICT (name) DO UPDATE SET fence = f.fence + 1 RETURNING f.fence",
+        )
+        .await,
         round_trips: RoundTrips::ByConstruction("2 (lock + fence, unlock)"),
     });
 
@@ -414,6 +375,34 @@ async fn postgres_subjects(setup: &mut Setup, base: &str) {
         "native PgAdvisoryLock",
         native,
     ));
+}
+
+/// A raw cycle on one connection of its own: `lock_sql` (a row back iff the
+/// advisory lock on `hashtext($1)` was granted), then `pg_advisory_unlock`.
+async fn raw_pg_cycle(base: &str, key: String, lock_sql: &'static str) -> CycleFn {
+    let conn = Arc::new(Mutex::new(
+        sqlx::PgConnection::connect(StoreUrl::parse(base).unwrap().without_namespace())
+            .await
+            .unwrap(),
+    ));
+    Arc::new(move || {
+        let (conn, key) = (conn.clone(), key.clone());
+        Box::pin(async move {
+            let mut conn = conn.lock().await;
+            let granted: Option<i64> = sqlx::query_scalar(lock_sql)
+                .bind(&key)
+                .fetch_optional(&mut *conn)
+                .await
+                .unwrap();
+            assert!(granted.is_some(), "uncontended");
+            let freed: bool = sqlx::query_scalar("SELECT pg_advisory_unlock(hashtext($1))")
+                .bind(&key)
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+            assert!(freed);
+        })
+    })
 }
 
 /// Counts the lock calls a client makes (try_lock, renew, release).
