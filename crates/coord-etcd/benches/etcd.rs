@@ -2,7 +2,8 @@
 //! same run against the same server:
 //!
 //! - `txn/coord`: `txn([key @ v], [put key])`, uncontended (v tracked locally):
-//!   ONE etcd Txn `If(version == v, value != tombstone) Then(put) Else(get)`;
+//!   ONE etcd Txn `If(version == v) Then(put) Else(get)` (the store wrote
+//!   version v itself, so it knows v is live and needs no tombstone compare);
 //! - `txn/raw`: one raw `Txn If(version == v) Then(put)`;
 //! - `snapshot/coord`: `snapshot([key])`: ONE read-only Txn with one get;
 //! - `snapshot/raw`: one raw range `get(key)`.

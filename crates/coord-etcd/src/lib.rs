@@ -32,7 +32,11 @@
 //!
 //! How asserts become compares:
 //!
-//! - `key @ v` (v > 0): `version == v AND value != tombstone` (two compares);
+//! - `key @ v` (v > 0): `version == v AND value != tombstone` (two compares),
+//!   or `version == v` alone when this backend has seen etcd version `v` of
+//!   that key hold a live value (read it, or wrote it): etcd never deletes a
+//!   coord key, so (key, etcd version) names one write forever, and that
+//!   write was live;
 //! - `key missing`: the key is either absent from etcd (`version == 0`) or a
 //!   tombstone at some etcd version `t` (`version == t AND value == tombstone`).
 //!   etcd compares cannot say "or", so the store guesses from what it last
@@ -147,8 +151,22 @@ use layout::{encode_live, namespace_prefix, Stored, TOMBSTONE};
 /// "missing" key is represented (absent or tombstone) keep being wrong.
 const MAX_REPRESENTATION_ATTEMPTS: usize = 3;
 
-/// Tombstone versions remembered per backend (a hint only; cleared when full).
+/// Keys whose last seen state is remembered per backend (hints only; cleared when full).
 const MAX_TOMBSTONE_HINTS: usize = 16_384;
+
+/// What this backend last saw an etcd key hold, at which etcd version.
+///
+/// Both are facts that stay true: this store never deletes an etcd key, so
+/// etcd's per-key version `n` names one write of the key forever. They may
+/// be old (the key moved on since), which costs a rejected compare, never a
+/// wrong decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hint {
+    /// A tombstone written at this etcd version.
+    Tombstone(i64),
+    /// A live value written at this etcd version.
+    Live(i64),
+}
 
 /// A coord store on etcd v3 (see the crate docs for the shape, the version
 /// mapping and the atomicity boundary).
@@ -164,8 +182,8 @@ pub struct EtcdBackend {
     endpoints: Arc<[String]>,
     options: EtcdOptions,
     limits: Limits,
-    /// etcd key → etcd version of the tombstone it was last seen holding.
-    tombstones: Arc<Mutex<HashMap<Vec<u8>, i64>>>,
+    /// etcd key → what it was last seen holding (see [`Hint`]).
+    tombstones: Arc<Mutex<HashMap<Vec<u8>, Hint>>>,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -284,21 +302,33 @@ impl EtcdBackend {
         out
     }
 
-    fn hints(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, i64>> {
+    fn hints(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, Hint>> {
         self.tombstones.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Remember what a read showed about `etcd_key`.
     fn learn(&self, etcd_key: &[u8], stored: &Stored) {
+        self.remember(
+            etcd_key,
+            match stored {
+                Stored::Tombstone(t) => Some(Hint::Tombstone(*t)),
+                Stored::Live(version, _) => Some(Hint::Live(*version)),
+                Stored::Absent => None,
+            },
+        );
+    }
+
+    /// Set (or with `None` forget) the hint of `etcd_key`.
+    fn remember(&self, etcd_key: &[u8], hint: Option<Hint>) {
         let mut hints = self.hints();
-        match stored {
-            Stored::Tombstone(t) => {
-                if hints.len() >= MAX_TOMBSTONE_HINTS {
+        match hint {
+            Some(hint) => {
+                if hints.len() >= MAX_TOMBSTONE_HINTS && !hints.contains_key(etcd_key) {
                     hints.clear();
                 }
-                hints.insert(etcd_key.to_vec(), *t);
+                hints.insert(etcd_key.to_vec(), hint);
             }
-            Stored::Absent | Stored::Live(..) => {
+            None => {
                 hints.remove(etcd_key);
             }
         }
@@ -387,6 +417,9 @@ struct Asserted<'a> {
     /// For a "missing" assert: the etcd version of the tombstone it is
     /// compared as (0 = compare as absent).
     missing_as: i64,
+    /// For an assert of a live version: this backend saw that etcd version
+    /// of the key hold a live value, so `version == v` alone proves it.
+    seen_live: bool,
 }
 
 impl Asserted<'_> {
@@ -410,11 +443,13 @@ impl Asserted<'_> {
                 CompareOp::Equal,
                 self.version.0 as i64,
             ));
-            out.push(Compare::value(
-                self.etcd_key.clone(),
-                CompareOp::NotEqual,
-                TOMBSTONE,
-            ));
+            if !self.seen_live {
+                out.push(Compare::value(
+                    self.etcd_key.clone(),
+                    CompareOp::NotEqual,
+                    TOMBSTONE,
+                ));
+            }
         }
     }
 }
@@ -482,16 +517,19 @@ impl Backend for EtcdBackend {
                 .filter(|a| seen.insert(a.key.as_str()))
                 .map(|a| {
                     let etcd_key = self.etcd_key(&a.key);
-                    let missing_as = if a.version.is_missing() {
-                        hints.get(&etcd_key).copied().unwrap_or(0)
-                    } else {
-                        0
+                    let hint = hints.get(&etcd_key).copied();
+                    let missing_as = match hint {
+                        Some(Hint::Tombstone(t)) if a.version.is_missing() => t,
+                        _ => 0,
                     };
+                    let seen_live = !a.version.is_missing()
+                        && i64::try_from(a.version.0).is_ok_and(|v| hint == Some(Hint::Live(v)));
                     Asserted {
                         key: &a.key,
                         etcd_key,
                         version: a.version,
                         missing_as,
+                        seen_live,
                     }
                 })
                 .collect()
@@ -709,11 +747,16 @@ impl EtcdBackend {
             .collect();
         for mutation in mutations {
             let etcd_key = self.etcd_key(mutation.key());
+            // Every compare held, so an asserted key was at `before` and this
+            // write made it `before + 1`; of an unasserted key we know nothing.
             match (mutation, known.get(mutation.key())) {
                 (Mutation::Delete { .. }, Some(before)) => {
-                    self.learn(&etcd_key, &Stored::Tombstone(before + 1))
+                    self.remember(&etcd_key, Some(Hint::Tombstone(before + 1)))
                 }
-                _ => self.learn(&etcd_key, &Stored::Absent),
+                (Mutation::Put { .. }, Some(before)) => {
+                    self.remember(&etcd_key, Some(Hint::Live(before + 1)))
+                }
+                _ => self.remember(&etcd_key, None),
             }
         }
     }

@@ -4,7 +4,7 @@
 //! | type | feature | acquire | renew | release | expiry judged by |
 //! | --- | --- | --- | --- | --- | --- |
 //! | [`RedisLock`] | `redis` | one script: `SET key token NX PX ttl`, then `INCR` of the key's fence counter | Lua compare-token-and-`PEXPIRE` | Lua compare-token-and-`DEL` | the Redis server (`PX`) |
-//! | [`PgAdvisoryLock`] | `postgres` | one statement on a fresh connection: `pg_try_advisory_lock(hashtext(name))` and, only when granted, the fence upsert | `SELECT 1` on the lock's connection | `pg_advisory_unlock`, then close the connection | nobody: no TTL, held until released or the session ends |
+//! | [`PgAdvisoryLock`] | `postgres` | one statement on an idle session (a new connection when none is idle): `pg_try_advisory_lock(hashtext(name))` and, only when granted, the fence upsert | `SELECT 1` on the lock's connection | `pg_advisory_unlock`; the session goes back to the idle pool | nobody: no TTL, held until released or the session ends |
 //!
 //! Both pass the same lock suite as coord's generic lock
 //! (`coord_conformance::native_lock_tests!`), so code written against

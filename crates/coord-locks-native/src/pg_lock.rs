@@ -24,7 +24,8 @@ use tokio::sync::Mutex;
 /// let options = PgAdvisoryOptions::default()
 ///     .with_key_prefix("")              // hash exactly the caller's key
 ///     .with_fence_table("billing_lock_fences")
-///     .with_call_timeout(Duration::from_secs(2));
+///     .with_call_timeout(Duration::from_secs(2))
+///     .with_max_idle(4);                // keep at most 4 idle sessions
 /// assert_eq!(options.fence_table, "billing_lock_fences");
 /// ```
 #[derive(Clone, Debug)]
@@ -51,6 +52,12 @@ pub struct PgAdvisoryOptions {
     /// A call that times out drops its connection: the session ends and
     /// PostgreSQL frees its lock once it notices.
     pub call_timeout: Duration,
+    /// Most idle sessions kept for later acquisitions (default 8; 0: a
+    /// connection per acquisition, closed at release). Only sessions that
+    /// hold no lock are kept: one whose `try_lock` was refused, or whose
+    /// unlock answered that it freed the lock. Held locks pin their own
+    /// session and do not count against this bound.
+    pub max_idle: usize,
 }
 
 impl Default for PgAdvisoryOptions {
@@ -61,6 +68,7 @@ impl Default for PgAdvisoryOptions {
             create_table: true,
             connect_timeout: Duration::from_secs(5),
             call_timeout: Duration::from_secs(5),
+            max_idle: 8,
         }
     }
 }
@@ -95,16 +103,37 @@ impl PgAdvisoryOptions {
         self.call_timeout = timeout;
         self
     }
+
+    /// Keep at most `max_idle` idle sessions for later acquisitions (0: none).
+    pub fn with_max_idle(mut self, max_idle: usize) -> Self {
+        self.max_idle = max_idle;
+        self
+    }
 }
 
-/// PostgreSQL session advisory locks, one connection per held lock, with
-/// fencing tokens from a counter table.
+/// PostgreSQL session advisory locks, one session per held lock, with
+/// fencing tokens from a counter table; sessions are reused across
+/// acquisitions.
 ///
 /// | call | what runs | round trips |
 /// | --- | --- | --- |
-/// | [`try_lock`](Lock::try_lock) | open a connection; one statement: `pg_try_advisory_lock(hashtext(name))` and, only if granted, `INSERT … ON CONFLICT DO UPDATE SET fence = fence + 1 RETURNING fence` (a CTE); refused → close the connection | a connection set-up + 1 statement (prepared on the fresh connection first) |
-/// | [`renew`](Lock::renew) | `SELECT 1` on the lock's connection | 1 |
-/// | [`release`](Lock::release) | `pg_advisory_unlock(hashtext(name))`, then close the connection | 1 statement + close |
+/// | [`try_lock`](Lock::try_lock) | take an idle session (or open a connection when none is idle); one statement: `pg_try_advisory_lock(hashtext(name))` and, only if granted, `INSERT … ON CONFLICT DO UPDATE SET fence = fence + 1 RETURNING fence` (a CTE); granted → the session is pinned to the lock; refused → the session goes back to the idle pool | 1 on an idle session (the statement is prepared once per session); a connection set-up + 2 on a new one |
+/// | [`renew`](Lock::renew) | `SELECT 1` on the lock's session | 1 |
+/// | [`release`](Lock::release) | `pg_advisory_unlock(hashtext(name))` on the lock's session; when it answers true the session goes back to the idle pool | 1 |
+///
+/// # The idle pool
+///
+/// Session advisory locks belong to the session, so the pool keeps only
+/// sessions that hold nothing: a session whose `try_lock` was refused (the
+/// statement took nothing) or whose unlock answered `true` (it freed the one
+/// lock it held). A session that errored, timed out, answered an unlock with
+/// `false`, or whose call was cancelled is dropped, never pooled: dropping the
+/// connection ends the session, and PostgreSQL frees whatever it may still
+/// hold. At most [`PgAdvisoryOptions::max_idle`] sessions are kept (more are
+/// closed); an idle session that died meanwhile (server restart,
+/// `idle_session_timeout`, `pg_terminate_backend`) is noticed by the next
+/// `try_lock` that takes it, which drops it and retries once on a new
+/// connection (the dead session held nothing, and ended with its connection).
 ///
 /// where `name` is the key with the prefix (default `<namespace>:lock:`, `:` in the
 /// namespace written `{}`: see [`PgAdvisoryLock::lock_name`]).
@@ -122,10 +151,10 @@ impl PgAdvisoryOptions {
 ///   `idle_session_timeout`, or a `pg_terminate_backend` by an operator).
 /// - **Renew is a liveness ping**, nothing is extended: it proves the
 ///   session (and so the lock) is still alive. A dead connection → [`LockError::Lost`].
-/// - **One connection per held lock**, kept open until release. Tens of
-///   concurrently held locks, not thousands: each is a server backend
-///   process and counts against `max_connections`. Each `try_lock` opens a
-///   connection (also one that is refused), so it costs a connection set-up.
+/// - **One connection per held lock**, kept open until release, plus up to
+///   `max_idle` idle ones. Tens of concurrently held locks, not thousands:
+///   each is a server backend process and counts against `max_connections`.
+///   A `try_lock` opens a connection only when no idle session is left.
 /// - **Hash collisions**: the lock is on `hashtext(name)`, a 32-bit hash.
 ///   Two different names can share a lock (≈1 % chance that some pair
 ///   collides among 10 000 names in use). A collision only makes the two
@@ -139,7 +168,8 @@ impl PgAdvisoryOptions {
 /// - **Handles belong to the client that made them**: the connection is in
 ///   this value's map, keyed by the handle's token. Another process (or
 ///   another `PgAdvisoryLock`) cannot renew or release it. Dropping the
-///   `PgAdvisoryLock` drops its connections, which frees their locks.
+///   `PgAdvisoryLock` drops its connections (held and idle), which frees
+///   their locks.
 /// - Strongly consistent with the rest of the database: PostgreSQL is the
 ///   single authority; there is no replication to fail over (a promoted
 ///   replica has no advisory locks: every holder's connection breaks and
@@ -167,6 +197,8 @@ pub struct PgAdvisoryLock {
     options: PgAdvisoryOptions,
     /// The sessions holding locks, by handle token.
     held: StdMutex<HashMap<String, Arc<Held>>>,
+    /// Sessions holding no lock, most recently used last (see "The idle pool").
+    idle: StdMutex<Vec<PgConnection>>,
 }
 
 /// One held lock: its session, taken out (`None`) by the release.
@@ -184,6 +216,7 @@ impl fmt::Debug for PgAdvisoryLock {
             .field("prefix", &self.prefix)
             .field("fence_table", &self.options.fence_table)
             .field("held", &self.held_count())
+            .field("idle", &self.idle_count())
             .finish_non_exhaustive()
     }
 }
@@ -215,8 +248,8 @@ impl PgAdvisoryLock {
         Self::new(connect, prefix, options).await
     }
 
-    /// A lock over explicit connection options (every held lock opens one
-    /// connection with them), prefixing keys with `prefix`.
+    /// A lock over explicit connection options (every session is opened
+    /// with them), prefixing keys with `prefix`.
     pub async fn with_connect_options(
         connect: PgConnectOptions,
         prefix: impl Into<String>,
@@ -257,6 +290,7 @@ impl PgAdvisoryLock {
             acquire_sql,
             options,
             held: StdMutex::new(HashMap::new()),
+            idle: StdMutex::new(Vec::new()),
         };
         // Proves the server answers (and creates the table) now, not at the first lock.
         let mut conn = lock.open().await?;
@@ -265,8 +299,8 @@ impl PgAdvisoryLock {
         } else {
             Ok(())
         };
-        let _ = conn.close().await;
         prepared?;
+        lock.park(conn).await;
         Ok(lock)
     }
 
@@ -301,9 +335,37 @@ impl PgAdvisoryLock {
         }
     }
 
-    /// How many locks this client holds (= how many connections it keeps open).
+    /// How many locks this client holds (= how many sessions they pin).
     pub fn held_count(&self) -> usize {
         self.held.lock().expect("held map poisoned").len()
+    }
+
+    /// How many idle sessions (holding no lock) this client keeps for later
+    /// acquisitions; at most [`PgAdvisoryOptions::max_idle`].
+    pub fn idle_count(&self) -> usize {
+        self.idle.lock().expect("idle pool poisoned").len()
+    }
+
+    /// Put a session that holds no lock back into the idle pool, or close it
+    /// when the pool is full.
+    async fn park(&self, conn: PgConnection) {
+        let surplus = {
+            let mut idle = self.idle.lock().expect("idle pool poisoned");
+            if idle.len() < self.options.max_idle {
+                idle.push(conn);
+                None
+            } else {
+                Some(conn)
+            }
+        };
+        if let Some(conn) = surplus {
+            let _ = self.timed(conn.close()).await;
+        }
+    }
+
+    /// The most recently parked idle session, if any.
+    fn unpark(&self) -> Option<PgConnection> {
+        self.idle.lock().expect("idle pool poisoned").pop()
     }
 
     /// The name a key is hashed as (and its fence row is keyed by).
@@ -403,6 +465,20 @@ fn valid_table_name(name: &str) -> bool {
     }
 }
 
+/// Whether `error` says the session is gone: the connection broke, or the
+/// server ended the session (SQLSTATE `57P..`: `pg_terminate_backend`,
+/// shutdown, `idle_session_timeout`; class 08, connection exception). Not
+/// `57014` (a cancelled statement): its session lives on.
+fn session_died(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| code.starts_with("57P") || code.starts_with("08")),
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,
+        _ => false,
+    }
+}
+
 /// An error of a statement already sent on a lock's connection.
 fn after_sending(what: &str, name: &str, error: sqlx::Error) -> Error {
     match error {
@@ -425,19 +501,34 @@ impl PgAdvisoryLock {
         validate_lock_input(key, ttl)?;
         let name = self.lock_name(key);
         let sent = tokio::time::Instant::now();
-        let mut conn = self.open().await?;
-        let answer = self
-            .timed(
-                sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.acquire_sql.clone()))
-                    .bind(&name)
-                    .fetch_optional(&mut conn),
-            )
-            .await;
+        let (conn, answer) = match self.unpark() {
+            Some(mut conn) => {
+                let answer = self.acquire_on(&mut conn, &name).await;
+                if matches!(&answer, Ok(Err(e)) if session_died(e)) {
+                    // The idle session died while parked (restart, idle
+                    // timeout, terminated): it held nothing, and whatever
+                    // this statement might have taken ended with it.
+                    tracing::debug!(key, "idle advisory-lock session was dead; reconnecting");
+                    drop(conn);
+                    let mut conn = self.open().await?;
+                    let answer = self.acquire_on(&mut conn, &name).await;
+                    (conn, answer)
+                } else {
+                    (conn, answer)
+                }
+            }
+            None => {
+                let mut conn = self.open().await?;
+                let answer = self.acquire_on(&mut conn, &name).await;
+                (conn, answer)
+            }
+        };
         let fence = match answer {
             Ok(Ok(Some(fence))) if fence > 0 => fence as u64,
             Ok(Ok(None)) => {
-                // Refused: this session holds nothing; close it politely.
-                let _ = conn.close().await;
+                // Refused: the statement took nothing, so the session holds
+                // nothing and may serve the next acquisition.
+                self.park(conn).await;
                 return Ok(None);
             }
             // Any failure: drop the connection, so a lock the statement may
@@ -477,6 +568,20 @@ impl PgAdvisoryLock {
         Ok(Some(
             LockHandle::new(key, token, fence, ttl, SystemTime::now() + ttl).requested_at(sent),
         ))
+    }
+
+    /// The acquire statement on `conn`: `Some(fence)` when granted.
+    async fn acquire_on(
+        &self,
+        conn: &mut PgConnection,
+        name: &str,
+    ) -> Result<Result<Option<i64>, sqlx::Error>, tokio::time::error::Elapsed> {
+        self.timed(
+            sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.acquire_sql.clone()))
+                .bind(name)
+                .fetch_optional(conn),
+        )
+        .await
     }
 
     async fn renew_inner(&self, handle: &LockHandle) -> Result<(), LockError> {
@@ -530,13 +635,16 @@ impl PgAdvisoryLock {
             .await;
         match answer {
             Ok(Ok(true)) => {
-                let _ = conn.close().await;
+                // The session held this one lock (pooled sessions hold none,
+                // and a session pins at most one lock) and freed it.
+                self.park(conn).await;
                 Ok(())
             }
             // The session did not hold it (cannot happen while the connection
-            // lives, unless someone unlocked it on this session by hand).
+            // lives, unless someone unlocked it on this session by hand). Its
+            // state is not what this client believes: never reuse it.
             Ok(Ok(false)) => {
-                let _ = conn.close().await;
+                let _ = self.timed(conn.close()).await;
                 Err(Self::lost(&handle, LostReason::NotHeld))
             }
             // Dropping the connection ends the session, which frees the lock

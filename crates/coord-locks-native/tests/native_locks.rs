@@ -482,19 +482,50 @@ mod pg_advisory {
         );
     }
 
+    /// Waits until the backend `pid` has exited.
+    async fn wait_gone(admin: &mut sqlx::PgConnection, pid: i32) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let alive: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+                    .bind(pid)
+                    .fetch_one(&mut *admin)
+                    .await
+                    .unwrap();
+            if alive == 0 {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "session {pid} stayed open"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// How many advisory locks the backend `pid` holds.
+    async fn locks_of(admin: &mut sqlx::PgConnection, pid: i32) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1")
+            .bind(pid)
+            .fetch_one(admin)
+            .await
+            .unwrap()
+    }
+
     #[tokio::test]
-    async fn release_unlocks_and_closes_the_session() {
+    async fn release_unlocks_and_the_next_lock_reuses_the_session() {
         let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
             return;
         };
         let a = PgAdvisoryLock::connect(&url).await.unwrap();
         let mut admin = admin(&url).await;
-        let key = random_key("closes");
+        let key = random_key("reuses");
         let h = a
             .try_lock(&key, Duration::from_secs(30))
             .await
             .unwrap()
             .unwrap();
+        assert_eq!((a.held_count(), a.idle_count()), (1, 0));
         let name = a.lock_name(&key);
         let pid = holder_pid(&mut admin, &name).await.expect("held");
         let fence: i64 = sqlx::query_scalar("SELECT fence FROM coord_lock_fences WHERE name = $1")
@@ -504,29 +535,127 @@ mod pg_advisory {
             .unwrap();
         assert_eq!(fence as u64, h.fence());
         a.release(h).await.unwrap();
-        assert_eq!(a.held_count(), 0);
+        assert_eq!((a.held_count(), a.idle_count()), (0, 1));
         assert_eq!(holder_pid(&mut admin, &name).await, None);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let alive: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
-                    .bind(pid)
-                    .fetch_one(&mut admin)
-                    .await
-                    .unwrap();
-            if alive == 0 {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "session stayed open"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        assert_eq!(
+            locks_of(&mut admin, pid).await,
+            0,
+            "an idle session holds nothing"
+        );
+        // The same key again, then another key: both on the parked session,
+        // with the fence still increasing.
+        let again = a
+            .try_lock(&key, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(again.fence() > fence as u64);
+        assert_eq!(holder_pid(&mut admin, &name).await, Some(pid));
+        a.release(again).await.unwrap();
+        let other = random_key("reuses-other");
+        let h = a
+            .try_lock(&other, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            holder_pid(&mut admin, &a.lock_name(&other)).await,
+            Some(pid)
+        );
+        a.release(h).await.unwrap();
+        assert_eq!(locks_of(&mut admin, pid).await, 0);
+        // Dropping the client closes its idle sessions.
+        drop(a);
+        wait_gone(&mut admin, pid).await;
     }
 
     #[tokio::test]
-    async fn a_refused_try_lock_keeps_no_connection() {
+    async fn without_idle_sessions_release_closes_the_session() {
+        let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
+            return;
+        };
+        let a = PgAdvisoryLock::connect_with(&url, PgAdvisoryOptions::default().with_max_idle(0))
+            .await
+            .unwrap();
+        let mut admin = admin(&url).await;
+        let key = random_key("closes");
+        let h = a
+            .try_lock(&key, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        let name = a.lock_name(&key);
+        let pid = holder_pid(&mut admin, &name).await.expect("held");
+        a.release(h).await.unwrap();
+        assert_eq!((a.held_count(), a.idle_count()), (0, 0));
+        assert_eq!(holder_pid(&mut admin, &name).await, None);
+        wait_gone(&mut admin, pid).await;
+    }
+
+    #[tokio::test]
+    async fn the_idle_pool_is_bounded() {
+        let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
+            return;
+        };
+        let a = PgAdvisoryLock::connect_with(&url, PgAdvisoryOptions::default().with_max_idle(2))
+            .await
+            .unwrap();
+        let ttl = Duration::from_secs(30);
+        let mut handles = Vec::new();
+        for i in 0..4 {
+            let key = random_key(&format!("bounded-{i}"));
+            handles.push(a.try_lock(&key, ttl).await.unwrap().expect("free"));
+        }
+        // Each held lock pins its own session.
+        assert_eq!((a.held_count(), a.idle_count()), (4, 0));
+        for h in handles {
+            a.release(h).await.unwrap();
+        }
+        assert_eq!((a.held_count(), a.idle_count()), (0, 2));
+    }
+
+    /// An idle session the server ended (here `pg_terminate_backend`; also a
+    /// restart or `idle_session_timeout`) is replaced by the next `try_lock`,
+    /// which succeeds on a new session.
+    #[tokio::test]
+    async fn a_dead_idle_session_is_replaced() {
+        let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
+            return;
+        };
+        let a = PgAdvisoryLock::connect_with(&url, PgAdvisoryOptions::default().with_max_idle(1))
+            .await
+            .unwrap();
+        let mut admin = admin(&url).await;
+        let ttl = Duration::from_secs(30);
+        let key = random_key("dead-idle");
+        let h = a.try_lock(&key, ttl).await.unwrap().unwrap();
+        let pid = holder_pid(&mut admin, &a.lock_name(&key))
+            .await
+            .expect("held");
+        a.release(h).await.unwrap();
+        assert_eq!(a.idle_count(), 1);
+        let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+        assert!(killed);
+        wait_gone(&mut admin, pid).await;
+        let h = a
+            .try_lock(&key, ttl)
+            .await
+            .unwrap()
+            .expect("a new session takes the free key");
+        let new_pid = holder_pid(&mut admin, &a.lock_name(&key))
+            .await
+            .expect("held");
+        assert_ne!(new_pid, pid);
+        a.release(h).await.unwrap();
+        assert_eq!((a.held_count(), a.idle_count()), (0, 1));
+    }
+
+    #[tokio::test]
+    async fn a_refused_try_lock_pins_no_session() {
         let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
             return;
         };
@@ -538,7 +667,8 @@ mod pg_advisory {
         let ttl = Duration::from_secs(30);
         let h = a.try_lock(&key, ttl).await.unwrap().unwrap();
         assert!(b.try_lock(&key, ttl).await.unwrap().is_none());
-        assert_eq!(b.held_count(), 0);
+        // The refused session holds nothing: it is parked, not pinned.
+        assert_eq!((b.held_count(), b.idle_count()), (0, 1));
         // b cannot release or renew a's handle: the session is a's.
         assert!(b.renew(&h).await.unwrap_err().is_lost());
         assert!(b.release(h.clone()).await.unwrap_err().is_lost());

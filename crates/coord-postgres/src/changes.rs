@@ -1,7 +1,7 @@
 //! Change notifications: `pg_notify` from inside `coord_txn`, and one
 //! `LISTEN` connection per backend fanning out to its watches.
 //!
-//! - **Sending.** `coord_txn` (schema r3, see `schema.rs`) ends an applied
+//! - **Sending.** `coord_txn` and the single-key statements (schema r4, `coord_notify` in `schema.rs`) end an applied
 //!   txn that wrote something with `pg_notify('coord_' || md5(ns), keys)`:
 //!   one channel per namespace, the written keys one per line as payload
 //!   (empty, meaning "anything", when a key holds a newline or the list

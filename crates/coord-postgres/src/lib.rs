@@ -14,6 +14,7 @@
 //! | --- | --- | --- |
 //! | snapshot | `SELECT key, version, value … WHERE ns = $1 AND key = ANY($2)` | 1 |
 //! | txn | `SELECT … FROM coord_txn(ns, assert_keys, assert_versions, put_keys, put_values, delete_keys)` | 1 |
+//! | txn of one assert + one write of the same key | one `UPDATE` / `INSERT … ON CONFLICT` statement under the same advisory lock (the single-key fast path, below); when its condition fails, `coord_txn` as above | 1 applied, 2 rejected |
 //! | keys | `SELECT key … WHERE ns = $1 AND key >= $2 AND key < successor($2) ORDER BY key` | 1 |
 //!
 //! A round trip here is one flush of Bind/Execute/Sync on a statement the
@@ -75,6 +76,20 @@
 //! microseconds, and answers a rejected txn with the current entries in the
 //! same reply, so the CAS engine re-decides without another read.
 //!
+//! # The single-key fast path
+//!
+//! Most txns (every lock, board and side-effect decision on one record)
+//! assert one key and write that same key. Those run as one prepared
+//! statement instead of the function: `pg_advisory_xact_lock` on the key (the
+//! lock `coord_txn` takes, so both kinds of writers exclude each other), then
+//! `UPDATE … SET version = version + 1 … WHERE version = v AND value IS NOT
+//! NULL` (assert live at `v`) or `INSERT … ON CONFLICT DO UPDATE … WHERE value
+//! IS NULL` (assert missing), with the same version and tombstone rules. An
+//! applied one answers one row. One whose condition failed wrote nothing, and
+//! the same txn then goes to `coord_txn`, which checks again under the lock
+//! and answers the current entry. Why the condition is exact at READ
+//! COMMITTED: see the comments of the `fast` module.
+//!
 //! # Errors
 //!
 //! - Cannot open or borrow a connection (refused, TLS failure, pool timeout):
@@ -129,6 +144,7 @@
 
 mod changes;
 mod errors;
+mod fast;
 mod options;
 mod schema;
 
@@ -199,7 +215,7 @@ impl PostgresBackend {
             .map_err(|e| Error::Config(format!("invalid PostgreSQL URL: {e}")))?
             .options([("default_transaction_isolation", "read committed")]);
         if !options.get_notify_changes() {
-            // Read by `coord_txn` (schema r3): no `pg_notify` from this client's sessions.
+            // Read by `coord_notify` (schema r4): no `pg_notify` from this client's sessions.
             connect_options = connect_options.options([("coord.notify", "off")]);
         }
         if let Some(timeout) = options.get_statement_timeout() {
@@ -253,6 +269,9 @@ impl PostgresBackend {
                     // one round trip, and any failure inside it is after sending.
                     conn.prepare(sqlx::SqlSafeStr::into_sql_str(TXN_SQL))
                         .await?;
+                    for sql in [fast::WRITE_IF_AT_SQL, fast::WRITE_IF_MISSING_SQL] {
+                        conn.prepare(sqlx::SqlSafeStr::into_sql_str(sql)).await?;
+                    }
                     Ok(())
                 })
             })
@@ -268,6 +287,39 @@ impl PostgresBackend {
     /// Close every pooled connection; later calls fail with [`Error::Unavailable`].
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+
+    /// Run one writing statement (a `coord_txn` call or a fast-path write)
+    /// on a pooled connection; its rows once it completed.
+    async fn run_txn_statement(
+        &self,
+        query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<Vec<PgRow>> {
+        let mut conn = self.acquire("txn").await?;
+        let mut rows = Vec::new();
+        let mut completed = false;
+        let mut failure = None;
+        {
+            let mut stream = (&mut *conn).fetch_many(query);
+            while let Some(step) = stream.next().await {
+                match step {
+                    Ok(Either::Left(_)) => completed = true,
+                    Ok(Either::Right(row)) => rows.push(row),
+                    Err(error) => {
+                        failure = Some(error);
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(error) = failure {
+            if !matches!(error, sqlx::Error::Database(_)) {
+                // The session's state is unknown: never hand it out again.
+                conn.close_on_drop();
+            }
+            return Err(errors::txn(error, completed));
+        }
+        Ok(rows)
     }
 
     async fn acquire(&self, what: &str) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>> {
@@ -369,6 +421,22 @@ impl Backend for PostgresBackend {
 
     async fn txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
         validate_txn(asserts, mutations, &self.limits)?;
+        if let Some(single) = fast::single_key(asserts, mutations, version_param) {
+            let query = sqlx::query(single.sql())
+                .bind(&self.namespace)
+                .bind(single.key)
+                .bind(single.value);
+            let query = match single.version {
+                0 => query,
+                version => query.bind(version),
+            };
+            if !self.run_txn_statement(query).await?.is_empty() {
+                return Ok(TxnOutcome::applied());
+            }
+            // The condition failed (or the session is not at READ
+            // COMMITTED): nothing was written. `coord_txn` decides again
+            // under the lock and answers the current entry.
+        }
         let mut seen = HashSet::new();
         let mut assert_keys: Vec<&str> = Vec::with_capacity(asserts.len());
         let mut assert_versions: Vec<i64> = Vec::with_capacity(asserts.len());
@@ -391,7 +459,6 @@ impl Backend for PostgresBackend {
             }
         }
 
-        let mut conn = self.acquire("txn").await?;
         let query = sqlx::query(TXN_SQL)
             .bind(&self.namespace)
             .bind(&assert_keys)
@@ -399,30 +466,7 @@ impl Backend for PostgresBackend {
             .bind(&put_keys)
             .bind(&put_values)
             .bind(&delete_keys);
-        let mut rows = Vec::new();
-        let mut completed = false;
-        let mut failure = None;
-        {
-            let mut stream = (&mut *conn).fetch_many(query);
-            while let Some(step) = stream.next().await {
-                match step {
-                    Ok(Either::Left(_)) => completed = true,
-                    Ok(Either::Right(row)) => rows.push(row),
-                    Err(error) => {
-                        failure = Some(error);
-                        break;
-                    }
-                }
-            }
-        }
-        if let Some(error) = failure {
-            if !matches!(error, sqlx::Error::Database(_)) {
-                // The session's state is unknown: never hand it out again.
-                conn.close_on_drop();
-            }
-            return Err(errors::txn(error, completed));
-        }
-        drop(conn);
+        let rows = self.run_txn_statement(query).await?;
         decode_txn_rows(rows, &assert_keys)
     }
 

@@ -28,7 +28,11 @@ const SCHEMA_LOCK: i64 = 0x636f_6f72_645f_7631;
 /// one database reinstall their revisions in turn as above; while r2 is
 /// installed no notification is sent, which costs r3 waiters latency (they
 /// fall back to polling), never correctness.
-pub(crate) const SCHEMA_TAG: &str = "coord schema r3";
+///
+/// r4: the notification moves into `coord_notify(ns, keys)`, which the
+/// single-key fast path (`fast.rs`) calls too; an r3 client's single-key
+/// writes would wake nobody, so upgrade every client.
+pub(crate) const SCHEMA_TAG: &str = "coord schema r4";
 
 /// The full signature of the txn function (for `to_regprocedure`).
 const TXN_SIGNATURE: &str = "coord_txn(text,text[],bigint[],text[],bytea[],text[])";
@@ -48,6 +52,32 @@ CREATE TABLE IF NOT EXISTS coord_kv (
     PRIMARY KEY (ns, key)
 );
 
+-- Change notifications for the keys a writing transaction wrote, sent by
+-- coord_txn and by the single-key statements (fast.rs). NOTIFY is delivered
+-- only when the transaction commits. The payload lists the keys, one per
+-- line; when a key holds a newline or the list would pass NOTIFY's
+-- 8000-byte limit it is empty ("anything may have changed"). Sessions whose
+-- client turned notifications off (setting `coord.notify`,
+-- PostgresOptions::notify_changes) skip the cost: NOTIFY serialises commits.
+-- Always true, so a statement can call it in a WHERE clause.
+CREATE OR REPLACE FUNCTION coord_notify(p_ns text, p_keys text[]) RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    payload text;
+BEGIN
+    IF cardinality(p_keys) > 0
+       AND coalesce(current_setting('coord.notify', true), '') <> 'off' THEN
+        payload := array_to_string(p_keys, E'\n');
+        IF octet_length(payload) > 7000
+           OR EXISTS (SELECT 1 FROM unnest(p_keys) AS w WHERE strpos(w, E'\n') > 0) THEN
+            payload := '';
+        END IF;
+        PERFORM pg_notify('coord_' || md5(p_ns), payload);
+    END IF;
+    RETURN true;
+END
+$fn$;
+
 CREATE OR REPLACE FUNCTION coord_txn(
     p_ns text,
     p_assert_keys text[],
@@ -61,8 +91,6 @@ DECLARE
     hashes bigint[];
     h bigint;
     mismatches bigint;
-    written text[];
-    payload text;
 BEGIN
     -- At REPEATABLE READ or SERIALIZABLE the snapshot was taken when the
     -- calling statement started, before the locks below: the asserts would be
@@ -123,29 +151,15 @@ BEGIN
         ON CONFLICT (ns, key) DO UPDATE SET version = c.version + 1, value = NULL;
     END IF;
 
-    -- Wake the namespace's watchers. NOTIFY is delivered only when this
-    -- transaction commits, and a rejected txn returned above. The payload
-    -- lists the written keys, one per line; when a key holds a newline or
-    -- the list would pass NOTIFY's 8000-byte limit it is empty ("anything
-    -- may have changed").
-    -- Sessions whose client turned notifications off (setting `coord.notify`,
-    -- PostgresOptions::notify_changes) skip the cost: NOTIFY serialises commits.
-    written := p_put_keys || p_delete_keys;
-    IF cardinality(written) > 0
-       AND coalesce(current_setting('coord.notify', true), '') <> 'off' THEN
-        payload := array_to_string(written, E'\n');
-        IF octet_length(payload) > 7000
-           OR EXISTS (SELECT 1 FROM unnest(written) AS w WHERE strpos(w, E'\n') > 0) THEN
-            payload := '';
-        END IF;
-        PERFORM pg_notify('coord_' || md5(p_ns), payload);
-    END IF;
+    -- Wake the namespace's watchers (delivered only if this transaction
+    -- commits; a rejected txn returned above).
+    PERFORM coord_notify(p_ns, p_put_keys || p_delete_keys);
 
     RETURN QUERY SELECT true, NULL::text, NULL::bigint, NULL::bytea;
 END
 $fn$;
 
-COMMENT ON FUNCTION coord_txn(text, text[], bigint[], text[], bytea[], text[]) IS 'coord schema r3';
+COMMENT ON FUNCTION coord_txn(text, text[], bigint[], text[], bytea[], text[]) IS 'coord schema r4';
 "#;
 
 /// Create the table and the function unless this revision is already installed.

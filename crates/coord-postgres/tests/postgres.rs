@@ -1133,6 +1133,43 @@ async fn urls_and_schema_options() {
 
 // ---------------------------------------------------------------- change notifications
 
+/// Single-key txns (the fast path: one statement, not `coord_txn`) wake
+/// watchers too, in both shapes (assert missing, assert live), for puts and
+/// deletes; a rejected one leaves the watch working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_key_writes_notify() {
+    let Some(base) = base_url() else { return };
+    let namespace = unique_namespace("pg_notify_fast");
+    let watcher = connect(&base, &namespace, PostgresOptions::default()).await;
+    let writer = connect(&base, &namespace, PostgresOptions::default()).await;
+    let mut watch = watcher.changes().unwrap().watch("k/").await.unwrap();
+    let steps: [(&str, Assert, Mutation); 3] = [
+        (
+            "create",
+            Assert::missing("k/1"),
+            Mutation::put("k/1", b"a".to_vec()),
+        ),
+        (
+            "update",
+            Assert::at("k/1", Version(1)),
+            Mutation::put("k/1", b"b".to_vec()),
+        ),
+        (
+            "delete",
+            Assert::at("k/1", Version(2)),
+            Mutation::delete("k/1"),
+        ),
+    ];
+    for (what, assert, mutation) in steps {
+        let out = writer.txn(&[assert], &[mutation]).await.unwrap();
+        assert!(out.applied, "{what}: not applied");
+        tokio::time::timeout(coord_conformance::changes::WAKE_BOUND, watch.changed())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no wake-up from a single-key txn"))
+            .unwrap();
+    }
+}
+
 /// A txn whose key list would pass NOTIFY's 8000-byte payload limit, or
 /// whose keys hold a newline (the payload's separator), still applies and
 /// notifies with an empty payload ("anything"), which wakes every watch of
@@ -1202,4 +1239,150 @@ async fn notify_changes_off_sends_nothing() {
         .expect("no notification within 10 s")
         .unwrap();
     assert_eq!(first.payload(), "loud");
+}
+
+// ---------------------------------------------------------------- single-key fast path
+
+/// A single-key txn (the fast path: one statement instead of `coord_txn`)
+/// waits for the advisory lock `coord_txn` takes on its key, in both shapes
+/// (assert missing, assert live), and decides on what the lock holder left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_key_txns_take_the_coord_txn_lock() {
+    let Some(base) = base_url() else { return };
+    let namespace = unique_namespace("fast_lock");
+    let store = connect(&base, &namespace, PostgresOptions::default()).await;
+    let mut holder = admin(&base).await;
+    for round in 0..2u64 {
+        hold_txn_lock(&mut holder, &namespace, "k").await;
+        let current = store.get("k").await.unwrap().version;
+        assert_eq!(current, Version(round));
+        let waiting = {
+            let store = store.clone();
+            tokio::spawn(async move { store.put_if("k", current, b"v".to_vec()).await })
+        };
+        let mut watcher = admin(&base).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while txn_lock_waiters(&mut watcher, &namespace, "k")
+            .await
+            .is_empty()
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the single-key txn never waited for the key's lock"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        free_txn_lock(&mut holder, &namespace, "k").await;
+        let out = waiting.await.unwrap().unwrap();
+        assert!(out.applied, "round {round}");
+    }
+    assert_eq!(store.get("k").await.unwrap().version, Version(2));
+}
+
+/// Single-key increments (fast path) and two-key increments (`coord_txn`)
+/// of one counter, racing: every applied increment counts, none is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_key_and_coord_txn_writers_never_lose_an_update() {
+    let Some(base) = base_url() else { return };
+    let namespace = unique_namespace("fast_mixed");
+    let store = connect(
+        &base,
+        &namespace,
+        PostgresOptions::default().max_connections(4),
+    )
+    .await;
+    const PER_TASK: u64 = 25;
+    let mut tasks = Vec::new();
+    for task in 0..4u64 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let other = format!("other-{task}");
+            for _ in 0..PER_TASK {
+                if task % 2 == 0 {
+                    increment(&store, "counter").await;
+                    continue;
+                }
+                // Through coord_txn: assert two keys, write both.
+                let keys = ["counter".to_owned(), other.clone()];
+                loop {
+                    let entries = store.snapshot(&keys).await.unwrap();
+                    let n: u64 = entries[0]
+                        .value
+                        .as_deref()
+                        .map(|v| std::str::from_utf8(v).unwrap().parse().unwrap())
+                        .unwrap_or(0);
+                    let out = store
+                        .txn(
+                            &[
+                                Assert::at("counter", entries[0].version),
+                                Assert::at(other.as_str(), entries[1].version),
+                            ],
+                            &[
+                                Mutation::put("counter", (n + 1).to_string().into_bytes()),
+                                Mutation::put(other.as_str(), b"x".to_vec()),
+                            ],
+                        )
+                        .await
+                        .unwrap();
+                    if out.applied {
+                        break;
+                    }
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let counter = store.get("counter").await.unwrap();
+    assert_eq!(counter.value.as_deref(), Some(&b"100"[..]));
+    assert_eq!(counter.version, Version(4 * PER_TASK));
+}
+
+/// The fast path's rejections are `coord_txn`'s: the current entry comes
+/// back, also for a tombstone and for a version beyond `i64`.
+#[tokio::test]
+async fn single_key_rejections_answer_the_current_entry() {
+    let Some(base) = base_url() else { return };
+    let namespace = unique_namespace("fast_reject");
+    let store = connect(&base, &namespace, PostgresOptions::default()).await;
+    assert!(
+        store
+            .put_if("k", Version(0), b"a".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
+    let out = store.put_if("k", Version(0), b"b".to_vec()).await.unwrap();
+    assert!(!out.applied);
+    assert_eq!(
+        out.current,
+        vec![Entry::present("k", Version(1), b"a".to_vec())]
+    );
+    let out = store
+        .put_if("k", Version(u64::MAX), b"b".to_vec())
+        .await
+        .unwrap();
+    assert!(!out.applied);
+    assert_eq!(out.current[0].version, Version(1));
+    let deleted = store
+        .txn(&[Assert::at("k", Version(1))], &[Mutation::delete("k")])
+        .await
+        .unwrap();
+    assert!(deleted.applied);
+    // A tombstone at version 2: asserting it live fails, asserting missing holds.
+    let out = store.put_if("k", Version(2), b"c".to_vec()).await.unwrap();
+    assert!(!out.applied);
+    assert_eq!(out.current, vec![Entry::missing("k")]);
+    assert!(
+        store
+            .put_if("k", Version(0), b"c".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
+    assert_eq!(
+        store.get("k").await.unwrap(),
+        Entry::present("k", Version(3), b"c".to_vec())
+    );
 }

@@ -486,7 +486,7 @@ mod postgres {
                 read,
             )),
             lock: Baseline::some(
-                "native PgAdvisoryLock (a connection per lock)",
+                "native PgAdvisoryLock (pooled sessions)",
                 lock_cycle(Arc::new(native), "bench-native-lock"),
             ),
             why_not: String::new(),
