@@ -31,8 +31,6 @@
 //! The guide `docs/locks.md` (also rendered as [`guide`]) compares these
 //! with the generic lock on every store, and says what each guarantees under
 //! pauses, crashes, partitions and failovers.
-#![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 #[cfg(feature = "postgres")]
 mod pg_lock;

@@ -139,8 +139,6 @@
 //! # Ok(())
 //! # }
 //! ```
-#![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod changes;
 mod errors;

@@ -102,8 +102,6 @@
 //! # Ok(())
 //! # }
 //! ```
-#![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod backend;
 mod changes;

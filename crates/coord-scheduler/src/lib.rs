@@ -55,8 +55,6 @@
 //! scheduler.shutdown().await;
 //! # });
 //! ```
-#![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod config;
 mod error;

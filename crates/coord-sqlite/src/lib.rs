@@ -91,8 +91,6 @@
 //! # });
 //! # }
 //! ```
-#![forbid(unsafe_code)]
-#![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 
 mod changes;
 mod options;

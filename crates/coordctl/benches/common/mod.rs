@@ -5,7 +5,7 @@ use std::path::Path;
 use coord_backend::StoreUrl;
 
 /// A name unique to this bench run (process id + clock).
-pub fn unique() -> String {
+pub(crate) fn unique() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock after 1970")
@@ -15,11 +15,11 @@ pub fn unique() -> String {
 
 /// A store to measure: its name, its URL (`None` = its variable is unset:
 /// print SKIPPED) and the variable that names it (empty for local stores).
-pub type BenchStore = (&'static str, Option<String>, &'static str);
+pub(crate) type BenchStore = (&'static str, Option<String>, &'static str);
 
 /// memory, SQLite (a file `sqlite_file` under `temp`), Redis, PostgreSQL and
 /// etcd, all in `namespace`; servers come from the `COORD_TEST_*` variables.
-pub fn stores(temp: &Path, sqlite_file: &str, namespace: &str) -> Vec<BenchStore> {
+pub(crate) fn stores(temp: &Path, sqlite_file: &str, namespace: &str) -> Vec<BenchStore> {
     let mut stores: Vec<BenchStore> = vec![
         (
             "memory",

@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// `label` made unique to this process and moment: a namespace or a file
 /// name no other test run sees.
-pub fn unique(label: &str) -> String {
+pub(crate) fn unique(label: &str) -> String {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock after 1970")
@@ -16,10 +16,10 @@ pub fn unique(label: &str) -> String {
 }
 
 /// A per-test scratch directory under the system's temp dir, removed at the end.
-pub struct Scratch(pub PathBuf);
+pub(crate) struct Scratch(pub(crate) PathBuf);
 
 impl Scratch {
-    pub fn new(label: &str) -> Self {
+    pub(crate) fn new(label: &str) -> Self {
         let dir = std::env::temp_dir().join(unique(&format!("coordctl-{label}")));
         std::fs::create_dir_all(&dir).expect("create a scratch directory");
         Scratch(dir)
