@@ -28,11 +28,13 @@ mod harness;
 
 pub mod backend;
 pub mod board;
+pub mod fair_lock;
 pub mod fault;
 pub mod fault_model;
 pub mod faults;
 pub mod lock;
 pub mod scheduler;
+pub mod semaphore;
 pub mod sideeffect;
 pub mod simulation;
 
@@ -47,7 +49,8 @@ pub mod __private {
 }
 
 /// Every suite of this crate for one store: a module per suite (`backend`,
-/// `lock`, `board`, `sideeffect`, `scheduler`), each case one `#[tokio::test]`.
+/// `lock`, `board`, `sideeffect`, `scheduler`, `fair_lock`, `semaphore`,
+/// `fault_model`), each case one `#[tokio::test]`.
 ///
 /// The factory expression is evaluated inside those modules, which import
 /// everything of the calling module (`use super::*`), so it may call the
@@ -81,6 +84,16 @@ macro_rules! all_suites_tests {
             use super::*;
             $crate::scheduler_tests!($factory);
         }
+        mod fair_lock_suite {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::fair_lock_tests!($factory);
+        }
+        mod semaphore_suite {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::semaphore_tests!($factory);
+        }
         mod fault_model_suite {
             #[allow(unused_imports)]
             use super::*;
@@ -96,6 +109,8 @@ pub fn all_cases() -> Vec<Case> {
     cases.extend(board::cases());
     cases.extend(sideeffect::cases());
     cases.extend(scheduler::cases());
+    cases.extend(fair_lock::cases());
+    cases.extend(semaphore::cases());
     cases.extend(fault_model::cases());
     cases
 }

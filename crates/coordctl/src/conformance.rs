@@ -12,7 +12,8 @@ pub(crate) struct ConformanceArgs {
     /// Store URL, e.g. sqlite://c.db, redis://127.0.0.1:6379, postgres://…, etcd://127.0.0.1:2379.
     #[arg(long)]
     backend: String,
-    /// Only the suites named (comma separated: backend, lock, board, sideeffect, scheduler); default: all.
+    /// Only the suites named (comma separated: backend, lock, board, sideeffect, scheduler,
+    /// fair_lock, semaphore, fault_model); default: all.
     #[arg(long, value_delimiter = ',')]
     suite: Vec<String>,
     /// Print one JSON document instead of the table (schema: docs/console.md).
