@@ -423,6 +423,60 @@ impl FairLock {
         })
     }
 
+    /// Whether a consistent read shows this waiter must wait (the lock held,
+    /// or a live ticket ahead) or is out of line. Waiters that merely poll
+    /// answer from reads and never send a txn, so they do not collide with
+    /// the writers of the lock record; only the head of the line decides.
+    async fn look(
+        &self,
+        key: &str,
+        ticket: &Ticket,
+        now: u64,
+    ) -> Result<Option<Attempt>, LockError> {
+        let record_key = self.record_key(key);
+        let entries = self
+            .engine
+            .snapshot(std::slice::from_ref(&record_key))
+            .await?;
+        let record = match entries.first().and_then(|e| e.value.as_deref()) {
+            None => FairRecord::default(),
+            Some(bytes) => serde_json::from_slice(bytes).map_err(|e| {
+                Error::malformed(&record_key, format!("not a fair lock record: {e}"))
+            })?,
+        };
+        if !record.queue.contains(&ticket.seq) {
+            // A removed ticket never comes back (numbers are not reused).
+            return Ok(Some(Attempt::Requeue));
+        }
+        if record.holder.as_ref().is_some_and(|h| h.expires_ms > now) {
+            return Ok(Some(Attempt::Wait));
+        }
+        let ahead: Vec<String> = record
+            .queue
+            .iter()
+            .filter(|&&s| s < ticket.seq)
+            .take(LOOKAHEAD)
+            .map(|&s| self.ticket_key(key, s))
+            .collect();
+        if ahead.is_empty() {
+            return Ok(None);
+        }
+        for entry in self.engine.snapshot(&ahead).await? {
+            let live = match entry.value.as_deref() {
+                None => false,
+                Some(bytes) => {
+                    let t: TicketRecord = serde_json::from_slice(bytes).map_err(|e| {
+                        Error::malformed(&entry.key, format!("not a fair lock ticket: {e}"))
+                    })?;
+                    t.expires_ms > now
+                }
+            };
+            if live {
+                return Ok(Some(Attempt::Wait));
+            }
+        }
+        Ok(None)
+    }
     /// One attempt of the waiter holding `ticket` to take the lock.
     async fn attempt(
         &self,
@@ -434,6 +488,9 @@ impl FairLock {
         let my_key = self.ticket_key(key, ticket.seq);
         let sent = Instant::now();
         let now = self.clock.now_millis();
+        if let Some(answer) = self.look(key, ticket, now).await? {
+            return Ok(answer);
+        }
         let keys = [record_key.clone(), my_key.clone()];
         self.engine
             .decide::<Result<Attempt, LockError>, LockError, _>(&keys, |view| {
@@ -607,7 +664,13 @@ impl FairLock {
         let deadline = wait.deadline_from(started);
         let mut refusals = 0u32;
         loop {
-            match self.attempt(key, ticket, ttl).await? {
+            let attempt = match self.attempt(key, ticket, ttl).await {
+                // Every txn was rejected (none applied): contention with
+                // other waiters, not a failure; try again after a pause.
+                Err(LockError::Store(Error::ConflictRetriesExhausted { .. })) => Attempt::Wait,
+                other => other?,
+            };
+            match attempt {
                 Attempt::Granted(handle) => return Ok(handle),
                 Attempt::Cleaned => continue,
                 Attempt::Requeue => {

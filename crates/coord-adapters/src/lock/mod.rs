@@ -80,7 +80,7 @@ pub use guard::{GuardOptions, LockGuard, LostSignal};
 pub use semaphore::{
     GenericSemaphore, Permit, PermitStatus, Semaphore, SemaphoreOptions, SemaphoreStatus,
 };
-pub use wait::{LockExt, WaitOptions};
+pub use wait::{retry_until_free, LockExt, WaitOptions};
 
 /// Re-exported so that other `Lock` implementations (native locks, test
 /// doubles) can implement the trait without depending on `async-trait` themselves.

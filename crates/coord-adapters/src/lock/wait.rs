@@ -99,9 +99,10 @@ pub trait LockExt: Lock {
     }
 }
 
-/// The default [`Lock::wait_lock`]: watch first, then try, then sleep until
+/// The default [`Lock::wait_lock`] (for wrappers that forward the other
+/// methods and want the default waiting): watch first, then try, then sleep until
 /// a change under the watch or the backoff pause, whichever comes first.
-pub(crate) async fn retry_until_free<L: Lock + ?Sized>(
+pub async fn retry_until_free<L: Lock + ?Sized>(
     lock: &L,
     key: &str,
     ttl: Duration,

@@ -202,6 +202,8 @@ fn router(state: Shared) -> Router {
         .route("/jobs/{job}", get(job_page))
         .route("/reconcile", axum::routing::post(reconcile))
         .route("/api/locks", get(api_locks))
+        .route("/api/fairlocks", get(api_fair_locks))
+        .route("/api/semaphores", get(api_semaphores))
         .route("/api/resources", get(api_resources))
         .route("/api/tasks", get(api_tasks))
         .route("/api/sideeffects", get(api_side_effects))
@@ -429,6 +431,28 @@ async fn api_locks(
     let stores = &state.stores;
     api_list(&state, q, |page| async move {
         views::locks(stores, &page).await
+    })
+    .await
+}
+
+async fn api_fair_locks(
+    State(state): State<Shared>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
+    let stores = &state.stores;
+    api_list(&state, q, |page| async move {
+        views::fair_locks(stores, &page).await
+    })
+    .await
+}
+
+async fn api_semaphores(
+    State(state): State<Shared>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
+    let stores = &state.stores;
+    api_list(&state, q, |page| async move {
+        views::semaphores(stores, &page).await
     })
     .await
 }
