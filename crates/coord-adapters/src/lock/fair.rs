@@ -477,6 +477,36 @@ impl FairLock {
         }
         Ok(None)
     }
+    /// [`FairLock::enqueue`] for a waiter: every txn rejected (contention
+    /// with other waiters; none applied) is retried after a pause until the
+    /// deadline, then [`LockError::Timeout`].
+    async fn enqueue_waiting(
+        &self,
+        key: &str,
+        ttl: Duration,
+        wait: &WaitOptions,
+        started: Instant,
+    ) -> Result<Ticket, LockError> {
+        let deadline = wait.deadline_from(started);
+        let mut refusals = 0u32;
+        loop {
+            match self.enqueue(key, ttl).await {
+                Err(LockError::Store(Error::ConflictRetriesExhausted { .. })) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(LockError::Timeout {
+                            key: key.to_owned(),
+                            waited: now - started,
+                        });
+                    }
+                    refusals += 1;
+                    tokio::time::sleep_until((now + wait.pause(refusals)).min(deadline)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// One attempt of the waiter holding `ticket` to take the lock.
     async fn attempt(
         &self,
@@ -674,7 +704,7 @@ impl FairLock {
                 Attempt::Granted(handle) => return Ok(handle),
                 Attempt::Cleaned => continue,
                 Attempt::Requeue => {
-                    *ticket = self.enqueue(key, ttl).await?;
+                    *ticket = self.enqueue_waiting(key, ttl, wait, started).await?;
                     continue;
                 }
                 Attempt::Wait => {}
@@ -687,7 +717,7 @@ impl FairLock {
                 });
             }
             if now >= ticket.renew_at && !self.renew_ticket(key, ticket, ttl).await? {
-                *ticket = self.enqueue(key, ttl).await?;
+                *ticket = self.enqueue_waiting(key, ttl, wait, started).await?;
                 continue;
             }
             refusals += 1;
@@ -850,7 +880,7 @@ impl Lock for FairLock {
         let started = Instant::now();
         // Watch before the first read: a release after it wakes this waiter.
         let mut wake = self.watch_key(key).await;
-        let mut ticket = self.enqueue(key, ttl).await?;
+        let mut ticket = self.enqueue_waiting(key, ttl, wait, started).await?;
         match self
             .wait_in_line(key, ttl, wait, &mut ticket, started, &mut wake)
             .await
