@@ -558,3 +558,67 @@ async fn semaphore_suite_red_when_the_fence_is_not_bumped() {
     )
     .await;
 }
+
+// ---------------------------------------------------------------------------
+// A fair lock's enqueue whose answer is lost and whose txn lands later.
+
+/// The enqueue txn of a waiter commits late (after `after_calls` further
+/// calls): the waiter answers Timeout or Indeterminate, never a grant it
+/// does not hold; at most one ticket of it is ever in line; and once the
+/// leases run out, nothing it left behind blocks the next caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_lock_enqueue_committed_late_leaves_no_lasting_hole() {
+    use coord_adapters::lock::{FairLock, FairLockOptions, LockExt};
+    use coord_conformance::faults::{Fault, FaultyBackend, Target};
+    for after_calls in 0u32..3 {
+        let store: Arc<dyn Backend> = Arc::new(
+            SingleProcessMemoryBackend::new(&format!("late-enqueue-{after_calls}")).unwrap(),
+        );
+        let faulty = Arc::new(FaultyBackend::new(store.clone(), u64::from(after_calls)));
+        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+        let options = || FairLockOptions::default().with_clock(clock.clone());
+        let holder = FairLock::with_options(store.clone(), options());
+        let waiter = FairLock::with_options(faulty.clone(), options());
+        let ttl = Duration::from_secs(10);
+        let held = holder.try_lock("k", ttl).await.unwrap().unwrap();
+        faulty.once(Target::WritingTxn, Fault::LateCommit { after_calls });
+        let answer = waiter
+            .lock_with(
+                "k",
+                ttl,
+                &WaitOptions::with_timeout(Duration::from_millis(100)),
+            )
+            .await;
+        faulty.flush().await;
+        match &answer {
+            Err(LockError::Timeout { .. }) => {}
+            Err(LockError::Store(e)) if e.is_indeterminate() => {}
+            other => panic!(
+                "late enqueue ({after_calls}): expected Timeout or Indeterminate, got {other:?}"
+            ),
+        }
+        let status = holder.status("k").await.unwrap().unwrap();
+        assert!(
+            status.waiting.len() <= 1,
+            "late enqueue ({after_calls}): {status:?}"
+        );
+        assert!(
+            status.live,
+            "the holder lost the lock to a waiter: {status:?}"
+        );
+        // Whatever the waiter left behind is dead once its lease ran out.
+        clock.advance(ttl + Duration::from_millis(1));
+        let _ = holder.release(held).await;
+        let next = FairLock::with_options(store.clone(), options());
+        let got = next.try_lock("k", ttl).await.unwrap();
+        assert!(
+            got.is_some(),
+            "late enqueue ({after_calls}): a dead ticket still blocks the lock"
+        );
+        assert_eq!(
+            store.keys("fairlock/k/q/").await.unwrap(),
+            Vec::<String>::new(),
+            "late enqueue ({after_calls}): a ticket stayed behind"
+        );
+    }
+}
