@@ -28,12 +28,14 @@ pub mod backend;
 pub mod board;
 pub mod changes;
 pub mod election;
+pub mod fair_lock;
 pub mod fault;
 pub mod fault_model;
 pub mod faults;
 pub mod lock;
 pub mod rwlock;
 pub mod scheduler;
+pub mod semaphore;
 pub mod sideeffect;
 pub mod simulation;
 
@@ -48,8 +50,8 @@ pub mod __private {
 }
 
 /// Every suite of this crate for one store: a module per suite (`backend`,
-/// `lock`, `board`, `sideeffect`, `scheduler`, `rwlock`, `election`, `fault_model`,
-/// `changes`), each case one `#[tokio::test]`.
+/// `lock`, `board`, `sideeffect`, `scheduler`, `rwlock`, `election`, `fair_lock`,
+/// `semaphore`, `fault_model`, `changes`), each case one `#[tokio::test]`.
 ///
 /// The factory expression is evaluated inside those modules, which import
 /// everything of the calling module (`use super::*`), so it may call the
@@ -93,6 +95,16 @@ macro_rules! all_suites_tests {
             use super::*;
             $crate::election_tests!($factory);
         }
+        mod fair_lock_suite {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::fair_lock_tests!($factory);
+        }
+        mod semaphore_suite {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::semaphore_tests!($factory);
+        }
         mod fault_model_suite {
             #[allow(unused_imports)]
             use super::*;
@@ -115,6 +127,8 @@ pub fn all_cases() -> Vec<Case> {
     cases.extend(scheduler::cases());
     cases.extend(rwlock::cases());
     cases.extend(election::cases());
+    cases.extend(fair_lock::cases());
+    cases.extend(semaphore::cases());
     cases.extend(fault_model::cases());
     cases.extend(changes::cases());
     cases

@@ -29,7 +29,10 @@ pub mod wake;
 
 pub use board::{Board, BoardAdapter, BoardError};
 pub use cas::{CasEngine, CasOptions, CasStats, Decision, View};
-pub use lock::{GenericLock, Lock, LockError, LockExt, LockGuard, LockHandle};
+pub use lock::{
+    FairLock, GenericLock, GenericSemaphore, Lock, LockError, LockExt, LockGuard, LockHandle,
+    Semaphore,
+};
 pub use sideeffect::{Runner, SideEffectAdapter, SideEffectError, SideEffectStore};
 pub use token::mint_token;
 

@@ -53,6 +53,12 @@ mod sideeffect {
 mod scheduler {
     coord_conformance::scheduler_tests!(super::etcd_factory());
 }
+mod fair_lock {
+    coord_conformance::fair_lock_tests!(super::etcd_factory());
+}
+mod semaphore {
+    coord_conformance::semaphore_tests!(super::etcd_factory());
+}
 mod fault_model {
     coord_conformance::fault_model_tests!(super::etcd_factory());
 }

@@ -15,7 +15,10 @@
 //!    construction for the others), with the ratios the design targets;
 //! 3. a contention table: 32 tasks on one key for `COORD_CONTENTION_SECS`
 //!    (default 2) per subject, each waiting with `LockExt::lock_with`
-//!    (backoff 1 ms doubling to 16 ms); etcd's lock RPC waits on the server.
+//!    (backoff 1 ms doubling to 16 ms); etcd's lock RPC waits on the server;
+//!    the fair lock (`FairLock`, FIFO tickets) waits in line. Hand-over
+//!    latency: from the start of a holder's release to the moment the next
+//!    waiter holds the lock, p50 and p99.
 //!
 //! A store whose variable is unset prints SKIPPED. Environment:
 //! `COORD_BENCH_SECS` (criterion measurement time and the cycle table's time
@@ -36,9 +39,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use coord_adapters::lock::{
-    async_trait, GenericLock, Lock, LockError, LockExt, LockHandle, WaitOptions,
+    async_trait, FairLock, GenericLock, Lock, LockError, LockExt, LockHandle, WaitOptions,
 };
 use coord_adapters::mint_token;
+use coord_adapters::wake::Wake;
 use coord_backend::{Backend, StoreUrl};
 use coord_locks_native::{PgAdvisoryLock, RedisLock};
 use criterion::Criterion;
@@ -94,7 +98,8 @@ fn generic(store: &'static str, backend: Arc<dyn Backend>) -> Subject {
 /// reports its engine's store round trips.
 struct Client {
     lock: Arc<Counting>,
-    generic: Option<GenericLock>,
+    /// The engine's store round trips so far (generic and fair locks).
+    round_trips: Option<Arc<dyn Fn() -> u64 + Send + Sync>>,
 }
 
 /// A factory of lock clients for the contention table.
@@ -127,7 +132,10 @@ async fn setup() -> Setup {
     let memory: Arc<dyn Backend> =
         Arc::new(coord_memory::SingleProcessMemoryBackend::new(&namespace("mem")).unwrap());
     setup.subjects.push(generic("memory", memory.clone()));
-    setup.contention.push(generic_contention("memory", memory));
+    setup
+        .contention
+        .push(generic_contention("memory", memory.clone()));
+    setup.contention.push(fair_contention("memory", memory));
 
     // SQLite: a temporary file
     let path = std::env::temp_dir().join(format!("coord-lock-bench-{}.db", &mint_token()[..12]));
@@ -137,7 +145,10 @@ async fn setup() -> Setup {
             .unwrap(),
     );
     setup.subjects.push(generic("sqlite", sqlite.clone()));
-    setup.contention.push(generic_contention("sqlite", sqlite));
+    setup
+        .contention
+        .push(generic_contention("sqlite", sqlite.clone()));
+    setup.contention.push(fair_contention("sqlite", sqlite));
 
     match env("COORD_TEST_REDIS_URL") {
         None => setup
@@ -171,12 +182,28 @@ fn generic_contention(store: &'static str, backend: Arc<dyn Backend>) -> Content
         let lock = GenericLock::new(backend.clone());
         Client {
             lock: Arc::new(Counting::new(Arc::new(lock.clone()))),
-            generic: Some(lock),
+            round_trips: Some(Arc::new(move || lock.stats().round_trips())),
         }
     });
     ContentionSubject {
         store,
         name: "generic GenericLock",
+        kind: ContentionKind::Lock(make),
+    }
+}
+
+/// The fair lock: each task its own client, waiting in line.
+fn fair_contention(store: &'static str, backend: Arc<dyn Backend>) -> ContentionSubject {
+    let make: ClientFactory = Arc::new(move || {
+        let lock = FairLock::new(backend.clone());
+        Client {
+            lock: Arc::new(Counting::new(Arc::new(lock.clone())).waiting_inside()),
+            round_trips: Some(Arc::new(move || lock.stats().round_trips())),
+        }
+    });
+    ContentionSubject {
+        store,
+        name: "fair FairLock (FIFO tickets)",
         kind: ContentionKind::Lock(make),
     }
 }
@@ -192,7 +219,7 @@ fn native_contention(
         name,
         kind: ContentionKind::Lock(Arc::new(move || Client {
             lock: Arc::new(Counting::new(lock.clone())),
-            generic: None,
+            round_trips: None,
         })),
     }
 }
@@ -254,7 +281,10 @@ async fn redis_subjects(setup: &mut Setup, base: &str) {
         round_trips: RoundTrips::ByConstruction("2 (SET, EVALSHA)"),
     });
 
-    setup.contention.push(generic_contention("redis", store));
+    setup
+        .contention
+        .push(generic_contention("redis", store.clone()));
+    setup.contention.push(fair_contention("redis", store));
     setup.contention.push(native_contention(
         "redis",
         "native RedisLock",
@@ -295,7 +325,10 @@ async fn etcd_subjects(setup: &mut Setup, endpoints: &str) {
         }),
         round_trips: RoundTrips::ByConstruction("2 (Lock, Unlock)"),
     });
-    setup.contention.push(generic_contention("etcd", store));
+    setup
+        .contention
+        .push(generic_contention("etcd", store.clone()));
+    setup.contention.push(fair_contention("etcd", store));
     setup.contention.push(ContentionSubject {
         store: "etcd",
         name: "etcd Lock RPC + Unlock (lease)",
@@ -369,7 +402,10 @@ async fn postgres_subjects(setup: &mut Setup, base: &str) {
         round_trips: RoundTrips::ByConstruction("2 (lock + fence, unlock)"),
     });
 
-    setup.contention.push(generic_contention("postgres", store));
+    setup
+        .contention
+        .push(generic_contention("postgres", store.clone()));
+    setup.contention.push(fair_contention("postgres", store));
     setup.contention.push(native_contention(
         "postgres",
         "native PgAdvisoryLock",
@@ -405,11 +441,14 @@ async fn raw_pg_cycle(base: &str, key: String, lock_sql: &'static str) -> CycleF
     })
 }
 
-/// Counts the lock calls a client makes (try_lock, renew, release).
+/// Counts the lock calls a client makes (try_lock, renew, release; a
+/// waiting lock that queues inside counts as one call).
 #[derive(Debug)]
 struct Counting {
     inner: Arc<dyn Lock>,
     calls: AtomicU64,
+    /// Hand waiting to the inner lock (it queues) instead of retrying here.
+    waits_inside: bool,
 }
 
 impl Counting {
@@ -417,7 +456,13 @@ impl Counting {
         Counting {
             inner,
             calls: AtomicU64::new(0),
+            waits_inside: false,
         }
+    }
+
+    fn waiting_inside(mut self) -> Self {
+        self.waits_inside = true;
+        self
     }
 }
 
@@ -434,6 +479,22 @@ impl Lock for Counting {
     async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.inner.release(handle).await
+    }
+    async fn watch_key(&self, key: &str) -> Wake {
+        self.inner.watch_key(key).await
+    }
+    async fn wait_lock(
+        &self,
+        key: &str,
+        ttl: Duration,
+        wait: &WaitOptions,
+    ) -> Result<LockHandle, LockError> {
+        if !self.waits_inside {
+            // The default: retry through this wrapper's counted try_lock.
+            return coord_adapters::lock::retry_until_free(self, key, ttl, wait).await;
+        }
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.inner.wait_lock(key, ttl, wait).await
     }
 }
 
@@ -504,6 +565,37 @@ struct ContentionRow {
     min: u64,
     calls_per_acq: f64,
     round_trips_per_acq: Option<f64>,
+    handover_p50: Option<Duration>,
+    handover_p99: Option<Duration>,
+}
+
+/// Hand-over latencies of one contention run: a holder notes when its
+/// release starts; the next task to hold the lock takes that note.
+#[derive(Default)]
+struct Handover {
+    released_at: Option<Instant>,
+    samples: Vec<Duration>,
+}
+
+impl Handover {
+    fn releasing(cell: &std::sync::Mutex<Handover>) {
+        cell.lock().unwrap().released_at = Some(Instant::now());
+    }
+
+    fn acquired(cell: &std::sync::Mutex<Handover>) {
+        let mut handover = cell.lock().unwrap();
+        if let Some(released) = handover.released_at.take() {
+            handover.samples.push(released.elapsed());
+        }
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let at = ((sorted.len() - 1) as f64 * p).round() as usize;
+    Some(sorted[at])
 }
 
 const TASKS: usize = 32;
@@ -514,12 +606,15 @@ async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
     let deadline = started + time;
     // (acquisitions, lock calls, store round trips if counted)
     let mut tasks = Vec::new();
+    let handover = Arc::new(std::sync::Mutex::new(Handover::default()));
     match &subject.kind {
         ContentionKind::Lock(make) => {
             for _ in 0..TASKS {
                 let client = make();
                 let key = key.clone();
+                let handover = handover.clone();
                 tasks.push(tokio::spawn(async move {
+                    let before = client.round_trips.as_ref().map(|f| f());
                     let mut acquired = 0u64;
                     loop {
                         let now = Instant::now();
@@ -530,7 +625,9 @@ async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
                             .with_backoff(Duration::from_millis(1), Duration::from_millis(16));
                         match client.lock.lock_with(&key, TTL, &wait).await {
                             Ok(handle) => {
+                                Handover::acquired(&handover);
                                 acquired += 1;
+                                Handover::releasing(&handover);
                                 client.lock.release(handle).await.unwrap();
                             }
                             Err(LockError::Timeout { .. }) => break,
@@ -538,7 +635,10 @@ async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
                         }
                     }
                     let calls = client.lock.calls.load(Ordering::Relaxed);
-                    let round_trips = client.generic.map(|g| g.stats().round_trips());
+                    let round_trips = client
+                        .round_trips
+                        .as_ref()
+                        .map(|f| f() - before.unwrap_or(0));
                     (acquired, calls, round_trips)
                 }));
             }
@@ -547,6 +647,7 @@ async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
             for _ in 0..TASKS {
                 let mut client = (**client).clone();
                 let name = key.clone();
+                let handover = handover.clone();
                 tasks.push(tokio::spawn(async move {
                     // One lease per client: two lock calls under one lease
                     // would both "own" the same lock key.
@@ -558,7 +659,9 @@ async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
                             .lock(name.as_bytes(), Some(options.clone()))
                             .await
                             .unwrap();
+                        Handover::acquired(&handover);
                         acquired += 1;
+                        Handover::releasing(&handover);
                         client.unlock(held.key().to_vec()).await.unwrap();
                     }
                     client.lease_revoke(lease).await.unwrap();
@@ -576,6 +679,8 @@ async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
     let calls: u64 = results.iter().map(|r| r.1).sum();
     let round_trips: Option<u64> = results.iter().map(|r| r.2).sum();
     let per = |n: u64| n as f64 / total.max(1) as f64;
+    let mut samples = std::mem::take(&mut handover.lock().unwrap().samples);
+    samples.sort_unstable();
     ContentionRow {
         store: subject.store,
         name: subject.name,
@@ -587,6 +692,8 @@ async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
         round_trips_per_acq: round_trips
             .map(per)
             .or((subject.name == "native RedisLock").then(|| per(calls))),
+        handover_p50: percentile(&samples, 0.5),
+        handover_p99: percentile(&samples, 0.99),
     }
 }
 
@@ -713,30 +820,41 @@ fn main() {
         contention_time.as_secs_f64()
     );
     println!(
-        "| {:<9} | {:<34} | {:>10} | {:>8} | {:>8} | {:>14} | {:>20} |",
+        "| {:<9} | {:<34} | {:>10} | {:>8} | {:>8} | {:>7} | {:>14} | {:>21} | {:>11} | {:>11} |",
         "store",
         "implementation",
         "acquires/s",
         "max/task",
         "min/task",
+        "max/min",
         "lock calls/acq",
-        "store round trips/acq"
+        "store round trips/acq",
+        "handover p50",
+        "handover p99"
     );
     println!(
-        "|{:-<11}|{:-<36}|{:-<12}|{:-<10}|{:-<10}|{:-<16}|{:-<22}|",
-        "", "", "", "", "", "", ""
+        "|{:-<11}|{:-<36}|{:-<12}|{:-<10}|{:-<10}|{:-<9}|{:-<16}|{:-<23}|{:-<13}|{:-<13}|",
+        "", "", "", "", "", "", "", "", "", ""
     );
+    let ms = |d: Option<Duration>| {
+        d.map_or("n/a".to_owned(), |d| {
+            format!("{:.2} ms", d.as_secs_f64() * 1e3)
+        })
+    };
     for row in &rows {
         println!(
-            "| {:<9} | {:<34} | {:>10.0} | {:>8} | {:>8} | {:>14.2} | {:>20} |",
+            "| {:<9} | {:<34} | {:>10.0} | {:>8} | {:>8} | {:>7} | {:>14.2} | {:>21} | {:>11} | {:>11} |",
             row.store,
             row.name,
             row.per_sec,
             row.max,
             row.min,
+            if row.min == 0 { "inf".to_owned() } else { format!("{:.1}", row.max as f64 / row.min as f64) },
             row.calls_per_acq,
             row.round_trips_per_acq
-                .map_or("n/a (not counted)".to_owned(), |r| format!("{r:.2}"))
+                .map_or("n/a (not counted)".to_owned(), |r| format!("{r:.2}")),
+            ms(row.handover_p50),
+            ms(row.handover_p99),
         );
     }
 }

@@ -13,7 +13,7 @@ pub(crate) struct ConformanceArgs {
     #[arg(long)]
     backend: String,
     /// Only the suites named (comma separated: backend, lock, board, sideeffect, scheduler,
-    /// rwlock, election, fault_model, changes); default: all.
+    /// rwlock, election, fair_lock, semaphore, fault_model, changes); default: all.
     #[arg(long, value_delimiter = ',')]
     suite: Vec<String>,
     /// Print one JSON document instead of the table (schema: docs/console.md).

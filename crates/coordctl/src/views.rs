@@ -7,7 +7,8 @@
 //! # Contract
 //!
 //! - Records are decoded by their adapters only (`GenericLock::status`,
-//!   `GenericRwLock::status`, `GenericElection::status`, `BoardAdapter::get`, `SideEffectAdapter::key_status` /
+//!   `GenericRwLock::status`, `GenericElection::status`, `FairLock::status`,
+//!   `GenericSemaphore::status`, `BoardAdapter::get`, `SideEffectAdapter::key_status` /
 //!   `resource_status`, `RunStore::history` / `active`); these functions
 //!   only list keys under the adapters' documented prefixes (AGENTS.md,
 //!   "Where records live") and arrange the answers.
@@ -28,7 +29,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use coord_adapters::board::{Board, BoardAdapter, BoardError, TaskState};
 use coord_adapters::election::{ElectionError, GenericElection};
-use coord_adapters::lock::{GenericLock, LockError};
+use coord_adapters::lock::{FairLock, GenericLock, GenericSemaphore, LockError};
 use coord_adapters::rwlock::{GenericRwLock, RwLock, RwMode};
 use coord_adapters::sideeffect::{KeyStatus, SideEffectAdapter, SideEffectError};
 use coord_backend::{Backend, Error, SystemClock};
@@ -139,6 +140,8 @@ pub(crate) fn scheduler_error(e: coord_scheduler::Error) -> Error {
 pub(crate) struct Stores {
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) locks: GenericLock,
+    pub(crate) fair_locks: FairLock,
+    pub(crate) semaphores: GenericSemaphore,
     pub(crate) board: BoardAdapter,
     pub(crate) effects: SideEffectAdapter,
     pub(crate) runs: Arc<RunStore>,
@@ -155,6 +158,8 @@ impl Stores {
         .map_err(scheduler_error)?;
         Ok(Stores {
             locks: GenericLock::new(backend.clone()),
+            fair_locks: FairLock::new(backend.clone()),
+            semaphores: GenericSemaphore::new(backend.clone()),
             board: BoardAdapter::new(backend.clone()),
             effects: SideEffectAdapter::new(backend.clone()),
             runs: Arc::new(runs),
@@ -601,6 +606,163 @@ fn election_error(e: ElectionError) -> Error {
     }
 }
 
+// ----- fair locks and semaphores (/api/fairlocks, /api/semaphores) -----
+
+/// `limit` names of `names` (sorted) after the cursor, with `(truncated, next_after)`.
+fn paged(names: Vec<String>, page: &Page) -> (Vec<String>, bool, Option<String>) {
+    let mut names = names
+        .into_iter()
+        .filter(|n| page.after.as_deref().is_none_or(|after| n.as_str() > after));
+    let taken: Vec<String> = names.by_ref().take(page.limit).collect();
+    let truncated = names.next().is_some();
+    let next_after = truncated.then(|| taken.last().cloned()).flatten();
+    (taken, truncated, next_after)
+}
+
+/// One waiter's ticket of a fair lock (no token).
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct TicketView {
+    /// The ticket's number: its place in line.
+    pub(crate) seq: u64,
+    /// Whether the ticket's lease is live (a dead one is skipped and removed).
+    pub(crate) live: bool,
+    pub(crate) lease_expires_ms: Option<u64>,
+}
+
+/// One `FairLock` key: the holder's lease and the waiters in line.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct FairLockView {
+    pub(crate) key: String,
+    /// The fence of the latest grant.
+    pub(crate) fence: u64,
+    /// `held`, `expired` or `free`, as for `GenericLock`.
+    pub(crate) state: &'static str,
+    pub(crate) lease_expires_ms: Option<u64>,
+    /// The waiters, in queue order.
+    pub(crate) waiting: Vec<TicketView>,
+}
+
+/// The fair locks of one page.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct FairLocksView {
+    pub(crate) namespace: String,
+    pub(crate) now_ms: u64,
+    pub(crate) truncated: bool,
+    pub(crate) next_after: Option<String>,
+    pub(crate) locks: Vec<FairLockView>,
+}
+
+/// The fair locks of `page` (keys with a lock record `fairlock/<key>/m`).
+pub(crate) async fn fair_locks(stores: &Stores, page: &Page) -> Result<FairLocksView, Error> {
+    let prefix = stores.fair_locks.key_prefix().to_owned();
+    let (names, _, _) = list_names(&stores.backend, &prefix, None).await?;
+    // Ticket keys end in `/q/<20 digits>`, lock records in `/m`.
+    let keys: Vec<String> = names
+        .into_iter()
+        .filter_map(|n| n.strip_suffix("/m").map(str::to_owned))
+        .filter(|k| !k.is_empty())
+        .collect();
+    let (keys, truncated, next_after) = paged(keys, page);
+    let mut rows = Vec::with_capacity(keys.len());
+    for key in keys {
+        let Some(status) = stores.fair_locks.status(&key).await.map_err(lock_error)? else {
+            continue;
+        };
+        rows.push(FairLockView {
+            state: match (status.expires_at, status.live) {
+                (None, _) => "free",
+                (Some(_), true) => "held",
+                (Some(_), false) => "expired",
+            },
+            key: status.key,
+            fence: status.fence,
+            lease_expires_ms: status.expires_at.map(ms),
+            waiting: status
+                .waiting
+                .into_iter()
+                .map(|t| TicketView {
+                    seq: t.seq,
+                    live: t.live,
+                    lease_expires_ms: t.expires_at.map(ms),
+                })
+                .collect(),
+        });
+    }
+    Ok(FairLocksView {
+        namespace: stores.backend.namespace().to_owned(),
+        now_ms: now_ms(),
+        truncated,
+        next_after,
+        locks: rows,
+    })
+}
+
+/// One permit of a semaphore (no token).
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct PermitView {
+    pub(crate) fence: u64,
+    pub(crate) live: bool,
+    pub(crate) lease_expires_ms: u64,
+}
+
+/// One `GenericSemaphore` key: its permits and their holders.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct SemaphoreView {
+    pub(crate) key: String,
+    /// The fence of the latest permit.
+    pub(crate) fence: u64,
+    /// How many permits the holders asked for.
+    pub(crate) permits: u32,
+    /// How many permits are held now (live leases).
+    pub(crate) held: usize,
+    pub(crate) holders: Vec<PermitView>,
+}
+
+/// The semaphores of one page.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct SemaphoresView {
+    pub(crate) namespace: String,
+    pub(crate) now_ms: u64,
+    pub(crate) truncated: bool,
+    pub(crate) next_after: Option<String>,
+    pub(crate) semaphores: Vec<SemaphoreView>,
+}
+
+/// The semaphores of `page` (records `sem/<key>`).
+pub(crate) async fn semaphores(stores: &Stores, page: &Page) -> Result<SemaphoresView, Error> {
+    let prefix = stores.semaphores.key_prefix().to_owned();
+    let (keys, truncated, next_after) = list_names(&stores.backend, &prefix, Some(page)).await?;
+    let mut rows = Vec::with_capacity(keys.len());
+    for key in keys {
+        let Some(status) = stores.semaphores.status(&key).await.map_err(lock_error)? else {
+            continue;
+        };
+        let holders: Vec<PermitView> = status
+            .holders
+            .iter()
+            .map(|h| PermitView {
+                fence: h.fence,
+                live: h.live,
+                lease_expires_ms: ms(h.expires_at),
+            })
+            .collect();
+        rows.push(SemaphoreView {
+            held: holders.iter().filter(|h| h.live).count(),
+            key: status.key,
+            fence: status.fence,
+            permits: status.permits,
+            holders,
+        });
+    }
+    Ok(SemaphoresView {
+        namespace: stores.backend.namespace().to_owned(),
+        now_ms: now_ms(),
+        truncated,
+        next_after,
+        semaphores: rows,
+    })
+}
+
 // ----- the task board (/api/tasks) -----
 
 /// One task of the board (no payload, no result: those are the application's values).
@@ -886,4 +1048,78 @@ pub(crate) fn print_json<T: Serialize>(view: &T) -> Result<(), Error> {
         .map_err(|e| Error::Config(format!("cannot encode the JSON output: {e}")))?;
     println!("{line}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use coord_adapters::lock::{Lock, LockExt, Semaphore, WaitOptions};
+    use std::time::Duration;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fair_locks_and_semaphores_show_holders_and_waiters_without_tokens() {
+        let backend = coord::connect("memory://?namespace=views-recipes")
+            .await
+            .unwrap();
+        let stores = Stores::new(backend.clone()).unwrap();
+        let ttl = Duration::from_secs(60);
+        let fair = FairLock::new(backend.clone());
+        let held = fair.try_lock("jobs/a", ttl).await.unwrap().unwrap();
+        let waiter = fair.clone();
+        let waiting = tokio::spawn(async move {
+            waiter
+                .lock_with(
+                    "jobs/a",
+                    ttl,
+                    &WaitOptions::with_timeout(Duration::from_secs(30)),
+                )
+                .await
+        });
+        // Wait until the waiter is in line.
+        while stores
+            .fair_locks
+            .status("jobs/a")
+            .await
+            .unwrap()
+            .is_none_or(|s| s.waiting.is_empty())
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let sem = GenericSemaphore::new(backend.clone());
+        let permit = sem.try_acquire("pool", 3, ttl).await.unwrap().unwrap();
+
+        let view = fair_locks(&stores, &Page::first(10)).await.unwrap();
+        assert_eq!(view.locks.len(), 1, "{view:?}");
+        let row = &view.locks[0];
+        assert_eq!(
+            (row.key.as_str(), row.fence, row.state),
+            ("jobs/a", 1, "held")
+        );
+        assert_eq!(row.waiting.len(), 1);
+        assert!(row.waiting[0].live);
+
+        let view = semaphores(&stores, &Page::first(10)).await.unwrap();
+        assert_eq!(view.semaphores.len(), 1, "{view:?}");
+        let row = &view.semaphores[0];
+        assert_eq!(
+            (row.key.as_str(), row.permits, row.held, row.fence),
+            ("pool", 3, 1, 1)
+        );
+
+        let json = serde_json::to_string(&(
+            fair_locks(&stores, &Page::first(10)).await.unwrap(),
+            semaphores(&stores, &Page::first(10)).await.unwrap(),
+        ))
+        .unwrap();
+        assert!(
+            !json.contains(held.token()) && !json.contains(permit.token()),
+            "{json}"
+        );
+
+        fair.release(held).await.unwrap();
+        let next = waiting.await.unwrap().unwrap();
+        assert_eq!(next.fence(), 2);
+        let view = fair_locks(&stores, &Page::first(10)).await.unwrap();
+        assert!(view.locks[0].waiting.is_empty());
+    }
 }

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{validate_lock_input, Lock, LockError, LockHandle, LostReason};
 use crate::cas::{CasEngine, CasOptions, CasStats, Decision, View};
+use crate::wake::Wake;
 use crate::{mint_token, telemetry};
 
 /// Options of a [`GenericLock`].
@@ -234,6 +235,10 @@ impl Lock for GenericLock {
             telemetry::lock_acquired();
         }
         answer
+    }
+
+    async fn watch_key(&self, key: &str) -> Wake {
+        Wake::watch(self.engine.backend().as_ref(), &self.record_key(key)).await
     }
 
     #[tracing::instrument(name = "lock.renew", skip_all, fields(

@@ -18,9 +18,15 @@
 //!   that side refuse writes with a lower fence: that keeps safety
 //!   independent of clocks and pauses, which a TTL alone cannot.
 //!
-//! On top of any `Lock`: [`LockExt::lock`] waits with exponential backoff and
-//! jitter until a timeout, and [`LockGuard`] renews in the background and
-//! tells the holder (a signal it can await) the moment the lock is lost.
+//! On top of any `Lock`: [`LockExt::lock`] waits until a timeout (through
+//! [`Lock::wait_lock`]: by default watch the key, try, then sleep until a
+//! change notification or an exponential backoff with jitter, whichever
+//! comes first), and [`LockGuard`] renews in the background and tells the
+//! holder (a signal it can await) the moment the lock is lost.
+//!
+//! [`FairLock`] hands the lock over in request order (FIFO tickets);
+//! [`Semaphore`] ([`GenericSemaphore`]) grants up to N permits per key,
+//! each with its own fence.
 //!
 //! # Boundary
 //!
@@ -60,13 +66,21 @@ use std::time::{Duration, SystemTime};
 
 use coord_backend::InvalidInput;
 
+use crate::wake::Wake;
+
+mod fair;
 mod generic;
 mod guard;
+mod semaphore;
 mod wait;
 
+pub use fair::{FairLock, FairLockOptions, FairLockStatus, TicketStatus};
 pub use generic::{GenericLock, LockOptions, LockStatus};
 pub use guard::{GuardOptions, LockGuard, LostSignal};
-pub use wait::{LockExt, WaitOptions};
+pub use semaphore::{
+    GenericSemaphore, Permit, PermitStatus, Semaphore, SemaphoreOptions, SemaphoreStatus,
+};
+pub use wait::{retry_until_free, LockExt, WaitOptions};
 
 /// Re-exported so that other `Lock` implementations (native locks, test
 /// doubles) can implement the trait without depending on `async-trait` themselves.
@@ -95,6 +109,31 @@ pub trait Lock: Send + Sync + Debug {
     /// taken over, already released) gets [`LockError::Lost`] and nothing
     /// changes: a stale holder never frees a newer holder's lock.
     async fn release(&self, handle: LockHandle) -> Result<(), LockError>;
+
+    /// A watch on whatever decides whether `key` is free, for callers about
+    /// to wait for it (see [`crate::wake`]: wake-ups only, re-read always).
+    /// The default is no watch: waiters poll.
+    async fn watch_key(&self, key: &str) -> Wake {
+        let _ = key;
+        Wake::polling()
+    }
+
+    /// Wait until `key` can be taken, then take it for `ttl`; give up with
+    /// [`LockError::Timeout`] after `wait.timeout`. What [`LockExt::lock`]
+    /// and [`LockExt::lock_with`] call.
+    ///
+    /// The default watches first ([`Lock::watch_key`]), then tries, then
+    /// sleeps until a change or the backoff of `wait` (the fallback poll),
+    /// whichever comes first. A lock with its own queue ([`FairLock`])
+    /// overrides it to wait in order.
+    async fn wait_lock(
+        &self,
+        key: &str,
+        ttl: Duration,
+        wait: &WaitOptions,
+    ) -> Result<LockHandle, LockError> {
+        wait::retry_until_free(self, key, ttl, wait).await
+    }
 }
 
 /// Proof of holding a lock, returned by [`Lock::try_lock`]. Treat it as

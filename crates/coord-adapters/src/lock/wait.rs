@@ -1,4 +1,5 @@
-//! Waiting for a lock: retries with exponential backoff and jitter until a timeout.
+//! Waiting for a lock: watch, try, then sleep until a change or an
+//! exponential backoff with jitter (the fallback poll), until a timeout.
 
 use std::time::Duration;
 
@@ -20,6 +21,11 @@ pub struct WaitOptions {
 }
 
 impl WaitOptions {
+    /// The deadline of a wait that starts now.
+    pub(crate) fn deadline_from(&self, started: Instant) -> Instant {
+        started + self.timeout
+    }
+
     /// Wait up to `timeout` with the default backoff (10 ms doubling up to 500 ms).
     pub fn with_timeout(timeout: Duration) -> Self {
         WaitOptions {
@@ -38,7 +44,7 @@ impl WaitOptions {
 
     /// The pause after `refusals` refusals: "equal jitter" (half fixed, half
     /// random) so waiters spread out but never spin.
-    fn pause(&self, refusals: u32) -> Duration {
+    pub(crate) fn pause(&self, refusals: u32) -> Duration {
         let cap = self
             .base_backoff
             .saturating_mul(1u32 << refusals.saturating_sub(1).min(20))
@@ -82,32 +88,46 @@ pub trait LockExt: Lock {
             .await
     }
 
-    /// [`LockExt::lock`] with explicit [`WaitOptions`].
+    /// [`LockExt::lock`] with explicit [`WaitOptions`] (calls [`Lock::wait_lock`]).
     async fn lock_with(
         &self,
         key: &str,
         ttl: Duration,
         wait: &WaitOptions,
     ) -> Result<LockHandle, LockError> {
-        validate_lock_input(key, ttl)?;
-        let started = Instant::now();
-        let deadline = started + wait.timeout;
-        let mut refusals = 0u32;
-        loop {
-            if let Some(handle) = self.try_lock(key, ttl).await? {
-                return Ok(handle);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(LockError::Timeout {
-                    key: key.to_owned(),
-                    waited: now - started,
-                });
-            }
-            refusals += 1;
-            // The last attempt happens at the deadline, not a backoff after it.
-            tokio::time::sleep_until((now + wait.pause(refusals)).min(deadline)).await;
+        self.wait_lock(key, ttl, wait).await
+    }
+}
+
+/// The default [`Lock::wait_lock`] (for wrappers that forward the other
+/// methods and want the default waiting): watch first, then try, then sleep until
+/// a change under the watch or the backoff pause, whichever comes first.
+pub async fn retry_until_free<L: Lock + ?Sized>(
+    lock: &L,
+    key: &str,
+    ttl: Duration,
+    wait: &WaitOptions,
+) -> Result<LockHandle, LockError> {
+    validate_lock_input(key, ttl)?;
+    let started = Instant::now();
+    let deadline = wait.deadline_from(started);
+    // Subscribe before the first read: a release after it wakes us.
+    let mut wake = lock.watch_key(key).await;
+    let mut refusals = 0u32;
+    loop {
+        if let Some(handle) = lock.try_lock(key, ttl).await? {
+            return Ok(handle);
         }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(LockError::Timeout {
+                key: key.to_owned(),
+                waited: now - started,
+            });
+        }
+        refusals += 1;
+        // The last attempt happens at the deadline, not a backoff after it.
+        wake.until((now + wait.pause(refusals)).min(deadline)).await;
     }
 }
 

@@ -205,6 +205,8 @@ fn router(state: Shared) -> Router {
         .route("/api/locks", get(api_locks))
         .route("/api/elections", get(api_elections))
         .route("/api/rwlocks", get(api_rwlocks))
+        .route("/api/fairlocks", get(api_fair_locks))
+        .route("/api/semaphores", get(api_semaphores))
         .route("/api/resources", get(api_resources))
         .route("/api/tasks", get(api_tasks))
         .route("/api/sideeffects", get(api_side_effects))
@@ -460,6 +462,28 @@ async fn api_rwlocks(
     .await
 }
 
+async fn api_fair_locks(
+    State(state): State<Shared>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
+    let stores = &state.stores;
+    api_list(&state, q, |page| async move {
+        views::fair_locks(stores, &page).await
+    })
+    .await
+}
+
+async fn api_semaphores(
+    State(state): State<Shared>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
+    let stores = &state.stores;
+    api_list(&state, q, |page| async move {
+        views::semaphores(stores, &page).await
+    })
+    .await
+}
+
 async fn api_resources(
     State(state): State<Shared>,
     q: Result<Query<ListQuery>, QueryRejection>,
@@ -698,7 +722,7 @@ async fn not_found(State(state): State<Shared>, request: Request) -> Response {
     Failure::new(
         StatusCode::NOT_FOUND,
         "no such page (pages: /, /locks, /leaders, /tasks, /sideeffects, /jobs, /jobs/JOB; API: /api/locks, \
-/api/elections, /api/rwlocks, /api/resources, /api/tasks, /api/sideeffects, /api/jobs, /api/jobs/JOB/runs)",
+/api/elections, /api/rwlocks, /api/fairlocks, /api/semaphores, /api/resources, /api/tasks, /api/sideeffects, /api/jobs, /api/jobs/JOB/runs)",
     )
     .respond(&state, json)
 }

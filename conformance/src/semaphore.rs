@@ -1,0 +1,417 @@
+//! The semaphore suite: the contract of
+//! [`coord_adapters::lock::Semaphore`].
+//!
+//! Every check is a plain `async fn` over a [`SemEnv`]: a factory of
+//! semaphore clients and the `ManualClock` they judge leases with.
+//!
+//! What the suite pins down (one bullet per check):
+//!
+//! - [`permit_race`]: of 12 clients racing for 3 permits, exactly 3 get one;
+//! - [`never_more_than_n`]: racing acquire/release loops never have more than N holders inside;
+//! - [`permits_come_back_after_ttl`]: a dead holder's permit is free once its lease ran out,
+//!   not before; its holder can then neither renew nor release;
+//! - [`permit_fences_increase`]: every permit's fence is above every earlier one's, across
+//!   release and expiry;
+//! - [`release_frees_one`]: a release frees exactly one permit; renew extends the lease;
+//! - [`waiting_acquire`]: `acquire` gets a permit once one is released, and times out otherwise;
+//! - [`semaphore_bad_input`]: empty key, zero TTL, 0 permits and a permit count other than the
+//!   holders' are typed errors and change nothing.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_adapters::lock::{
+    GenericSemaphore, LockError, Permit, Semaphore, SemaphoreOptions, WaitOptions,
+};
+use coord_backend::ManualClock;
+
+use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+
+/// Makes a new client of the semaphore under test.
+pub type SemaphoreFactory =
+    Arc<dyn Fn() -> BoxFuture<'static, Result<Arc<dyn Semaphore>, LockError>> + Send + Sync>;
+
+/// Build a [`SemaphoreFactory`] from an async closure.
+pub fn semaphore_factory<F, Fut>(make: F) -> SemaphoreFactory
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Arc<dyn Semaphore>, LockError>> + Send + 'static,
+{
+    Arc::new(move || Box::pin(make()))
+}
+
+/// What a semaphore check runs against. It must start empty.
+#[derive(Clone)]
+pub struct SemEnv {
+    /// Makes clients of the semaphore under test.
+    pub make: SemaphoreFactory,
+    /// The clock the semaphore judges leases with; checks move it.
+    pub clock: Arc<ManualClock>,
+}
+
+impl fmt::Debug for SemEnv {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SemEnv")
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SemEnv {
+    /// An environment for any semaphore implementation.
+    pub fn new(make: SemaphoreFactory, clock: Arc<ManualClock>) -> Self {
+        SemEnv { make, clock }
+    }
+
+    /// [`GenericSemaphore`]s over backends from `factory` (one fresh
+    /// namespace named after `label`) sharing one `ManualClock`.
+    pub fn generic(factory: BackendFactory, label: &str) -> Self {
+        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+        let namespace = unique_namespace(label);
+        let sem_clock = clock.clone();
+        let make = semaphore_factory(move || {
+            let (factory, namespace, clock) =
+                (factory.clone(), namespace.clone(), sem_clock.clone());
+            async move {
+                let backend = factory(namespace).await?;
+                let options = SemaphoreOptions::default().with_clock(clock);
+                Ok(Arc::new(GenericSemaphore::with_options(backend, options))
+                    as Arc<dyn Semaphore>)
+            }
+        });
+        SemEnv::new(make, clock)
+    }
+
+    async fn client(&self) -> Result<Arc<dyn Semaphore>, Failure> {
+        (self.make)().await.ctx("making a semaphore client")
+    }
+}
+
+trait Ctx<T> {
+    fn ctx(self, what: &str) -> Result<T, Failure>;
+}
+
+impl<T, E: fmt::Display> Ctx<T> for Result<T, E> {
+    fn ctx(self, what: &str) -> Result<T, Failure> {
+        self.map_err(|e| Failure::new(format!("{what}: {e}")))
+    }
+}
+
+const LONG: Duration = Duration::from_secs(3_600);
+const SHORT: Duration = Duration::from_secs(2);
+
+fn key(label: &str) -> String {
+    format!("{label}-{:016x}", rand::random::<u64>())
+}
+
+fn granted(answer: Result<Option<Permit>, LockError>, what: &str) -> Result<Permit, Failure> {
+    match answer {
+        Ok(Some(p)) => Ok(p),
+        Ok(None) => Err(Failure::new(format!("{what}: refused, expected a permit"))),
+        Err(e) => Err(Failure::new(format!("{what}: {e}"))),
+    }
+}
+
+fn refused(answer: Result<Option<Permit>, LockError>, what: &str) -> CheckResult {
+    match answer {
+        Ok(None) => Ok(()),
+        Ok(Some(p)) => Err(Failure::new(format!(
+            "{what}: got a permit (fence {}), expected a refusal: every permit is held",
+            p.fence()
+        ))),
+        Err(e) => Err(Failure::new(format!("{what}: {e}"))),
+    }
+}
+
+fn lost(answer: Result<(), LockError>, what: &str) -> CheckResult {
+    match answer {
+        Err(e) if e.is_lost() => Ok(()),
+        other => Err(Failure::new(format!(
+            "{what}: expected LockError::Lost, got {other:?}"
+        ))),
+    }
+}
+
+/// Of 12 clients racing `try_acquire` for 3 permits, exactly 3 get one.
+pub async fn permit_race(env: SemEnv) -> CheckResult {
+    let k = key("race");
+    let barrier = Arc::new(tokio::sync::Barrier::new(12));
+    let mut tasks = Vec::new();
+    for _ in 0..12 {
+        let sem = env.client().await?;
+        let (k, barrier) = (k.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            sem.try_acquire(&k, 3, LONG).await
+        }));
+    }
+    let mut winners = Vec::new();
+    for task in tasks {
+        if let Some(p) = task
+            .await
+            .ctx("racer panicked")?
+            .ctx("racing try_acquire")?
+        {
+            winners.push(p);
+        }
+    }
+    ensure!(
+        winners.len() == 3,
+        "{} of 12 racers got one of 3 permits",
+        winners.len()
+    );
+    let mut fences: Vec<u64> = winners.iter().map(Permit::fence).collect();
+    fences.sort_unstable();
+    fences.dedup();
+    ensure!(fences.len() == 3, "two permits share a fence: {fences:?}");
+    Ok(())
+}
+
+/// 8 clients loop try_acquire → inside → release on 2 permits: never more
+/// than 2 inside at once, and someone got in.
+pub async fn never_more_than_n(env: SemEnv) -> CheckResult {
+    let k = key("n");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let sem = env.client().await?;
+        let (k, inside, most) = (k.clone(), inside.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..15 {
+                if let Some(p) = sem.try_acquire(&k, 2, LONG).await.ctx("try_acquire")? {
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    sem.release(p).await.ctx("release")?;
+                } else {
+                    tokio::task::yield_now().await;
+                }
+            }
+            Ok::<(), Failure>(())
+        }));
+    }
+    for task in tasks {
+        task.await.ctx("worker panicked")??;
+    }
+    let most = most.load(Ordering::SeqCst);
+    ensure!(most <= 2, "{most} holders of 2 permits were inside at once");
+    ensure!(
+        most >= 1,
+        "nobody ever got a permit: the check proved nothing"
+    );
+    Ok(())
+}
+
+/// Two holders take both permits with a short lease and die; the permits
+/// are refused until the leases run out, then granted again; the dead
+/// holders can neither renew nor release.
+pub async fn permits_come_back_after_ttl(env: SemEnv) -> CheckResult {
+    let k = key("ttl");
+    let (dead, next) = (env.client().await?, env.client().await?);
+    let a = granted(dead.try_acquire(&k, 2, SHORT).await, "first permit")?;
+    let b = granted(dead.try_acquire(&k, 2, SHORT).await, "second permit")?;
+    env.clock.advance(SHORT - Duration::from_millis(1));
+    refused(
+        next.try_acquire(&k, 2, LONG).await,
+        "a third permit before the leases ran out",
+    )?;
+    env.clock.advance(Duration::from_millis(2));
+    let c = granted(
+        next.try_acquire(&k, 2, LONG).await,
+        "a permit after the leases ran out",
+    )?;
+    let d = granted(
+        next.try_acquire(&k, 2, LONG).await,
+        "the second expired permit",
+    )?;
+    refused(next.try_acquire(&k, 2, LONG).await, "a third permit")?;
+    lost(dead.renew(&a).await, "renew of an expired permit")?;
+    lost(dead.release(b).await, "release of an expired permit")?;
+    next.release(c).await.ctx("release")?;
+    next.release(d).await.ctx("release")
+}
+
+/// Every permit's fence is above every earlier one's: across release and expiry.
+pub async fn permit_fences_increase(env: SemEnv) -> CheckResult {
+    let k = key("fence");
+    let sem = env.client().await?;
+    let mut fences = Vec::new();
+    let a = granted(sem.try_acquire(&k, 2, SHORT).await, "a")?;
+    let b = granted(sem.try_acquire(&k, 2, SHORT).await, "b")?;
+    fences.extend([a.fence(), b.fence()]);
+    sem.release(a).await.ctx("release a")?;
+    let c = granted(sem.try_acquire(&k, 2, SHORT).await, "c after a release")?;
+    fences.push(c.fence());
+    env.clock.advance(SHORT + Duration::from_millis(1));
+    let d = granted(sem.try_acquire(&k, 2, SHORT).await, "d after expiry")?;
+    let e = granted(sem.try_acquire(&k, 2, SHORT).await, "e after expiry")?;
+    fences.extend([d.fence(), e.fence()]);
+    ensure!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "permit fences in grant order do not strictly increase: {fences:?}"
+    );
+    Ok(())
+}
+
+/// A release frees exactly one permit; a renewal moves the lease to a TTL
+/// from now (the permit outlives its first lease).
+pub async fn release_frees_one(env: SemEnv) -> CheckResult {
+    let k = key("release");
+    let sem = env.client().await?;
+    let a = granted(sem.try_acquire(&k, 2, SHORT).await, "a")?;
+    let b = granted(sem.try_acquire(&k, 2, SHORT).await, "b")?;
+    sem.release(a.clone()).await.ctx("release a")?;
+    lost(sem.release(a).await, "a second release of a")?;
+    let c = granted(sem.try_acquire(&k, 2, SHORT).await, "c after one release")?;
+    refused(sem.try_acquire(&k, 2, SHORT).await, "a third permit")?;
+    env.clock.advance(SHORT / 2);
+    sem.renew(&b).await.ctx("renew b")?;
+    env.clock.advance(SHORT / 2 + Duration::from_millis(1));
+    // c expired, b was renewed: one permit is free, not two.
+    let d = granted(
+        sem.try_acquire(&k, 2, SHORT).await,
+        "d in place of expired c",
+    )?;
+    refused(
+        sem.try_acquire(&k, 2, SHORT).await,
+        "a permit while b (renewed) and d hold",
+    )?;
+    lost(sem.renew(&c).await, "renew of expired c")?;
+    sem.release(b).await.ctx("release renewed b")?;
+    sem.release(d).await.ctx("release d")
+}
+
+/// `acquire` waits until a permit is released (then gets it), and times
+/// out while every permit stays held.
+pub async fn waiting_acquire(env: SemEnv) -> CheckResult {
+    let k = key("wait");
+    let (holder, waiter) = (env.client().await?, env.client().await?);
+    let a = granted(holder.try_acquire(&k, 1, LONG).await, "the only permit")?;
+    let timed_out = waiter
+        .acquire(
+            &k,
+            1,
+            LONG,
+            &WaitOptions::with_timeout(Duration::from_millis(100)),
+        )
+        .await;
+    ensure!(
+        matches!(timed_out, Err(LockError::Timeout { .. })),
+        "acquire while the permit is held: expected Timeout, got {timed_out:?}"
+    );
+    let k2 = k.clone();
+    let waiting = tokio::spawn(async move {
+        let wait = WaitOptions::with_timeout(Duration::from_secs(20))
+            .with_backoff(Duration::from_millis(2), Duration::from_millis(20));
+        waiter.acquire(&k2, 1, LONG, &wait).await
+    });
+    holder.release(a).await.ctx("release")?;
+    let p = waiting
+        .await
+        .ctx("waiter panicked")?
+        .ctx("waiting acquire")?;
+    holder.release(p).await.ctx("release by another client")
+}
+
+/// Bad input is [`LockError::Invalid`] and changes nothing.
+pub async fn semaphore_bad_input(env: SemEnv) -> CheckResult {
+    let sem = env.client().await?;
+    let k = key("bad");
+    for (what, answer) in [
+        ("empty key", sem.try_acquire("", 2, LONG).await),
+        ("zero ttl", sem.try_acquire(&k, 2, Duration::ZERO).await),
+        ("zero permits", sem.try_acquire(&k, 0, LONG).await),
+    ] {
+        ensure!(
+            matches!(answer, Err(LockError::Invalid(_))),
+            "{what}: expected Invalid, got {answer:?}"
+        );
+    }
+    let a = granted(sem.try_acquire(&k, 2, LONG).await, "first permit")?;
+    ensure!(
+        a.fence() == 1,
+        "bad input changed the fence: first permit has {}",
+        a.fence()
+    );
+    let other = sem.try_acquire(&k, 3, LONG).await;
+    ensure!(
+        matches!(other, Err(LockError::Invalid(_))),
+        "3 permits while held with 2: expected Invalid, got {other:?}"
+    );
+    let b = granted(sem.try_acquire(&k, 2, LONG).await, "second permit")?;
+    refused(sem.try_acquire(&k, 2, LONG).await, "a third of 2 permits")?;
+    ensure!(
+        b.fence() == 2,
+        "the refused call changed the fence: {}",
+        b.fence()
+    );
+    Ok(())
+}
+
+macro_rules! semaphore_checks {
+    ($($name:ident),* $(,)?) => {
+        /// Every case of the semaphore suite, over [`GenericSemaphore`]s on a
+        /// backend factory with a `ManualClock` (see [`SemEnv::generic`]).
+        pub fn cases() -> Vec<Case> {
+            vec![$(Case {
+                suite: "semaphore",
+                name: stringify!($name),
+                run: |factory: BackendFactory| -> BoxFuture<'static, CheckResult> {
+                    Box::pin($name(SemEnv::generic(factory, stringify!($name))))
+                },
+            }),*]
+        }
+    };
+}
+
+semaphore_checks!(
+    permit_race,
+    never_more_than_n,
+    permits_come_back_after_ttl,
+    permit_fences_increase,
+    release_frees_one,
+    waiting_acquire,
+    semaphore_bad_input,
+);
+
+/// Expand the semaphore suite into one `#[tokio::test]` per case, over
+/// [`GenericSemaphore`]s on a [`BackendFactory`] expression (or an
+/// `Option<BackendFactory>`, `None` = skipped).
+#[macro_export]
+macro_rules! semaphore_tests {
+    ($factory:expr) => {
+        $crate::__cases_as_tests!($crate::semaphore::cases, $factory;
+            permit_race,
+            never_more_than_n,
+            permits_come_back_after_ttl,
+            permit_fences_increase,
+            release_frees_one,
+            waiting_acquire,
+            semaphore_bad_input,
+        );
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn macro_lists_every_case() {
+        let source = include_str!("semaphore.rs");
+        for case in super::cases() {
+            assert_eq!(
+                source
+                    .matches(&format!("            {},\n", case.name))
+                    .count(),
+                1,
+                "semaphore_tests! must list {}",
+                case.name
+            );
+        }
+    }
+}

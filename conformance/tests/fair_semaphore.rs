@@ -1,0 +1,624 @@
+//! The fair lock and semaphore suites on the in-process memory store, and
+//! proof that each goes red on deliberately broken doubles (a check that
+//! cannot fail is a defect).
+//!
+//! The doubles keep their state in one process, with one bug switched on at
+//! a time; without bugs they pass every check, so each red below comes from
+//! its bug.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+use coord_adapters::lock::{
+    async_trait, validate_lock_input, Lock, LockError, LockHandle, LostReason, Permit, Semaphore,
+    WaitOptions,
+};
+use coord_adapters::mint_token;
+use coord_backend::{Backend, Clock, InvalidInput, ManualClock};
+use coord_conformance::fair_lock::{self as fair_suite, queue_probe, FairEnv};
+use coord_conformance::lock::lock_factory;
+use coord_conformance::semaphore::{self as sem_suite, semaphore_factory, SemEnv};
+use coord_conformance::{factory, BackendFactory, CheckResult};
+use coord_memory::SingleProcessMemoryBackend;
+
+fn memory() -> BackendFactory {
+    factory(|namespace| async move {
+        Ok(Arc::new(SingleProcessMemoryBackend::shared(&namespace)?) as Arc<dyn Backend>)
+    })
+}
+
+/// `FairLock` on the memory store, time moved by a `ManualClock`.
+mod fair_lock_on_memory {
+    coord_conformance::fair_lock_tests!(super::memory());
+}
+
+/// `GenericSemaphore` on the memory store.
+mod semaphore_on_memory {
+    coord_conformance::semaphore_tests!(super::memory());
+}
+
+async fn must_fail(check: impl Future<Output = CheckResult>, what: &str) {
+    match check.await {
+        Err(failure) => eprintln!("{what}: red as expected: {failure}"),
+        Ok(()) => panic!("{what}: the check passed against a deliberately broken double"),
+    }
+}
+
+fn lost(key: &str, reason: LostReason) -> LockError {
+    LockError::Lost {
+        key: key.to_owned(),
+        reason,
+    }
+}
+
+fn handle(key: &str, token: &str, fence: u64, ttl: Duration, expires_ms: u64) -> LockHandle {
+    LockHandle::new(
+        key,
+        token,
+        fence,
+        ttl,
+        UNIX_EPOCH + Duration::from_millis(expires_ms),
+    )
+}
+
+// ---------------------------------------------------------------------------
+// A fair lock double
+
+#[derive(Clone, Copy, Debug, Default)]
+struct FairBugs {
+    /// The newest live ticket gets the lock, not the oldest.
+    lifo: bool,
+    /// Tickets never expire (a dead waiter blocks the queue for ever).
+    tickets_never_expire: bool,
+    /// A waiter that times out leaves its ticket in the queue.
+    keeps_ticket_on_timeout: bool,
+    /// `try_lock` ignores the queue.
+    try_lock_jumps_queue: bool,
+    /// Grants reuse the last fence.
+    fence_not_bumped: bool,
+}
+
+#[derive(Default)]
+struct FairSlot {
+    fence: u64,
+    next: u64,
+    holder: Option<(String, u64)>,
+    /// (seq, expires_ms)
+    queue: Vec<(u64, u64)>,
+}
+
+#[derive(Debug)]
+struct BuggyFairLock {
+    slots: Arc<Mutex<HashMap<String, FairSlot>>>,
+    clock: Arc<ManualClock>,
+    bugs: FairBugs,
+}
+
+impl std::fmt::Debug for FairSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FairSlot").finish_non_exhaustive()
+    }
+}
+
+impl BuggyFairLock {
+    fn env(bugs: FairBugs) -> FairEnv {
+        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+        let lock = Arc::new(BuggyFairLock {
+            slots: Arc::default(),
+            clock: clock.clone(),
+            bugs,
+        });
+        let probe = lock.clone();
+        FairEnv::new(
+            lock_factory(move || {
+                let lock = lock.clone() as Arc<dyn Lock>;
+                async move { Ok(lock) }
+            }),
+            queue_probe(move |key| {
+                let probe = probe.clone();
+                async move {
+                    let slots = probe.slots.lock().unwrap();
+                    Ok(slots.get(&key).map_or(0, |s| s.queue.len()))
+                }
+            }),
+            clock,
+        )
+    }
+
+    fn grant(&self, slot: &mut FairSlot, key: &str, ttl: Duration, now: u64) -> LockHandle {
+        if !self.bugs.fence_not_bumped || slot.fence == 0 {
+            slot.fence += 1;
+        }
+        let token = mint_token();
+        let expires = now + ttl.as_millis() as u64;
+        slot.holder = Some((token.clone(), expires));
+        handle(key, &token, slot.fence, ttl, expires)
+    }
+
+    fn live(&self, expires: u64, now: u64) -> bool {
+        self.bugs.tickets_never_expire || expires > now
+    }
+}
+
+#[async_trait]
+impl Lock for BuggyFairLock {
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
+        validate_lock_input(key, ttl)?;
+        let now = self.clock.now_millis();
+        let mut slots = self.slots.lock().unwrap();
+        let slot = slots.entry(key.to_owned()).or_default();
+        if slot.holder.as_ref().is_some_and(|(_, e)| *e > now) {
+            return Ok(None);
+        }
+        let waiting = slot.queue.iter().any(|&(_, e)| self.live(e, now));
+        if waiting && !self.bugs.try_lock_jumps_queue {
+            return Ok(None);
+        }
+        Ok(Some(self.grant(slot, key, ttl, now)))
+    }
+
+    async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
+        let now = self.clock.now_millis();
+        let mut slots = self.slots.lock().unwrap();
+        let slot = slots.entry(handle.key().to_owned()).or_default();
+        match &mut slot.holder {
+            Some((token, expires)) if token == handle.token() && *expires > now => {
+                *expires = now + handle.ttl().as_millis() as u64;
+                Ok(())
+            }
+            _ => Err(lost(handle.key(), LostReason::NotHeld)),
+        }
+    }
+
+    async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
+        let now = self.clock.now_millis();
+        let mut slots = self.slots.lock().unwrap();
+        let slot = slots.entry(handle.key().to_owned()).or_default();
+        match &slot.holder {
+            Some((token, expires)) if token == handle.token() && *expires > now => {
+                slot.holder = None;
+                Ok(())
+            }
+            _ => Err(lost(handle.key(), LostReason::NotHeld)),
+        }
+    }
+
+    async fn wait_lock(
+        &self,
+        key: &str,
+        ttl: Duration,
+        wait: &WaitOptions,
+    ) -> Result<LockHandle, LockError> {
+        validate_lock_input(key, ttl)?;
+        let deadline = tokio::time::Instant::now() + wait.timeout;
+        let seq = {
+            let now = self.clock.now_millis();
+            let mut slots = self.slots.lock().unwrap();
+            let slot = slots.entry(key.to_owned()).or_default();
+            slot.next += 1;
+            let seq = slot.next;
+            slot.queue.push((seq, now + ttl.as_millis() as u64));
+            seq
+        };
+        loop {
+            {
+                let now = self.clock.now_millis();
+                let mut slots = self.slots.lock().unwrap();
+                let slot = slots.entry(key.to_owned()).or_default();
+                let held = slot.holder.as_ref().is_some_and(|(_, e)| *e > now);
+                if !held {
+                    let live: Vec<u64> = slot
+                        .queue
+                        .iter()
+                        .filter(|&&(_, e)| self.live(e, now))
+                        .map(|&(s, _)| s)
+                        .collect();
+                    let next = if self.bugs.lifo {
+                        live.last()
+                    } else {
+                        live.first()
+                    };
+                    if next == Some(&seq) {
+                        slot.queue.retain(|&(s, e)| s != seq && self.live(e, now));
+                        return Ok(self.grant(slot, key, ttl, now));
+                    }
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    if !self.bugs.keeps_ticket_on_timeout {
+                        slot.queue.retain(|&(s, _)| s != seq);
+                    }
+                    return Err(LockError::Timeout {
+                        key: key.to_owned(),
+                        waited: wait.timeout,
+                    });
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A semaphore double
+
+#[derive(Clone, Copy, Debug, Default)]
+struct SemBugs {
+    /// Grants one permit more than asked for.
+    off_by_one: bool,
+    /// Expired permits still count as held (they never come back).
+    expired_still_counted: bool,
+    /// Permits reuse the last fence.
+    fence_not_bumped: bool,
+}
+
+#[derive(Default)]
+struct SemSlot {
+    fence: u64,
+    permits: u32,
+    /// (token, expires_ms)
+    holders: Vec<(String, u64)>,
+}
+
+struct BuggySemaphore {
+    slots: Mutex<HashMap<String, SemSlot>>,
+    clock: Arc<ManualClock>,
+    bugs: SemBugs,
+}
+
+impl std::fmt::Debug for BuggySemaphore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BuggySemaphore").finish_non_exhaustive()
+    }
+}
+
+impl BuggySemaphore {
+    fn env(bugs: SemBugs) -> SemEnv {
+        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+        let sem: Arc<dyn Semaphore> = Arc::new(BuggySemaphore {
+            slots: Mutex::default(),
+            clock: clock.clone(),
+            bugs,
+        });
+        SemEnv::new(
+            semaphore_factory(move || {
+                let sem = sem.clone();
+                async move { Ok(sem) }
+            }),
+            clock,
+        )
+    }
+
+    fn counts(&self, expires: u64, now: u64) -> bool {
+        self.bugs.expired_still_counted || expires > now
+    }
+}
+
+#[async_trait]
+impl Semaphore for BuggySemaphore {
+    async fn try_acquire(
+        &self,
+        key: &str,
+        permits: u32,
+        ttl: Duration,
+    ) -> Result<Option<Permit>, LockError> {
+        validate_lock_input(key, ttl)?;
+        if permits == 0 {
+            return Err(LockError::Invalid(InvalidInput::Argument(
+                "0 permits".into(),
+            )));
+        }
+        let now = self.clock.now_millis();
+        let mut slots = self.slots.lock().unwrap();
+        let slot = slots.entry(key.to_owned()).or_default();
+        slot.holders.retain(|&(_, e)| self.counts(e, now));
+        if !slot.holders.is_empty() && slot.permits != permits {
+            return Err(LockError::Invalid(InvalidInput::Argument(
+                "other permits".into(),
+            )));
+        }
+        let limit = permits as usize + usize::from(self.bugs.off_by_one);
+        if slot.holders.len() >= limit {
+            return Ok(None);
+        }
+        if !self.bugs.fence_not_bumped || slot.fence == 0 {
+            slot.fence += 1;
+        }
+        slot.permits = permits;
+        let token = mint_token();
+        let expires = now + ttl.as_millis() as u64;
+        slot.holders.push((token.clone(), expires));
+        Ok(Some(handle(key, &token, slot.fence, ttl, expires)))
+    }
+
+    async fn renew(&self, permit: &Permit) -> Result<(), LockError> {
+        let now = self.clock.now_millis();
+        let mut slots = self.slots.lock().unwrap();
+        let slot = slots.entry(permit.key().to_owned()).or_default();
+        match slot
+            .holders
+            .iter_mut()
+            .find(|(t, e)| t == permit.token() && *e > now)
+        {
+            Some((_, expires)) => {
+                *expires = now + permit.ttl().as_millis() as u64;
+                Ok(())
+            }
+            None => Err(lost(permit.key(), LostReason::NotHeld)),
+        }
+    }
+
+    async fn release(&self, permit: Permit) -> Result<(), LockError> {
+        let now = self.clock.now_millis();
+        let mut slots = self.slots.lock().unwrap();
+        let slot = slots.entry(permit.key().to_owned()).or_default();
+        let before = slot.holders.len();
+        slot.holders
+            .retain(|(t, e)| !(t == permit.token() && *e > now));
+        if slot.holders.len() == before {
+            return Err(lost(permit.key(), LostReason::NotHeld));
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The doubles without bugs pass: the reds below come from the bugs.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bug_free_doubles_pass_every_check() {
+    type FairCheck = fn(FairEnv) -> coord_conformance::BoxFuture<'static, CheckResult>;
+    let fair: [(&str, FairCheck); 7] = [
+        ("fair_mutual_exclusion", |e| {
+            Box::pin(fair_suite::fair_mutual_exclusion(e))
+        }),
+        ("fifo_order", |e| Box::pin(fair_suite::fifo_order(e))),
+        ("try_lock_never_jumps_the_queue", |e| {
+            Box::pin(fair_suite::try_lock_never_jumps_the_queue(e))
+        }),
+        ("timed_out_waiter_leaves_no_hole", |e| {
+            Box::pin(fair_suite::timed_out_waiter_leaves_no_hole(e))
+        }),
+        ("dead_holder_and_ticket_expire", |e| {
+            Box::pin(fair_suite::dead_holder_and_ticket_expire(e))
+        }),
+        ("fair_fences_increase", |e| {
+            Box::pin(fair_suite::fair_fences_increase(e))
+        }),
+        ("fair_bad_input", |e| {
+            Box::pin(fair_suite::fair_bad_input(e))
+        }),
+    ];
+    assert_eq!(
+        fair.len(),
+        fair_suite::cases().len(),
+        "list every fair_lock check"
+    );
+    for (name, check) in fair {
+        if let Err(failure) = check(BuggyFairLock::env(FairBugs::default())).await {
+            panic!("bug-free BuggyFairLock: fair_lock::{name} failed: {failure}");
+        }
+    }
+    type SemCheck = fn(SemEnv) -> coord_conformance::BoxFuture<'static, CheckResult>;
+    let sem: [(&str, SemCheck); 7] = [
+        ("permit_race", |e| Box::pin(sem_suite::permit_race(e))),
+        ("never_more_than_n", |e| {
+            Box::pin(sem_suite::never_more_than_n(e))
+        }),
+        ("permits_come_back_after_ttl", |e| {
+            Box::pin(sem_suite::permits_come_back_after_ttl(e))
+        }),
+        ("permit_fences_increase", |e| {
+            Box::pin(sem_suite::permit_fences_increase(e))
+        }),
+        ("release_frees_one", |e| {
+            Box::pin(sem_suite::release_frees_one(e))
+        }),
+        ("waiting_acquire", |e| {
+            Box::pin(sem_suite::waiting_acquire(e))
+        }),
+        ("semaphore_bad_input", |e| {
+            Box::pin(sem_suite::semaphore_bad_input(e))
+        }),
+    ];
+    assert_eq!(
+        sem.len(),
+        sem_suite::cases().len(),
+        "list every semaphore check"
+    );
+    for (name, check) in sem {
+        if let Err(failure) = check(BuggySemaphore::env(SemBugs::default())).await {
+            panic!("bug-free BuggySemaphore: semaphore::{name} failed: {failure}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The fair lock suite goes red on a broken fair lock.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fair_lock_suite_red_when_the_newest_ticket_wins() {
+    let bugs = FairBugs {
+        lifo: true,
+        ..FairBugs::default()
+    };
+    must_fail(
+        fair_suite::fifo_order(BuggyFairLock::env(bugs)),
+        "fifo_order",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fair_lock_suite_red_when_tickets_never_expire() {
+    let bugs = FairBugs {
+        tickets_never_expire: true,
+        ..FairBugs::default()
+    };
+    must_fail(
+        fair_suite::dead_holder_and_ticket_expire(BuggyFairLock::env(bugs)),
+        "dead_holder_and_ticket_expire",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fair_lock_suite_red_when_a_timed_out_waiter_keeps_its_ticket() {
+    let bugs = FairBugs {
+        keeps_ticket_on_timeout: true,
+        ..FairBugs::default()
+    };
+    must_fail(
+        fair_suite::timed_out_waiter_leaves_no_hole(BuggyFairLock::env(bugs)),
+        "timed_out_waiter_leaves_no_hole",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fair_lock_suite_red_when_try_lock_jumps_the_queue() {
+    let bugs = FairBugs {
+        try_lock_jumps_queue: true,
+        ..FairBugs::default()
+    };
+    must_fail(
+        fair_suite::try_lock_never_jumps_the_queue(BuggyFairLock::env(bugs)),
+        "try_lock_never_jumps_the_queue",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fair_lock_suite_red_when_the_fence_is_not_bumped() {
+    let bugs = FairBugs {
+        fence_not_bumped: true,
+        ..FairBugs::default()
+    };
+    must_fail(
+        fair_suite::fair_fences_increase(BuggyFairLock::env(bugs)),
+        "fair_fences_increase",
+    )
+    .await;
+    must_fail(
+        fair_suite::fair_mutual_exclusion(BuggyFairLock::env(bugs)),
+        "fair_mutual_exclusion",
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// The semaphore suite goes red on a broken semaphore.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn semaphore_suite_red_when_it_grants_one_too_many() {
+    let bugs = SemBugs {
+        off_by_one: true,
+        ..SemBugs::default()
+    };
+    must_fail(
+        sem_suite::permit_race(BuggySemaphore::env(bugs)),
+        "permit_race",
+    )
+    .await;
+    must_fail(
+        sem_suite::release_frees_one(BuggySemaphore::env(bugs)),
+        "release_frees_one",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn semaphore_suite_red_when_expired_permits_still_count() {
+    let bugs = SemBugs {
+        expired_still_counted: true,
+        ..SemBugs::default()
+    };
+    must_fail(
+        sem_suite::permits_come_back_after_ttl(BuggySemaphore::env(bugs)),
+        "permits_come_back_after_ttl",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn semaphore_suite_red_when_the_fence_is_not_bumped() {
+    let bugs = SemBugs {
+        fence_not_bumped: true,
+        ..SemBugs::default()
+    };
+    must_fail(
+        sem_suite::permit_fences_increase(BuggySemaphore::env(bugs)),
+        "permit_fences_increase",
+    )
+    .await;
+    must_fail(
+        sem_suite::permit_race(BuggySemaphore::env(bugs)),
+        "permit_race",
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// A fair lock's enqueue whose answer is lost and whose txn lands later.
+
+/// The enqueue txn of a waiter commits late (after `after_calls` further
+/// calls): the waiter answers Timeout or Indeterminate, never a grant it
+/// does not hold; at most one ticket of it is ever in line; and once the
+/// leases run out, nothing it left behind blocks the next caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_lock_enqueue_committed_late_leaves_no_lasting_hole() {
+    use coord_adapters::lock::{FairLock, FairLockOptions, LockExt};
+    use coord_conformance::faults::{Fault, FaultyBackend, Target};
+    for after_calls in 0u32..3 {
+        let store: Arc<dyn Backend> = Arc::new(
+            SingleProcessMemoryBackend::new(&format!("late-enqueue-{after_calls}")).unwrap(),
+        );
+        let faulty = Arc::new(FaultyBackend::new(store.clone(), u64::from(after_calls)));
+        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+        let options = || FairLockOptions::default().with_clock(clock.clone());
+        let holder = FairLock::with_options(store.clone(), options());
+        let waiter = FairLock::with_options(faulty.clone(), options());
+        let ttl = Duration::from_secs(10);
+        let held = holder.try_lock("k", ttl).await.unwrap().unwrap();
+        faulty.once(Target::WritingTxn, Fault::LateCommit { after_calls });
+        let answer = waiter
+            .lock_with(
+                "k",
+                ttl,
+                &WaitOptions::with_timeout(Duration::from_millis(100)),
+            )
+            .await;
+        faulty.flush().await;
+        match &answer {
+            Err(LockError::Timeout { .. }) => {}
+            Err(LockError::Store(e)) if e.is_indeterminate() => {}
+            other => panic!(
+                "late enqueue ({after_calls}): expected Timeout or Indeterminate, got {other:?}"
+            ),
+        }
+        let status = holder.status("k").await.unwrap().unwrap();
+        assert!(
+            status.waiting.len() <= 1,
+            "late enqueue ({after_calls}): {status:?}"
+        );
+        assert!(
+            status.live,
+            "the holder lost the lock to a waiter: {status:?}"
+        );
+        // Whatever the waiter left behind is dead once its lease ran out.
+        clock.advance(ttl + Duration::from_millis(1));
+        let _ = holder.release(held).await;
+        let next = FairLock::with_options(store.clone(), options());
+        let got = next.try_lock("k", ttl).await.unwrap();
+        assert!(
+            got.is_some(),
+            "late enqueue ({after_calls}): a dead ticket still blocks the lock"
+        );
+        assert_eq!(
+            store.keys("fairlock/k/q/").await.unwrap(),
+            Vec::<String>::new(),
+            "late enqueue ({after_calls}): a ticket stayed behind"
+        );
+    }
+}

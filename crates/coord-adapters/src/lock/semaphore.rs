@@ -1,0 +1,496 @@
+//! [`Semaphore`]: up to N holders per key at once, each with its own
+//! fencing token and lease; [`GenericSemaphore`] decides it over the three
+//! primitives of any backend.
+//!
+//! # Contract
+//!
+//! - [`Semaphore::try_acquire`] grants a permit when fewer than `permits`
+//!   unexpired permits are held for the key: `Ok(Some(permit))`; otherwise
+//!   `Ok(None)` (contention is not a failure).
+//! - Every permit carries a fence: per key, strictly increasing across all
+//!   permits of the semaphore, allocated in the grant's txn and never reset.
+//! - A permit expires after its TTL unless renewed: a dead holder's permit
+//!   comes back by itself. [`Semaphore::renew`] and [`Semaphore::release`]
+//!   act only for the permit's own holder while its lease is live; a stale
+//!   permit gets [`LockError::Lost`] and nothing changes.
+//! - Every caller of one key must pass the same `permits`: a different
+//!   number while permits are held is [`LockError::Invalid`].
+//!
+//! Waiting ([`Semaphore::acquire`]) is **not fair**: it watches the key
+//! (change notifications when the store has them), tries, then sleeps until
+//! a change or the backoff (the fallback poll). A FIFO semaphore would need
+//! the ticket queue of [`super::FairLock`]; it is not built.
+//!
+//! # Record
+//!
+//! `<prefix><key>` (prefix `sem/` by default) holds the fence counter, the
+//! number of permits and the permits currently granted (at most `permits`
+//! of them: expired ones are dropped by every write), so storage is bounded.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use coord_backend::{Backend, Clock, Error, InvalidInput, Mutation, SystemClock};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::{validate_lock_input, LockError, LockHandle, LostReason, WaitOptions};
+use crate::cas::{CasEngine, CasOptions, CasStats, Decision, View};
+use crate::wake::Wake;
+use crate::{mint_token, telemetry};
+
+/// A permit of a [`Semaphore`]: the same shape as a lock's handle (key,
+/// secret token, fence, TTL, expiry). Treat it as opaque.
+pub type Permit = LockHandle;
+
+/// A counting semaphore with fencing tokens (see the [module docs](self)).
+/// Object safe.
+#[async_trait]
+pub trait Semaphore: Send + Sync + std::fmt::Debug {
+    /// Take one of `permits` permits of `key` for `ttl` if one is free.
+    ///
+    /// Bad input ([`LockError::Invalid`]): empty key, TTL under 1 ms,
+    /// `permits` of 0, or another `permits` than the live holders used.
+    async fn try_acquire(
+        &self,
+        key: &str,
+        permits: u32,
+        ttl: Duration,
+    ) -> Result<Option<Permit>, LockError>;
+
+    /// Extend the permit's lease by its TTL from now, if it is still held.
+    async fn renew(&self, permit: &Permit) -> Result<(), LockError>;
+
+    /// Give the permit back. A stale permit gets [`LockError::Lost`].
+    async fn release(&self, permit: Permit) -> Result<(), LockError>;
+
+    /// A watch on the key's record (default: none, waiters poll).
+    async fn watch_key(&self, key: &str) -> Wake {
+        let _ = key;
+        Wake::polling()
+    }
+
+    /// Wait for a permit until `wait.timeout` ([`LockError::Timeout`]):
+    /// watch, try, then sleep until a change or the backoff. Not fair.
+    async fn acquire(
+        &self,
+        key: &str,
+        permits: u32,
+        ttl: Duration,
+        wait: &WaitOptions,
+    ) -> Result<Permit, LockError> {
+        validate_lock_input(key, ttl)?;
+        let started = Instant::now();
+        let deadline = wait.deadline_from(started);
+        let mut wake = self.watch_key(key).await;
+        let mut refusals = 0u32;
+        loop {
+            if let Some(permit) = self.try_acquire(key, permits, ttl).await? {
+                return Ok(permit);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(LockError::Timeout {
+                    key: key.to_owned(),
+                    waited: now - started,
+                });
+            }
+            refusals += 1;
+            wake.until((now + wait.pause(refusals)).min(deadline)).await;
+        }
+    }
+}
+
+/// Options of a [`GenericSemaphore`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct SemaphoreOptions {
+    /// Where expiry is read from.
+    pub clock: Arc<dyn Clock>,
+    /// Prefix of the records in the backend's namespace (default `sem/`).
+    pub key_prefix: String,
+    /// Tuning of the CAS loop.
+    pub cas: CasOptions,
+}
+
+impl Default for SemaphoreOptions {
+    fn default() -> Self {
+        SemaphoreOptions {
+            clock: Arc::new(SystemClock),
+            key_prefix: "sem/".to_owned(),
+            cas: CasOptions::default(),
+        }
+    }
+}
+
+impl SemaphoreOptions {
+    /// Judge expiry with `clock` (tests inject a `ManualClock`).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Keep the records under another prefix.
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Tune the CAS loop.
+    pub fn with_cas(mut self, cas: CasOptions) -> Self {
+        self.cas = cas;
+        self
+    }
+}
+
+/// A [`Semaphore`] over any [`Backend`]: one record per key, decided
+/// through the [`CasEngine`]. Uncontended acquire, renew and release cost
+/// one txn each once the engine has seen the key.
+#[derive(Clone, Debug)]
+pub struct GenericSemaphore {
+    engine: CasEngine,
+    clock: Arc<dyn Clock>,
+    prefix: String,
+}
+
+#[derive(Serialize, Deserialize, Default)]
+struct SemRecord {
+    fence: u64,
+    permits: u32,
+    holders: Vec<SemHolder>,
+    nonce: String,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+struct SemHolder {
+    token: String,
+    fence: u64,
+    expires_ms: u64,
+}
+
+/// What the store holds for one semaphore key (see
+/// [`GenericSemaphore::status`]). Never carries a token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SemaphoreStatus {
+    /// The key.
+    pub key: String,
+    /// The fence of the latest permit.
+    pub fence: u64,
+    /// How many permits the holders asked for.
+    pub permits: u32,
+    /// The permits recorded (expired ones stay until the next write).
+    pub holders: Vec<PermitStatus>,
+}
+
+/// One permit in a [`SemaphoreStatus`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PermitStatus {
+    /// The permit's fence.
+    pub fence: u64,
+    /// When its lease ends.
+    pub expires_at: SystemTime,
+    /// Whether its lease is unexpired now.
+    pub live: bool,
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn encode(record: &SemRecord) -> Vec<u8> {
+    serde_json::to_vec(record).expect("a semaphore record always serializes")
+}
+
+impl GenericSemaphore {
+    /// A semaphore over `backend` with default options (system clock, prefix `sem/`).
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        Self::with_options(backend, SemaphoreOptions::default())
+    }
+
+    /// A semaphore over `backend` with `options`.
+    pub fn with_options(backend: Arc<dyn Backend>, options: SemaphoreOptions) -> Self {
+        GenericSemaphore {
+            engine: CasEngine::with_options(backend, options.cas),
+            clock: options.clock,
+            prefix: options.key_prefix,
+        }
+    }
+
+    /// Store calls made so far.
+    pub fn stats(&self) -> CasStats {
+        self.engine.stats()
+    }
+
+    /// The prefix of this semaphore's records (`sem/` by default).
+    pub fn key_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn record_key(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    fn decode(view: &View, key: &str) -> Result<SemRecord, Error> {
+        match view.value(key) {
+            None => Ok(SemRecord::default()),
+            Some(bytes) => serde_json::from_slice(bytes)
+                .map_err(|e| Error::malformed(key, format!("not a semaphore record: {e}"))),
+        }
+    }
+
+    /// Why `permit` is not held in `record` (None = held, lease live).
+    fn why_not_held(permit: &Permit, record: &SemRecord, now: u64) -> Option<LostReason> {
+        match record.holders.iter().find(|h| h.token == permit.token()) {
+            Some(h) if h.expires_ms > now => None,
+            Some(_) => Some(LostReason::Expired),
+            None => Some(LostReason::NotHeld),
+        }
+    }
+
+    fn lost(permit: &Permit, reason: LostReason) -> LockError {
+        LockError::Lost {
+            key: permit.key().to_owned(),
+            reason,
+        }
+    }
+
+    /// What the store holds for `key` (one read, for inspection only).
+    /// `Ok(None)`: never used.
+    pub async fn status(&self, key: &str) -> Result<Option<SemaphoreStatus>, LockError> {
+        validate_lock_input(key, Duration::from_millis(1))?;
+        let record_key = self.record_key(key);
+        let entries = self
+            .engine
+            .snapshot(std::slice::from_ref(&record_key))
+            .await?;
+        let Some(bytes) = entries.first().and_then(|e| e.value.as_deref()) else {
+            return Ok(None);
+        };
+        let record: SemRecord = serde_json::from_slice(bytes)
+            .map_err(|e| Error::malformed(&record_key, format!("not a semaphore record: {e}")))?;
+        let now = self.clock.now_millis();
+        Ok(Some(SemaphoreStatus {
+            key: key.to_owned(),
+            fence: record.fence,
+            permits: record.permits,
+            holders: record
+                .holders
+                .iter()
+                .map(|h| PermitStatus {
+                    fence: h.fence,
+                    expires_at: UNIX_EPOCH + Duration::from_millis(h.expires_ms),
+                    live: h.expires_ms > now,
+                })
+                .collect(),
+        }))
+    }
+}
+
+#[async_trait]
+impl Semaphore for GenericSemaphore {
+    #[tracing::instrument(name = "semaphore.try_acquire", skip_all, fields(
+        key = %key, store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+    ))]
+    async fn try_acquire(
+        &self,
+        key: &str,
+        permits: u32,
+        ttl: Duration,
+    ) -> Result<Option<Permit>, LockError> {
+        validate_lock_input(key, ttl)?;
+        if permits == 0 {
+            return Err(LockError::Invalid(InvalidInput::Argument(
+                "a semaphore needs at least 1 permit".into(),
+            )));
+        }
+        let record_key = self.record_key(key);
+        let sent = Instant::now();
+        let now = self.clock.now_millis();
+        let expires_ms = now.saturating_add(millis(ttl));
+        let token = mint_token();
+        let keys = [record_key.clone()];
+        let answer = self
+            .engine
+            .decide::<Result<Option<Permit>, LockError>, LockError, _>(&keys, |view| {
+                let record = match Self::decode(view, &record_key) {
+                    Ok(record) => record,
+                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
+                };
+                let mut live: Vec<SemHolder> = record
+                    .holders
+                    .iter()
+                    .filter(|h| h.expires_ms > now)
+                    .cloned()
+                    .collect();
+                if !live.is_empty() && record.permits != permits {
+                    return Ok(Decision::Return(Err(LockError::Invalid(
+                        InvalidInput::Argument(format!(
+                            "semaphore {key:?} is held with {} permits, not {permits}",
+                            record.permits
+                        )),
+                    ))));
+                }
+                if live.len() >= permits as usize {
+                    return Ok(Decision::Return(Ok(None)));
+                }
+                let fence = record.fence + 1;
+                live.push(SemHolder {
+                    token: token.clone(),
+                    fence,
+                    expires_ms,
+                });
+                let granted = SemRecord {
+                    fence,
+                    permits,
+                    holders: live,
+                    nonce: mint_token(),
+                };
+                Ok(Decision::Commit {
+                    mutations: vec![Mutation::put(record_key.clone(), encode(&granted))],
+                    then: Ok(Some(
+                        Permit::new(
+                            key,
+                            token.clone(),
+                            fence,
+                            ttl,
+                            UNIX_EPOCH + Duration::from_millis(expires_ms),
+                        )
+                        .requested_at(sent),
+                    )),
+                })
+            })
+            .await?;
+        if let Ok(Some(permit)) = &answer {
+            tracing::Span::current().record("fence", permit.fence());
+        }
+        answer
+    }
+
+    #[tracing::instrument(name = "semaphore.renew", skip_all, fields(
+        key = %permit.key(), store = self.engine.backend().store_name(), fence = permit.fence(),
+    ))]
+    async fn renew(&self, permit: &Permit) -> Result<(), LockError> {
+        validate_lock_input(permit.key(), permit.ttl())?;
+        let record_key = self.record_key(permit.key());
+        let now = self.clock.now_millis();
+        let keys = [record_key.clone()];
+        let renewed = self
+            .engine
+            .decide::<Result<(), LockError>, LockError, _>(&keys, |view| {
+                let record = match Self::decode(view, &record_key) {
+                    Ok(record) => record,
+                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
+                };
+                if let Some(reason) = Self::why_not_held(permit, &record, now) {
+                    return Ok(Decision::Return(Err(Self::lost(permit, reason))));
+                }
+                let holders = record
+                    .holders
+                    .iter()
+                    .filter(|h| h.expires_ms > now)
+                    .map(|h| {
+                        let mut h = h.clone();
+                        if h.token == permit.token() {
+                            h.expires_ms =
+                                now.saturating_add(millis(permit.ttl())).max(h.expires_ms);
+                        }
+                        h
+                    })
+                    .collect();
+                let renewed = SemRecord {
+                    holders,
+                    nonce: mint_token(),
+                    ..record
+                };
+                Ok(Decision::Commit {
+                    mutations: vec![Mutation::put(record_key.clone(), encode(&renewed))],
+                    then: Ok(()),
+                })
+            })
+            .await?;
+        if let Err(error) = &renewed {
+            telemetry::lock_lost_if(error);
+        }
+        renewed
+    }
+
+    #[tracing::instrument(name = "semaphore.release", skip_all, fields(
+        key = %permit.key(), store = self.engine.backend().store_name(), fence = permit.fence(),
+    ))]
+    async fn release(&self, permit: Permit) -> Result<(), LockError> {
+        validate_lock_input(permit.key(), permit.ttl())?;
+        let record_key = self.record_key(permit.key());
+        let now = self.clock.now_millis();
+        let keys = [record_key.clone()];
+        self.engine
+            .decide::<Result<(), LockError>, LockError, _>(&keys, |view| {
+                let record = match Self::decode(view, &record_key) {
+                    Ok(record) => record,
+                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
+                };
+                if let Some(reason) = Self::why_not_held(&permit, &record, now) {
+                    return Ok(Decision::Return(Err(Self::lost(&permit, reason))));
+                }
+                // The record stays, to keep the fence.
+                let released = SemRecord {
+                    holders: record
+                        .holders
+                        .iter()
+                        .filter(|h| h.expires_ms > now && h.token != permit.token())
+                        .cloned()
+                        .collect(),
+                    nonce: mint_token(),
+                    ..record
+                };
+                Ok(Decision::Commit {
+                    mutations: vec![Mutation::put(record_key.clone(), encode(&released))],
+                    then: Ok(()),
+                })
+            })
+            .await?
+    }
+
+    async fn watch_key(&self, key: &str) -> Wake {
+        Wake::watch(self.engine.backend().as_ref(), &self.record_key(key)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use coord_backend::ManualClock;
+    use coord_memory::SingleProcessMemoryBackend;
+
+    #[tokio::test]
+    async fn permits_count_expire_and_keep_increasing_fences() {
+        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("sm").unwrap());
+        let clock = Arc::new(ManualClock::at_millis(1_000));
+        let sem = GenericSemaphore::with_options(
+            backend,
+            SemaphoreOptions::default().with_clock(clock.clone()),
+        );
+        let ttl = Duration::from_millis(100);
+        let a = sem.try_acquire("s", 2, ttl).await.unwrap().unwrap();
+        let b = sem.try_acquire("s", 2, ttl).await.unwrap().unwrap();
+        assert!(sem.try_acquire("s", 2, ttl).await.unwrap().is_none());
+        assert!(matches!(
+            sem.try_acquire("s", 3, ttl).await,
+            Err(LockError::Invalid(_))
+        ));
+        sem.release(a).await.unwrap();
+        let c = sem.try_acquire("s", 2, ttl).await.unwrap().unwrap();
+        assert!(c.fence() > b.fence());
+        clock.advance(ttl);
+        assert!(sem.renew(&b).await.unwrap_err().is_lost());
+        let d = sem.try_acquire("s", 2, ttl).await.unwrap().unwrap();
+        let status = sem.status("s").await.unwrap().unwrap();
+        assert_eq!(
+            (status.fence, status.permits, status.holders.len()),
+            (4, 2, 1)
+        );
+        assert_eq!(status.holders[0].fence, d.fence());
+    }
+}
