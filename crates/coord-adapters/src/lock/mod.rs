@@ -68,10 +68,10 @@ use coord_backend::InvalidInput;
 
 use crate::wake::Wake;
 
-mod fair;
+pub mod fair;
 mod generic;
 mod guard;
-mod semaphore;
+pub mod semaphore;
 mod wait;
 
 pub use fair::{FairLock, FairLockOptions, FairLockStatus, TicketStatus};
