@@ -100,6 +100,21 @@ pub enum Decision<T> {
         /// The answer once the txn applied.
         then: T,
     },
+    /// [`Decision::Commit`] plus writes of keys outside the view, sent
+    /// without asserts. Only for writes that are right whatever the key
+    /// holds: the removal of an auxiliary record whose owner asserts it
+    /// before each of its own writes (so no late write brings it back), or
+    /// the creation of a key that is fresh by construction (named by a
+    /// number the same txn allocates from an asserted counter). The
+    /// decision still rests on the asserted keys of the view.
+    CommitWithUnasserted {
+        /// The writes of keys in the view, as for `Commit`.
+        mutations: Vec<Mutation>,
+        /// Writes of keys outside the view (keys in the view are ignored here).
+        unasserted: Vec<Mutation>,
+        /// The answer once the txn applied.
+        then: T,
+    },
     /// The decision needs more keys (e.g. task dependencies): add them and decide again.
     Expand(Vec<String>),
 }
@@ -257,7 +272,15 @@ impl CasEngine {
         let mut rejections = 0u32;
         let mut expansions = 0u32;
         loop {
-            match decide(&view)? {
+            let (decision, unasserted) = match decide(&view)? {
+                Decision::CommitWithUnasserted {
+                    mutations,
+                    unasserted,
+                    then,
+                } => (Decision::Commit { mutations, then }, unasserted),
+                other => (other, Vec::new()),
+            };
+            match decision {
                 Decision::Expand(more) => {
                     expansions += 1;
                     if expansions > self.options.max_attempts {
@@ -313,6 +336,10 @@ impl CasEngine {
                         )))
                         .into());
                     }
+                    let mutations: Vec<Mutation> = mutations
+                        .into_iter()
+                        .chain(unasserted.into_iter().filter(|m| !view.contains(m.key())))
+                        .collect();
                     match self.commit(&mut view, &mutations).await {
                         Ok(true) => return Ok(then),
                         Ok(false) => {
@@ -325,6 +352,9 @@ impl CasEngine {
                         }
                         Err(error) => return Err(error.into()),
                     }
+                }
+                Decision::CommitWithUnasserted { .. } => {
+                    unreachable!("turned into a Commit above")
                 }
             }
         }
@@ -465,6 +495,33 @@ impl CasEngine {
         Ok(())
     }
 
+    /// The options this engine decides with.
+    pub fn options(&self) -> &CasOptions {
+        &self.options
+    }
+
+    /// The same engine (backend, cache, counters) giving up after
+    /// `attempts` rejected txns, and pausing `backoff` (doubling, jittered)
+    /// from the second rejection on: for a fast path with a fallback of its
+    /// own, or for a decision that must not lose every race to writers with
+    /// fresher caches (zero backoff: each retry already carries the values
+    /// the rejection returned).
+    pub fn with_retries(&self, attempts: u32, backoff: Duration) -> CasEngine {
+        let mut engine = self.clone();
+        engine.options.max_attempts = attempts.max(1);
+        engine.options.base_backoff = backoff;
+        engine.options.max_backoff = engine.options.max_backoff.max(backoff);
+        engine
+    }
+
+    /// What the cache last saw of `key` (`None`: never seen, or forgotten).
+    /// A guess only (another client may have written since): fit for a
+    /// prediction that is checked later, never for a decision.
+    pub fn cached(&self, key: &str) -> Option<Entry> {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        cache.get(key, self.options.cache_capacity)
+    }
+
     fn fill_from_cache(&self, view: &mut View, keys: &[String]) {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         for key in keys {
@@ -483,17 +540,23 @@ impl CasEngine {
     }
 }
 
-/// Whether every put of `mutations` is in `current` byte-for-byte (and
-/// every deleted key is missing), with at least one put: the caller's own
-/// freshly minted bytes, which nobody else writes.
+/// Whether every asserted put of `mutations` is in `current`
+/// byte-for-byte (and every asserted deleted key is missing), with at least
+/// one such put: the caller's own freshly minted bytes, which nobody else
+/// writes. Writes outside the asserts have no entry in `current`; the
+/// asserted puts already tell whether the (atomic) txn applied.
 fn puts_landed(mutations: &[Mutation], current: &[Entry]) -> bool {
     let now: HashMap<&str, &Entry> = current.iter().map(|e| (e.key.as_str(), e)).collect();
-    mutations.iter().any(|m| matches!(m, Mutation::Put { .. }))
-        && mutations.iter().all(|m| match m {
-            Mutation::Put { key, value } => {
-                now.get(key.as_str()).and_then(|e| e.value.as_ref()) == Some(value)
-            }
-            Mutation::Delete { key } => now.get(key.as_str()).is_some_and(|e| !e.exists()),
+    let checked: Vec<(&Mutation, &Entry)> = mutations
+        .iter()
+        .filter_map(|m| now.get(m.key()).map(|e| (m, *e)))
+        .collect();
+    checked
+        .iter()
+        .any(|(m, _)| matches!(m, Mutation::Put { .. }))
+        && checked.iter().all(|(m, e)| match m {
+            Mutation::Put { value, .. } => e.value.as_ref() == Some(value),
+            Mutation::Delete { .. } => !e.exists(),
         })
 }
 
@@ -589,5 +652,63 @@ mod tests {
             .unwrap();
         assert_eq!(engine.stats().round_trips(), 2);
         assert_eq!(engine.stats().rejections, 0);
+    }
+
+    #[tokio::test]
+    async fn unasserted_writes_apply_with_the_decision_and_only_with_it() {
+        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("cas").unwrap());
+        backend
+            .put_if("aux", Version::MISSING, b"old".to_vec())
+            .await
+            .unwrap();
+        let engine = CasEngine::new(backend.clone());
+        // "aux" is never read: it is deleted whatever it holds, "fresh" created.
+        let step = |view: &View| -> Result<Decision<u64>, Error> {
+            let Decision::Commit { mutations, then } = counter_step(view)? else {
+                unreachable!()
+            };
+            Ok(Decision::CommitWithUnasserted {
+                mutations,
+                unasserted: vec![
+                    Mutation::delete("aux"),
+                    Mutation::put("fresh", b"1".to_vec()),
+                ],
+                then,
+            })
+        };
+        assert_eq!(
+            engine
+                .decide::<_, Error, _>(&["n".into()], step)
+                .await
+                .unwrap(),
+            1
+        );
+        assert!(backend.get("aux").await.unwrap().value.is_none());
+        assert_eq!(backend.get("fresh").await.unwrap().value.unwrap(), b"1");
+        // A decision that writes nothing asserted still refuses a stray write.
+        let stray = |_: &View| -> Result<Decision<()>, Error> {
+            Ok(Decision::CommitWithUnasserted {
+                mutations: vec![Mutation::put("elsewhere", b"x".to_vec())],
+                unasserted: Vec::new(),
+                then: (),
+            })
+        };
+        let refused = engine.decide::<_, Error, _>(&["n".into()], stray).await;
+        assert!(
+            matches!(refused, Err(Error::InvalidInput(_))),
+            "{refused:?}"
+        );
+    }
+
+    #[test]
+    fn a_lost_answer_is_settled_by_the_asserted_puts_alone() {
+        let put = Mutation::put("n", b"fresh-bytes".to_vec());
+        let unasserted = Mutation::delete("aux");
+        let current = [Entry::present("n", Version(3), b"fresh-bytes".to_vec())];
+        assert!(puts_landed(&[put.clone(), unasserted.clone()], &current));
+        let overwritten = [Entry::present("n", Version(4), b"other".to_vec())];
+        assert!(!puts_landed(&[put, unasserted.clone()], &overwritten));
+        // Nothing asserted was put: nothing tells whether it applied.
+        assert!(!puts_landed(&[unasserted], &current));
     }
 }

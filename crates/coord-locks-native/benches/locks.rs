@@ -16,13 +16,15 @@
 //! 3. a contention table: 32 tasks on one key for `COORD_CONTENTION_SECS`
 //!    (default 2) per subject, each waiting with `LockExt::lock_with`
 //!    (backoff 1 ms doubling to 16 ms); etcd's lock RPC waits on the server;
-//!    the fair lock (`FairLock`, FIFO tickets) waits in line. Hand-over
+//!    the fair lock (`FairLock`, FIFO tickets) waits in line with the
+//!    default `WaitOptions` (the release hands it over and wakes the next
+//!    waiter; the backoff only paces its fallback poll). Hand-over
 //!    latency: from the start of a holder's release to the moment the next
 //!    waiter holds the lock, p50 and p99.
 //!
 //! A store whose variable is unset prints SKIPPED. Environment:
 //! `COORD_BENCH_SECS` (criterion measurement time and the cycle table's time
-//! per subject, default 1).
+//! per subject, default 1); `COORD_CONTENTION_ONLY=1` runs part 3 alone.
 //!
 //! Subjects: memory and SQLite (generic only), Redis (generic, native
 //! `RedisLock`, raw `SET NX PX` + `EVALSHA` compare-and-delete), etcd
@@ -109,6 +111,10 @@ struct ContentionSubject {
     store: &'static str,
     name: &'static str,
     kind: ContentionKind,
+    /// Wait with the default `WaitOptions` (the fair lock: its waiters are
+    /// woken by hand-over, the backoff only paces the fallback poll) rather
+    /// than the short 1..16 ms backoff the retrying locks need.
+    default_wait: bool,
 }
 
 enum ContentionKind {
@@ -189,6 +195,7 @@ fn generic_contention(store: &'static str, backend: Arc<dyn Backend>) -> Content
         store,
         name: "generic GenericLock",
         kind: ContentionKind::Lock(make),
+        default_wait: false,
     }
 }
 
@@ -205,6 +212,7 @@ fn fair_contention(store: &'static str, backend: Arc<dyn Backend>) -> Contention
         store,
         name: "fair FairLock (FIFO tickets)",
         kind: ContentionKind::Lock(make),
+        default_wait: true,
     }
 }
 
@@ -221,6 +229,7 @@ fn native_contention(
             lock: Arc::new(Counting::new(lock.clone())),
             round_trips: None,
         })),
+        default_wait: false,
     }
 }
 
@@ -333,6 +342,7 @@ async fn etcd_subjects(setup: &mut Setup, endpoints: &str) {
         store: "etcd",
         name: "etcd Lock RPC + Unlock (lease)",
         kind: ContentionKind::EtcdRpc(Box::new(client)),
+        default_wait: false,
     });
 }
 
@@ -609,6 +619,7 @@ async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
     let handover = Arc::new(std::sync::Mutex::new(Handover::default()));
     match &subject.kind {
         ContentionKind::Lock(make) => {
+            let default_wait = subject.default_wait;
             for _ in 0..TASKS {
                 let client = make();
                 let key = key.clone();
@@ -621,8 +632,12 @@ async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
                         if now >= deadline {
                             break;
                         }
-                        let wait = WaitOptions::with_timeout(deadline - now)
-                            .with_backoff(Duration::from_millis(1), Duration::from_millis(16));
+                        let wait = if default_wait {
+                            WaitOptions::with_timeout(deadline - now)
+                        } else {
+                            WaitOptions::with_timeout(deadline - now)
+                                .with_backoff(Duration::from_millis(1), Duration::from_millis(16))
+                        };
                         match client.lock.lock_with(&key, TTL, &wait).await {
                             Ok(handle) => {
                                 Handover::acquired(&handover);
@@ -718,6 +733,14 @@ fn main() {
         }
     });
 
+    if std::env::var_os("COORD_CONTENTION_ONLY").is_none() {
+        uncontended(&rt, &setup, time);
+    }
+    contention_table(&rt, &setup, contention_time);
+}
+
+/// Parts 1 and 2: criterion, then the interleaved cycle table and its ratios.
+fn uncontended(rt: &tokio::runtime::Runtime, setup: &Setup, time: Duration) {
     let mut criterion = Criterion::default()
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(time)
@@ -728,7 +751,7 @@ fn main() {
         for subject in &setup.subjects {
             let cycle = subject.cycle.clone();
             group.bench_function(format!("{}/{}", subject.store, subject.name), |b| {
-                b.to_async(&rt).iter(|| cycle())
+                b.to_async(rt).iter(|| cycle())
             });
         }
         group.finish();
@@ -806,7 +829,10 @@ fn main() {
         rate("postgres", "raw pg_try"),
         "target <= 2.00x (>= 0.5x the raw rate)",
     );
+}
 
+/// Part 3: the contention table.
+fn contention_table(rt: &tokio::runtime::Runtime, setup: &Setup, contention_time: Duration) {
     let rows: Vec<ContentionRow> = rt.block_on(async {
         let mut rows = Vec::new();
         for subject in &setup.contention {

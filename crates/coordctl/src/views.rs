@@ -652,16 +652,23 @@ pub(crate) struct FairLocksView {
     pub(crate) locks: Vec<FairLockView>,
 }
 
-/// The fair locks of `page` (keys with a lock record `fairlock/<key>/m`).
+/// The fair locks of `page` (keys with a lock record `fairlock/<key>/m` or
+/// a line record `fairlock/<key>/n`).
 pub(crate) async fn fair_locks(stores: &Stores, page: &Page) -> Result<FairLocksView, Error> {
     let prefix = stores.fair_locks.key_prefix().to_owned();
     let (names, _, _) = list_names(&stores.backend, &prefix, None).await?;
-    // Ticket keys end in `/q/<20 digits>`, lock records in `/m`.
-    let keys: Vec<String> = names
+    // Ticket keys end in `/q/<20 digits>`, lock records in `/m`, lines in `/n`.
+    let mut keys: Vec<String> = names
         .into_iter()
-        .filter_map(|n| n.strip_suffix("/m").map(str::to_owned))
+        .filter_map(|n| {
+            n.strip_suffix("/m")
+                .or_else(|| n.strip_suffix("/n"))
+                .map(str::to_owned)
+        })
         .filter(|k| !k.is_empty())
         .collect();
+    keys.sort();
+    keys.dedup();
     let (keys, truncated, next_after) = paged(keys, page);
     let mut rows = Vec::with_capacity(keys.len());
     for key in keys {
