@@ -1,79 +1,161 @@
-//! Change notifications for SQLite: **local polling of one cheap query**.
+//! The one connection a backend writes through, and its change
+//! notifications: **exact keys for this backend's own commits, a
+//! "something changed" for everyone else's**.
 //!
-//! SQLite has no notification mechanism that reaches other processes, so a
-//! backend with live watches runs one background task that holds a dedicated
-//! connection (outside the pool) and asks `PRAGMA data_version` every
-//! [`POLL_INTERVAL`]. SQLite changes that number whenever *another*
-//! connection committed to the file since the previous ask, whichever
-//! process it belongs to, so this covers every writer on the same file on
-//! this host; the poller itself never writes. The pragma reads a counter in
-//! the WAL index (shared memory): no table is read.
+//! Every txn of a backend (and of its clones) runs on one dedicated writer
+//! connection, one at a time: SQLite lets one writer commit at a time
+//! anyway, and an in-process queue is fairer than SQLite's busy handler.
+//! That connection buys exact notifications:
 //!
-//! What it reports is "the file changed", not which keys: every watch of the
-//! backend wakes, whatever its prefix (also for other namespaces of the
-//! file), and re-reads. Nothing is lost while the poller runs; if the
-//! pragma fails for any reason but a busy file, the poller stops and its
-//! watches fail (`Unavailable`), so their waiters fall back to polling. The
-//! task and its connection end once the backend has no watch left.
+//! - **Own commits**: after an applied txn the backend publishes the keys it
+//!   wrote to its [`ChangeFeed`]; watches whose prefix they concern wake, no
+//!   other. No read is needed.
+//! - **Everyone else's** (other processes, other backends on the same file):
+//!   while watches are alive, a background task asks `PRAGMA data_version`
+//!   on the writer connection every [`POLL_INTERVAL`]. SQLite changes that
+//!   number when *another* connection committed to the file since the
+//!   previous ask, never for the connection's own commits, so a change is
+//!   surely foreign: every watch wakes ([`Changed::Anything`]; the pragma
+//!   does not say which keys). The pragma reads a counter in the WAL index
+//!   (shared memory): no table is read.
+//!
+//! When the writer connection is replaced (after a failed txn left it in an
+//! unknown state), or the pragma fails, every watch wakes once: what
+//! happened meanwhile is unknown. The task ends once no watch is left.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use coord_backend::{ChangeWatch, Error, Result};
+use coord_backend::{ChangeFeed, ChangeWatch, Changed, Error, Result};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use sqlx::{Connection, Row};
-use tokio::sync::{watch, Mutex};
+use tokio::sync::{Mutex, MutexGuard};
 
 /// How often the poller asks `PRAGMA data_version` while watches are alive.
 pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(5);
 
-/// The poller of one backend (shared by its clones): a generation counter
-/// bumped on every change seen, present while the poller runs.
-#[derive(Debug, Default)]
-pub(crate) struct Poller {
-    running: Mutex<Option<Arc<watch::Sender<u64>>>>,
+/// The writer connection of one backend (shared by its clones), its feed of
+/// notifications, and whether the poller runs.
+#[derive(Debug)]
+pub(crate) struct Writer {
+    path: PathBuf,
+    connect: SqliteConnectOptions,
+    acquire_timeout: Duration,
+    slot: Mutex<Slot>,
+    feed: ChangeFeed,
+    polling: Mutex<bool>,
 }
 
-impl Poller {
-    /// A watch of the file, starting the poller (and reading the current
-    /// `data_version` before returning) when it is not running.
-    pub(crate) async fn watch(
-        self: &Arc<Self>,
-        path: &Path,
-        connect: SqliteConnectOptions,
-    ) -> Result<Box<dyn ChangeWatch>> {
-        let mut running = self.running.lock().await;
-        if let Some(sender) = running.as_ref() {
-            return Ok(Box::new(SqliteWatch(sender.subscribe())));
-        }
-        let unavailable = |e: sqlx::Error| {
-            Error::unavailable(
-                format!("sqlite: watching {} for changes", path.display()),
-                e,
-            )
-        };
-        let mut conn = SqliteConnection::connect_with(&connect)
-            .await
-            .map_err(unavailable)?;
-        let baseline = data_version(&mut conn).await.map_err(unavailable)?;
-        let sender = Arc::new(watch::Sender::new(0u64));
-        let receiver = sender.subscribe();
-        *running = Some(sender.clone());
-        tokio::spawn(poll(self.clone(), conn, baseline, sender));
-        Ok(Box::new(SqliteWatch(receiver)))
+/// The writer connection, if open.
+#[derive(Debug, Default)]
+pub(crate) struct Slot {
+    conn: Option<SqliteConnection>,
+    /// Bumped each time a connection is opened: the poller's baseline is
+    /// per connection.
+    generation: u64,
+    /// Set while a txn runs, cleared when it ended cleanly: a txn cancelled
+    /// or failed half way leaves it set, and the connection is replaced.
+    dirty: bool,
+    closed: bool,
+}
+
+/// The writer connection, held: one txn (or one poll) at a time.
+pub(crate) struct Held<'a> {
+    slot: MutexGuard<'a, Slot>,
+}
+
+impl Held<'_> {
+    /// The connection; the caller must [`Held::finished`] when it ended cleanly.
+    pub(crate) fn conn(&mut self) -> &mut SqliteConnection {
+        self.slot.dirty = true;
+        self.slot
+            .conn
+            .as_mut()
+            .expect("a held writer has a connection")
     }
 
-    /// Forget `sender` (the poller is stopping) unless a newer one replaced it.
-    fn stop(
-        &self,
-        running: &mut Option<Arc<watch::Sender<u64>>>,
-        sender: &Arc<watch::Sender<u64>>,
-    ) {
-        if running.as_ref().is_some_and(|r| Arc::ptr_eq(r, sender)) {
-            *running = None;
+    /// The last use of [`Held::conn`] left no transaction open.
+    pub(crate) fn finished(&mut self) {
+        self.slot.dirty = false;
+    }
+}
+
+impl Writer {
+    pub(crate) fn new(path: PathBuf, connect: SqliteConnectOptions, acquire_timeout: Duration) -> Self {
+        Writer {
+            path,
+            connect,
+            acquire_timeout,
+            slot: Mutex::default(),
+            feed: ChangeFeed::new(),
+            polling: Mutex::new(false),
         }
+    }
+
+    /// Take the writer connection, opening it (again) if needed.
+    pub(crate) async fn hold(&self) -> std::result::Result<Held<'_>, sqlx::Error> {
+        let slot = tokio::time::timeout(self.acquire_timeout, self.slot.lock())
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)?;
+        let mut held = Held { slot };
+        if held.slot.closed {
+            return Err(sqlx::Error::PoolClosed);
+        }
+        if held.slot.dirty {
+            if let Some(conn) = held.slot.conn.take() {
+                // Its transaction state is unknown: never reuse it.
+                let _ = conn.close_hard().await;
+            }
+            held.slot.dirty = false;
+        }
+        if held.slot.conn.is_none() {
+            held.slot.conn = Some(SqliteConnection::connect_with(&self.connect).await?);
+            held.slot.generation += 1;
+        }
+        Ok(held)
+    }
+
+    /// Close the connection; later txns fail.
+    pub(crate) async fn close(&self) {
+        let mut slot = self.slot.lock().await;
+        slot.closed = true;
+        if let Some(conn) = slot.conn.take() {
+            let _ = conn.close().await;
+        }
+        // Watches hear of it: they re-read, and meet the closed store.
+        self.feed.publish(Changed::Anything);
+    }
+
+    /// This backend committed writes to `keys`.
+    pub(crate) fn committed(&self, keys: Arc<[String]>) {
+        self.feed.publish(Changed::Keys(keys));
+    }
+
+    /// A watch of `prefix`, starting the poller (which reads its baseline
+    /// before this returns) when it is not running.
+    pub(crate) async fn watch(self: &Arc<Self>, prefix: &str) -> Result<Box<dyn ChangeWatch>> {
+        let mut polling = self.polling.lock().await;
+        let watch = self.feed.watch(prefix);
+        if !*polling {
+            let baseline = self.baseline().await.map_err(|e| {
+                Error::unavailable(
+                    format!("sqlite: watching {} for changes", self.path.display()),
+                    e,
+                )
+            })?;
+            *polling = true;
+            tokio::spawn(poll(self.clone(), baseline));
+        }
+        Ok(watch)
+    }
+
+    /// The writer connection's generation and `data_version` now.
+    async fn baseline(&self) -> std::result::Result<(u64, i64), sqlx::Error> {
+        let mut held = self.hold().await?;
+        let version = data_version(held.conn()).await?;
+        held.finished();
+        Ok((held.slot.generation, version))
     }
 }
 
@@ -84,53 +166,35 @@ async fn data_version(conn: &mut SqliteConnection) -> std::result::Result<i64, s
         .try_get(0)
 }
 
-async fn poll(
-    poller: Arc<Poller>,
-    mut conn: SqliteConnection,
-    mut seen: i64,
-    sender: Arc<watch::Sender<u64>>,
-) {
+async fn poll(writer: Arc<Writer>, mut seen: (u64, i64)) {
     loop {
         tokio::time::sleep(POLL_INTERVAL).await;
-        if sender.receiver_count() == 0 {
+        if writer.feed.watchers() == 0 {
             // Watches subscribe under this lock: none can appear while we decide.
-            let mut running = poller.running.lock().await;
-            if sender.receiver_count() == 0 {
-                poller.stop(&mut running, &sender);
-                break;
+            let mut polling = writer.polling.lock().await;
+            if writer.feed.watchers() == 0 {
+                *polling = false;
+                return;
             }
         }
-        match data_version(&mut conn).await {
-            Ok(version) if version != seen => {
-                seen = version;
-                sender.send_modify(|generation| *generation = generation.wrapping_add(1));
+        match writer.baseline().await {
+            Ok(now) if now != seen => {
+                seen = now;
+                writer.feed.publish(Changed::Anything);
             }
             Ok(_) => {}
             // Another connection holds an exclusive lock for a moment: ask again next tick.
             Err(error) if crate::is_busy(&error) => {}
             Err(error) => {
-                tracing::debug!(%error, "sqlite change poller stopped: watches fall back to polling");
-                let mut running = poller.running.lock().await;
-                poller.stop(&mut running, &sender);
-                break;
+                // Unknown what changed meanwhile: wake everyone, and keep
+                // asking (the next hold opens a fresh connection).
+                tracing::debug!(%error, "sqlite change poller: data_version failed");
+                writer.feed.publish(Changed::Anything);
+                if matches!(error, sqlx::Error::PoolClosed) {
+                    *writer.polling.lock().await = false;
+                    return;
+                }
             }
         }
-    }
-    // The watches' `changed()` fail once the last sender is gone.
-    drop(sender);
-    let _ = conn.close().await;
-}
-
-/// One watch: wakes on every change of the file.
-#[derive(Debug)]
-struct SqliteWatch(watch::Receiver<u64>);
-
-#[async_trait]
-impl ChangeWatch for SqliteWatch {
-    async fn changed(&mut self) -> Result<()> {
-        self.0.changed().await.map_err(|_| Error::Unavailable {
-            message: "sqlite: the change poller stopped".to_owned(),
-            source: None,
-        })
     }
 }

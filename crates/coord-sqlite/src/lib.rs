@@ -37,8 +37,9 @@
 //! - **txn**: `BEGIN IMMEDIATE` (takes the write lock first, so there is no
 //!   read-to-write upgrade that could fail half way) → one `SELECT` of the
 //!   asserted keys → every assert checked → one multi-row upsert
-//!   (`version = version + 1`) → `COMMIT`, all on one pooled connection. A
-//!   rejected txn returns the rows read by that same `SELECT`.
+//!   (`version = version + 1`) → `COMMIT`, all on the backend's one writer
+//!   connection (txns of one backend and its clones queue for it; reads use
+//!   a pool). A rejected txn returns the rows read by that same `SELECT`.
 //! - **keys**: a range scan of the primary key,
 //!   `key >= prefix AND key < successor(prefix)` where the successor is the
 //!   prefix with its last byte incremented. Keys use the `BINARY` collation
@@ -134,8 +135,9 @@ pub struct SqliteBackend {
     path: PathBuf,
     pool: SqlitePool,
     options: SqliteOptions,
-    /// Change notifications (shared by clones): see `changes.rs`.
-    poller: std::sync::Arc<changes::Poller>,
+    /// The connection every txn runs on, and the change notifications it
+    /// makes exact (shared by clones): see `changes.rs`.
+    writer: std::sync::Arc<changes::Writer>,
 }
 
 /// Why one attempt of a call did not produce an answer.
@@ -298,6 +300,11 @@ impl SqliteBackend {
             prepare_file(connect.clone(), path)
         })
         .await?;
+        let writer = changes::Writer::new(
+            path.to_owned(),
+            connect.clone(),
+            options.acquire_timeout,
+        );
         let pool = SqlitePoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
@@ -311,7 +318,7 @@ impl SqliteBackend {
             path: path.to_owned(),
             pool,
             options,
-            poller: Default::default(),
+            writer: std::sync::Arc::new(writer),
         })
     }
 
@@ -352,9 +359,10 @@ impl SqliteBackend {
         &self.options
     }
 
-    /// Close every pooled connection (of this backend and its clones) and wait
+    /// Close every connection (of this backend and its clones) and wait
     /// for them. Later calls fail with [`Error::Unavailable`].
     pub async fn close(&self) {
+        self.writer.close().await;
         self.pool.close().await;
     }
 
@@ -398,16 +406,21 @@ impl SqliteBackend {
         asserts: &[Assert],
         mutations: &[Mutation],
     ) -> std::result::Result<TxnOutcome, Attempt> {
-        let mut conn = self
-            .pool
-            .acquire()
+        let mut writer = self
+            .writer
+            .hold()
             .await
-            .map_err(|e| before_commit("acquiring a connection", e))?;
-        let (result, clean) = txn_on(&mut conn, &self.namespace, asserts, mutations).await;
-        if !clean || matches!(result, Err(Attempt::Failed(_))) {
-            // After a failed COMMIT or ROLLBACK the connection's transaction
-            // state is unknown: never hand it to the next caller.
-            conn.close_on_drop();
+            .map_err(|e| before_commit("opening the writer connection", e))?;
+        let (result, clean) = txn_on(writer.conn(), &self.namespace, asserts, mutations).await;
+        // After a failed COMMIT or ROLLBACK the connection's transaction
+        // state is unknown: it is replaced before the next txn.
+        if clean && !matches!(result, Err(Attempt::Failed(_))) {
+            writer.finished();
+        }
+        drop(writer);
+        if matches!(&result, Ok(outcome) if outcome.applied) && !mutations.is_empty() {
+            self.writer
+                .committed(mutations.iter().map(|m| m.key().to_owned()).collect());
         }
         result
     }
@@ -661,16 +674,14 @@ impl Backend for SqliteBackend {
     }
 }
 
-/// Local polling of one cheap query (`PRAGMA data_version`), see `changes.rs`:
-/// covers every process writing the same file on this host; wakes every
-/// watch of the backend on any change of the file, whatever its prefix.
+/// Exact keys for this backend's own commits, a wake-up for every watch on
+/// any other connection's commit to the file (seen by polling `PRAGMA
+/// data_version` on the writer connection), see `changes.rs`.
 #[async_trait]
 impl Changes for SqliteBackend {
     async fn watch(&self, prefix: &str) -> Result<Box<dyn ChangeWatch>> {
         validate_prefix(prefix, &self.options.limits)?;
-        self.poller
-            .watch(&self.path, connect_options(&self.path, &self.options))
-            .await
+        self.writer.watch(prefix).await
     }
 }
 
