@@ -130,8 +130,9 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use coord_backend::{
-    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, ChangeWatch,
-    Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
+    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, ChangeFeed,
+    ChangeWatch, Changed, Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome,
+    Version,
 };
 use etcd_client::{
     Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, KvClient, Txn, TxnOp, TxnOpResponse,
@@ -173,8 +174,10 @@ enum Hint {
 #[derive(Clone)]
 pub struct EtcdBackend {
     kv: KvClient,
-    /// Change notifications: one etcd watch per [`Changes::watch`].
+    /// Change notifications: one etcd watch on the namespace, shared.
     watch: WatchClient,
+    /// The feed of that watch while it runs (per namespace, shared by clones).
+    feed: Arc<tokio::sync::Mutex<Option<ChangeFeed>>>,
     namespace: String,
     prefix: Arc<[u8]>,
     endpoints: Arc<[String]>,
@@ -262,6 +265,7 @@ impl EtcdBackend {
         Ok(EtcdBackend {
             kv,
             watch: client.watch_client(),
+            feed: Arc::default(),
             namespace: namespace.to_owned(),
             prefix: namespace_prefix(namespace).into(),
             endpoints: endpoints.into(),
@@ -278,6 +282,7 @@ impl EtcdBackend {
             namespace: namespace.to_owned(),
             prefix: namespace_prefix(namespace).into(),
             tombstones: Arc::default(),
+            feed: Arc::default(),
             ..self.clone()
         })
     }
@@ -655,19 +660,27 @@ impl Backend for EtcdBackend {
     }
 }
 
-/// etcd's Watch API: one watch (a gRPC stream on the client's channel) per
-/// [`Changes::watch`], on the etcd key range of the namespace + prefix.
-/// It is confirmed by etcd (`created`) before `watch` returns, and reports
-/// every revision after that one, so nothing committed later is missed
-/// while the stream lives. A broken stream or a watch etcd cancels makes
-/// `changed()` fail: waiters fall back to polling.
+/// etcd's Watch API: **one watch per namespace** (a gRPC stream on the
+/// client's channel, started by the first [`Changes::watch`] and shared by
+/// every later one), fanned out in-process by key prefix. It is confirmed by
+/// etcd (`created`) before the first `watch` returns and reports every
+/// revision after that one, so nothing committed after a `watch` returned
+/// is missed while the stream lives; a later `watch` subscribes to the
+/// running stream, which costs no round trip. A broken stream or a watch
+/// etcd cancels makes every `changed()` fail (waiters fall back to polling;
+/// the next `watch` starts a new stream). The stream ends a second after
+/// its last watch is dropped.
 #[async_trait]
 impl Changes for EtcdBackend {
     async fn watch(&self, prefix: &str) -> Result<Box<dyn ChangeWatch>> {
         validate_prefix(prefix, &self.limits)?;
+        let mut running = self.feed.lock().await;
+        if let Some(feed) = running.as_ref() {
+            return Ok(feed.watch(prefix));
+        }
         let mut client = self.watch.clone();
         let options = WatchOptions::new().with_prefix();
-        let key = self.etcd_key(prefix);
+        let key = self.etcd_key("");
         let limit = self.options.request_timeout;
         let mut stream = run("watch", Call::Read, limit, client.watch(key, Some(options))).await?;
         loop {
@@ -678,40 +691,62 @@ impl Changes for EtcdBackend {
                 None => return Err(watch_ended_early()),
             }
         }
-        Ok(Box::new(EtcdWatch {
-            prefix: prefix.to_owned(),
+        let feed = ChangeFeed::new();
+        let watch = feed.watch(prefix);
+        *running = Some(feed.clone());
+        tokio::spawn(fan_out(
+            self.feed.clone(),
+            feed,
             stream,
-        }))
+            self.prefix.clone(),
+        ));
+        Ok(watch)
     }
 }
 
-/// One etcd watch; dropping it closes its stream (etcd cancels the watch).
-struct EtcdWatch {
-    prefix: String,
-    stream: WatchStream,
-}
-
-impl std::fmt::Debug for EtcdWatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdWatch")
-            .field("prefix", &self.prefix)
-            .finish_non_exhaustive()
-    }
-}
-
-#[async_trait]
-impl ChangeWatch for EtcdWatch {
-    async fn changed(&mut self) -> Result<()> {
-        loop {
-            match self.stream.message().await {
-                Ok(Some(response)) if response.canceled() => return Err(watch_ended(&response)),
-                Ok(Some(response)) if !response.events().is_empty() => return Ok(()),
-                // Progress notifications and the like: nothing changed.
-                Ok(Some(_)) => {}
-                Ok(None) => return Err(watch_ended_early()),
-                Err(error) => return Err(classify(error, "watch", Call::Read)),
+/// Publish what the namespace's watch stream reports until it breaks or no
+/// watch is left; then forget the feed, so that its watches fail (every
+/// clone gone) and the next `watch` starts a new stream.
+async fn fan_out(
+    running: Arc<tokio::sync::Mutex<Option<ChangeFeed>>>,
+    feed: ChangeFeed,
+    mut stream: WatchStream,
+    prefix: Arc<[u8]>,
+) {
+    let mut idle = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            message = stream.message() => match message {
+                // Canceled by etcd, ended, or broken: the watches fail, waiters poll.
+                Ok(Some(response)) if response.canceled() => break,
+                Ok(Some(response)) => {
+                    let keys: Vec<String> = response
+                        .events()
+                        .iter()
+                        .filter_map(|event| event.kv())
+                        .filter_map(|kv| kv.key().strip_prefix(&*prefix))
+                        .map(|key| String::from_utf8_lossy(key).into_owned())
+                        .collect();
+                    if !keys.is_empty() {
+                        feed.publish(Changed::Keys(keys.into()));
+                    }
+                }
+                Ok(None) | Err(_) => break,
+            },
+            _ = idle.tick() => {
+                let mut slot = running.lock().await;
+                if feed.watchers() == 0 {
+                    if slot.as_ref().is_some_and(|f| f.same(&feed)) {
+                        *slot = None;
+                    }
+                    return;
+                }
             }
         }
+    }
+    let mut slot = running.lock().await;
+    if slot.as_ref().is_some_and(|f| f.same(&feed)) {
+        *slot = None;
     }
 }
 
