@@ -82,7 +82,11 @@ impl Held<'_> {
 }
 
 impl Writer {
-    pub(crate) fn new(path: PathBuf, connect: SqliteConnectOptions, acquire_timeout: Duration) -> Self {
+    pub(crate) fn new(
+        path: PathBuf,
+        connect: SqliteConnectOptions,
+        acquire_timeout: Duration,
+    ) -> Self {
         Writer {
             path,
             connect,

@@ -300,11 +300,8 @@ impl SqliteBackend {
             prepare_file(connect.clone(), path)
         })
         .await?;
-        let writer = changes::Writer::new(
-            path.to_owned(),
-            connect.clone(),
-            options.acquire_timeout,
-        );
+        let writer =
+            changes::Writer::new(path.to_owned(), connect.clone(), options.acquire_timeout);
         let pool = SqlitePoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)

@@ -355,6 +355,18 @@ fn handle_at(key: &str, token: &str, fence: u64, ttl: Duration, expires_ms: u64)
     )
 }
 
+/// Who asks for the lock, and when (one per call, fixed across the
+/// engine's retries).
+#[derive(Clone, Copy)]
+struct Newcomer<'a> {
+    token: &'a str,
+    ttl: Duration,
+    /// The lock's clock when the call began.
+    now: u64,
+    /// When the call began (local monotonic time): the lease counts from then.
+    sent: Instant,
+}
+
 /// The records one decision writes: the lock state and the line when they
 /// change, and the tickets of waiters that left the line.
 struct Writes<'a> {
@@ -538,21 +550,23 @@ impl FairLock {
         (stale > STALE_LIMIT).then(|| without(line, served, &[]))
     }
 
-    /// Grant the lock to a newcomer (`token`) when nobody holds it and
-    /// nobody live waits: `Some(decision)`; `None`: it must wait in line.
-    #[allow(clippy::too_many_arguments)]
+    /// Grant the lock to `newcomer` when nobody holds it and nobody live
+    /// waits: `Ok(decision)`; `Err(end)`: it must wait in line (`end`: when
+    /// the holder's lease ends, if someone holds it).
     fn grant_if_free<T>(
         &self,
         view: &View,
         key: &str,
-        state: &LockState,
-        line: &LineState,
-        token: &str,
-        ttl: Duration,
-        now: u64,
-        sent: Instant,
+        (state, line): (&LockState, &LineState),
+        newcomer: &Newcomer<'_>,
         answer: impl FnOnce(Option<LockHandle>) -> T,
     ) -> Result<Result<Decision<T>, Option<u64>>, Error> {
+        let Newcomer {
+            token,
+            ttl,
+            now,
+            sent,
+        } = *newcomer;
         if let Some(h) = state.holder.as_ref().filter(|h| h.expires_ms > now) {
             return Ok(Err(Some(h.expires_ms)));
         }
@@ -737,6 +751,12 @@ impl FairLock {
         let sent = Instant::now();
         let now = self.clock.now_millis();
         let expires_ms = now.saturating_add(millis(ttl));
+        let newcomer = Newcomer {
+            token: &token,
+            ttl,
+            now,
+            sent,
+        };
         self.engine
             .with_retries(2, Duration::ZERO)
             .decide::<Result<Joined, LockError>, LockError, _>(&keys, |view| {
@@ -744,17 +764,9 @@ impl FairLock {
                     Ok(records) => records,
                     Err(e) => return Ok(Decision::Return(Err(e.into()))),
                 };
-                let grant = self.grant_if_free(
-                    view,
-                    key,
-                    &state,
-                    &line,
-                    &token,
-                    ttl,
-                    now,
-                    sent,
-                    |handle| Ok(handle.map_or(Joined::Cleaned, Joined::Granted)),
-                );
+                let grant = self.grant_if_free(view, key, (&state, &line), &newcomer, |handle| {
+                    Ok(handle.map_or(Joined::Cleaned, Joined::Granted))
+                });
                 let held = match grant {
                     Err(e) => return Ok(Decision::Return(Err(e.into()))),
                     Ok(Ok(decision)) => return Ok(decision),
@@ -1201,6 +1213,12 @@ impl Lock for FairLock {
         let sent = Instant::now();
         let now = self.clock.now_millis();
         let token = mint_token();
+        let newcomer = Newcomer {
+            token: &token,
+            ttl,
+            now,
+            sent,
+        };
         loop {
             let answer = self
                 .engine
@@ -1211,17 +1229,8 @@ impl Lock for FairLock {
                             Ok(records) => records,
                             Err(e) => return Ok(Decision::Return(Err(e.into()))),
                         };
-                        match self.grant_if_free(
-                            view,
-                            key,
-                            &state,
-                            &line,
-                            &token,
-                            ttl,
-                            now,
-                            sent,
-                            |handle| Ok(handle.map(Some)),
-                        ) {
+                        let answer = |handle: Option<LockHandle>| Ok(handle.map(Some));
+                        match self.grant_if_free(view, key, (&state, &line), &newcomer, answer) {
                             Err(e) => Ok(Decision::Return(Err(e.into()))),
                             Ok(Ok(decision)) => Ok(decision),
                             Ok(Err(_)) => Ok(Decision::Return(Ok(Some(None)))),
