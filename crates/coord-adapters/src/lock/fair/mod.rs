@@ -1,0 +1,455 @@
+//! [`FairLock`]: a lock handed over in request order (FIFO tickets), like
+//! etcd's `concurrency.Mutex` and Curator's `InterProcessMutex`, decided
+//! over the three primitives of any backend.
+//!
+//! # Records (per key, under the prefix, `fairlock/` by default)
+//!
+//! - `<prefix><key>/m`, the lock record: the fence, the holder's lease, and
+//!   `served` (every ticket numbered up to it has left the line). Written by
+//!   grants, renewals and releases only.
+//! - `<prefix><key>/n`, the line record: the ticket counter and the waiters
+//!   in order, each with its token, the lease it asks for and its ticket's
+//!   lease as of joining. Written by waiters joining or leaving early (and
+//!   by a release now and then, to prune served waiters).
+//! - `<prefix><key>/q/<seq>` (20 digits), one waiter's ticket: its lease,
+//!   written by the waiter's renewals (from a third of the TTL on), and the
+//!   key its watch listens to.
+//!
+//! **Joining** takes the next number from the line record in one asserted
+//! txn. It never asserts the lock record unless it can take the lock at
+//! once (nobody holds it, nobody live waits), so a holder that releases and
+//! retakes the lock in a loop cannot starve the waiters joining: they only
+//! race each other, and retry without pausing (each retry carries the
+//! values the rejection returned).
+//!
+//! **Releasing hands over**: the release's txn gives the lock to the first
+//! live waiter of the line (the next fence, the lease that waiter asked
+//! for), marks it served and removes its ticket key, which wakes exactly
+//! that waiter (it watched its ticket key before joining); the waiter only
+//! reads to learn it holds the lock. Dead waiters ahead of it (their lease
+//! ran out: the waiter died, or paused past its lease) are skipped in the
+//! same txn. When the holder dies instead, the first live waiter takes the
+//! lock once the holder's lease has run out, in a txn asserting both records.
+//!
+//! A waiter that gives up (timeout, error) leaves the line, or hands the
+//! lock on if it was handed the lock meanwhile; one that is cancelled or
+//! dies blocks the line until its lease runs out, never longer (the lock
+//! may be handed to it just before: then until the lease of that grant
+//! runs out). Ticket keys are deleted when their waiter leaves; like every
+//! deleted key they leave a store tombstone (see docs/shapes.md on
+//! tombstones). The lock record stays, to keep the fence.
+//!
+//! The holder's lease lives in the lock record, exactly as in
+//! [`super::GenericLock`]: renew and release are one txn each, and the fence
+//! (per key, strictly increasing, allocated in the grant's txn) survives
+//! release. [`Lock::try_lock`] takes the lock only when it is free **and** no
+//! live waiter is in line: it never jumps the queue.
+//!
+//! A store without change notifications (or a lost notification) costs
+//! latency only: waiters also poll, at the longest pause of [`WaitOptions`]
+//! when a watch is live, with its growing backoff otherwise.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use coord_backend::{Backend, Clock, Error, Mutation, SystemClock};
+use tokio::time::Instant;
+
+use super::{validate_lock_input, Lock, LockError, LockHandle, WaitOptions};
+use crate::cas::{CasEngine, CasOptions, CasStats, Decision};
+use crate::wake::Wake;
+use crate::{mint_token, telemetry};
+
+mod records;
+mod waiter;
+
+use records::*;
+
+/// How many tickets ahead one decision reads at most. More dead tickets
+/// than this ahead are removed in batches first (so one txn never names
+/// more keys than a store accepts).
+const LOOKAHEAD: usize = 16;
+
+/// Options of a [`FairLock`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct FairLockOptions {
+    /// Where expiry is read from (holder leases and ticket leases).
+    pub clock: Arc<dyn Clock>,
+    /// Prefix of the records in the backend's namespace (default `fairlock/`).
+    pub key_prefix: String,
+    /// Tuning of the CAS loop.
+    pub cas: CasOptions,
+}
+
+impl Default for FairLockOptions {
+    fn default() -> Self {
+        FairLockOptions {
+            clock: Arc::new(SystemClock),
+            key_prefix: "fairlock/".to_owned(),
+            cas: CasOptions::default(),
+        }
+    }
+}
+
+impl FairLockOptions {
+    /// Judge expiry with `clock` (tests inject a `ManualClock`).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Keep the records under another prefix.
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Tune the CAS loop.
+    pub fn with_cas(mut self, cas: CasOptions) -> Self {
+        self.cas = cas;
+        self
+    }
+}
+
+/// A fair (FIFO) [`Lock`] over any [`Backend`] (see the [module docs](self)).
+///
+/// Use [`LockExt::lock`](super::LockExt::lock) (or [`Lock::wait_lock`]) to
+/// wait in line; [`Lock::try_lock`] only succeeds when nobody waits.
+/// [`super::LockGuard`] works with it like with any `Lock`.
+#[derive(Clone, Debug)]
+pub struct FairLock {
+    engine: CasEngine,
+    clock: Arc<dyn Clock>,
+    prefix: String,
+}
+
+/// What the store holds for one fair lock (see [`FairLock::status`]). Never
+/// carries a token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FairLockStatus {
+    /// The key.
+    pub key: String,
+    /// The fence of the latest grant.
+    pub fence: u64,
+    /// When the holder's lease ends; `None` when nobody holds the lock.
+    pub expires_at: Option<SystemTime>,
+    /// Whether a holder's lease is unexpired now, by the lock's clock.
+    pub live: bool,
+    /// The waiters' tickets, in queue order.
+    pub waiting: Vec<TicketStatus>,
+}
+
+/// One ticket in a [`FairLockStatus`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TicketStatus {
+    /// The ticket's number (strictly increasing per key).
+    pub seq: u64,
+    /// When the waiter's lease ends: by its ticket, or by the line until its first renewal.
+    pub expires_at: Option<SystemTime>,
+    /// Whether the ticket's lease is unexpired now.
+    pub live: bool,
+}
+
+impl FairLock {
+    /// A fair lock over `backend` with default options (system clock, prefix `fairlock/`).
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        Self::with_options(backend, FairLockOptions::default())
+    }
+
+    /// A fair lock over `backend` with `options`.
+    pub fn with_options(backend: Arc<dyn Backend>, options: FairLockOptions) -> Self {
+        FairLock {
+            engine: CasEngine::with_options(backend, options.cas),
+            clock: options.clock,
+            prefix: options.key_prefix,
+        }
+    }
+
+    /// Store calls made so far (for tests and benchmarks).
+    pub fn stats(&self) -> CasStats {
+        self.engine.stats()
+    }
+
+    /// The prefix of this lock's records (`fairlock/` by default).
+    pub fn key_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// What the store holds for `key`: the holder's lease and the line, by
+    /// two reads (the lock and line records, then the tickets): for
+    /// inspection only, never a basis for a decision. `Ok(None)`: never used.
+    pub async fn status(&self, key: &str) -> Result<Option<FairLockStatus>, LockError> {
+        validate_lock_input(key, Duration::from_millis(1))?;
+        let keys = self.both_keys(key);
+        let entries = self.engine.snapshot(&keys).await?;
+        if entries.iter().all(|e| e.value.is_none()) {
+            return Ok(None);
+        }
+        let value = |k: &str| {
+            entries
+                .iter()
+                .find(|e| e.key == k)
+                .and_then(|e| e.value.as_deref())
+        };
+        let state: LockState = parse(&keys[0], value(&keys[0]))?;
+        let line: LineState = parse(&keys[1], value(&keys[1]))?;
+        let now = self.clock.now_millis();
+        let mut tickets_status = Vec::new();
+        let limit = self.engine.backend().limits().max_keys_per_call.max(1);
+        for chunk in waiting(&line, state.served).chunks(limit) {
+            let keys: Vec<String> = chunk.iter().map(|w| self.ticket_key(key, w.seq)).collect();
+            let tickets = self.engine.snapshot(&keys).await?;
+            for (w, entry) in chunk.iter().zip(tickets) {
+                let ticket: Option<TicketRecord> = entry
+                    .value
+                    .as_deref()
+                    .map(serde_json::from_slice)
+                    .transpose()
+                    .map_err(|e| {
+                        Error::malformed(&entry.key, format!("not a fair lock ticket: {e}"))
+                    })?;
+                // The lease in the line until the first renewal writes the ticket.
+                let expires_ms = ticket
+                    .filter(|t| t.token == w.token)
+                    .map_or(w.expires_ms, |t| t.expires_ms.max(w.expires_ms));
+                tickets_status.push(TicketStatus {
+                    seq: w.seq,
+                    expires_at: Some(UNIX_EPOCH + Duration::from_millis(expires_ms)),
+                    live: expires_ms > now,
+                });
+            }
+        }
+        Ok(Some(FairLockStatus {
+            key: key.to_owned(),
+            fence: state.fence,
+            expires_at: state
+                .holder
+                .as_ref()
+                .map(|h| UNIX_EPOCH + Duration::from_millis(h.expires_ms)),
+            live: state.holder.as_ref().is_some_and(|h| h.expires_ms > now),
+            waiting: tickets_status,
+        }))
+    }
+}
+
+#[async_trait]
+impl Lock for FairLock {
+    #[tracing::instrument(name = "lock.try_lock", skip_all, fields(
+        key = %key, store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+    ))]
+    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
+        validate_lock_input(key, ttl)?;
+        let keys = self.both_keys(key);
+        let sent = Instant::now();
+        let now = self.clock.now_millis();
+        let token = mint_token();
+        let newcomer = Newcomer {
+            token: &token,
+            ttl,
+            now,
+            sent,
+        };
+        loop {
+            let answer = self
+                .engine
+                .decide::<Result<Option<Option<LockHandle>>, LockError>, LockError, _>(
+                    &keys,
+                    |view| {
+                        let (state, line) = match self.decode(view, key) {
+                            Ok(records) => records,
+                            Err(e) => return Ok(Decision::Return(Err(e.into()))),
+                        };
+                        let answer = |handle: Option<LockHandle>| Ok(handle.map(Some));
+                        match self.grant_if_free(view, key, (&state, &line), &newcomer, answer) {
+                            Err(e) => Ok(Decision::Return(Err(e.into()))),
+                            Ok(Ok(decision)) => Ok(decision),
+                            Ok(Err(_)) => Ok(Decision::Return(Ok(Some(None)))),
+                        }
+                    },
+                )
+                .await??;
+            // `None`: dead tickets were removed in a batch; decide again.
+            if let Some(answer) = answer {
+                if let Some(handle) = &answer {
+                    tracing::Span::current().record("fence", handle.fence());
+                    telemetry::lock_acquired();
+                }
+                return Ok(answer);
+            }
+        }
+    }
+
+    #[tracing::instrument(name = "lock.renew", skip_all, fields(
+        key = %handle.key(), store = self.engine.backend().store_name(), fence = handle.fence(),
+    ))]
+    async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
+        validate_lock_input(handle.key(), handle.ttl())?;
+        let state_key = self.state_key(handle.key());
+        let now = self.clock.now_millis();
+        let keys = [state_key.clone()];
+        let renewed = self
+            .engine
+            .decide::<Result<(), LockError>, LockError, _>(&keys, |view| {
+                let state: LockState = match parse(&state_key, view.value(&state_key)) {
+                    Ok(state) => state,
+                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
+                };
+                if let Some(reason) = Self::why_not_held(handle, &state, now) {
+                    return Ok(Decision::Return(Err(Self::lost(handle, reason))));
+                }
+                let current = state.holder.as_ref().map_or(0, |h| h.expires_ms);
+                let renewed = LockState {
+                    fence: state.fence,
+                    served: state.served,
+                    holder: Some(Holder {
+                        token: handle.token().to_owned(),
+                        // A clock stepping back must not shorten a granted lease.
+                        expires_ms: now.saturating_add(millis(handle.ttl())).max(current),
+                    }),
+                    nonce: mint_token(),
+                };
+                Ok(Decision::Commit {
+                    mutations: vec![Mutation::put(state_key.clone(), encode(&renewed))],
+                    then: Ok(()),
+                })
+            })
+            .await?;
+        if let Err(error) = &renewed {
+            telemetry::lock_lost_if(error);
+        }
+        renewed
+    }
+
+    /// Release, handing the lock to the first live waiter in the same txn
+    /// (the next fence, the lease it asked for): the waiter is woken by the
+    /// removal of its ticket and only reads to learn it holds the lock.
+    #[tracing::instrument(name = "lock.release", skip_all, fields(
+        key = %handle.key(), store = self.engine.backend().store_name(), fence = handle.fence(),
+    ))]
+    async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
+        validate_lock_input(handle.key(), handle.ttl())?;
+        let keys = self.both_keys(handle.key());
+        let now = self.clock.now_millis();
+        self.engine
+            .decide::<Result<(), LockError>, LockError, _>(&keys, |view| {
+                let (state, line) = match self.decode(view, handle.key()) {
+                    Ok(records) => records,
+                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
+                };
+                if let Some(reason) = Self::why_not_held(&handle, &state, now) {
+                    return Ok(Decision::Return(Err(Self::lost(&handle, reason))));
+                }
+                // The lock record stays: its fence must survive.
+                Ok(self
+                    .hand_over(view, handle.key(), &state, &line, now)?
+                    .map_ok())
+            })
+            .await?
+    }
+
+    async fn watch_key(&self, key: &str) -> Wake {
+        Wake::watch(self.engine.backend().as_ref(), &self.watch_prefix(key)).await
+    }
+
+    /// Wait in line: watch the ticket, take it, then sleep until the holder
+    /// hands the lock over (its txn removes the ticket, which wakes this
+    /// waiter), the holder's lease runs out, or the fallback poll; renew
+    /// the ticket every third of `ttl`. On timeout or error the ticket is
+    /// removed (if that fails too, it expires within `ttl`).
+    #[tracing::instrument(name = "lock.wait", skip_all, fields(
+        key = %key, store = self.engine.backend().store_name(),
+    ))]
+    async fn wait_lock(
+        &self,
+        key: &str,
+        ttl: Duration,
+        wait: &WaitOptions,
+    ) -> Result<LockHandle, LockError> {
+        validate_lock_input(key, ttl)?;
+        let started = Instant::now();
+        let (mut ticket, mut wake, next) = match self.join_line(key, ttl, wait, started).await? {
+            Ok(handle) => {
+                telemetry::lock_acquired();
+                return Ok(handle);
+            }
+            Err(queued) => queued,
+        };
+        match self
+            .wait_in_line(key, ttl, wait, &mut ticket, started, &mut wake, next)
+            .await
+        {
+            Ok(handle) => {
+                telemetry::lock_acquired();
+                Ok(handle)
+            }
+            Err(error) => {
+                if let Err(cleanup) = self.abandon(key, &ticket).await {
+                    tracing::debug!(%cleanup, "could not remove a ticket: it expires by itself");
+                }
+                Err(error)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::LockExt;
+    use coord_backend::ManualClock;
+    use coord_memory::SingleProcessMemoryBackend;
+
+    fn fair(backend: &Arc<dyn Backend>, clock: &Arc<ManualClock>) -> FairLock {
+        FairLock::with_options(
+            backend.clone(),
+            FairLockOptions::default().with_clock(clock.clone()),
+        )
+    }
+
+    #[tokio::test]
+    async fn try_lock_and_release_keep_the_fence_and_leave_no_tickets() {
+        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("fl").unwrap());
+        let clock = Arc::new(ManualClock::at_millis(1_000));
+        let lock = fair(&backend, &clock);
+        let ttl = Duration::from_secs(10);
+        let h = lock.try_lock("k", ttl).await.unwrap().unwrap();
+        assert_eq!(h.fence(), 1);
+        assert!(lock.try_lock("k", ttl).await.unwrap().is_none());
+        lock.release(h).await.unwrap();
+        let h = lock.lock("k", ttl, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(h.fence(), 2);
+        lock.release(h).await.unwrap();
+        assert_eq!(
+            backend.keys("fairlock/k/q/").await.unwrap(),
+            Vec::<String>::new()
+        );
+        let status = lock.status("k").await.unwrap().unwrap();
+        assert_eq!(
+            (status.fence, status.live, status.waiting.len()),
+            (2, false, 0)
+        );
+    }
+
+    #[tokio::test]
+    async fn more_dead_tickets_than_one_decision_reads_are_cleared_in_batches() {
+        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("fl").unwrap());
+        let clock = Arc::new(ManualClock::at_millis(1_000));
+        let lock = fair(&backend, &clock);
+        let short = Duration::from_millis(100);
+        for _ in 0..(LOOKAHEAD * 2 + 3) {
+            lock.join_slow("k", short).await.unwrap();
+        }
+        assert!(lock.try_lock("k", short).await.unwrap().is_none());
+        clock.advance(Duration::from_millis(101));
+        let h = lock.try_lock("k", short).await.unwrap().unwrap();
+        assert_eq!(h.fence(), 1);
+        assert_eq!(
+            backend.keys("fairlock/k/q/").await.unwrap(),
+            Vec::<String>::new()
+        );
+    }
+}
