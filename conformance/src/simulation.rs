@@ -16,7 +16,9 @@
 //! **Who.** Instances of every adapter, each with its own faulty view of the
 //! store and its own clock:
 //! - lock holders taking one key with [`LockGuard`] (waiting), acting only
-//!   while [`LockGuard::is_valid`], and writing through a [`BackendFencedSink`];
+//!   while [`LockGuard::is_valid`], and writing through a [`BackendFencedSink`]:
+//!   three on a [`GenericLock`], three more on a [`FairLock`] (which hands
+//!   the lock over on release);
 //! - task-board workers claiming and completing the same tasks;
 //! - side-effect runners executing the same action keys;
 //! - scheduler instances running the same every-second job.
@@ -30,8 +32,12 @@
 //! the clock, keeps their downstream writes safe. See docs/locks.md.)
 //!
 //! **Invariants** checked after each run:
-//! - lock: fences are unique per grant, and no two grants were valid at once
-//!   (a holder's last valid check comes before the next holder's grant);
+//! - lock (each of the two): fences are unique per grant, and no two grants
+//!   were valid at once (a holder's last valid check comes before the next
+//!   holder's grant); for the generic lock also: every fence the store
+//!   granted reached its caller or an indeterminate answer (the fair lock
+//!   skips fences by design: a grant handed to a waiter that gave up or
+//!   paused past its lease is passed on unused);
 //! - side effect: each action's closure ran at most once, and every
 //!   `Applied`/`Replayed` answer carries the result of the run that happened;
 //! - board: at most one successful completion per task, claim generations
@@ -50,7 +56,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use coord_adapters::board::{Board, BoardAdapter, BoardOptions, TaskSpec, TaskState};
 use coord_adapters::jitter::seed_thread_jitter;
 use coord_adapters::lock::{
-    GenericLock, GuardOptions, Lock, LockError, LockGuard, LockOptions, WaitOptions,
+    FairLock, FairLockOptions, GenericLock, GuardOptions, Lock, LockError, LockGuard, LockOptions,
+    WaitOptions,
 };
 use coord_adapters::sideeffect::{
     Action, BackendFencedSink, EffectResult, Fence, FencedSink, Outcome, Runner, SideEffectAdapter,
@@ -199,8 +206,48 @@ impl Instance {
     }
 }
 
+/// The two locks the simulation fights over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum LockKind {
+    /// [`GenericLock`] on key `L`.
+    Generic,
+    /// [`FairLock`] on key `F`.
+    Fair,
+}
+
+impl LockKind {
+    fn key(self) -> &'static str {
+        match self {
+            LockKind::Generic => "L",
+            LockKind::Fair => "F",
+        }
+    }
+
+    /// The record holding the lock's fence counter.
+    fn record(self) -> &'static str {
+        match self {
+            LockKind::Generic => "lock/L",
+            LockKind::Fair => "fairlock/F/m",
+        }
+    }
+
+    fn make(self, inst: &Instance) -> Arc<dyn Lock> {
+        match self {
+            LockKind::Generic => Arc::new(GenericLock::with_options(
+                inst.backend(),
+                LockOptions::default().with_clock(inst.clock.clone()),
+            )),
+            LockKind::Fair => Arc::new(FairLock::with_options(
+                inst.backend(),
+                FairLockOptions::default().with_clock(inst.clock.clone()),
+            )),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Grant {
+    lock: LockKind,
     who: String,
     fence: u64,
     /// Event numbers (the run is single-threaded: they order everything).
@@ -223,8 +270,8 @@ struct Facts {
     completions: BTreeMap<String, Vec<String>>,
     /// action key → answers that were errors.
     effect_errors: BTreeMap<String, u64>,
-    /// Lock calls that ended "indeterminate" (a grant may have been committed).
-    lock_errors: u64,
+    /// Lock calls that ended "indeterminate" (a grant may have been committed), per lock.
+    lock_errors: BTreeMap<LockKind, u64>,
     /// slot → instances that ran it.
     slot_runs: BTreeMap<u64, Vec<SlotRun>>,
     stats: BTreeMap<&'static str, u64>,
@@ -281,6 +328,7 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
         })
     };
     let lockers: Vec<_> = (0..3).map(|i| make(format!("l{i}"), 10 + i)).collect();
+    let fair_lockers: Vec<_> = (0..3).map(|i| make(format!("f{i}"), 50 + i)).collect();
     let workers: Vec<_> = (0..2).map(|i| make(format!("w{i}"), 20 + i)).collect();
     let runners: Vec<_> = (0..3).map(|i| make(format!("r{i}"), 30 + i)).collect();
     let crons: Vec<_> = (0..3).map(|i| make(format!("s{i}"), 40 + i)).collect();
@@ -297,10 +345,21 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
     let mut tasks = Vec::new();
     for (i, inst) in lockers.iter().enumerate() {
         tasks.push(tokio::spawn(lock_actor(
+            LockKind::Generic,
             inst.clone(),
             log.clone(),
             shared.clone(),
             seed ^ (100 + i as u64),
+            end,
+        )));
+    }
+    for (i, inst) in fair_lockers.iter().enumerate() {
+        tasks.push(tokio::spawn(lock_actor(
+            LockKind::Fair,
+            inst.clone(),
+            log.clone(),
+            shared.clone(),
+            seed ^ (500 + i as u64),
             end,
         )));
     }
@@ -328,6 +387,7 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
     }
     let everyone: Vec<Arc<Instance>> = lockers
         .iter()
+        .chain(&fair_lockers)
         .chain(&workers)
         .chain(&runners)
         .chain(&crons)
@@ -378,25 +438,30 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
     }
 }
 
-async fn lock_actor(inst: Arc<Instance>, log: Arc<Log>, shared: Shared, seed: u64, end: Instant) {
+async fn lock_actor(
+    lock_kind: LockKind,
+    inst: Arc<Instance>,
+    log: Arc<Log>,
+    shared: Shared,
+    seed: u64,
+    end: Instant,
+) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let lock: Arc<dyn Lock> = Arc::new(GenericLock::with_options(
-        inst.backend(),
-        LockOptions::default().with_clock(inst.clock.clone()),
-    ));
+    let lock = lock_kind.make(&inst);
+    let key = lock_kind.key();
     let sink = BackendFencedSink::new(inst.backend());
     let who = inst.name.as_str();
     while Instant::now() < end {
         inst.wait_running().await;
         let wait = WaitOptions::with_timeout(Duration::from_secs(4));
         let guard =
-            match LockGuard::acquire_with(&lock, "L", LOCK_TTL, &wait, GuardOptions::default())
+            match LockGuard::acquire_with(&lock, key, LOCK_TTL, &wait, GuardOptions::default())
                 .await
             {
                 Ok(guard) => guard,
                 Err(e) => {
                     if matches!(&e, LockError::Store(e) if e.is_indeterminate()) {
-                        facts(&shared).lock_errors += 1;
+                        *facts(&shared).lock_errors.entry(lock_kind).or_insert(0) += 1;
                     }
                     log.event(who, format!("lock: {}", kind(&e.to_string())));
                     tokio::time::sleep(Duration::from_millis(rng.random_range(50..400))).await;
@@ -409,6 +474,7 @@ async fn lock_actor(inst: Arc<Instance>, log: Arc<Log>, shared: Shared, seed: u6
             f.clock += 1;
             let granted = f.clock;
             f.grants.push(Grant {
+                lock: lock_kind,
                 who: who.to_owned(),
                 fence,
                 granted,
@@ -416,7 +482,13 @@ async fn lock_actor(inst: Arc<Instance>, log: Arc<Log>, shared: Shared, seed: u6
             });
             f.grants.len() - 1
         };
-        count(&shared, "lock grants");
+        count(
+            &shared,
+            match lock_kind {
+                LockKind::Generic => "lock grants",
+                LockKind::Fair => "fair lock grants",
+            },
+        );
         log.event(who, format!("lock granted fence {fence}"));
         for _ in 0..rng.random_range(1..5) {
             tokio::time::sleep(Duration::from_millis(rng.random_range(100..1500))).await;
@@ -430,8 +502,8 @@ async fn lock_actor(inst: Arc<Instance>, log: Arc<Log>, shared: Shared, seed: u6
                 f.clock += 1;
                 f.grants[index].last_valid = Some(f.clock);
             }
-            let write = vec![Mutation::put("L/data", fence.to_string())];
-            let landed = sink.write_fenced("L", Fence(fence), write).await;
+            let write = vec![Mutation::put(format!("{key}/data"), fence.to_string())];
+            let landed = sink.write_fenced(key, Fence(fence), write).await;
             log.event(
                 who,
                 format!(
@@ -713,11 +785,60 @@ fn kind(message: &str) -> String {
         .to_owned()
 }
 
-/// The fence counter of the simulated lock's record (`None`: never granted).
-async fn read_lock_fence(store: &Arc<dyn Backend>) -> Option<u64> {
-    let entry = store.snapshot(&["lock/L".to_owned()]).await.ok()?.pop()?;
+/// The fence counter of a simulated lock's record (`None`: never granted).
+async fn read_lock_fence(store: &Arc<dyn Backend>, kind: LockKind) -> Option<u64> {
+    let entry = store
+        .snapshot(&[kind.record().to_owned()])
+        .await
+        .ok()?
+        .pop()?;
     let record: serde_json::Value = serde_json::from_slice(entry.value.as_deref()?).ok()?;
     record.get("fence")?.as_u64()
+}
+
+/// One lock's invariants: unique fences; validity windows in fence order
+/// never overlap; (generic lock) every stored grant reached someone.
+async fn check_lock(
+    f: &Facts,
+    kind: LockKind,
+    store: &Arc<dyn Backend>,
+    violations: &mut Vec<String>,
+) {
+    let grants: Vec<&Grant> = f.grants.iter().filter(|g| g.lock == kind).collect();
+    let mut fences = BTreeSet::new();
+    for g in &grants {
+        if !fences.insert(g.fence) {
+            violations.push(format!("{kind:?} lock fence {} granted twice", g.fence));
+        }
+    }
+    let mut by_fence = grants.clone();
+    by_fence.sort_by_key(|g| g.fence);
+    for pair in by_fence.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if let Some(last) = a.last_valid {
+            if last > b.granted {
+                violations.push(format!(
+                    "{kind:?} lock: {} (fence {}) acted as holder (event {last}) after {} (fence {}) was granted (event {})",
+                    a.who, a.fence, b.who, b.fence, b.granted
+                ));
+            }
+        }
+    }
+    if kind == LockKind::Fair {
+        return;
+    }
+    // Every grant the store made reached its caller, or its caller was told
+    // the outcome was unknown (an error): a grant nobody knows of is a lock
+    // answered "held elsewhere" while it was the caller's.
+    let errors = f.lock_errors.get(&kind).copied().unwrap_or(0);
+    if let Some(stored) = read_lock_fence(store, kind).await {
+        let unknown = (1..=stored).filter(|n| !fences.contains(n)).count() as u64;
+        if unknown > errors {
+            violations.push(format!(
+                "{kind:?} lock: the store granted {unknown} fence(s) nobody received, with only {errors} error answers"
+            ));
+        }
+    }
 }
 
 async fn check(
@@ -726,38 +847,8 @@ async fn check(
     clock: Arc<dyn Clock>,
     violations: &mut Vec<String>,
 ) {
-    // Locks: unique fences; validity windows in fence order never overlap.
-    let mut fences = BTreeSet::new();
-    for g in &f.grants {
-        if !fences.insert(g.fence) {
-            violations.push(format!("lock fence {} granted twice", g.fence));
-        }
-    }
-    let mut by_fence: Vec<&Grant> = f.grants.iter().collect();
-    by_fence.sort_by_key(|g| g.fence);
-    for pair in by_fence.windows(2) {
-        let (a, b) = (pair[0], pair[1]);
-        if let Some(last) = a.last_valid {
-            if last > b.granted {
-                violations.push(format!(
-                    "lock: {} (fence {}) acted as holder (event {last}) after {} (fence {}) was granted (event {})",
-                    a.who, a.fence, b.who, b.fence, b.granted
-                ));
-            }
-        }
-    }
-    // Every grant the store made reached its caller, or its caller was told
-    // the outcome was unknown (an error): a grant nobody knows of is a lock
-    // answered "held elsewhere" while it was the caller's.
-    let granted_fences: BTreeSet<u64> = f.grants.iter().map(|g| g.fence).collect();
-    if let Some(stored) = read_lock_fence(store).await {
-        let unknown = (1..=stored).filter(|n| !granted_fences.contains(n)).count() as u64;
-        if unknown > f.lock_errors {
-            violations.push(format!(
-                "lock: the store granted {unknown} fence(s) nobody received, with only {} error answers",
-                f.lock_errors
-            ));
-        }
+    for kind in [LockKind::Generic, LockKind::Fair] {
+        check_lock(f, kind, store, violations).await;
     }
     // Side effects: each closure at most once; answers carry the one result.
     for (key, runs) in &f.effects {
