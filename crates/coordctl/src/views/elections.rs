@@ -1,0 +1,65 @@
+//! `GenericElection` records (`/api/elections`, the leaders page): each
+//! election's latest term and its live leader, if any. The value a leader
+//! announces belongs to the application and is not shown.
+
+use coord_adapters::election::{ElectionError, GenericElection};
+use coord_backend::Error;
+use serde::Serialize;
+
+use super::{list_names, ms, now_ms, Page, Stores};
+
+/// One election of `GenericElection` (`election/<name>`). The leader's
+/// announced value is the application's: not shown.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct ElectionView {
+    pub(crate) name: String,
+    /// The latest term granted (0: never won).
+    pub(crate) term: u64,
+    /// The live leader's candidate id; `None` when nobody leads (resigned, expired, never).
+    pub(crate) leader: Option<String>,
+    pub(crate) lease_expires_ms: Option<u64>,
+}
+
+/// The elections of one page.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct ElectionsView {
+    pub(crate) namespace: String,
+    pub(crate) now_ms: u64,
+    pub(crate) truncated: bool,
+    pub(crate) next_after: Option<String>,
+    pub(crate) elections: Vec<ElectionView>,
+}
+
+/// The elections of `page` (default prefix `election/`).
+pub(crate) async fn elections(stores: &Stores, page: &Page) -> Result<ElectionsView, Error> {
+    let election = GenericElection::new(stores.backend.clone());
+    let prefix = election.key_prefix().to_owned();
+    let (names, truncated, next_after) = list_names(&stores.backend, &prefix, Some(page)).await?;
+    let mut rows = Vec::with_capacity(names.len());
+    for name in names {
+        // A name listed but gone is skipped, not invented.
+        let Some(status) = election.status(&name).await.map_err(election_error)? else {
+            continue;
+        };
+        rows.push(ElectionView {
+            name,
+            term: status.term,
+            lease_expires_ms: status.leader.as_ref().map(|l| ms(l.expires_at)),
+            leader: status.leader.map(|l| l.candidate),
+        });
+    }
+    Ok(ElectionsView {
+        namespace: stores.backend.namespace().to_owned(),
+        now_ms: now_ms(),
+        truncated,
+        next_after,
+        elections: rows,
+    })
+}
+
+fn election_error(e: ElectionError) -> Error {
+    match e {
+        ElectionError::Store(e) => e,
+        other => Error::Config(other.to_string()),
+    }
+}

@@ -1,0 +1,278 @@
+//! The machine-readable views of a store: one set of serde types, built by
+//! one set of functions, behind both `coordctl … --json` and the web
+//! console (`coordctl serve`: its `/api/` answers and its HTML pages), so
+//! the two can never disagree. The schema is documented field by field in
+//! docs/console.md ("Machine-readable output").
+//!
+//! # Contract
+//!
+//! - Records are decoded by their adapters only (`GenericLock::status`,
+//!   `GenericRwLock::status`, `GenericElection::status`, `FairLock::status`,
+//!   `GenericSemaphore::status`, `BoardAdapter::get`, `SideEffectAdapter::key_status` /
+//!   `resource_status`, `RunStore::history` / `active`); these functions
+//!   only list keys under the adapters' documented prefixes (AGENTS.md,
+//!   "Where records live") and arrange the answers.
+//! - Nothing here carries a token or a record value beyond what the text
+//!   tables of `coordctl inspect` and `cron history` show: no lock or lease
+//!   token, no task payload or result, no side-effect payload; a completed
+//!   side-effect key's result only in `inspect --all` (cut to 80 characters,
+//!   as the table shows it).
+//! - Each row is its own consistent read; a view as a whole is not one
+//!   snapshot (a key may move between two rows). Views report, they never
+//!   decide.
+//! - A listing is bounded by a [`Page`]: at most `limit` names after the
+//!   cursor `after` (names sort by bytes); `truncated` says more exist and
+//!   `next_after` is the cursor of the next page.
+//!
+//! # Layout
+//!
+//! This file holds what every family shares: [`Stores`], [`Page`] and the
+//! listing of names under a prefix, time and error conversions, and
+//! [`print_json`]. Each family of records has its own file, re-exported
+//! here so callers name everything as `views::…`.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use coord_adapters::board::{BoardAdapter, BoardError};
+use coord_adapters::lock::{FairLock, GenericLock, GenericSemaphore, LockError};
+use coord_adapters::sideeffect::{SideEffectAdapter, SideEffectError};
+use coord_backend::{Backend, Error, SystemClock};
+use coord_scheduler::{RunStore, RunStoreOptions};
+use serde::Serialize;
+
+mod conformance;
+mod elections;
+mod fair_locks;
+mod jobs;
+mod locks;
+mod rwlocks;
+mod semaphores;
+mod side_effects;
+mod tasks;
+
+pub(crate) use conformance::conformance;
+pub(crate) use elections::{elections, ElectionsView};
+pub(crate) use fair_locks::fair_locks;
+pub(crate) use jobs::{jobs, runs, JobsView, RunView, RunsView};
+pub(crate) use locks::{locks, LocksView};
+pub(crate) use rwlocks::{rwlocks, RwLocksView};
+pub(crate) use semaphores::semaphores;
+pub(crate) use side_effects::{
+    resources, side_effects, InspectView, ResourcesView, SideEffectsView, UncertainKind,
+};
+pub(crate) use tasks::{tasks, TasksView};
+
+/// The largest `limit` a listing accepts (the console refuses more with 400).
+pub(crate) const MAX_LIMIT: usize = 500;
+
+/// A bounded window of a listing: at most `limit` names after `after`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Page {
+    /// At most this many names (1..=[`MAX_LIMIT`]).
+    pub(crate) limit: usize,
+    /// Only names sorting after this one (exclusive).
+    pub(crate) after: Option<String>,
+}
+
+impl Page {
+    /// The first `limit` names.
+    pub(crate) fn first(limit: usize) -> Self {
+        Page { limit, after: None }
+    }
+}
+
+/// The names under `prefix` (prefix stripped), bounded by `page` (`None`:
+/// every name), with `(truncated, next_after)`.
+async fn list_names(
+    backend: &Arc<dyn Backend>,
+    prefix: &str,
+    page: Option<&Page>,
+) -> Result<(Vec<String>, bool, Option<String>), Error> {
+    let names = backend
+        .keys(prefix)
+        .await?
+        .into_iter()
+        .filter_map(|k| k.strip_prefix(prefix).map(str::to_owned))
+        // No adapter stores a record under an empty name.
+        .filter(|name| !name.is_empty());
+    let Some(page) = page else {
+        return Ok((names.collect(), false, None));
+    };
+    let mut names = names.filter(|n| page.after.as_deref().is_none_or(|after| n.as_str() > after));
+    let taken: Vec<String> = names.by_ref().take(page.limit).collect();
+    let truncated = names.next().is_some();
+    let next_after = if truncated {
+        taken.last().cloned()
+    } else {
+        None
+    };
+    Ok((taken, truncated, next_after))
+}
+
+/// UTC milliseconds since the epoch (0 before it).
+pub(crate) fn ms(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn now_ms() -> u64 {
+    ms(SystemTime::now())
+}
+
+/// Store errors pass through; every other side-effect error is unexpected
+/// for a read and is reported as a config error with its text.
+pub(crate) fn side_effect_error(e: SideEffectError) -> Error {
+    match e {
+        SideEffectError::Store(e) => e,
+        other => Error::Config(other.to_string()),
+    }
+}
+
+fn lock_error(e: LockError) -> Error {
+    match e {
+        LockError::Store(e) => e,
+        other => Error::Config(other.to_string()),
+    }
+}
+
+fn board_error(e: BoardError) -> Error {
+    match e {
+        BoardError::Store(e) => e,
+        other => Error::Config(other.to_string()),
+    }
+}
+
+pub(crate) fn scheduler_error(e: coord_scheduler::Error) -> Error {
+    match e {
+        coord_scheduler::Error::Store(e) => e,
+        other => Error::Config(other.to_string()),
+    }
+}
+
+/// The adapters over one store that the views read through.
+#[derive(Clone, Debug)]
+pub(crate) struct Stores {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) locks: GenericLock,
+    pub(crate) fair_locks: FairLock,
+    pub(crate) semaphores: GenericSemaphore,
+    pub(crate) board: BoardAdapter,
+    pub(crate) effects: SideEffectAdapter,
+    pub(crate) runs: Arc<RunStore>,
+}
+
+impl Stores {
+    /// Every adapter with its default options (default record prefixes, system clock).
+    pub(crate) fn new(backend: Arc<dyn Backend>) -> Result<Self, Error> {
+        let runs = RunStore::new(
+            backend.clone(),
+            Arc::new(SystemClock),
+            RunStoreOptions::default(),
+        )
+        .map_err(scheduler_error)?;
+        Ok(Stores {
+            locks: GenericLock::new(backend.clone()),
+            fair_locks: FairLock::new(backend.clone()),
+            semaphores: GenericSemaphore::new(backend.clone()),
+            board: BoardAdapter::new(backend.clone()),
+            effects: SideEffectAdapter::new(backend.clone()),
+            runs: Arc::new(runs),
+            backend,
+        })
+    }
+}
+
+/// A string cut to `max` characters, ending in `…` when cut.
+pub(crate) fn shorten(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        text.to_owned()
+    } else {
+        let mut s: String = text.chars().take(max.saturating_sub(1)).collect();
+        s.push('…');
+        s
+    }
+}
+
+/// Print one view as one line of JSON on stdout.
+pub(crate) fn print_json<T: Serialize>(view: &T) -> Result<(), Error> {
+    let line = serde_json::to_string(view)
+        .map_err(|e| Error::Config(format!("cannot encode the JSON output: {e}")))?;
+    println!("{line}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use coord_adapters::lock::{Lock, LockExt, Semaphore, WaitOptions};
+    use std::time::Duration;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fair_locks_and_semaphores_show_holders_and_waiters_without_tokens() {
+        let backend = coord::connect("memory://?namespace=views-recipes")
+            .await
+            .unwrap();
+        let stores = Stores::new(backend.clone()).unwrap();
+        let ttl = Duration::from_secs(60);
+        let fair = FairLock::new(backend.clone());
+        let held = fair.try_lock("jobs/a", ttl).await.unwrap().unwrap();
+        let waiter = fair.clone();
+        let waiting = tokio::spawn(async move {
+            waiter
+                .lock_with(
+                    "jobs/a",
+                    ttl,
+                    &WaitOptions::with_timeout(Duration::from_secs(30)),
+                )
+                .await
+        });
+        // Wait until the waiter is in line.
+        while stores
+            .fair_locks
+            .status("jobs/a")
+            .await
+            .unwrap()
+            .is_none_or(|s| s.waiting.is_empty())
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let sem = GenericSemaphore::new(backend.clone());
+        let permit = sem.try_acquire("pool", 3, ttl).await.unwrap().unwrap();
+
+        let view = fair_locks(&stores, &Page::first(10)).await.unwrap();
+        assert_eq!(view.locks.len(), 1, "{view:?}");
+        let row = &view.locks[0];
+        assert_eq!(
+            (row.key.as_str(), row.fence, row.state),
+            ("jobs/a", 1, "held")
+        );
+        assert_eq!(row.waiting.len(), 1);
+        assert!(row.waiting[0].live);
+
+        let view = semaphores(&stores, &Page::first(10)).await.unwrap();
+        assert_eq!(view.semaphores.len(), 1, "{view:?}");
+        let row = &view.semaphores[0];
+        assert_eq!(
+            (row.key.as_str(), row.permits, row.held, row.fence),
+            ("pool", 3, 1, 1)
+        );
+
+        let json = serde_json::to_string(&(
+            fair_locks(&stores, &Page::first(10)).await.unwrap(),
+            semaphores(&stores, &Page::first(10)).await.unwrap(),
+        ))
+        .unwrap();
+        assert!(
+            !json.contains(held.token()) && !json.contains(permit.token()),
+            "{json}"
+        );
+
+        fair.release(held).await.unwrap();
+        let next = waiting.await.unwrap().unwrap();
+        assert_eq!(next.fence(), 2);
+        let view = fair_locks(&stores, &Page::first(10)).await.unwrap();
+        assert!(view.locks[0].waiting.is_empty());
+    }
+}

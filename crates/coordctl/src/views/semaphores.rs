@@ -1,0 +1,73 @@
+//! `GenericSemaphore` keys (`/api/semaphores`): the permits asked for, how
+//! many are held now, and each permit's fence and lease. No token is shown.
+
+use coord_backend::Error;
+use serde::Serialize;
+
+use super::{list_names, lock_error, ms, now_ms, Page, Stores};
+
+/// One permit of a semaphore (no token).
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct PermitView {
+    pub(crate) fence: u64,
+    pub(crate) live: bool,
+    pub(crate) lease_expires_ms: u64,
+}
+
+/// One `GenericSemaphore` key: its permits and their holders.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct SemaphoreView {
+    pub(crate) key: String,
+    /// The fence of the latest permit.
+    pub(crate) fence: u64,
+    /// How many permits the holders asked for.
+    pub(crate) permits: u32,
+    /// How many permits are held now (live leases).
+    pub(crate) held: usize,
+    pub(crate) holders: Vec<PermitView>,
+}
+
+/// The semaphores of one page.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct SemaphoresView {
+    pub(crate) namespace: String,
+    pub(crate) now_ms: u64,
+    pub(crate) truncated: bool,
+    pub(crate) next_after: Option<String>,
+    pub(crate) semaphores: Vec<SemaphoreView>,
+}
+
+/// The semaphores of `page` (records `sem/<key>`).
+pub(crate) async fn semaphores(stores: &Stores, page: &Page) -> Result<SemaphoresView, Error> {
+    let prefix = stores.semaphores.key_prefix().to_owned();
+    let (keys, truncated, next_after) = list_names(&stores.backend, &prefix, Some(page)).await?;
+    let mut rows = Vec::with_capacity(keys.len());
+    for key in keys {
+        let Some(status) = stores.semaphores.status(&key).await.map_err(lock_error)? else {
+            continue;
+        };
+        let holders: Vec<PermitView> = status
+            .holders
+            .iter()
+            .map(|h| PermitView {
+                fence: h.fence,
+                live: h.live,
+                lease_expires_ms: ms(h.expires_at),
+            })
+            .collect();
+        rows.push(SemaphoreView {
+            held: holders.iter().filter(|h| h.live).count(),
+            key: status.key,
+            fence: status.fence,
+            permits: status.permits,
+            holders,
+        });
+    }
+    Ok(SemaphoresView {
+        namespace: stores.backend.namespace().to_owned(),
+        now_ms: now_ms(),
+        truncated,
+        next_after,
+        semaphores: rows,
+    })
+}
