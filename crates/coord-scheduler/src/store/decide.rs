@@ -1,0 +1,440 @@
+//! Every decision of a [`RunStore`](super::RunStore), as a pure function of
+//! one consistent view of the keys it reads. The engine may call a decision
+//! again on a fresher view after a conflict, so each one only depends on its
+//! arguments and writes nothing itself: what it returns is committed, or
+//! answered, whole.
+
+use coord_adapters::{Decision, View};
+use coord_backend::Mutation;
+
+use super::records::{
+    decode, encode, History, HistoryEntry, RunningEntry, RunningSet, SlotKeys, SlotRecord,
+    SlotState,
+};
+use super::{
+    Claim, ClaimOutcome, ClaimRequest, FinalStatus, Lease, ManualRun, RunStatus, SkipReason, Slot,
+};
+use crate::Error;
+
+/// Whether the asking token owns the run. A decision answers `No` without
+/// writing; the caller turns it into [`Error::NotOwner`].
+pub(super) enum Owned<T> {
+    Yes(T),
+    No,
+}
+
+impl<T> Owned<T> {
+    pub(super) fn or_not_owner(self, job: &str, slot: Slot) -> Result<T, Error> {
+        match self {
+            Owned::Yes(value) => Ok(value),
+            Owned::No => Err(Error::NotOwner {
+                job: job.to_owned(),
+                slot,
+            }),
+        }
+    }
+}
+
+/// Who runs `keys.slot`: reads all three keys of the slot, writes all three
+/// when the request wins.
+pub(super) fn claim(
+    view: &View,
+    keys: &SlotKeys,
+    request: &ClaimRequest,
+    now: u64,
+    lease_until: u64,
+    history_size: usize,
+) -> Result<Decision<Claim>, Error> {
+    let slot = keys.slot;
+    let (record, mut running, mut history) = keys.read(view)?;
+    if slot < history.forgotten_below {
+        return Ok(Decision::Return(Claim {
+            won: false,
+            outcome: ClaimOutcome::Done,
+            takeovers: 0,
+            holder: None,
+            lease_until_ms: None,
+        }));
+    }
+    let lease = running.runs.get(&slot).cloned();
+    let takeovers = match &record {
+        None => 0,
+        Some(r) if r.state == SlotState::Running && r.token == request.token => {
+            // The same attempt asking again: still ours. Renew an
+            // expired lease so the answer is not stale on arrival.
+            let outcome = if r.takeovers > 0 {
+                ClaimOutcome::TakenOver
+            } else {
+                ClaimOutcome::Won
+            };
+            let claim = |until| Claim {
+                won: true,
+                outcome,
+                takeovers: r.takeovers,
+                holder: Some(r.instance.clone()),
+                lease_until_ms: Some(until),
+            };
+            return Ok(match lease {
+                Some(l) if l.token == request.token && l.lease_until_ms > now => {
+                    Decision::Return(claim(l.lease_until_ms))
+                }
+                _ => {
+                    running.runs.insert(
+                        slot,
+                        RunningEntry {
+                            token: r.token.clone(),
+                            instance: r.instance.clone(),
+                            started_ms: r.started_ms,
+                            lease_until_ms: lease_until,
+                        },
+                    );
+                    Decision::Commit {
+                        mutations: vec![encode(&keys.running_key, &running)],
+                        then: claim(lease_until),
+                    }
+                }
+            });
+        }
+        Some(r) if r.state == SlotState::Done => {
+            return Ok(Decision::Return(Claim {
+                won: false,
+                outcome: ClaimOutcome::Done,
+                takeovers: r.takeovers,
+                holder: Some(r.instance.clone()),
+                lease_until_ms: None,
+            }));
+        }
+        Some(r) if r.state == SlotState::Running => match &lease {
+            Some(l)
+                if l.token == r.token
+                    && (l.lease_until_ms > now || !request.takeover.allows(l.lease_until_ms)) =>
+            {
+                return Ok(Decision::Return(Claim {
+                    won: false,
+                    outcome: ClaimOutcome::Running,
+                    takeovers: r.takeovers,
+                    holder: Some(r.instance.clone()),
+                    lease_until_ms: Some(l.lease_until_ms),
+                }));
+            }
+            // Lease expired (or lost from the running set): take over.
+            _ => r.takeovers.saturating_add(1),
+        },
+        // Released: free for the next claimer.
+        Some(r) => r.takeovers.saturating_add(1),
+    };
+    if !request.allow_overlap {
+        if let Some((other, entry)) = running
+            .runs
+            .iter()
+            .find(|(s, e)| **s != slot && e.lease_until_ms > now)
+        {
+            return Ok(Decision::Return(Claim {
+                won: false,
+                outcome: ClaimOutcome::Overlap {
+                    running_slot: *other,
+                },
+                takeovers,
+                holder: Some(entry.instance.clone()),
+                lease_until_ms: Some(entry.lease_until_ms),
+            }));
+        }
+    }
+    let new_record = SlotRecord {
+        token: request.token.clone(),
+        instance: request.instance.clone(),
+        state: SlotState::Running,
+        started_ms: now,
+        finished_ms: None,
+        takeovers,
+    };
+    running.runs.insert(
+        slot,
+        RunningEntry {
+            token: request.token.clone(),
+            instance: request.instance.clone(),
+            started_ms: now,
+            lease_until_ms: lease_until,
+        },
+    );
+    history.upsert(
+        HistoryEntry {
+            slot,
+            manual: false,
+            token: None,
+            instance: request.instance.clone(),
+            status: RunStatus::Running,
+            message: None,
+            started_ms: now,
+            finished_ms: None,
+            takeovers,
+        },
+        history_size,
+    );
+    Ok(Decision::Commit {
+        mutations: keys.write(&new_record, &running, &history),
+        then: Claim {
+            won: true,
+            outcome: if takeovers > 0 {
+                ClaimOutcome::TakenOver
+            } else {
+                ClaimOutcome::Won
+            },
+            takeovers,
+            holder: Some(request.instance.clone()),
+            lease_until_ms: Some(lease_until),
+        },
+    })
+}
+
+/// Extend the lease of `slot` to `until`, for its owning token only.
+pub(super) fn heartbeat(
+    view: &View,
+    running_key: &str,
+    slot: Slot,
+    token: &str,
+    until: u64,
+) -> Result<Decision<Owned<Lease>>, Error> {
+    let mut running: RunningSet = decode(view, running_key)?.unwrap_or_default();
+    match running.runs.get_mut(&slot) {
+        Some(entry) if entry.token == token => {
+            entry.lease_until_ms = until;
+            Ok(Decision::Commit {
+                mutations: vec![encode(running_key, &running)],
+                then: Owned::Yes(Lease {
+                    lease_until_ms: until,
+                }),
+            })
+        }
+        _ => Ok(Decision::Return(Owned::No)),
+    }
+}
+
+/// Mark a run finished with `status`: a scheduled one in its slot record,
+/// the running set and history; a manual one in history only.
+pub(super) fn finish(
+    view: &View,
+    keys: &SlotKeys,
+    token: &str,
+    status: &FinalStatus,
+    now: u64,
+    history_size: usize,
+) -> Result<Decision<Owned<()>>, Error> {
+    let slot = keys.slot;
+    let (run_status, message) = match status {
+        FinalStatus::Succeeded => (RunStatus::Succeeded, None),
+        FinalStatus::Failed(m) => (RunStatus::Failed, Some(m.clone())),
+        FinalStatus::TimedOut => (RunStatus::TimedOut, None),
+    };
+    let (record, mut running, mut history) = keys.read(view)?;
+    match record {
+        Some(r) if r.token == token && r.state == SlotState::Done => {
+            return Ok(Decision::Return(Owned::Yes(())));
+        }
+        Some(mut r) if r.token == token && r.state == SlotState::Running => {
+            r.state = SlotState::Done;
+            r.finished_ms = Some(now);
+            running.runs.remove(&slot);
+            let entry = HistoryEntry {
+                slot,
+                manual: false,
+                token: None,
+                instance: r.instance.clone(),
+                status: run_status,
+                message: message.clone(),
+                started_ms: r.started_ms,
+                finished_ms: Some(now),
+                takeovers: r.takeovers,
+            };
+            history.upsert(entry, history_size);
+            return Ok(Decision::Commit {
+                mutations: keys.write(&r, &running, &history),
+                then: Owned::Yes(()),
+            });
+        }
+        _ => {}
+    }
+    // A manual run: it lives in history only.
+    let manual = history
+        .runs
+        .iter_mut()
+        .find(|e| e.manual && e.slot == slot && e.token.as_deref() == Some(token));
+    match manual {
+        Some(e) if e.status != RunStatus::Running => Ok(Decision::Return(Owned::Yes(()))),
+        Some(e) => {
+            e.status = run_status;
+            e.message = message.clone();
+            e.finished_ms = Some(now);
+            Ok(Decision::Commit {
+                mutations: vec![encode(&keys.history_key, &history)],
+                then: Owned::Yes(()),
+            })
+        }
+        None => Ok(Decision::Return(Owned::No)),
+    }
+}
+
+/// Give up a run so the next claimer takes it over at once.
+pub(super) fn release(
+    view: &View,
+    keys: &SlotKeys,
+    token: &str,
+    now: u64,
+    history_size: usize,
+) -> Result<Decision<Owned<()>>, Error> {
+    let slot = keys.slot;
+    let (record, mut running, mut history) = keys.read(view)?;
+    match record {
+        Some(r) if r.token == token && r.state == SlotState::Released => {
+            Ok(Decision::Return(Owned::Yes(())))
+        }
+        Some(mut r) if r.token == token && r.state == SlotState::Running => {
+            r.state = SlotState::Released;
+            r.finished_ms = Some(now);
+            running.runs.remove(&slot);
+            history.upsert(
+                HistoryEntry {
+                    slot,
+                    manual: false,
+                    token: None,
+                    instance: r.instance.clone(),
+                    status: RunStatus::Released,
+                    message: None,
+                    started_ms: r.started_ms,
+                    finished_ms: Some(now),
+                    takeovers: r.takeovers,
+                },
+                history_size,
+            );
+            Ok(Decision::Commit {
+                mutations: keys.write(&r, &running, &history),
+                then: Owned::Yes(()),
+            })
+        }
+        _ => Ok(Decision::Return(Owned::No)),
+    }
+}
+
+/// Add a manual run to history, once per token.
+pub(super) fn record_manual(
+    view: &View,
+    history_key: &str,
+    run: &ManualRun,
+    now: u64,
+    history_size: usize,
+) -> Result<Decision<()>, Error> {
+    let mut history: History = decode(view, history_key)?.unwrap_or_default();
+    if history
+        .runs
+        .iter()
+        .any(|e| e.manual && e.token.as_deref() == Some(run.token.as_str()))
+    {
+        // The same manual run recorded again (a retry): nothing to do.
+        return Ok(Decision::Return(()));
+    }
+    history.upsert(
+        HistoryEntry {
+            slot: run.slot,
+            manual: true,
+            token: Some(run.token.clone()),
+            instance: run.instance.clone(),
+            status: RunStatus::Running,
+            message: None,
+            started_ms: now,
+            finished_ms: None,
+            takeovers: 0,
+        },
+        history_size,
+    );
+    Ok(Decision::Commit {
+        mutations: vec![encode(history_key, &history)],
+        then: (),
+    })
+}
+
+/// Add a skipped slot to history, unless the slot was claimed or is
+/// already there; reads the slot record and history only.
+pub(super) fn record_skip(
+    view: &View,
+    keys: &SlotKeys,
+    instance: &str,
+    reason: SkipReason,
+    now: u64,
+    history_size: usize,
+) -> Result<Decision<bool>, Error> {
+    let SlotKeys {
+        slot,
+        slot_key,
+        history_key,
+        ..
+    } = keys;
+    let slot = *slot;
+    if view.value(slot_key).is_some() {
+        return Ok(Decision::Return(false));
+    }
+    let mut history: History = decode(view, history_key)?.unwrap_or_default();
+    if history.scheduled_mut(slot).is_some() {
+        return Ok(Decision::Return(false));
+    }
+    if history.runs.len() >= history_size && history.runs.last().is_some_and(|e| e.slot > slot) {
+        // Older than everything kept: recording it would drop it at once.
+        return Ok(Decision::Return(false));
+    }
+    history.upsert(
+        HistoryEntry {
+            slot,
+            manual: false,
+            token: None,
+            instance: instance.to_owned(),
+            status: RunStatus::Skipped(reason),
+            message: None,
+            started_ms: now,
+            finished_ms: Some(now),
+            takeovers: 0,
+        },
+        history_size,
+    );
+    Ok(Decision::Commit {
+        mutations: vec![encode(history_key, &history)],
+        then: true,
+    })
+}
+
+/// Delete the claims of `batch` (keys under `prefix`) that ended before
+/// `horizon`, and raise history's floor past them in the same txn.
+pub(super) fn forget(
+    view: &View,
+    batch: &[String],
+    prefix: &str,
+    horizon: u64,
+    history_key: &str,
+) -> Result<Decision<usize>, Error> {
+    let mut deletes = Vec::new();
+    let mut below = 0;
+    for key in batch {
+        let Some(record) = decode::<SlotRecord>(view, key)? else {
+            continue;
+        };
+        // Remember a claim for the whole window after it ended,
+        // so a backup still following it sees it done.
+        let ended = record.finished_ms.unwrap_or(u64::MAX);
+        if record.state != SlotState::Running && ended < horizon {
+            deletes.push(Mutation::delete(key.clone()));
+            if let Ok(slot) = key[prefix.len()..].parse::<u64>() {
+                below = below.max(slot.saturating_add(1));
+            }
+        }
+    }
+    let n = deletes.len();
+    if n == 0 {
+        return Ok(Decision::Return(0));
+    }
+    // Raise the floor in the same txn as the deletes.
+    let mut history: History = decode(view, history_key)?.unwrap_or_default();
+    history.forgotten_below = history.forgotten_below.max(below);
+    deletes.push(encode(history_key, &history));
+    Ok(Decision::Commit {
+        mutations: deletes,
+        then: n,
+    })
+}

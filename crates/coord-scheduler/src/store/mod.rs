@@ -1,0 +1,160 @@
+//! The run store: who runs `(job, slot)`, decided once, atomically, over the
+//! three primitives.
+//!
+//! # Contract ([`SlotStore`])
+//!
+//! - [`claim`](SlotStore::claim) is ONE atomic decision: for a `(job, slot)`
+//!   it answers `won = true` for exactly one token, and `true` again when the
+//!   same token asks again while its run is unfinished (a client retrying
+//!   after a lost reply still owns its run). Any other token gets
+//!   `won = false` with the reason: the run is live elsewhere, done, or
+//!   blocked by a live run of another slot (overlap protection).
+//! - A run whose lease expired without finishing, or that was released, is
+//!   **taken over** by the next claimer; the record counts takeovers.
+//! - [`heartbeat`](SlotStore::heartbeat), [`finish`](SlotStore::finish) and
+//!   [`release`](SlotStore::release) act only with the owning token; anything
+//!   else is [`Error::NotOwner`] and changes nothing. An expired lease that
+//!   nobody took over yet still belongs to its holder (expiry only opens the
+//!   door to a takeover).
+//! - [`history`](SlotStore::history) lists recent runs of a job from every
+//!   instance, newest slot first, bounded by the store's history size.
+//! - [`dedupe_window`](SlotStore::dedupe_window) says how long finished
+//!   claims are remembered; the scheduler refuses jobs that could still
+//!   claim a slot after that.
+//!
+//! # The implementation ([`RunStore`])
+//!
+//! Three keys per job, each decision a single
+//! [`CasEngine::decide`](coord_adapters::CasEngine::decide) call that
+//! asserts every key it read (never read-decide-write in separate calls):
+//!
+//! | key | holds |
+//! | --- | --- |
+//! | `sched/{job}/slot/{slot:020}` | one record per claimed slot: token, instance, state, takeovers (the dedupe memory) |
+//! | `sched/{job}/running` | every unfinished run of the job with its lease: the overlap check and [`SlotStore::active`] |
+//! | `sched/{job}/history` | the last `history_size` runs (JSON list), newest slot first |
+//!
+//! A claim reads all three and writes all three, so two slots of one job
+//! serialize on the `running` key (that is what makes overlap protection
+//! atomic); different jobs never contend. Expiry is judged with the store's
+//! [`Clock`](coord_backend::Clock): instances must agree on time to within a
+//! small fraction of the lease TTL; a skewed clock can only cause an early
+//! takeover (a liveness / duplicate-work risk bounded by the lease), never
+//! two winners of one claim.
+//!
+//! # Layout
+//!
+//! The public vocabulary of the contract is in `types`, the stored JSON
+//! records and the key layout in `records`, each atomic decision as a pure
+//! function of one view in `decide`, and [`RunStore`] (validation, then one
+//! engine call per operation) in `run_store`.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::Error;
+
+mod decide;
+mod records;
+mod run_store;
+#[cfg(test)]
+mod tests;
+mod types;
+
+pub use run_store::{RunStore, RunStoreOptions};
+pub use types::{
+    ActiveRun, Claim, ClaimOutcome, ClaimRequest, FinalStatus, Lease, ManualRun, RunRecord,
+    RunStatus, SkipReason, Takeover,
+};
+
+/// A slot: the scheduled instant in UTC milliseconds since the Unix epoch.
+pub type Slot = u64;
+
+const MAX_NAME: usize = 128;
+
+/// The contract a scheduler coordinates through.
+/// [`RunStore`] implements it over any [`Backend`](coord_backend::Backend);
+/// the conformance suite checks any implementation.
+#[async_trait]
+pub trait SlotStore: Send + Sync + fmt::Debug {
+    /// How long a finished claim is remembered (`None` = forever).
+    fn dedupe_window(&self) -> Option<Duration>;
+
+    /// Decide, atomically, whether `request.token` runs `(job, slot)`.
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, Error>;
+
+    /// Extend the lease to now + `ttl`, only for the owning token.
+    async fn heartbeat(
+        &self,
+        job: &str,
+        slot: Slot,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<Lease, Error>;
+
+    /// Mark the run finished, only for the owning token (idempotent for it).
+    async fn finish(
+        &self,
+        job: &str,
+        slot: Slot,
+        token: &str,
+        status: FinalStatus,
+    ) -> Result<(), Error>;
+
+    /// End the lease now so a backup can take over, only for the owning token.
+    async fn release(&self, job: &str, slot: Slot, token: &str) -> Result<(), Error>;
+
+    /// The unfinished runs of `job` and whether each lease is live.
+    async fn active(&self, job: &str) -> Result<Vec<ActiveRun>, Error>;
+
+    /// Record a manual run (no deduplication); finish it with [`SlotStore::finish`].
+    async fn record_manual(&self, run: &ManualRun) -> Result<(), Error>;
+
+    /// Record that `slot` was skipped, unless it was claimed or already
+    /// recorded. Returns whether this call recorded it. A skip record does
+    /// not block a later claim of the slot (by an instance still on time).
+    async fn record_skip(
+        &self,
+        job: &str,
+        slot: Slot,
+        instance: &str,
+        reason: SkipReason,
+    ) -> Result<bool, Error>;
+
+    /// Recent runs of `job` from every instance, newest slot first, at most `limit`.
+    async fn history(&self, job: &str, limit: usize) -> Result<Vec<RunRecord>, Error>;
+
+    /// Forget finished claims older than the dedupe window; returns how many.
+    async fn prune(&self, _job: &str) -> Result<usize, Error> {
+        Ok(0)
+    }
+}
+
+pub(super) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Check a job name: 1..=128 characters of `A-Z a-z 0-9 . _ : -`.
+pub fn validate_job_name(job: &str) -> Result<(), Error> {
+    let ok = !job.is_empty()
+        && job.len() <= MAX_NAME
+        && job
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidJobName(job.to_owned()))
+    }
+}
+
+pub(super) fn validate_label(what: &str, value: &str) -> Result<(), Error> {
+    if value.is_empty() || value.len() > MAX_NAME || value.contains('\0') {
+        return Err(Error::InvalidArgument(format!(
+            "{what} must be 1 to {MAX_NAME} bytes without NUL"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,338 @@
+//! [`RunStore`]: the [`SlotStore`] contract over any backend. Each
+//! operation validates its input before touching the store, then makes one
+//! engine call whose decision lives in `decide`; the reads of `active` and
+//! `history` are plain snapshots, since they decide nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use coord_adapters::{CasEngine, CasOptions};
+use coord_backend::{Backend, Clock};
+use serde::de::DeserializeOwned;
+
+use super::decide;
+use super::records::{history_key, running_key, slot_prefix, History, RunningSet, SlotKeys};
+use super::{
+    millis, validate_job_name, validate_label, ActiveRun, Claim, ClaimRequest, FinalStatus, Lease,
+    ManualRun, RunRecord, SkipReason, Slot, SlotStore,
+};
+use crate::Error;
+
+/// Claims forgotten per txn by `prune`: a long backlog is split so that no
+/// txn grows with it.
+const PRUNE_BATCH: usize = 64;
+
+/// Options of a [`RunStore`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct RunStoreOptions {
+    /// Runs kept in each job's history (at least 1; default 50).
+    pub history_size: usize,
+    /// Forget finished claims this long after they finished (`None`, the
+    /// default, = remember forever: one small key per run accumulates).
+    /// Forgetting is done by [`SlotStore::prune`], which the scheduler calls
+    /// after each run it finishes.
+    pub forget_claims_after: Option<Duration>,
+    /// Tuning of the CAS engine.
+    pub cas: CasOptions,
+}
+
+impl Default for RunStoreOptions {
+    fn default() -> Self {
+        RunStoreOptions {
+            history_size: 50,
+            forget_claims_after: None,
+            cas: CasOptions::default(),
+        }
+    }
+}
+
+impl RunStoreOptions {
+    /// Keep `size` runs per job.
+    pub fn history_size(mut self, size: usize) -> Self {
+        self.history_size = size;
+        self
+    }
+
+    /// Forget finished claims after `window` (`None` = never).
+    pub fn forget_claims_after(mut self, window: Option<Duration>) -> Self {
+        self.forget_claims_after = window;
+        self
+    }
+}
+
+/// [`SlotStore`] over any [`Backend`], every decision through one [`CasEngine`].
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use coord_backend::{Backend, ManualClock};
+/// use coord_memory::SingleProcessMemoryBackend;
+/// use coord_scheduler::{ClaimRequest, FinalStatus, RunStore, RunStoreOptions, SlotStore};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("doc").unwrap());
+/// let clock = Arc::new(ManualClock::at_millis(60_000));
+/// let store = RunStore::new(backend, clock, RunStoreOptions::default()).unwrap();
+///
+/// let a = ClaimRequest::new("report", 60_000, "token-a", "node-a", Duration::from_secs(30));
+/// let b = ClaimRequest::new("report", 60_000, "token-b", "node-b", Duration::from_secs(30));
+/// assert!(store.claim(&a).await.unwrap().won);
+/// assert!(store.claim(&a).await.unwrap().won, "the same token asking again still wins");
+/// assert!(!store.claim(&b).await.unwrap().won);
+/// store.finish("report", 60_000, "token-a", FinalStatus::Succeeded).await.unwrap();
+/// assert_eq!(store.history("report", 10).await.unwrap()[0].instance, "node-a");
+/// # });
+/// ```
+#[derive(Clone, Debug)]
+pub struct RunStore {
+    engine: CasEngine,
+    clock: Arc<dyn Clock>,
+    options: RunStoreOptions,
+}
+
+impl RunStore {
+    /// A run store over `backend`, judging lease expiry with `clock`.
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        clock: Arc<dyn Clock>,
+        options: RunStoreOptions,
+    ) -> Result<Self, Error> {
+        if options.history_size == 0 {
+            return Err(Error::InvalidArgument(
+                "history_size must be at least 1".into(),
+            ));
+        }
+        if options.forget_claims_after == Some(Duration::ZERO) {
+            return Err(Error::InvalidArgument(
+                "forget_claims_after must be positive (None = forever)".into(),
+            ));
+        }
+        Ok(RunStore {
+            engine: CasEngine::with_options(backend, options.cas.clone()),
+            clock,
+            options,
+        })
+    }
+
+    /// The options this store was built with.
+    pub fn options(&self) -> &RunStoreOptions {
+        &self.options
+    }
+
+    /// The CAS engine (for its round-trip counters).
+    pub fn engine(&self) -> &CasEngine {
+        &self.engine
+    }
+
+    fn owner_check(job: &str, token: &str) -> Result<(), Error> {
+        validate_job_name(job)?;
+        validate_label("token", token)
+    }
+
+    /// The record at `key` from one plain read (nothing to decide, so
+    /// nothing to assert), or its default when there is none.
+    async fn read<T: DeserializeOwned + Default>(&self, key: &str) -> Result<T, Error> {
+        let entries = self.engine.snapshot(&[key.to_owned()]).await?;
+        match entries.first().and_then(|e| e.value.as_deref()) {
+            None => Ok(T::default()),
+            Some(bytes) => serde_json::from_slice(bytes)
+                .map_err(|e| coord_backend::Error::malformed(key, e.to_string()).into()),
+        }
+    }
+}
+
+#[async_trait]
+impl SlotStore for RunStore {
+    fn dedupe_window(&self) -> Option<Duration> {
+        self.options.forget_claims_after
+    }
+
+    #[tracing::instrument(name = "scheduler.claim", skip_all, fields(
+        key = %request.job, slot = request.slot, store = self.engine.backend().store_name(),
+        takeovers = tracing::field::Empty,
+    ))]
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, Error> {
+        validate_job_name(&request.job)?;
+        validate_label("token", &request.token)?;
+        validate_label("instance", &request.instance)?;
+        if request.lease_ttl.is_zero() {
+            return Err(Error::InvalidArgument("lease_ttl must be positive".into()));
+        }
+        let keys = SlotKeys::new(&request.job, request.slot);
+        let now = self.clock.now_millis();
+        let lease_until = now.saturating_add(millis(request.lease_ttl));
+        let history_size = self.options.history_size;
+        let claim = self
+            .engine
+            .decide(&keys.all(), |view| {
+                decide::claim(view, &keys, request, now, lease_until, history_size)
+            })
+            .await;
+        if let Ok(claim) = &claim {
+            tracing::Span::current().record("takeovers", claim.takeovers);
+        }
+        claim
+    }
+
+    async fn heartbeat(
+        &self,
+        job: &str,
+        slot: Slot,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<Lease, Error> {
+        Self::owner_check(job, token)?;
+        if ttl.is_zero() {
+            return Err(Error::InvalidArgument("lease ttl must be positive".into()));
+        }
+        let running_key = running_key(job);
+        let now = self.clock.now_millis();
+        let until = now.saturating_add(millis(ttl));
+        self.engine
+            .decide(std::slice::from_ref(&running_key), |view| {
+                decide::heartbeat(view, &running_key, slot, token, until)
+            })
+            .await?
+            .or_not_owner(job, slot)
+    }
+
+    async fn finish(
+        &self,
+        job: &str,
+        slot: Slot,
+        token: &str,
+        status: FinalStatus,
+    ) -> Result<(), Error> {
+        Self::owner_check(job, token)?;
+        let keys = SlotKeys::new(job, slot);
+        let now = self.clock.now_millis();
+        let history_size = self.options.history_size;
+        self.engine
+            .decide(&keys.all(), |view| {
+                decide::finish(view, &keys, token, &status, now, history_size)
+            })
+            .await?
+            .or_not_owner(job, slot)
+    }
+
+    async fn release(&self, job: &str, slot: Slot, token: &str) -> Result<(), Error> {
+        Self::owner_check(job, token)?;
+        let keys = SlotKeys::new(job, slot);
+        let now = self.clock.now_millis();
+        let history_size = self.options.history_size;
+        self.engine
+            .decide(&keys.all(), |view| {
+                decide::release(view, &keys, token, now, history_size)
+            })
+            .await?
+            .or_not_owner(job, slot)
+    }
+
+    async fn active(&self, job: &str) -> Result<Vec<ActiveRun>, Error> {
+        validate_job_name(job)?;
+        let running_key = running_key(job);
+        let running: RunningSet = self.read(&running_key).await?;
+        let now = self.clock.now_millis();
+        Ok(running
+            .runs
+            .into_iter()
+            .map(|(slot, e)| ActiveRun {
+                slot,
+                instance: e.instance,
+                started_ms: e.started_ms,
+                lease_until_ms: e.lease_until_ms,
+                live: e.lease_until_ms > now,
+            })
+            .collect())
+    }
+
+    async fn record_manual(&self, run: &ManualRun) -> Result<(), Error> {
+        validate_job_name(&run.job)?;
+        validate_label("token", &run.token)?;
+        validate_label("instance", &run.instance)?;
+        let history_key = history_key(&run.job);
+        let now = self.clock.now_millis();
+        let history_size = self.options.history_size;
+        self.engine
+            .decide(std::slice::from_ref(&history_key), |view| {
+                decide::record_manual(view, &history_key, run, now, history_size)
+            })
+            .await
+    }
+
+    async fn record_skip(
+        &self,
+        job: &str,
+        slot: Slot,
+        instance: &str,
+        reason: SkipReason,
+    ) -> Result<bool, Error> {
+        validate_job_name(job)?;
+        validate_label("instance", instance)?;
+        let keys = SlotKeys::new(job, slot);
+        let read = [keys.slot_key.clone(), keys.history_key.clone()];
+        let now = self.clock.now_millis();
+        let history_size = self.options.history_size;
+        self.engine
+            .decide(&read, |view| {
+                decide::record_skip(view, &keys, instance, reason, now, history_size)
+            })
+            .await
+    }
+
+    async fn history(&self, job: &str, limit: usize) -> Result<Vec<RunRecord>, Error> {
+        validate_job_name(job)?;
+        let history_key = history_key(job);
+        let history: History = self.read(&history_key).await?;
+        Ok(history
+            .runs
+            .into_iter()
+            .take(limit)
+            .map(|e| RunRecord {
+                slot: e.slot,
+                instance: e.instance,
+                status: e.status,
+                message: e.message,
+                started_ms: e.started_ms,
+                duration_ms: e.finished_ms.map(|f| f.saturating_sub(e.started_ms)),
+                takeovers: e.takeovers,
+                manual: e.manual,
+            })
+            .collect())
+    }
+
+    async fn prune(&self, job: &str) -> Result<usize, Error> {
+        validate_job_name(job)?;
+        let Some(window) = self.options.forget_claims_after else {
+            return Ok(0);
+        };
+        let now = self.clock.now_millis();
+        let horizon = now.saturating_sub(millis(window));
+        let prefix = slot_prefix(job);
+        let keys = self.engine.backend().keys(&prefix).await?;
+        // Slot keys sort by slot (zero-padded): only the old ones can go.
+        let old: Vec<String> = keys
+            .into_iter()
+            .filter(|k| {
+                k[prefix.len()..]
+                    .parse::<u64>()
+                    .is_ok_and(|slot| slot < horizon)
+            })
+            .collect();
+        let history_key = history_key(job);
+        let mut forgotten = 0;
+        for batch in old.chunks(PRUNE_BATCH) {
+            let mut keys = batch.to_vec();
+            keys.push(history_key.clone());
+            forgotten += self
+                .engine
+                .decide(&keys, |view| {
+                    decide::forget(view, batch, &prefix, horizon, &history_key)
+                })
+                .await?;
+        }
+        Ok(forgotten)
+    }
+}
