@@ -927,11 +927,17 @@ async fn locking_hints_with_a_broken_store_and_without_a_store() {
     with_down.wait_idle().await;
     for name in ["required", "preferred"] {
         let events: Vec<_> = report.of(name).collect();
+        // The oldest slot sits exactly at `max_late`: the time the tick
+        // spends on the failed claims before it may make it late (the tick
+        // counts real time spent, by design), so `Late` is allowed too.
         assert!(
-            !events.is_empty()
-                && events
-                    .iter()
-                    .all(|e| matches!(e.action, TickAction::StoreError { .. })),
+            events
+                .iter()
+                .any(|e| matches!(e.action, TickAction::StoreError { .. }))
+                && events.iter().all(|e| matches!(
+                    e.action,
+                    TickAction::StoreError { .. } | TickAction::Late { .. }
+                )),
             "{name}: {events:?}"
         );
     }
