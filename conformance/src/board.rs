@@ -605,10 +605,10 @@ impl Backend for WindowBackend {
     fn limits(&self) -> Limits {
         self.inner.limits()
     }
-    async fn snapshot(&self, keys: &[String]) -> coord_backend::Result<Vec<Entry>> {
-        self.inner.snapshot(keys).await
+    async fn raw_snapshot(&self, keys: &[&str]) -> coord_backend::Result<Vec<Entry>> {
+        self.inner.raw_snapshot(keys).await
     }
-    async fn txn(
+    async fn raw_txn(
         &self,
         asserts: &[Assert],
         mutations: &[Mutation],
@@ -622,10 +622,10 @@ impl Backend for WindowBackend {
                 self.fired.store(true, Ordering::SeqCst);
             }
         }
-        self.inner.txn(asserts, mutations).await
+        self.inner.raw_txn(asserts, mutations).await
     }
-    async fn keys(&self, prefix: &str) -> coord_backend::Result<Vec<String>> {
-        self.inner.keys(prefix).await
+    async fn raw_keys(&self, prefix: &str) -> coord_backend::Result<Vec<String>> {
+        self.inner.raw_keys(prefix).await
     }
 }
 

@@ -346,7 +346,7 @@ impl FaultyBackend {
     }
 
     async fn apply_deferred(&self, txn: Deferred) {
-        let outcome = self.inner.txn(&txn.asserts, &txn.mutations).await;
+        let outcome = self.inner.raw_txn(&txn.asserts, &txn.mutations).await;
         let what = match outcome {
             Ok(o) if o.applied => "applied".to_owned(),
             Ok(_) => "rejected".to_owned(),
@@ -435,12 +435,19 @@ impl Backend for FaultyBackend {
         self.inner.changes()
     }
 
-    async fn snapshot(&self, keys: &[String]) -> coord_backend::Result<Vec<Entry>> {
-        self.run(Call::Read, "snapshot", || self.inner.snapshot(keys), None)
-            .await
+    // Faults act between the checked calls and the store: input is checked
+    // once, by the provided methods, before any fault is drawn.
+    async fn raw_snapshot(&self, keys: &[&str]) -> coord_backend::Result<Vec<Entry>> {
+        self.run(
+            Call::Read,
+            "snapshot",
+            || self.inner.raw_snapshot(keys),
+            None,
+        )
+        .await
     }
 
-    async fn txn(
+    async fn raw_txn(
         &self,
         asserts: &[Assert],
         mutations: &[Mutation],
@@ -458,14 +465,14 @@ impl Backend for FaultyBackend {
         self.run(
             call,
             "txn",
-            || self.inner.txn(asserts, mutations),
+            || self.inner.raw_txn(asserts, mutations),
             Some(defer),
         )
         .await
     }
 
-    async fn keys(&self, prefix: &str) -> coord_backend::Result<Vec<String>> {
-        self.run(Call::Read, "keys", || self.inner.keys(prefix), None)
+    async fn raw_keys(&self, prefix: &str) -> coord_backend::Result<Vec<String>> {
+        self.run(Call::Read, "keys", || self.inner.raw_keys(prefix), None)
             .await
     }
 }

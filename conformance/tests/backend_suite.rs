@@ -7,10 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use coord_backend::{
-    validate_keys, validate_prefix, validate_txn, Assert, Backend, Entry, Error, Mutation, Result,
-    TxnOutcome, Version,
-};
+use coord_backend::{Assert, Backend, Entry, Error, Mutation, Result, TxnOutcome, Version};
 use coord_conformance::{factory, run_cases, BackendFactory};
 use coord_memory::SingleProcessMemoryBackend;
 
@@ -140,9 +137,7 @@ impl Backend for FlawedStore {
         &self.namespace
     }
 
-    async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
-        validate_keys(keys, &self.limits())?;
-        let keys = distinct(keys.iter().cloned());
+    async fn raw_snapshot(&self, keys: &[&str]) -> Result<Vec<Entry>> {
         if self.flaw != Flaw::TornSnapshot {
             let cells = self.lock();
             return Ok(keys.iter().map(|k| entry_of(&cells, k)).collect());
@@ -158,8 +153,7 @@ impl Backend for FlawedStore {
         Ok(entries)
     }
 
-    async fn txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
-        validate_txn(asserts, mutations, &self.limits())?;
+    async fn raw_txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
         if self.flaw == Flaw::FailingTxns && self.txns.fetch_add(1, Ordering::SeqCst) % 5 == 4 {
             return Err(Error::unavailable(
                 "injected failure",
@@ -213,8 +207,7 @@ impl Backend for FlawedStore {
         Ok(TxnOutcome::applied())
     }
 
-    async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
-        validate_prefix(prefix, &self.limits())?;
+    async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
         let cells = self.lock();
         let pattern: Vec<char> = prefix.chars().collect();
         Ok(cells

@@ -81,12 +81,12 @@ impl Backend for FlawedChanges {
         Some(self)
     }
 
-    async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
-        self.inner.snapshot(keys).await
+    async fn raw_snapshot(&self, keys: &[&str]) -> Result<Vec<Entry>> {
+        self.inner.raw_snapshot(keys).await
     }
 
-    async fn txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
-        let out = self.inner.txn(asserts, mutations).await?;
+    async fn raw_txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
+        let out = self.inner.raw_txn(asserts, mutations).await?;
         if out.applied {
             let keys: Arc<[String]> = mutations
                 .iter()
@@ -103,8 +103,8 @@ impl Backend for FlawedChanges {
         Ok(out)
     }
 
-    async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
-        self.inner.keys(prefix).await
+    async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
+        self.inner.raw_keys(prefix).await
     }
 }
 

@@ -46,18 +46,18 @@ impl Backend for NonAtomicBackend {
     fn namespace(&self) -> &str {
         self.0.namespace()
     }
-    async fn snapshot(&self, keys: &[String]) -> coord_backend::Result<Vec<Entry>> {
-        self.0.snapshot(keys).await
+    async fn raw_snapshot(&self, keys: &[&str]) -> coord_backend::Result<Vec<Entry>> {
+        self.0.raw_snapshot(keys).await
     }
-    async fn txn(
+    async fn raw_txn(
         &self,
         _asserts: &[Assert],
         mutations: &[Mutation],
     ) -> coord_backend::Result<TxnOutcome> {
-        self.0.txn(&[], mutations).await
+        self.0.raw_txn(&[], mutations).await
     }
-    async fn keys(&self, prefix: &str) -> coord_backend::Result<Vec<String>> {
-        self.0.keys(prefix).await
+    async fn raw_keys(&self, prefix: &str) -> coord_backend::Result<Vec<String>> {
+        self.0.raw_keys(prefix).await
     }
 }
 
@@ -1241,11 +1241,11 @@ impl Backend for FaultyBackend {
     fn namespace(&self) -> &str {
         self.inner.namespace()
     }
-    async fn snapshot(&self, keys: &[String]) -> coord_backend::Result<Vec<Entry>> {
+    async fn raw_snapshot(&self, keys: &[&str]) -> coord_backend::Result<Vec<Entry>> {
         self.gate().await?;
-        self.inner.snapshot(keys).await
+        self.inner.raw_snapshot(keys).await
     }
-    async fn txn(
+    async fn raw_txn(
         &self,
         asserts: &[Assert],
         mutations: &[Mutation],
@@ -1262,16 +1262,16 @@ impl Backend for FaultyBackend {
             return std::future::pending().await;
         }
         self.gate().await?;
-        let outcome = self.inner.txn(asserts, mutations).await?;
+        let outcome = self.inner.raw_txn(asserts, mutations).await?;
         let delay = self.reply_delay_ms.load(Ordering::SeqCst);
         if delay > 0 {
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }
         Ok(outcome)
     }
-    async fn keys(&self, prefix: &str) -> coord_backend::Result<Vec<String>> {
+    async fn raw_keys(&self, prefix: &str) -> coord_backend::Result<Vec<String>> {
         self.gate().await?;
-        self.inner.keys(prefix).await
+        self.inner.raw_keys(prefix).await
     }
 }
 

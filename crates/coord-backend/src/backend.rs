@@ -4,8 +4,8 @@ use async_trait::async_trait;
 
 use crate::{Assert, Entry, Mutation, Result, TxnOutcome, Version};
 
-/// What one store accepts. Every store validates input against its limits
-/// with [`crate::validate_txn`] before touching anything, so bad input gets
+/// What one store accepts. The provided [`Backend`] methods check input
+/// against these limits before any store code runs, so bad input gets
 /// [`crate::Error::InvalidInput`] and nothing stored changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -42,7 +42,9 @@ impl Default for Limits {
     }
 }
 
-/// The three storage primitives. A store implements them atomically; every
+/// The three storage primitives. A store implements them atomically
+/// (`raw_snapshot`, `raw_txn`, `raw_keys`); the provided `snapshot`, `txn`
+/// and `keys` callers use check the input once, for every store, and every
 /// decision is made above, in `coord-adapters`.
 ///
 /// Keys are UTF-8 strings relative to the backend's [`namespace`](Backend::namespace):
@@ -80,7 +82,20 @@ pub trait Backend: Send + Sync + Debug {
     ///
     /// Returns one entry per distinct key, in the order of first appearance.
     /// A missing (or deleted) key comes back with [`Version::MISSING`] and no value.
-    async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>>;
+    ///
+    /// Provided: checks `keys` against [`Backend::limits`] (bad input is
+    /// [`crate::Error::InvalidInput`] and reaches no store), answers an empty
+    /// call without the store, and asks [`Backend::raw_snapshot`] once for
+    /// the distinct keys. Stores implement `raw_snapshot`, not this.
+    async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
+        crate::validate::validate_keys(keys, &self.limits())?;
+        let distinct = crate::validate::distinct_keys(keys.iter().map(String::as_str));
+        if distinct.is_empty() {
+            return Ok(Vec::new());
+        }
+        let found = self.raw_snapshot(&distinct).await?;
+        Ok(in_order(&distinct, found))
+    }
 
     /// Apply every mutation if, and only if, every assert holds, in one atomic step.
     ///
@@ -88,12 +103,52 @@ pub trait Backend: Send + Sync + Debug {
     /// nothing is written and [`TxnOutcome::current`] carries the current
     /// entries of the asserted keys. A lost answer after sending is
     /// [`crate::Error::Indeterminate`], never `applied = false`.
-    async fn txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome>;
+    ///
+    /// Provided: checks the input with [`crate::validate_txn`] (bad input
+    /// reaches no store), applies an empty txn (no asserts, no mutations)
+    /// without the store, and sends the rest to [`Backend::raw_txn`].
+    async fn txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
+        crate::validate::validate_txn(asserts, mutations, &self.limits())?;
+        if asserts.is_empty() && mutations.is_empty() {
+            return Ok(TxnOutcome::applied());
+        }
+        self.raw_txn(asserts, mutations).await
+    }
 
     /// Every existing key that starts with `prefix`, sorted by bytes, with the
     /// same consistency as a snapshot. The prefix is literal data: `%`, `_`,
     /// `*`, `?`, `[`, `{`, `\` and non-ASCII characters match only themselves.
-    async fn keys(&self, prefix: &str) -> Result<Vec<String>>;
+    ///
+    /// Provided: checks the prefix, then asks [`Backend::raw_keys`].
+    async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
+        crate::validate::validate_prefix(prefix, &self.limits())?;
+        self.raw_keys(prefix).await
+    }
+
+    /// The store's snapshot, called by [`Backend::snapshot`] only, with
+    /// checked, distinct keys (at least one): one consistent read. Entries
+    /// may come in any order; a key without an entry reads as missing.
+    async fn raw_snapshot(&self, keys: &[&str]) -> Result<Vec<Entry>>;
+
+    /// The store's txn, called by [`Backend::txn`] only, with checked input
+    /// (at least one assert or mutation; no key written twice, none asserted
+    /// at two versions; within the limits). Atomic; on rejection `current`
+    /// holds the asserted keys' entries, one per distinct key, in assert order.
+    async fn raw_txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome>;
+
+    /// The store's key listing, called by [`Backend::keys`] only, with a
+    /// checked prefix: the existing keys under it, sorted by bytes.
+    async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>>;
+}
+
+/// The entries of `keys` (distinct) in their order, from what a store
+/// returned in any order; keys it left out read as missing.
+fn in_order(keys: &[&str], found: Vec<Entry>) -> Vec<Entry> {
+    let mut by_key: std::collections::HashMap<String, Entry> =
+        found.into_iter().map(|e| (e.key.clone(), e)).collect();
+    keys.iter()
+        .map(|k| by_key.remove(*k).unwrap_or_else(|| Entry::missing(*k)))
+        .collect()
 }
 
 /// Conveniences over [`Backend`]; implemented for every backend.
@@ -119,3 +174,72 @@ pub trait BackendExt: Backend {
 }
 
 impl<B: Backend + ?Sized> BackendExt for B {}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::{Error, InvalidInput};
+
+    /// Records what reaches the raw calls; key `x` exists at version 3.
+    #[derive(Debug, Default)]
+    struct Recording(Mutex<Vec<String>>);
+
+    #[async_trait]
+    impl Backend for Recording {
+        fn namespace(&self) -> &str {
+            "t"
+        }
+        async fn raw_snapshot(&self, keys: &[&str]) -> Result<Vec<Entry>> {
+            self.0.lock().unwrap().push(format!("snapshot {keys:?}"));
+            // Any order, and missing keys left out.
+            Ok(vec![Entry::present("x", Version(3), b"v".to_vec())])
+        }
+        async fn raw_txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("txn {} {}", asserts.len(), mutations.len()));
+            Ok(TxnOutcome::applied())
+        }
+        async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
+            self.0.lock().unwrap().push(format!("keys {prefix:?}"));
+            Ok(Vec::new())
+        }
+    }
+
+    #[tokio::test]
+    async fn the_store_sees_only_checked_distinct_non_empty_calls() {
+        let store = Recording::default();
+        assert!(store.snapshot(&[]).await.unwrap().is_empty());
+        assert!(store.txn(&[], &[]).await.unwrap().applied);
+        let keys = ["a", "x", "a"].map(String::from);
+        let entries = store.snapshot(&keys).await.unwrap();
+        assert_eq!(
+            entries,
+            vec![
+                Entry::missing("a"),
+                Entry::present("x", Version(3), b"v".to_vec())
+            ]
+        );
+        for bad in [
+            store.snapshot(&["".to_owned()]).await.map(|_| ()),
+            store
+                .txn(&[], &[Mutation::put("k\0", b"v".to_vec())])
+                .await
+                .map(|_| ()),
+            store.keys("p\0").await.map(|_| ()),
+        ] {
+            assert!(matches!(bad, Err(Error::InvalidInput(_))), "{bad:?}");
+        }
+        let too_many: Vec<String> = (0..=Limits::DEFAULT.max_keys_per_call)
+            .map(|i| format!("k{i}"))
+            .collect();
+        assert!(matches!(
+            store.snapshot(&too_many).await,
+            Err(Error::InvalidInput(InvalidInput::TooManyKeys { .. }))
+        ));
+        assert_eq!(*store.0.lock().unwrap(), vec![r#"snapshot ["a", "x"]"#]);
+    }
+}

@@ -150,6 +150,20 @@ impl Backend for Metered {
     async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
         self.inner.keys(prefix).await
     }
+
+    // The checked calls above go to the inner store's own (which check
+    // once); these serve callers of the raw calls, uncounted like reads.
+    async fn raw_snapshot(&self, keys: &[&str]) -> Result<Vec<Entry>> {
+        self.inner.raw_snapshot(keys).await
+    }
+
+    async fn raw_txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
+        self.inner.raw_txn(asserts, mutations).await
+    }
+
+    async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
+        self.inner.raw_keys(prefix).await
+    }
 }
 
 #[cfg(test)]
@@ -171,10 +185,10 @@ mod tests {
         fn namespace(&self) -> &str {
             "t"
         }
-        async fn snapshot(&self, _: &[String]) -> Result<Vec<Entry>> {
+        async fn raw_snapshot(&self, _: &[&str]) -> Result<Vec<Entry>> {
             Ok(Vec::new())
         }
-        async fn txn(&self, asserts: &[Assert], _: &[Mutation]) -> Result<TxnOutcome> {
+        async fn raw_txn(&self, asserts: &[Assert], _: &[Mutation]) -> Result<TxnOutcome> {
             *self.0.lock().unwrap() += 1;
             match asserts[0].key.as_str() {
                 "lost" => Err(Error::Indeterminate {
@@ -189,7 +203,7 @@ mod tests {
                 _ => Ok(TxnOutcome::rejected(Vec::new())),
             }
         }
-        async fn keys(&self, _: &str) -> Result<Vec<String>> {
+        async fn raw_keys(&self, _: &str) -> Result<Vec<String>> {
             Ok(Vec::new())
         }
     }

@@ -130,9 +130,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use coord_backend::{
-    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, ChangeFeed,
-    ChangeWatch, Changed, Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome,
-    Version,
+    validate_namespace, validate_prefix, Assert, Backend, ChangeFeed, ChangeWatch, Changed,
+    Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
 };
 use etcd_client::{
     Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, KvClient, Txn, TxnOp, TxnOpResponse,
@@ -471,12 +470,7 @@ impl Backend for EtcdBackend {
         Some(self)
     }
 
-    async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
-        validate_keys(keys, &self.limits)?;
-        let keys = coord_backend::distinct_keys(keys.iter().map(String::as_str));
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
+    async fn raw_snapshot(&self, keys: &[&str]) -> Result<Vec<Entry>> {
         let etcd_keys: Vec<Vec<u8>> = keys.iter().map(|k| self.etcd_key(k)).collect();
         // A read-only txn: every get at the same revision, one round trip.
         let gets: Vec<TxnOp> = etcd_keys
@@ -507,11 +501,7 @@ impl Backend for EtcdBackend {
             .collect()
     }
 
-    async fn txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
-        validate_txn(asserts, mutations, &self.limits)?;
-        if asserts.is_empty() && mutations.is_empty() {
-            return Ok(TxnOutcome::applied());
-        }
+    async fn raw_txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
         let mut seen = HashSet::new();
         let mut asserted: Vec<Asserted<'_>> = {
             let hints = self.hints();
@@ -611,8 +601,7 @@ impl Backend for EtcdBackend {
         Ok(TxnOutcome::rejected(current))
     }
 
-    async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
-        validate_prefix(prefix, &self.limits)?;
+    async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
         let start = self.etcd_key(prefix);
         let end = prefix_range_end(&start);
         // Values come along (to drop tombstones): keep each page's answer

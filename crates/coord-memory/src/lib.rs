@@ -30,8 +30,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use async_trait::async_trait;
 use coord_backend::{
-    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, ChangeFeed,
-    ChangeWatch, Changed, Changes, Entry, Limits, Mutation, Result, TxnOutcome, Version,
+    validate_namespace, validate_prefix, Assert, Backend, ChangeFeed, ChangeWatch, Changed,
+    Changes, Entry, Limits, Mutation, Result, TxnOutcome, Version,
 };
 
 /// One key's cell: its version counter survives deletes (tombstone = `value: None`).
@@ -162,19 +162,12 @@ impl Backend for SingleProcessMemoryBackend {
         Some(self)
     }
 
-    async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
-        validate_keys(keys, &self.limits)?;
+    async fn raw_snapshot(&self, keys: &[&str]) -> Result<Vec<Entry>> {
         let cells = self.lock();
-        Ok(
-            coord_backend::distinct_keys(keys.iter().map(String::as_str))
-                .into_iter()
-                .map(|k| entry_of(&cells, k))
-                .collect(),
-        )
+        Ok(keys.iter().map(|k| entry_of(&cells, k)).collect())
     }
 
-    async fn txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
-        validate_txn(asserts, mutations, &self.limits)?;
+    async fn raw_txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
         let mut cells = self.lock();
         if asserts
             .iter()
@@ -203,8 +196,7 @@ impl Backend for SingleProcessMemoryBackend {
         Ok(TxnOutcome::applied())
     }
 
-    async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
-        validate_prefix(prefix, &self.limits)?;
+    async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
         let cells = self.lock();
         Ok(cells
             .range(prefix.to_owned()..)

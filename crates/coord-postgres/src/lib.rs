@@ -151,8 +151,8 @@ use std::str::FromStr;
 
 use async_trait::async_trait;
 use coord_backend::{
-    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, ChangeWatch,
-    Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
+    validate_namespace, validate_prefix, Assert, Backend, ChangeWatch, Changes, Entry, Error,
+    Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
 };
 use futures_util::StreamExt;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
@@ -389,36 +389,27 @@ impl Backend for PostgresBackend {
         Some(self)
     }
 
-    async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
-        validate_keys(keys, &self.limits)?;
-        let distinct = coord_backend::distinct_keys(keys.iter().map(String::as_str));
-        if distinct.is_empty() {
-            return Ok(Vec::new());
-        }
+    async fn raw_snapshot(&self, keys: &[&str]) -> Result<Vec<Entry>> {
         let mut conn = self.acquire("snapshot").await?;
         let rows: Vec<PgRow> = sqlx::query(SNAPSHOT_SQL)
             .bind(&self.namespace)
-            .bind(&distinct)
+            .bind(keys)
             .fetch_all(&mut *conn)
             .await
             .map_err(|e| errors::read("snapshot", e))?;
         drop(conn);
-        let mut found = HashMap::with_capacity(rows.len());
-        for row in rows {
-            let key: String = row.try_get(0).map_err(|e| errors::read("snapshot", e))?;
-            let version: i64 = row.try_get(1).map_err(|e| errors::read("snapshot", e))?;
-            let value: Option<Vec<u8>> = row.try_get(2).map_err(|e| errors::read("snapshot", e))?;
-            let entry = entry_from(key.clone(), Some(version), value)?;
-            found.insert(key, entry);
-        }
-        Ok(distinct
-            .into_iter()
-            .map(|k| found.remove(k).unwrap_or_else(|| Entry::missing(k)))
-            .collect())
+        rows.into_iter()
+            .map(|row| {
+                let key: String = row.try_get(0).map_err(|e| errors::read("snapshot", e))?;
+                let version: i64 = row.try_get(1).map_err(|e| errors::read("snapshot", e))?;
+                let value: Option<Vec<u8>> =
+                    row.try_get(2).map_err(|e| errors::read("snapshot", e))?;
+                entry_from(key, Some(version), value)
+            })
+            .collect()
     }
 
-    async fn txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
-        validate_txn(asserts, mutations, &self.limits)?;
+    async fn raw_txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
         if let Some(single) = fast::single_key(asserts, mutations, version_param) {
             let query = sqlx::query(single.sql())
                 .bind(&self.namespace)
@@ -468,8 +459,7 @@ impl Backend for PostgresBackend {
         decode_txn_rows(rows, &assert_keys)
     }
 
-    async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
-        validate_prefix(prefix, &self.limits)?;
+    async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
         let mut conn = self.acquire("keys").await?;
         let rows: Vec<(String,)> = match prefix_successor(prefix) {
             Some(successor) => {

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use coord_backend::{
-    validate_keys, validate_namespace, validate_prefix, validate_txn, Assert, Backend, ChangeWatch,
-    Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
+    validate_namespace, validate_prefix, Assert, Backend, ChangeWatch, Changes, Entry, Error,
+    Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
 };
 use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClientBuilder;
@@ -580,14 +580,9 @@ impl Backend for RedisBackend {
         Some(self)
     }
 
-    async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
-        validate_keys(keys, &self.options.limits)?;
-        let distinct = coord_backend::distinct_keys(keys.iter().map(String::as_str));
-        if distinct.is_empty() {
-            return Ok(Vec::new());
-        }
+    async fn raw_snapshot(&self, distinct: &[&str]) -> Result<Vec<Entry>> {
         let mut call = Call::new(&SNAPSHOT);
-        for key in &distinct {
+        for key in distinct {
             call.key(self.record_key(key));
         }
         let reply = self.call(&call, Op::Read, "snapshot").await?;
@@ -596,14 +591,10 @@ impl Backend for RedisBackend {
             return Err(self.malformed_reply(reply, distinct[0]));
         }
         reply.remove(0);
-        self.entries(reply, &distinct)
+        self.entries(reply, distinct)
     }
 
-    async fn txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
-        validate_txn(asserts, mutations, &self.options.limits)?;
-        if asserts.is_empty() && mutations.is_empty() {
-            return Ok(TxnOutcome::applied());
-        }
+    async fn raw_txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
         // KEYS[1] is the index; then one record key per distinct key, asserted keys first.
         let mut position: HashMap<&str, usize> = HashMap::new();
         let mut asserted: Vec<(&str, Version)> = Vec::new();
@@ -657,8 +648,7 @@ impl Backend for RedisBackend {
         }
     }
 
-    async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
-        validate_prefix(prefix, &self.options.limits)?;
+    async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
         let (min, max) = lex_range(prefix.as_bytes());
         let mut call = Call::new(&KEYS);
         call.key(self.index_key.as_slice()).arg(min).arg(max);

@@ -102,9 +102,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use coord_backend::{
-    distinct_keys, validate_keys, validate_namespace, validate_prefix, validate_txn, Assert,
-    Backend, ChangeWatch, Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome,
-    Version,
+    distinct_keys, validate_namespace, validate_prefix, Assert, Backend, ChangeWatch, Changes,
+    Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -648,25 +647,21 @@ impl Backend for SqliteBackend {
         Some(self)
     }
 
-    async fn snapshot(&self, keys: &[String]) -> Result<Vec<Entry>> {
-        validate_keys(keys, &self.options.limits)?;
-        let keys = distinct_keys(keys.iter().map(String::as_str));
+    async fn raw_snapshot(&self, keys: &[&str]) -> Result<Vec<Entry>> {
         retry_busy(&self.options, "reading a snapshot", || {
-            self.snapshot_once(&keys)
+            self.snapshot_once(keys)
         })
         .await
     }
 
-    async fn txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
-        validate_txn(asserts, mutations, &self.options.limits)?;
+    async fn raw_txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
         retry_busy(&self.options, "running a txn", || {
             self.txn_once(asserts, mutations)
         })
         .await
     }
 
-    async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
-        validate_prefix(prefix, &self.options.limits)?;
+    async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
         retry_busy(&self.options, "listing keys", || self.keys_once(prefix)).await
     }
 }
