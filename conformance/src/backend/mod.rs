@@ -1,0 +1,192 @@
+//! The backend suite: the contract of the three primitives.
+//!
+//! Run it with [`backend_tests!`](crate::backend_tests) or call the checks directly.
+//!
+//! Every check is a plain `async fn`. Checks that take an `Arc<dyn Backend>`
+//! expect an **empty namespace** (they refuse to run otherwise, so a leftover
+//! key can never make a check pass or fail by accident); checks that take a
+//! [`BackendFactory`] open several clients themselves, also several clients of
+//! one namespace, so stores with per-client connections are raced for real.
+//!
+//! What the suite pins down (each bullet is one check):
+//!
+//! - [`concurrent_txn`]: exactly one of N racing writers commits;
+//! - [`increment_race`]: W×M compare-and-swap increments from separate clients end at exactly W×M;
+//! - [`snapshot_consistency`]: a snapshot never sees a multi-key txn half applied;
+//! - [`disjoint_write_skew`]: two txns asserting `{A, B}`, one writing A and one B, never both commit;
+//! - [`version_monotonic`]: +1 per write, deletes too, never reused after a re-create (ABA);
+//! - [`assert_missing`]: create-if-missing, also after a delete;
+//! - [`all_or_nothing`]: one false assert writes nothing; puts and deletes of one txn apply together;
+//! - [`rejected_txn_current`]: a rejected txn returns the true current entries of the asserted keys;
+//! - [`snapshot_semantics`]: duplicates once, missing keys as version 0, order of first appearance;
+//! - [`keys_literal_prefix`]: sorted, no deleted keys, prefixes are data (`%`, `_`, `*`, `[`, `\`, é, 中, …);
+//! - [`namespace_isolation`]: namespaces `Xa`, `Xab`, `Xa:b` never see each other;
+//! - [`bad_input`]: [`Error::InvalidInput`](coord_backend::Error::InvalidInput) and nothing stored changes;
+//! - [`large_values`]: a value of exactly the size limit, and an empty value, round-trip byte-exact;
+//! - [`model_sequences`]: random sequences of the three primitives against a reference model (proptest, shrinking).
+//!
+//! The boundary: these checks observe a store only through the [`Backend`]
+//! trait. What the trait cannot show (durability, replication, behaviour when
+//! the connection breaks) belongs to the store's own tests and to
+//! [`crate::fault`].
+//!
+//! Layout: the checks live in one private file per theme (`races`, `txn`,
+//! `reads`, `limits`, `model`) and are re-exported here, so each keeps its
+//! path `backend::<check>`; this file holds the helpers they share, the case
+//! list and [`backend_tests!`](crate::backend_tests).
+
+use coord_backend::{Assert, Backend, Entry, Mutation};
+
+use crate::{ensure, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+
+mod limits;
+mod model;
+mod races;
+mod reads;
+mod txn;
+
+pub use limits::{bad_input, large_values};
+pub use model::{model_sequences, ModelOptions};
+pub use races::{
+    concurrent_txn, disjoint_write_skew, increment_race, snapshot_consistency, IncrementRace,
+    SnapshotRace,
+};
+pub use reads::{keys_literal_prefix, namespace_isolation, snapshot_semantics};
+pub use txn::{all_or_nothing, assert_missing, rejected_txn_current, version_monotonic};
+
+use limits::{case_bad_input, case_large_values};
+use model::case_model_sequences;
+use races::{
+    case_concurrent_txn, case_disjoint_write_skew, case_increment_race, case_snapshot_consistency,
+};
+use reads::{case_keys_literal_prefix, case_namespace_isolation, case_snapshot_semantics};
+use txn::{
+    case_all_or_nothing, case_assert_missing, case_rejected_txn_current, case_version_monotonic,
+};
+
+async fn require_empty(backend: &dyn Backend, check: &str) -> CheckResult {
+    let keys = backend.keys("").await?;
+    ensure!(
+        keys.is_empty(),
+        "{check} needs an empty namespace; {:?} holds {keys:?}",
+        backend.namespace()
+    );
+    Ok(())
+}
+
+async fn get(backend: &dyn Backend, key: &str) -> Result<Entry, Failure> {
+    let mut entries = backend.snapshot(&[key.to_owned()]).await?;
+    ensure!(
+        entries.len() == 1,
+        "a snapshot of one key returned {} entries",
+        entries.len()
+    );
+    Ok(entries.remove(0))
+}
+
+async fn must_apply(
+    backend: &dyn Backend,
+    asserts: &[Assert],
+    mutations: &[Mutation],
+    what: &str,
+) -> CheckResult {
+    let outcome = backend.txn(asserts, mutations).await?;
+    ensure!(
+        outcome.applied,
+        "{what}: txn was rejected, expected it to apply (current: {:?})",
+        outcome.current
+    );
+    ensure!(
+        outcome.current.is_empty(),
+        "{what}: an applied txn returned entries {:?} (must be empty)",
+        outcome.current
+    );
+    Ok(())
+}
+
+async fn must_reject(
+    backend: &dyn Backend,
+    asserts: &[Assert],
+    mutations: &[Mutation],
+    what: &str,
+) -> Result<Vec<Entry>, Failure> {
+    let outcome = backend.txn(asserts, mutations).await?;
+    ensure!(
+        !outcome.applied,
+        "{what}: txn applied, expected a rejection"
+    );
+    Ok(outcome.current)
+}
+
+fn names(keys: &[&str]) -> Vec<String> {
+    keys.iter().map(|k| (*k).to_owned()).collect()
+}
+
+/// Every case of the backend suite.
+pub fn cases() -> Vec<Case> {
+    fn case(
+        name: &'static str,
+        run: fn(BackendFactory) -> BoxFuture<'static, CheckResult>,
+    ) -> Case {
+        Case {
+            suite: "backend",
+            name,
+            run,
+        }
+    }
+    vec![
+        case("concurrent_txn", case_concurrent_txn),
+        case("increment_race", case_increment_race),
+        case("snapshot_consistency", case_snapshot_consistency),
+        case("disjoint_write_skew", case_disjoint_write_skew),
+        case("version_monotonic", case_version_monotonic),
+        case("assert_missing", case_assert_missing),
+        case("all_or_nothing", case_all_or_nothing),
+        case("rejected_txn_current", case_rejected_txn_current),
+        case("snapshot_semantics", case_snapshot_semantics),
+        case("keys_literal_prefix", case_keys_literal_prefix),
+        case("namespace_isolation", case_namespace_isolation),
+        case("bad_input", case_bad_input),
+        case("large_values", case_large_values),
+        case("model_sequences", case_model_sequences),
+    ]
+}
+
+/// Expand the backend suite into one `#[tokio::test]` per case for a
+/// [`BackendFactory`] expression (evaluated once per test).
+#[macro_export]
+macro_rules! backend_tests {
+    ($factory:expr) => {
+        $crate::__cases_as_tests!($crate::backend::cases, $factory;
+            concurrent_txn,
+            increment_race,
+            snapshot_consistency,
+            disjoint_write_skew,
+            version_monotonic,
+            assert_missing,
+            all_or_nothing,
+            rejected_txn_current,
+            snapshot_semantics,
+            keys_literal_prefix,
+            namespace_isolation,
+            bad_input,
+            large_values,
+            model_sequences,
+        );
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn macro_lists_every_case() {
+        let source = include_str!("mod.rs");
+        for case in super::cases() {
+            assert!(
+                source.contains(&format!("            {},\n", case.name)),
+                "backend_tests! does not list {}",
+                case.name
+            );
+        }
+    }
+}

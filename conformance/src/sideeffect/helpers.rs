@@ -1,0 +1,125 @@
+//! Small helpers the rule checks share: building actions and results,
+//! acquiring with an expected outcome, reading back a whole namespace.
+//!
+//! Each helper turns an unexpected answer into a [`Failure`] that names what
+//! was expected, so a check reads as the rule it states.
+
+use std::sync::Arc;
+
+use coord_adapters::sideeffect::{Acquired, Action, EffectResult, Lease, Outcome, SideEffectStore};
+use coord_backend::{Backend, Entry};
+
+use super::TTL;
+use crate::{ensure, CheckResult, Failure};
+
+/// Fail unless `$result` is an `Err` matching `$pattern`.
+macro_rules! expect_err {
+    ($result:expr, $pattern:pat, $($context:tt)+) => {
+        match $result {
+            Err($pattern) => {}
+            other => {
+                return Err(Failure::new(format!(
+                    "{}: expected Err({}), got {:?}",
+                    format!($($context)+),
+                    stringify!($pattern),
+                    other
+                )))
+            }
+        }
+    };
+}
+
+pub(super) fn action(key: &str, resource: &str) -> Action {
+    Action::new(key, resource)
+}
+
+pub(super) fn result(text: &str) -> EffectResult {
+    EffectResult::from(text)
+}
+
+/// Acquire; the outcome must be `Applied` with a lease.
+pub(super) async fn grant(
+    store: &Arc<dyn SideEffectStore>,
+    action: &Action,
+) -> Result<Lease, Failure> {
+    let acquired = store.acquire(action, TTL).await?;
+    ensure!(
+        acquired.outcome == Outcome::Applied,
+        "acquire {:?} on {:?}: expected Applied, got {:?}",
+        action.key,
+        action.resource,
+        acquired
+    );
+    acquired
+        .lease
+        .ok_or_else(|| Failure::new("Applied without a lease"))
+}
+
+/// Acquire; the outcome must be `expected`, with no lease (and no result unless replayed).
+pub(super) async fn expect_outcome(
+    store: &Arc<dyn SideEffectStore>,
+    action: &Action,
+    expected: Outcome,
+    context: &str,
+) -> Result<Acquired, Failure> {
+    let acquired = store.acquire(action, TTL).await?;
+    ensure!(
+        acquired.outcome == expected,
+        "{context}: acquire {:?} → {:?}, expected {expected:?}",
+        action.key,
+        acquired
+    );
+    if expected != Outcome::Applied {
+        ensure!(
+            acquired.lease.is_none(),
+            "{context}: {expected:?} came with a lease (a fence was issued): {acquired:?}"
+        );
+    }
+    Ok(acquired)
+}
+
+/// Acquire; the outcome must be `Replayed` with `text` as result.
+pub(super) async fn expect_replayed(
+    store: &Arc<dyn SideEffectStore>,
+    action: &Action,
+    text: &str,
+    context: &str,
+) -> CheckResult {
+    let acquired = expect_outcome(store, action, Outcome::Replayed, context).await?;
+    ensure!(
+        acquired.result == Some(result(text)),
+        "{context}: replayed {:?}, expected {text:?}",
+        acquired.result
+    );
+    Ok(())
+}
+
+/// Acquire, mark uncertain, release: the key is uncertain and the resource free.
+pub(super) async fn make_uncertain(
+    store: &Arc<dyn SideEffectStore>,
+    action: &Action,
+) -> Result<Lease, Failure> {
+    let lease = grant(store, action).await?;
+    store.mark_uncertain(action, &lease, "conformance").await?;
+    store.release(action, &lease).await?;
+    Ok(lease)
+}
+
+/// Every key of the namespace with its entry.
+pub(super) async fn dump(backend: &Arc<dyn Backend>) -> Result<Vec<Entry>, Failure> {
+    let keys = backend.keys("").await?;
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(backend.snapshot(&keys).await?)
+}
+
+pub(super) fn io_error(text: &str) -> std::io::Error {
+    std::io::Error::other(text.to_owned())
+}
+
+pub(super) async fn join<T>(task: tokio::task::JoinHandle<T>) -> Result<T, Failure> {
+    task.await
+        .map_err(|e| Failure::new(format!("a racing task panicked: {e}")))
+}
+pub(super) use expect_err;
