@@ -48,12 +48,12 @@
 //! - no definite answer that the store contradicts (the checks above, read
 //!   back from the store at the end).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use coord_adapters::board::{Board, BoardAdapter, BoardOptions, TaskSpec, TaskState};
+use coord_adapters::board::{Board, BoardAdapter, BoardOptions, TaskSpec};
 use coord_adapters::jitter::seed_thread_jitter;
 use coord_adapters::lock::{
     FairLock, FairLockOptions, GenericLock, GuardOptions, Lock, LockError, LockGuard, LockOptions,
@@ -61,7 +61,6 @@ use coord_adapters::lock::{
 };
 use coord_adapters::sideeffect::{
     Action, BackendFencedSink, EffectResult, Fence, FencedSink, Outcome, Runner, SideEffectAdapter,
-    SideEffectStore,
 };
 use coord_backend::{Backend, Clock, Mutation};
 use coord_memory::SingleProcessMemoryBackend;
@@ -75,6 +74,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::faults::{Fault, FaultyBackend, Target};
+
+mod check;
+
+use check::check;
 
 /// What a simulation run covers.
 #[derive(Clone, Debug)]
@@ -783,168 +786,4 @@ fn kind(message: &str) -> String {
         .unwrap_or(message)
         .trim()
         .to_owned()
-}
-
-/// The fence counter of a simulated lock's record (`None`: never granted).
-async fn read_lock_fence(store: &Arc<dyn Backend>, kind: LockKind) -> Option<u64> {
-    let entry = store
-        .snapshot(&[kind.record().to_owned()])
-        .await
-        .ok()?
-        .pop()?;
-    let record: serde_json::Value = serde_json::from_slice(entry.value.as_deref()?).ok()?;
-    record.get("fence")?.as_u64()
-}
-
-/// One lock's invariants: unique fences; validity windows in fence order
-/// never overlap; (generic lock) every stored grant reached someone.
-async fn check_lock(
-    f: &Facts,
-    kind: LockKind,
-    store: &Arc<dyn Backend>,
-    violations: &mut Vec<String>,
-) {
-    let grants: Vec<&Grant> = f.grants.iter().filter(|g| g.lock == kind).collect();
-    let mut fences = BTreeSet::new();
-    for g in &grants {
-        if !fences.insert(g.fence) {
-            violations.push(format!("{kind:?} lock fence {} granted twice", g.fence));
-        }
-    }
-    let mut by_fence = grants.clone();
-    by_fence.sort_by_key(|g| g.fence);
-    for pair in by_fence.windows(2) {
-        let (a, b) = (pair[0], pair[1]);
-        if let Some(last) = a.last_valid {
-            if last > b.granted {
-                violations.push(format!(
-                    "{kind:?} lock: {} (fence {}) acted as holder (event {last}) after {} (fence {}) was granted (event {})",
-                    a.who, a.fence, b.who, b.fence, b.granted
-                ));
-            }
-        }
-    }
-    if kind == LockKind::Fair {
-        return;
-    }
-    // Every grant the store made reached its caller, or its caller was told
-    // the outcome was unknown (an error): a grant nobody knows of is a lock
-    // answered "held elsewhere" while it was the caller's.
-    let errors = f.lock_errors.get(&kind).copied().unwrap_or(0);
-    if let Some(stored) = read_lock_fence(store, kind).await {
-        let unknown = (1..=stored).filter(|n| !fences.contains(n)).count() as u64;
-        if unknown > errors {
-            violations.push(format!(
-                "{kind:?} lock: the store granted {unknown} fence(s) nobody received, with only {errors} error answers"
-            ));
-        }
-    }
-}
-
-async fn check(
-    f: &Facts,
-    store: &Arc<dyn Backend>,
-    clock: Arc<dyn Clock>,
-    violations: &mut Vec<String>,
-) {
-    for kind in [LockKind::Generic, LockKind::Fair] {
-        check_lock(f, kind, store, violations).await;
-    }
-    // Side effects: each closure at most once; answers carry the one result.
-    for (key, runs) in &f.effects {
-        if runs.len() > 1 {
-            violations.push(format!(
-                "side effect {key} applied {} times: {runs:?}",
-                runs.len()
-            ));
-        }
-    }
-    for (key, answers) in &f.answered {
-        let ran = f.effects.get(key).cloned().unwrap_or_default();
-        for answer in answers {
-            if !ran.contains(answer) {
-                violations.push(format!(
-                    "side effect {key} answered with the result of {answer:?}, but the runs were {ran:?}"
-                ));
-            }
-        }
-    }
-    // The stored state of each action agrees with what ran and what was answered.
-    let adapter = SideEffectAdapter::with_clock(store.clone(), clock);
-    for a in 0..ACTIONS {
-        let key = format!("fx/{a}");
-        let ran = f.effects.get(&key).map_or(0, Vec::len);
-        let errors = f.effect_errors.get(&key).copied().unwrap_or(0);
-        let state = adapter
-            .acquire(&Action::new(key.clone(), "payments"), LOCK_TTL)
-            .await;
-        match state {
-            Ok(acquired) => match acquired.outcome {
-                Outcome::Uncertain if ran == 0 && errors == 0 => violations.push(format!(
-                    "side effect {key} is uncertain, yet no run started and every caller got a definite answer"
-                )),
-                Outcome::Applied if ran > 0 => violations.push(format!(
-                    "side effect {key} ran, yet the store lets it run again"
-                )),
-                Outcome::Replayed if ran == 0 => violations.push(format!(
-                    "side effect {key} is completed, yet it never ran"
-                )),
-                _ => {}
-            },
-            Err(e) => violations.push(format!("side effect {key} unreadable at the end: {e}")),
-        }
-    }
-    // Board: one successful completion per task, unique generations, the store agrees.
-    for (id, claims) in &f.claims {
-        let unique: BTreeSet<_> = claims.iter().collect();
-        if unique.len() != claims.len() {
-            violations.push(format!(
-                "task {id}: a claim generation was granted twice: {claims:?}"
-            ));
-        }
-    }
-    let board = BoardAdapter::new(store.clone());
-    for (id, done) in &f.completions {
-        if done.len() > 1 {
-            violations.push(format!(
-                "task {id} completed {} times: {done:?}",
-                done.len()
-            ));
-        }
-        match board.get(id).await {
-            Ok(task) => {
-                let by_completer =
-                    matches!(&task.state, TaskState::Completed { agent, .. } if *agent == done[0]);
-                if !by_completer {
-                    violations.push(format!(
-                        "task {id}: completion by {} answered Ok, the store holds {:?}",
-                        done[0], task.state
-                    ));
-                }
-            }
-            Err(e) => violations.push(format!("task {id} unreadable at the end: {e}")),
-        }
-    }
-    // Scheduler: at most one run per slot.
-    // A slot runs again only as a takeover, after the earlier run stopped
-    // acting on it (its lease lost or its work done).
-    for (slot, runs) in &f.slot_runs {
-        let mut runs: Vec<&SlotRun> = runs.iter().collect();
-        runs.sort_by_key(|r| r.started);
-        for pair in runs.windows(2) {
-            let (a, b) = (pair[0], pair[1]);
-            if b.takeovers <= a.takeovers || a.last_valid > b.started {
-                violations.push(format!(
-                    "slot {} ran twice at once: {} (takeovers {}, held until event {}) and {} (takeovers {}, from event {})",
-                    slot.saturating_sub(EPOCH_MS),
-                    a.who,
-                    a.takeovers,
-                    a.last_valid,
-                    b.who,
-                    b.takeovers,
-                    b.started
-                ));
-            }
-        }
-    }
 }
