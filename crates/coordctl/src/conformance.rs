@@ -1,4 +1,4 @@
-//! `coordctl conformance --backend URL`: every contract suite against any store.
+//! `coordctl conformance --store URL`: every contract suite against any store.
 
 use std::process::ExitCode;
 
@@ -9,9 +9,10 @@ use coord_conformance::{factory, run_cases, Case};
 /// Arguments of `coordctl conformance`.
 #[derive(Args)]
 pub(crate) struct ConformanceArgs {
-    /// Store URL, e.g. sqlite://c.db, redis://127.0.0.1:6379, postgres://…, etcd://127.0.0.1:2379.
-    #[arg(long)]
-    backend: String,
+    /// Store URL, e.g. sqlite://c.db, redis://127.0.0.1:6379, postgres://…, etcd://127.0.0.1:2379
+    /// (`--store`, like every other command; `--backend` is the older name, still accepted).
+    #[arg(long = "store", alias = "backend")]
+    store: String,
     /// Only the suites named (comma separated: backend, lock, board, sideeffect, scheduler,
     /// rwlock, election, fair_lock, semaphore, fault_model, changes); default: all.
     #[arg(long, value_delimiter = ',')]
@@ -22,7 +23,7 @@ pub(crate) struct ConformanceArgs {
 }
 
 pub(crate) async fn run(args: ConformanceArgs) -> Result<ExitCode, Error> {
-    let url = StoreUrl::parse(&args.backend)?;
+    let url = StoreUrl::parse(&args.store)?;
     // Fail fast with the store's own error when it cannot be reached at all.
     // Some clients connect lazily (etcd): one read proves the store answers.
     coord::connect(url.without_namespace())

@@ -1132,14 +1132,7 @@ fn conformance_json_parses() {
     let scratch = Scratch::new("console-conf");
     let url = format!("sqlite://{}", scratch.0.join("coord.db").display());
     let out = Command::new(COORDCTL)
-        .args([
-            "conformance",
-            "--backend",
-            &url,
-            "--suite",
-            "lock",
-            "--json",
-        ])
+        .args(["conformance", "--store", &url, "--suite", "lock", "--json"])
         .output()
         .unwrap();
     let stdout = String::from_utf8(out.stdout).unwrap();

@@ -277,7 +277,7 @@ pub enum BoardError {
     /// The store failed (unreachable, indeterminate, malformed record, too
     /// much contention).
     #[error("board store error: {0}")]
-    Store(coord_backend::Error),
+    Store(#[source] coord_backend::Error),
 }
 
 impl From<coord_backend::Error> for BoardError {
@@ -400,6 +400,28 @@ mod redaction_tests {
             format!("{claimed:?}"),
         ] {
             assert!(!shown.contains("SECRET"), "{shown}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::BoardError;
+    use crate::lock::LockError;
+
+    #[test]
+    fn store_errors_keep_their_source() {
+        let store =
+            || coord_backend::Error::unavailable("store down", std::io::Error::other("refused"));
+        let lock = LockError::from(store());
+        let board = BoardError::from(store());
+        for error in [&lock as &dyn std::error::Error, &board] {
+            let source = error.source().expect("the store error is the source");
+            assert!(source.to_string().contains("store down"), "{source}");
+            assert!(
+                source.source().is_some(),
+                "the I/O error underneath is kept"
+            );
         }
     }
 }

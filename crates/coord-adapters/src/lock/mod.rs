@@ -280,7 +280,7 @@ pub enum LockError {
     /// The store failed (unreachable, indeterminate, malformed record,
     /// too much contention). Do not assume you hold the lock.
     #[error("lock store error: {0}")]
-    Store(coord_backend::Error),
+    Store(#[source] coord_backend::Error),
 }
 
 impl LockError {

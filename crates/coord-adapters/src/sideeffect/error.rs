@@ -55,7 +55,7 @@ pub enum SideEffectError {
     /// `Applied` without a lease, a `Replayed` without a result): nothing is
     /// assumed.
     #[error("the store returned an undefined outcome: {0}")]
-    UnknownOutcome(String),
+    UndefinedAnswer(String),
 
     /// The caller is not the current, unexpired reconciler of the key: nothing changed.
     #[error("reconcile lost: not the current reconciler of this key")]

@@ -180,12 +180,12 @@ impl Runner {
         let acquired = store.acquire(action, ttl).await?;
         tracing::debug!(step = "acquire", outcome = %acquired.outcome);
         let lease = match acquired.outcome {
-            Outcome::Applied => acquired
-                .lease
-                .ok_or_else(|| SideEffectError::UnknownOutcome("Applied without a lease".into()))?,
+            Outcome::Applied => acquired.lease.ok_or_else(|| {
+                SideEffectError::UndefinedAnswer("Applied without a lease".into())
+            })?,
             Outcome::Replayed => {
                 let result = acquired.result.ok_or_else(|| {
-                    SideEffectError::UnknownOutcome("Replayed without a result".into())
+                    SideEffectError::UndefinedAnswer("Replayed without a result".into())
                 })?;
                 tracing::info!(outcome = "replayed", "stored result returned, not applied");
                 return Ok(Execution {
