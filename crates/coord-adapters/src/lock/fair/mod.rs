@@ -371,23 +371,20 @@ impl Lock for FairLock {
     ) -> Result<LockHandle, LockError> {
         validate_lock_input(key, ttl)?;
         let started = Instant::now();
-        let (mut ticket, mut wake, next) = match self.join_line(key, ttl, wait, started).await? {
+        let mut line = match self.join_line(key, ttl, wait, started).await? {
             Ok(handle) => {
                 telemetry::lock_acquired();
                 return Ok(handle);
             }
-            Err(queued) => queued,
+            Err(line) => line,
         };
-        match self
-            .wait_in_line(key, ttl, wait, &mut ticket, started, &mut wake, next)
-            .await
-        {
+        match self.wait_in_line(key, ttl, wait, started, &mut line).await {
             Ok(handle) => {
                 telemetry::lock_acquired();
                 Ok(handle)
             }
             Err(error) => {
-                if let Err(cleanup) = self.abandon(key, &ticket).await {
+                if let Err(cleanup) = self.abandon(key, &line.ticket).await {
                     tracing::debug!(%cleanup, "could not remove a ticket: it expires by itself");
                 }
                 Err(error)

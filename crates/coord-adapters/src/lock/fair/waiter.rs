@@ -36,6 +36,7 @@ pub(super) enum Attempt {
 }
 
 /// What a waiter does next.
+#[derive(Clone, Copy)]
 pub(super) enum Next {
     /// Read the lock and line records.
     Look,
@@ -43,6 +44,13 @@ pub(super) enum Next {
     Try,
     /// Sleep until a wake-up, the fallback poll, or the holder's lease end.
     Wait(Option<u64>),
+}
+
+/// A waiter in line: its ticket, the watch on it, and its next step.
+pub(super) struct InLine {
+    pub(super) ticket: Ticket,
+    wake: Wake,
+    next: Next,
 }
 
 /// What joining the line gave.
@@ -273,7 +281,7 @@ impl FairLock {
         ttl: Duration,
         wait: &WaitOptions,
         started: Instant,
-    ) -> Result<Result<LockHandle, (Ticket, Wake, Next)>, LockError> {
+    ) -> Result<Result<LockHandle, InLine>, LockError> {
         let backend = self.engine.backend().as_ref();
         loop {
             let predicted = self.predicted_seq(key);
@@ -282,12 +290,16 @@ impl FairLock {
                 Joined::Granted(handle) => return Ok(Ok(handle)),
                 Joined::Cleaned => continue,
                 Joined::Queued(ticket, next) if ticket.seq == predicted => {
-                    return Ok(Err((ticket, wake, next)))
+                    return Ok(Err(InLine { ticket, wake, next }))
                 }
                 Joined::Queued(ticket, _) => {
                     drop(wake);
                     let wake = Wake::watch(backend, &self.ticket_key(key, ticket.seq)).await;
-                    return Ok(Err((ticket, wake, Next::Look)));
+                    return Ok(Err(InLine {
+                        ticket,
+                        wake,
+                        next: Next::Look,
+                    }));
                 }
             }
         }
@@ -467,21 +479,20 @@ impl FairLock {
         Instant::now() + Duration::from_millis(left.saturating_add(1))
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Wait in line until the lock is this waiter's (see [`FairLock::wait_lock`]).
     pub(super) async fn wait_in_line(
         &self,
         key: &str,
         ttl: Duration,
         wait: &WaitOptions,
-        ticket: &mut Ticket,
         started: Instant,
-        wake: &mut Wake,
-        mut next: Next,
+        line: &mut InLine,
     ) -> Result<LockHandle, LockError> {
         let deadline = wait.deadline_from(started);
         let mut refusals = 0u32;
         loop {
-            let attempt = match next {
+            let InLine { ticket, wake, next } = line;
+            let attempt = match *next {
                 Next::Look => self.look(key, ticket, ttl).await?,
                 Next::Try => match self.attempt(key, ticket, ttl).await {
                     // Every txn was rejected (none applied): contention with
@@ -500,7 +511,7 @@ impl FairLock {
                         });
                     }
                     if now >= ticket.renew_at && !self.renew_ticket(key, ticket, ttl).await? {
-                        next = Next::Look;
+                        *next = Next::Look;
                         continue;
                     }
                     // With a live watch the releaser wakes this waiter: the
@@ -517,23 +528,23 @@ impl FairLock {
                         until = until.min(self.instant_of(expires_ms));
                     }
                     wake.until(until).await;
-                    next = Next::Look;
+                    *next = Next::Look;
                     continue;
                 }
             };
-            next = match attempt {
+            let step = match attempt {
                 Attempt::Granted(handle) => return Ok(handle),
-                Attempt::Wait(held) => Next::Wait(held),
-                Attempt::Try | Attempt::Cleaned => Next::Try,
-                Attempt::Requeue => match self.join_line(key, ttl, wait, started).await? {
-                    Ok(handle) => return Ok(handle),
-                    Err((fresh, watch, next)) => {
-                        *ticket = fresh;
-                        *wake = watch;
-                        next
-                    }
-                },
+                Attempt::Wait(held) => Some(Next::Wait(held)),
+                Attempt::Try | Attempt::Cleaned => Some(Next::Try),
+                Attempt::Requeue => None,
             };
+            match step {
+                Some(step) => *next = step,
+                None => match self.join_line(key, ttl, wait, started).await? {
+                    Ok(handle) => return Ok(handle),
+                    Err(fresh) => *line = fresh,
+                },
+            }
         }
     }
 }
