@@ -1,6 +1,6 @@
 //! coord-etcd against a real etcd (`COORD_TEST_ETCD_ENDPOINTS`, e.g.
 //! `127.0.0.1:2379`; start one with `scripts/start-etcd.sh`): the conformance
-//! suites (backend, lock, board, side effects, scheduler, rwlock, election), the version mapping, limits, a cross-process race, a cut
+//! suites (all of them, through `all_suites_tests!`), the version mapping, limits, a cross-process race, a cut
 //! connection (indeterminate txn), a commit that lands after the client's connection was cut (also under
 //! `GenericLock`) and a server that is down.
 use std::net::SocketAddr;
@@ -37,40 +37,8 @@ fn etcd_factory() -> Option<BackendFactory> {
     }))
 }
 
-/// The contract suites, each in its own module (their case names overlap).
-mod backend {
-    coord_conformance::backend_tests!(super::etcd_factory());
-}
-mod lock {
-    coord_conformance::lock_tests!(super::etcd_factory());
-}
-mod board {
-    coord_conformance::board_tests!(super::etcd_factory());
-}
-mod sideeffect {
-    coord_conformance::sideeffect_tests!(super::etcd_factory());
-}
-mod scheduler {
-    coord_conformance::scheduler_tests!(super::etcd_factory());
-}
-mod fair_lock {
-    coord_conformance::fair_lock_tests!(super::etcd_factory());
-}
-mod semaphore {
-    coord_conformance::semaphore_tests!(super::etcd_factory());
-}
-mod fault_model {
-    coord_conformance::fault_model_tests!(super::etcd_factory());
-}
-mod rwlock {
-    coord_conformance::rwlock_tests!(super::etcd_factory());
-}
-mod election {
-    coord_conformance::election_tests!(super::etcd_factory());
-}
-mod changes {
-    coord_conformance::changes_tests!(super::etcd_factory());
-}
+// Every contract suite, one module each (their case names overlap).
+coord_conformance::all_suites_tests!(etcd_factory());
 
 /// A raw etcd client, to look under coord's layout.
 async fn raw_client(raw: &str) -> etcd_client::Client {
