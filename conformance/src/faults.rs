@@ -475,4 +475,12 @@ impl Backend for FaultyBackend {
         self.run(Call::Read, "keys", || self.inner.raw_keys(prefix), None)
             .await
     }
+
+    // Maintenance, not one of the faulted primitives: passed through.
+    async fn reclaim(
+        &self,
+        options: &coord_backend::ReclaimOptions,
+    ) -> coord_backend::Result<coord_backend::Reclaimed> {
+        self.inner.reclaim(options).await
+    }
 }

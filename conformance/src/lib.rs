@@ -33,6 +33,7 @@ pub mod fault;
 pub mod fault_model;
 pub mod faults;
 pub mod lock;
+pub mod reclaim;
 pub mod rwlock;
 pub mod scheduler;
 pub mod semaphore;
@@ -51,7 +52,7 @@ pub mod __private {
 
 /// Every suite of this crate for one store: a module per suite (`backend`,
 /// `lock`, `board`, `sideeffect`, `scheduler`, `rwlock`, `election`, `fair_lock`,
-/// `semaphore`, `fault_model`, `changes`), each case one `#[tokio::test]`.
+/// `semaphore`, `fault_model`, `changes`, `reclaim`), each case one `#[tokio::test]`.
 ///
 /// The factory expression is evaluated inside those modules, which import
 /// everything of the calling module (`use super::*`), so it may call the
@@ -115,6 +116,11 @@ macro_rules! all_suites_tests {
             use super::*;
             $crate::changes_tests!($factory);
         }
+        mod reclaim_suite {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::reclaim_tests!($factory);
+        }
     };
 }
 
@@ -131,6 +137,7 @@ pub fn all_cases() -> Vec<Case> {
     cases.extend(semaphore::cases());
     cases.extend(fault_model::cases());
     cases.extend(changes::cases());
+    cases.extend(reclaim::cases());
     cases
 }
 

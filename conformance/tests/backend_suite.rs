@@ -7,13 +7,23 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use coord_backend::{Assert, Backend, Entry, Error, Mutation, Result, TxnOutcome, Version};
+use coord_backend::{
+    Assert, Backend, Entry, Error, Mutation, ReclaimOptions, Reclaimed, Result, TxnOutcome,
+    Version,
+};
 use coord_conformance::{factory, run_cases, BackendFactory};
 use coord_memory::SingleProcessMemoryBackend;
 
 coord_conformance::backend_tests!(coord_conformance::factory(|namespace| async move {
     Ok(Arc::new(SingleProcessMemoryBackend::shared(&namespace)?) as Arc<dyn Backend>)
 }));
+
+mod reclaim_suite {
+    use super::*;
+    coord_conformance::reclaim_tests!(coord_conformance::factory(|namespace| async move {
+        Ok(Arc::new(SingleProcessMemoryBackend::shared(&namespace)?) as Arc<dyn Backend>)
+    }));
+}
 
 /// What is wrong with a [`FlawedStore`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,7 +48,16 @@ enum Flaw {
     /// against the versions read when it started (before it waited), asserts
     /// on written keys against the current ones (first committer wins).
     SnapshotIsolation,
+    /// A reclaim removes tombstones but leaves the floor where it was.
+    ReclaimForgetsFloor,
+    /// A reclaim removes tombstones, lets go of the store, then raises the
+    /// floor: a create in between starts from the old floor.
+    ReclaimRacesCreate,
 }
+
+/// Where the flawed store keeps the namespace's floor (as the version of a
+/// value-less cell): a key no caller can name (keys hold no NUL byte).
+const FLOOR: &str = "\0floor";
 
 #[derive(Clone, Debug, Default)]
 struct Cell {
@@ -119,7 +138,11 @@ impl FlawedStore {
                     cells.remove(key);
                 }
                 _ => {
-                    let cell = cells.entry(mutation.key().to_owned()).or_default();
+                    let floor = cells.get(FLOOR).map_or(0, |c| c.version);
+                    let cell = cells.entry(mutation.key().to_owned()).or_insert(Cell {
+                        version: floor,
+                        value: None,
+                    });
                     cell.version += 1;
                     cell.value = match mutation {
                         Mutation::Put { value, .. } => Some(value.clone()),
@@ -207,6 +230,40 @@ impl Backend for FlawedStore {
         Ok(TxnOutcome::applied())
     }
 
+    async fn reclaim(&self, options: &ReclaimOptions) -> Result<Reclaimed> {
+        let (gone, highest, more) = {
+            let mut cells = self.lock();
+            let tombstones: Vec<String> = cells
+                .iter()
+                .filter(|(k, c)| c.value.is_none() && k.as_str() != FLOOR)
+                .map(|(k, _)| k.clone())
+                .collect();
+            let gone: Vec<String> = tombstones
+                .iter()
+                .take(options.max_tombstones)
+                .cloned()
+                .collect();
+            let highest = gone
+                .iter()
+                .filter_map(|k| cells.remove(k))
+                .map(|c| c.version)
+                .max()
+                .unwrap_or(0);
+            if !matches!(
+                self.flaw,
+                Flaw::ReclaimForgetsFloor | Flaw::ReclaimRacesCreate
+            ) {
+                raise_floor(&mut cells, highest);
+            }
+            (gone.len(), highest, tombstones.len() > gone.len())
+        };
+        if self.flaw == Flaw::ReclaimRacesCreate {
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            raise_floor(&mut self.lock(), highest);
+        }
+        Ok(Reclaimed::new(gone as u64, more))
+    }
+
     async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
         let cells = self.lock();
         let pattern: Vec<char> = prefix.chars().collect();
@@ -223,6 +280,11 @@ impl Backend for FlawedStore {
             .map(|(k, _)| k.clone())
             .collect())
     }
+}
+
+fn raise_floor(cells: &mut BTreeMap<String, Cell>, to: u64) {
+    let floor = cells.entry(FLOOR.to_owned()).or_default();
+    floor.version = floor.version.max(to);
 }
 
 /// A factory of flawed stores: one map per namespace, shared by every client
@@ -252,7 +314,9 @@ fn flawed(flaw: Flaw) -> BackendFactory {
 /// Run the whole suite against a flawed store; assert every check in
 /// `must_fail` failed (and nothing else when the flaw is `None`).
 async fn caught_by(flaw: Flaw, must_fail: &[&str]) -> HashMap<&'static str, String> {
-    let reports = run_cases(&coord_conformance::backend::cases(), flawed(flaw), |_| {}).await;
+    let mut cases = coord_conformance::backend::cases();
+    cases.extend(coord_conformance::reclaim::cases());
+    let reports = run_cases(&cases, flawed(flaw), |_| {}).await;
     let failed: HashMap<&'static str, String> = reports
         .iter()
         .filter_map(|r| r.result.as_ref().err().map(|f| (r.name, f.message.clone())))
@@ -362,4 +426,18 @@ fn pattern_matcher_of_the_flawed_store() {
     };
     assert!(m("a_", "ab") && m("a%", "abc") && m("a*", "aa") && m("", "x"));
     assert!(!m("a_", "a") && !m("b", "ab"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reclaim_that_forgets_the_floor_is_caught() {
+    caught_by(
+        Flaw::ReclaimForgetsFloor,
+        &["reclaim_keeps_versions_unique", "reclaim_is_bounded", "reclaim_races_create"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reclaim_that_races_a_create_is_caught() {
+    caught_by(Flaw::ReclaimRacesCreate, &["reclaim_races_create"]).await;
 }

@@ -2,7 +2,7 @@ use std::fmt::Debug;
 
 use async_trait::async_trait;
 
-use crate::{Assert, Entry, Mutation, Result, TxnOutcome, Version};
+use crate::{Assert, Entry, Mutation, ReclaimOptions, Reclaimed, Result, TxnOutcome, Version};
 
 /// What one store accepts. The provided [`Backend`] methods check input
 /// against these limits before any store code runs, so bad input gets
@@ -123,6 +123,22 @@ pub trait Backend: Send + Sync + Debug {
     async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
         crate::validate::validate_prefix(prefix, &self.limits())?;
         self.raw_keys(prefix).await
+    }
+
+    /// Remove tombstones (deleted keys' counters) without ever handing a
+    /// version out twice: see [`crate::reclaim`] for the floor that makes it
+    /// safe, and for why it needs no grace period.
+    ///
+    /// Not one of the three primitives: a maintenance operation, run by
+    /// `coordctl gc` or a background task. The default answers
+    /// [`crate::Error::Unsupported`]; every store of this project implements
+    /// it.
+    async fn reclaim(&self, options: &ReclaimOptions) -> Result<Reclaimed> {
+        let _ = options;
+        Err(crate::Error::Unsupported {
+            what: "reclaim",
+            store: self.store_name(),
+        })
     }
 
     /// The store's snapshot, called by [`Backend::snapshot`] only, with

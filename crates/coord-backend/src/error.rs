@@ -58,6 +58,17 @@ pub enum Error {
     #[error("invalid input: {0}")]
     InvalidInput(#[from] InvalidInput),
 
+    /// The store does not offer this operation (for example
+    /// [`crate::Backend::reclaim`] on a store that does not implement it).
+    /// Nothing changed.
+    #[error("{store} does not support {what}")]
+    Unsupported {
+        /// The operation.
+        what: &'static str,
+        /// The store's [`crate::Backend::store_name`].
+        store: &'static str,
+    },
+
     /// A URL or configuration could not be understood.
     #[error("configuration error: {0}")]
     Config(String),

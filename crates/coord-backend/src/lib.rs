@@ -29,6 +29,7 @@ mod changes;
 mod clock;
 mod error;
 pub mod metered;
+pub mod reclaim;
 pub mod redact;
 mod store_url;
 mod types;
@@ -39,6 +40,7 @@ pub use changes::{ChangeFeed, ChangeWatch, Changed, Changes};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, InvalidInput, Result};
 pub use metered::{Metered, TXN_SECONDS, TXN_TOTAL};
+pub use reclaim::{ReclaimOptions, Reclaimed};
 pub use store_url::{StoreUrl, DEFAULT_NAMESPACE};
 pub use types::{Assert, Entry, Mutation, TxnOutcome, Version};
 pub use validate::{

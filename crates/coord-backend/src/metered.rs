@@ -24,6 +24,10 @@ use crate::{Assert, Backend, Entry, Error, Limits, Mutation, Result, TxnOutcome}
 /// (anything else, e.g. a malformed record).
 pub const TXN_TOTAL: &str = "coord_txn_total";
 
+/// Counter `coord_reclaimed_total{store}`: tombstones removed by
+/// [`Backend::reclaim`] through this wrapper.
+pub const RECLAIMED_TOTAL: &str = "coord_reclaimed_total";
+
 /// Histogram `coord_txn_seconds{store}`: wall time of each txn call, whatever its outcome.
 pub const TXN_SECONDS: &str = "coord_txn_seconds";
 
@@ -149,6 +153,14 @@ impl Backend for Metered {
 
     async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
         self.inner.keys(prefix).await
+    }
+
+    async fn reclaim(&self, options: &crate::ReclaimOptions) -> Result<crate::Reclaimed> {
+        let result = self.inner.reclaim(options).await;
+        if let Ok(done) = &result {
+            metrics::counter!(RECLAIMED_TOTAL, "store" => self.store).increment(done.removed);
+        }
+        result
     }
 
     // The checked calls above go to the inner store's own (which check

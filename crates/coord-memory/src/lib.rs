@@ -31,17 +31,41 @@ use std::sync::{Arc, Mutex, OnceLock};
 use async_trait::async_trait;
 use coord_backend::{
     validate_namespace, validate_prefix, Assert, Backend, ChangeFeed, ChangeWatch, Changed,
-    Changes, Entry, Limits, Mutation, Result, TxnOutcome, Version,
+    Changes, Entry, Limits, Mutation, ReclaimOptions, Reclaimed, Result, TxnOutcome, Version,
 };
 
-/// One key's cell: its version counter survives deletes (tombstone = `value: None`).
-#[derive(Clone, Default)]
+/// A live key: its version and value.
+#[derive(Clone)]
 struct Cell {
     version: u64,
-    value: Option<Vec<u8>>,
+    value: Vec<u8>,
 }
 
-type Namespace = BTreeMap<String, Cell>;
+/// One namespace. Live keys and tombstones (the counters of deleted keys)
+/// are kept apart, so a listing reads only live keys and a reclaim finds
+/// tombstones without reading them; `floor` is where a key without any
+/// record starts counting (see `coord_backend::reclaim`).
+#[derive(Default)]
+struct Namespace {
+    live: BTreeMap<String, Cell>,
+    tombstones: BTreeMap<String, u64>,
+    floor: u64,
+}
+
+impl Namespace {
+    /// The counter a write of `key` moves on from.
+    fn counter(&self, key: &str) -> u64 {
+        match (self.live.get(key), self.tombstones.get(key)) {
+            (Some(cell), _) => cell.version,
+            (None, Some(version)) => *version,
+            (None, None) => self.floor,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.live.len() + self.tombstones.len()
+    }
+}
 
 /// One store: its cells, and the feed its commits notify (under the same lock).
 #[derive(Default)]
@@ -129,23 +153,17 @@ impl SingleProcessMemoryBackend {
 }
 
 fn entry_of(cells: &Namespace, key: &str) -> Entry {
-    match cells.get(key) {
-        Some(Cell {
-            version,
-            value: Some(value),
-        }) => Entry::present(key, Version(*version), value.clone()),
-        _ => Entry::missing(key),
+    match cells.live.get(key) {
+        Some(cell) => Entry::present(key, Version(cell.version), cell.value.clone()),
+        None => Entry::missing(key),
     }
 }
 
 fn current_version(cells: &Namespace, key: &str) -> Version {
-    match cells.get(key) {
-        Some(Cell {
-            version,
-            value: Some(_),
-        }) => Version(*version),
-        _ => Version::MISSING,
-    }
+    cells
+        .live
+        .get(key)
+        .map_or(Version::MISSING, |cell| Version(cell.version))
 }
 
 #[async_trait]
@@ -180,12 +198,22 @@ impl Backend for SingleProcessMemoryBackend {
             return Ok(TxnOutcome::rejected(current));
         }
         for mutation in mutations {
-            let cell = cells.entry(mutation.key().to_owned()).or_default();
-            cell.version += 1;
-            cell.value = match mutation {
-                Mutation::Put { value, .. } => Some(value.clone()),
-                Mutation::Delete { .. } => None,
-            };
+            let key = mutation.key();
+            let version = cells.counter(key) + 1;
+            match mutation {
+                Mutation::Put { value, .. } => {
+                    cells.tombstones.remove(key);
+                    let cell = Cell {
+                        version,
+                        value: value.clone(),
+                    };
+                    cells.live.insert(key.to_owned(), cell);
+                }
+                Mutation::Delete { .. } => {
+                    cells.live.remove(key);
+                    cells.tombstones.insert(key.to_owned(), version);
+                }
+            }
         }
         if !mutations.is_empty() {
             // Still under the lock: a watch that began before this commit hears of it.
@@ -199,11 +227,25 @@ impl Backend for SingleProcessMemoryBackend {
     async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
         let cells = self.lock();
         Ok(cells
+            .live
             .range(prefix.to_owned()..)
             .take_while(|(k, _)| k.starts_with(prefix))
-            .filter(|(_, c)| c.value.is_some())
             .map(|(k, _)| k.clone())
             .collect())
+    }
+
+    /// Under the store's one lock: the first tombstones (in key order) go,
+    /// and the floor rises past their counters in the same step.
+    async fn reclaim(&self, options: &ReclaimOptions) -> Result<Reclaimed> {
+        let mut cells = self.lock();
+        let take = options.max_tombstones.max(1);
+        let gone: Vec<String> = cells.tombstones.keys().take(take).cloned().collect();
+        for key in &gone {
+            if let Some(version) = cells.tombstones.remove(key) {
+                cells.floor = cells.floor.max(version);
+            }
+        }
+        Ok(Reclaimed::new(gone.len() as u64, !cells.tombstones.is_empty()))
     }
 }
 

@@ -1,0 +1,375 @@
+//! The reclaim suite: removing tombstones never hands a version out twice.
+//!
+//! [`Backend::reclaim`] removes the counters deleted keys leave behind and
+//! raises the namespace's floor in the same step (see
+//! `coord_backend::reclaim`). What the suite pins down:
+//!
+//! - [`reclaim_keeps_versions_unique`]: after a reclaim, live keys are
+//!   untouched, deleted keys read and list as missing, a re-created key
+//!   starts above every version it had, and every old version is refused
+//!   by an assert;
+//! - [`reclaim_is_bounded`]: one call removes at most
+//!   [`ReclaimOptions::max_tombstones`], says when more are left, and
+//!   repeated calls end with nothing left;
+//! - [`reclaim_races_create`]: reclaims racing creates (`assert missing`,
+//!   put) and deletes of the very keys being reclaimed, from separate
+//!   clients: every create lands above every version its key had.
+//!
+//! The boundary: the trait cannot show that storage shrank. Each store's own
+//! tests count its records after a reclaim, and the scale bench measures
+//! bytes.
+
+use std::sync::Arc;
+
+use coord_backend::{Assert, Backend, Entry, Mutation, ReclaimOptions, Version};
+
+use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+
+async fn open(factory: &BackendFactory, label: &str) -> Result<Arc<dyn Backend>, Failure> {
+    Ok(factory(unique_namespace(label)).await?)
+}
+
+async fn get(backend: &dyn Backend, key: &str) -> Result<Entry, Failure> {
+    let mut entries = backend.snapshot(&[key.to_owned()]).await?;
+    entries
+        .pop()
+        .ok_or_else(|| Failure::new("a snapshot of one key returned nothing"))
+}
+
+async fn apply(
+    backend: &dyn Backend,
+    asserts: &[Assert],
+    mutations: &[Mutation],
+    what: &str,
+) -> CheckResult {
+    let outcome = backend.txn(asserts, mutations).await?;
+    ensure!(
+        outcome.applied,
+        "{what}: rejected (current: {:?})",
+        outcome.current
+    );
+    Ok(())
+}
+
+/// Put `key` `writes` times from missing, then delete it; returns the
+/// highest version the key had (its last live version).
+async fn churn(backend: &dyn Backend, key: &str, writes: u64) -> Result<Version, Failure> {
+    let mut version = Version::MISSING;
+    for n in 0..writes {
+        apply(
+            backend,
+            &[Assert::at(key, version)],
+            &[Mutation::put(key, format!("w{n}"))],
+            &format!("put #{n} of {key}"),
+        )
+        .await?;
+        version = get(backend, key).await?.version;
+    }
+    apply(
+        backend,
+        &[Assert::at(key, version)],
+        &[Mutation::delete(key)],
+        &format!("delete of {key}"),
+    )
+    .await?;
+    Ok(version)
+}
+
+/// Reclaim until the store says nothing is left (at most `calls` calls).
+async fn reclaim_all(backend: &dyn Backend, max: usize, calls: usize) -> Result<u64, Failure> {
+    let options = ReclaimOptions::DEFAULT.with_max_tombstones(max);
+    let mut removed = 0;
+    for _ in 0..calls {
+        let done = backend.reclaim(&options).await?;
+        ensure!(
+            done.removed <= max as u64,
+            "one reclaim with max_tombstones = {max} removed {}",
+            done.removed
+        );
+        removed += done.removed;
+        if !done.more {
+            return Ok(removed);
+        }
+    }
+    Err(Failure::new(format!(
+        "{calls} reclaims of at most {max} tombstones each still report more left"
+    )))
+}
+
+/// After a reclaim: live keys keep their versions and values, deleted keys
+/// read and list as missing, a re-created key starts above every version it
+/// had and moves by exactly 1 after that, and no old version passes an
+/// assert again (ABA).
+pub async fn reclaim_keeps_versions_unique(factory: BackendFactory) -> CheckResult {
+    let backend = open(&factory, "reclaim_unique").await?;
+    let backend = &*backend;
+    let deep = churn(backend, "deep", 3).await?;
+    let shallow = churn(backend, "shallow", 1).await?;
+    // A delete of a key that never existed leaves a counter too.
+    apply(
+        backend,
+        &[Assert::missing("ghost")],
+        &[Mutation::delete("ghost")],
+        "delete of a missing key",
+    )
+    .await?;
+    apply(
+        backend,
+        &[Assert::missing("live")],
+        &[Mutation::put("live", "a")],
+        "create live",
+    )
+    .await?;
+    let live_v1 = get(backend, "live").await?.version;
+    apply(
+        backend,
+        &[Assert::at("live", live_v1)],
+        &[Mutation::put("live", "b")],
+        "update live",
+    )
+    .await?;
+    let live_before = get(backend, "live").await?;
+
+    reclaim_all(backend, 1000, 100).await?;
+
+    let live_after = get(backend, "live").await?;
+    ensure!(
+        live_after == live_before,
+        "reclaim changed a live key: {live_before:?} became {live_after:?}"
+    );
+    for key in ["deep", "shallow", "ghost"] {
+        let entry = get(backend, key).await?;
+        ensure!(
+            entry == Entry::missing(key),
+            "after reclaim the deleted key {key} reads as {entry:?}"
+        );
+    }
+    let listed = backend.keys("").await?;
+    ensure!(
+        listed == vec!["live".to_owned()],
+        "after reclaim keys() lists {listed:?} (expected only \"live\")"
+    );
+    let again = backend.reclaim(&ReclaimOptions::DEFAULT).await?;
+    ensure!(
+        !again.more && again.removed == 0,
+        "a second reclaim with nothing deleted since reports {again:?}"
+    );
+
+    for (key, highest) in [("deep", deep), ("shallow", shallow), ("ghost", Version(1))] {
+        apply(
+            backend,
+            &[Assert::missing(key)],
+            &[Mutation::put(key, "again")],
+            &format!("re-create of {key} after reclaim"),
+        )
+        .await?;
+        let recreated = get(backend, key).await?.version;
+        ensure!(
+            recreated > highest,
+            "{key} had version {highest} before its delete; re-created after reclaim it got \
+             {recreated}: a version was handed out twice"
+        );
+        for stale in 1..=highest.0 {
+            let outcome = backend.txn(&[Assert::at(key, Version(stale))], &[]).await?;
+            ensure!(
+                !outcome.applied,
+                "an assert at {key}'s old version v{stale} passed after reclaim and re-create"
+            );
+        }
+        apply(
+            backend,
+            &[Assert::at(key, recreated)],
+            &[Mutation::put(key, "next")],
+            &format!("update of re-created {key}"),
+        )
+        .await?;
+        let next = get(backend, key).await?.version;
+        ensure!(
+            next == Version(recreated.0 + 1),
+            "a put on {key} at {recreated} gave {next} (expected +1 per write)"
+        );
+    }
+    // A key never written starts at 1 or above, like any key.
+    apply(
+        backend,
+        &[Assert::missing("fresh")],
+        &[Mutation::put("fresh", "x")],
+        "create of a never-written key",
+    )
+    .await?;
+    ensure!(
+        !get(backend, "fresh").await?.version.is_missing(),
+        "a created key reads as missing"
+    );
+    Ok(())
+}
+
+/// One reclaim removes at most `max_tombstones`, says whether more are
+/// left, and repeated calls end; what it leaves reads exactly as before.
+pub async fn reclaim_is_bounded(factory: BackendFactory) -> CheckResult {
+    let backend = open(&factory, "reclaim_bounded").await?;
+    let backend = &*backend;
+    let mut highest = Vec::new();
+    for i in 0..30 {
+        let key = format!("d/{i:02}");
+        highest.push((key.clone(), churn(backend, &key, 2).await?));
+    }
+    apply(
+        backend,
+        &[Assert::missing("keep")],
+        &[Mutation::put("keep", "k")],
+        "create keep",
+    )
+    .await?;
+    let removed = reclaim_all(backend, 7, 30).await?;
+    ensure!(
+        removed <= 30,
+        "reclaims removed {removed} tombstones after 30 deletes"
+    );
+    ensure!(
+        backend.keys("").await? == vec!["keep".to_owned()],
+        "after bounded reclaims keys() lists {:?}",
+        backend.keys("").await?
+    );
+    for (key, before) in highest {
+        apply(
+            backend,
+            &[Assert::missing(key.as_str())],
+            &[Mutation::put(key.as_str(), "again")],
+            &format!("re-create of {key}"),
+        )
+        .await?;
+        let now = get(backend, &key).await?.version;
+        ensure!(
+            now > before,
+            "{key} had v{} before its delete and got {now} after bounded reclaims",
+            before.0
+        );
+    }
+    Ok(())
+}
+
+/// Reclaims race creates and deletes of the very keys they reclaim, each
+/// from its own client: every create lands above every version its key had,
+/// and whatever order the store picked, an old version never passes again.
+pub async fn reclaim_races_create(factory: BackendFactory) -> CheckResult {
+    const ROUNDS: usize = 12;
+    const KEYS: usize = 6;
+    let namespace = unique_namespace("reclaim_race");
+    let setup = factory(namespace.clone()).await?;
+    let mut clients = Vec::new();
+    for _ in 0..KEYS + 1 {
+        clients.push(factory(namespace.clone()).await?);
+    }
+    for round in 0..ROUNDS {
+        let mut highest = Vec::new();
+        for i in 0..KEYS {
+            let key = format!("r{round}/{i}");
+            // Different depths, so a floor taken from the wrong key shows.
+            let writes = 1 + (i as u64 % 3);
+            highest.push(churn(&*setup, &key, writes).await?);
+        }
+        let reclaimer = clients[KEYS].clone();
+        let reclaim = tokio::spawn(async move {
+            let options = ReclaimOptions::DEFAULT.with_max_tombstones(2);
+            for _ in 0..KEYS * 4 {
+                if !reclaimer.reclaim(&options).await?.more {
+                    break;
+                }
+            }
+            Ok::<_, coord_backend::Error>(())
+        });
+        let mut creates = Vec::new();
+        for (i, client) in clients.iter().take(KEYS).enumerate() {
+            let client = client.clone();
+            let key = format!("r{round}/{i}");
+            creates.push(tokio::spawn(async move {
+                // Odd keys are deleted once more first (a delete of a
+                // missing key also writes its counter) while the reclaim runs.
+                if i % 2 == 1 {
+                    let out = client
+                        .txn(&[Assert::missing(key.as_str())], &[Mutation::delete(key.as_str())])
+                        .await?;
+                    if !out.applied {
+                        return Ok(None);
+                    }
+                }
+                let out = client
+                    .txn(
+                        &[Assert::missing(key.as_str())],
+                        &[Mutation::put(key.as_str(), "raced")],
+                    )
+                    .await?;
+                Ok::<_, coord_backend::Error>(out.applied.then_some(()))
+            }));
+        }
+        reclaim
+            .await
+            .map_err(|e| Failure::new(format!("reclaim task: {e}")))??;
+        for (i, create) in creates.into_iter().enumerate() {
+            let key = format!("r{round}/{i}");
+            let created = create
+                .await
+                .map_err(|e| Failure::new(format!("create task: {e}")))??;
+            ensure!(
+                created.is_some(),
+                "round {round}: the only writer of {key} was refused"
+            );
+            let entry = get(&*setup, &key).await?;
+            ensure!(
+                entry.version > highest[i],
+                "round {round}: {key} had v{} before its delete; created while a reclaim \
+                 ran, it got {}: a version was handed out twice",
+                highest[i].0,
+                entry.version
+            );
+            for stale in 1..=highest[i].0 {
+                let out = setup
+                    .txn(&[Assert::at(key.as_str(), Version(stale))], &[])
+                    .await?;
+                ensure!(
+                    !out.applied,
+                    "round {round}: an assert at {key}'s old version v{stale} passed"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+macro_rules! reclaim_checks {
+    ($($name:ident),* $(,)?) => {
+        /// Every case of the reclaim suite, over a backend factory.
+        pub fn cases() -> Vec<Case> {
+            vec![
+                $(Case {
+                    suite: "reclaim",
+                    name: stringify!($name),
+                    run: |factory: BackendFactory| -> BoxFuture<'static, CheckResult> {
+                        Box::pin($name(factory))
+                    },
+                },)*
+            ]
+        }
+    };
+}
+
+reclaim_checks!(
+    reclaim_keeps_versions_unique,
+    reclaim_is_bounded,
+    reclaim_races_create,
+);
+
+/// Expand the reclaim suite into one `#[tokio::test]` per case, over a
+/// [`BackendFactory`] expression (evaluated once per test; it may also be an
+/// `Option<BackendFactory>`, `None` = skipped).
+#[macro_export]
+macro_rules! reclaim_tests {
+    ($factory:expr) => {
+        $crate::__cases_as_tests!($crate::reclaim::cases, $factory;
+            reclaim_keeps_versions_unique,
+            reclaim_is_bounded,
+            reclaim_races_create,
+        );
+    };
+}
