@@ -25,11 +25,15 @@
 //!
 //! # Shape (docs/shapes.md has every store's)
 //!
-//! One table, created idempotently on open:
+//! One table, created idempotently on open (with the floor table and two
+//! partial indexes of revision 2, see `schema.rs`):
 //!
 //! ```sql
 //! CREATE TABLE coord_kv (ns TEXT, key TEXT, version INTEGER, value BLOB,
 //!                        PRIMARY KEY (ns, key)) STRICT, WITHOUT ROWID
+//! CREATE TABLE coord_floor (ns TEXT PRIMARY KEY, floor INTEGER) STRICT, WITHOUT ROWID
+//! CREATE INDEX coord_kv_live ON coord_kv (ns, key) WHERE value IS NOT NULL
+//! CREATE INDEX coord_kv_dead ON coord_kv (ns, key) WHERE value IS NULL
 //! ```
 //!
 //! - **snapshot**: one `SELECT … WHERE ns = ? AND key IN (…)`. A single
@@ -37,18 +41,21 @@
 //! - **txn**: `BEGIN IMMEDIATE` (takes the write lock first, so there is no
 //!   read-to-write upgrade that could fail half way) → one `SELECT` of the
 //!   asserted keys → every assert checked → one multi-row upsert
-//!   (`version = version + 1`) → `COMMIT`, all on the backend's one writer
-//!   connection (txns of one backend and its clones queue for it; reads use
-//!   a pool). A rejected txn returns the rows read by that same `SELECT`.
-//! - **keys**: a range scan of the primary key,
+//!   (`version = version + 1`, a new row at `floor + 1`) → `COMMIT`, all on
+//!   the backend's one writer connection (txns of one backend and its
+//!   clones queue for it; reads use a pool). A rejected txn returns the rows
+//!   read by that same `SELECT`.
+//! - **keys**: a range scan of the live-row index `coord_kv_live`,
 //!   `key >= prefix AND key < successor(prefix)` where the successor is the
-//!   prefix with its last byte incremented. Keys use the `BINARY` collation
-//!   (memcmp), so the order is byte order and no character of the prefix
-//!   is a pattern.
+//!   prefix with its last byte incremented, so tombstones cost a listing
+//!   nothing. Keys use the `BINARY` collation (memcmp), so the order is byte
+//!   order and no character of the prefix is a pattern.
 //! - **versions**: a delete keeps the row with `value = NULL` (a tombstone)
-//!   and a bumped version, so a re-created key continues the count and a
-//!   version is never reused. Tombstones are never purged: the table keeps one
-//!   row per key ever written.
+//!   and a bumped version, so a re-created key continues the count.
+//! - **reclaim**: one write transaction deletes the first tombstones (found
+//!   through `coord_kv_dead`) and raises the namespace's `coord_floor` to
+//!   their highest version; a key without a row starts at `floor + 1`, so a
+//!   version is never reused.
 //!
 //! # Busy files and errors
 //!
@@ -95,6 +102,7 @@
 
 mod changes;
 mod options;
+mod schema;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -103,7 +111,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use coord_backend::{
     distinct_keys, validate_namespace, validate_prefix, Assert, Backend, ChangeWatch, Changes,
-    Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
+    Entry, Error, Limits, Mutation, ReclaimOptions, Reclaimed, Result, StoreUrl, TxnOutcome,
+    Version,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -112,17 +121,6 @@ use sqlx::sqlite::{
 use sqlx::{AssertSqlSafe, Connection, Row};
 
 pub use options::{Durability, SqliteOptions};
-
-/// The `PRAGMA user_version` of files this crate creates (bumped when the schema changes).
-const SCHEMA_VERSION: i64 = 1;
-
-const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS coord_kv (
-    ns TEXT NOT NULL COLLATE BINARY,
-    key TEXT NOT NULL COLLATE BINARY,
-    version INTEGER NOT NULL CHECK (version > 0),
-    value BLOB,
-    PRIMARY KEY (ns, key)
-) STRICT, WITHOUT ROWID";
 
 /// A coord store in one SQLite file: atomic across the processes of one
 /// host (see the [crate docs](crate) for the boundary).
@@ -296,7 +294,7 @@ impl SqliteBackend {
         }
         let connect = connect_options(path, &options);
         retry_busy(&options, "preparing the file", || {
-            prepare_file(connect.clone(), path)
+            schema::prepare_file(connect.clone(), path)
         })
         .await?;
         let writer =
@@ -374,14 +372,16 @@ impl SqliteBackend {
     async fn keys_once(&self, prefix: &str) -> std::result::Result<Vec<String>, Attempt> {
         let rows = match successor(prefix) {
             Some(end) => sqlx::query(
-                "SELECT key FROM coord_kv WHERE ns = ?1 AND key >= ?2 AND key < CAST(?3 AS TEXT) \
+                "SELECT key FROM coord_kv INDEXED BY coord_kv_live \
+                 WHERE ns = ?1 AND key >= ?2 AND key < CAST(?3 AS TEXT) \
                  AND value IS NOT NULL ORDER BY key",
             )
             .bind(&self.namespace)
             .bind(prefix)
             .bind(end),
             None => sqlx::query(
-                "SELECT key FROM coord_kv WHERE ns = ?1 AND value IS NOT NULL ORDER BY key",
+                "SELECT key FROM coord_kv INDEXED BY coord_kv_live \
+                 WHERE ns = ?1 AND value IS NOT NULL ORDER BY key",
             )
             .bind(&self.namespace),
         }
@@ -395,6 +395,19 @@ impl SqliteBackend {
                 })
             })
             .collect()
+    }
+
+    async fn reclaim_once(&self, max: usize) -> std::result::Result<Reclaimed, Attempt> {
+        let mut writer = self
+            .writer
+            .hold()
+            .await
+            .map_err(|e| before_commit("opening the writer connection", e))?;
+        let result = reclaim_on(writer.conn(), &self.namespace, max).await;
+        if result.is_ok() {
+            writer.finished();
+        }
+        result
     }
 
     async fn txn_once(
@@ -419,6 +432,58 @@ impl SqliteBackend {
                 .committed(mutations.iter().map(|m| m.key().to_owned()).collect());
         }
         result
+    }
+}
+
+/// One attempt of a reclaim on `conn` (see [`Backend::reclaim`]).
+async fn reclaim_on(
+    conn: &mut SqliteConnection,
+    namespace: &str,
+    max: usize,
+) -> std::result::Result<Reclaimed, Attempt> {
+    let mut tx = conn
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(|e| before_commit("BEGIN IMMEDIATE", e))?;
+    let limit = i64::try_from(max).unwrap_or(i64::MAX);
+    let versions: Vec<i64> = sqlx::query_scalar(
+        "DELETE FROM coord_kv WHERE ns = ?1 AND value IS NULL AND key IN \
+         (SELECT key FROM coord_kv INDEXED BY coord_kv_dead \
+           WHERE ns = ?1 AND value IS NULL ORDER BY key LIMIT ?2) \
+         RETURNING version",
+    )
+    .bind(namespace)
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(|e| before_commit("deleting tombstones", e))?;
+    if let Some(highest) = versions.iter().copied().max() {
+        sqlx::query(
+            "INSERT INTO coord_floor (ns, floor) VALUES (?1, ?2) \
+             ON CONFLICT (ns) DO UPDATE SET floor = max(floor, excluded.floor)",
+        )
+        .bind(namespace)
+        .bind(highest)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| before_commit("raising the floor", e))?;
+    }
+    let more: Option<i64> = sqlx::query_scalar(
+        "SELECT 1 FROM coord_kv INDEXED BY coord_kv_dead WHERE ns = ?1 AND value IS NULL LIMIT 1",
+    )
+    .bind(namespace)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(|e| before_commit("looking for more tombstones", e))?;
+    match tx.commit().await {
+        Ok(()) => Ok(Reclaimed::new(versions.len() as u64, more.is_some())),
+        Err(e) if is_busy(&e) => Err(Attempt::Busy(e)),
+        // Reclaiming changes nothing a reader can see: a failed COMMIT
+        // is an error to retry later, never a wrong answer.
+        Err(e) => Err(Attempt::Failed(Error::unavailable(
+            "sqlite: COMMIT of a reclaim failed",
+            e,
+        ))),
     }
 }
 
@@ -452,11 +517,12 @@ async fn txn_on(
     }
     if !mutations.is_empty() {
         let rows = (0..mutations.len())
-            .map(|i| format!("(?1, ?{}, 1, ?{})", 2 + 2 * i, 3 + 2 * i))
+            .map(|i| format!("(?1, ?{}, (SELECT n FROM floor), ?{})", 2 + 2 * i, 3 + 2 * i))
             .collect::<Vec<_>>()
             .join(", ");
         let sql = format!(
-            "INSERT INTO coord_kv (ns, key, version, value) VALUES {rows} \
+            "WITH floor(n) AS (SELECT coalesce(max(floor), 0) + 1 FROM coord_floor WHERE ns = ?1) \
+             INSERT INTO coord_kv (ns, key, version, value) VALUES {rows} \
              ON CONFLICT (ns, key) DO UPDATE SET version = version + 1, value = excluded.value"
         );
         // Only numbered placeholders are formatted into the SQL; keys and values are bound.
@@ -484,76 +550,6 @@ async fn txn_on(
             false,
         ),
     }
-}
-
-/// Switch the file to WAL, create the table and stamp the schema version.
-/// Done once per open on a dedicated connection, because changing the journal
-/// mode needs a lock that SQLite's busy handler does not wait for.
-async fn prepare_file(
-    connect: SqliteConnectOptions,
-    path: &Path,
-) -> std::result::Result<(), Attempt> {
-    let open_error = |what: &str, e: sqlx::Error| {
-        if is_busy(&e) {
-            Attempt::Busy(e)
-        } else {
-            Attempt::Failed(Error::unavailable(
-                format!("sqlite: {what} {}", path.display()),
-                e,
-            ))
-        }
-    };
-    let mut conn = SqliteConnection::connect_with(&connect)
-        .await
-        .map_err(|e| open_error("cannot open", e))?;
-    let mode: String = sqlx::query_scalar("PRAGMA journal_mode = WAL")
-        .fetch_one(&mut conn)
-        .await
-        .map_err(|e| open_error("cannot switch to WAL:", e))?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(Attempt::Failed(Error::Unavailable {
-            message: format!(
-                "sqlite: {} stayed in journal mode {mode:?} instead of WAL \
-                 (in-memory or unsupported file system?)",
-                path.display()
-            ),
-            source: None,
-        }));
-    }
-    let mut tx = conn
-        .begin_with("BEGIN IMMEDIATE")
-        .await
-        .map_err(|e| open_error("cannot lock", e))?;
-    sqlx::query(CREATE_TABLE)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| open_error("cannot create the table in", e))?;
-    let found: i64 = sqlx::query_scalar("PRAGMA user_version")
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(|e| open_error("cannot read the schema version of", e))?;
-    match found {
-        0 => {
-            sqlx::query(AssertSqlSafe(format!(
-                "PRAGMA user_version = {SCHEMA_VERSION}"
-            )))
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| open_error("cannot stamp the schema version of", e))?;
-        }
-        SCHEMA_VERSION => {}
-        other => {
-            return Err(Attempt::Failed(Error::Config(format!(
-                "sqlite: {} has schema version {other}; this coord-sqlite knows {SCHEMA_VERSION}",
-                path.display()
-            ))))
-        }
-    }
-    tx.commit()
-        .await
-        .map_err(|e| open_error("cannot commit the schema of", e))?;
-    let _ = conn.close().await;
-    Ok(())
 }
 
 /// Run `attempt` until it is not busy, at most `busy_retries + 1` times,
@@ -663,6 +659,17 @@ impl Backend for SqliteBackend {
 
     async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
         retry_busy(&self.options, "listing keys", || self.keys_once(prefix)).await
+    }
+
+    /// One write transaction on the writer connection: the first tombstones
+    /// (read through `coord_kv_dead`) are deleted and the floor raised to
+    /// their highest version before `COMMIT`, so no txn sees one without
+    /// the other.
+    async fn reclaim(&self, options: &ReclaimOptions) -> Result<Reclaimed> {
+        retry_busy(&self.options, "reclaiming tombstones", || {
+            self.reclaim_once(options.max_tombstones.max(1))
+        })
+        .await
     }
 }
 

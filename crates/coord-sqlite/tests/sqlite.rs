@@ -506,3 +506,70 @@ async fn another_process_wakes_a_watch() {
     assert!(status.success(), "the writer process failed: {status}");
     assert!(store.get("w/from-child").await.unwrap().exists());
 }
+
+async fn rows(path: &std::path::Path, namespace: &str) -> i64 {
+    use sqlx::Connection;
+    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(path);
+    let mut conn = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
+    sqlx::query_scalar("SELECT count(*) FROM coord_kv WHERE ns = ?1")
+        .bind(namespace)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// A revision-1 file (as earlier releases wrote it) is upgraded in place
+/// without changing a row; a reclaim then deletes the tombstone rows for
+/// real, and a re-created key starts above its old counter.
+#[tokio::test]
+async fn reclaim_deletes_tombstone_rows_and_upgrades_revision_1_files() {
+    use sqlx::Connection;
+    let path = private_file("reclaim");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    {
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        let mut conn = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
+        sqlx::raw_sql(
+            "PRAGMA journal_mode = WAL;
+             CREATE TABLE coord_kv (ns TEXT NOT NULL COLLATE BINARY,
+                 key TEXT NOT NULL COLLATE BINARY,
+                 version INTEGER NOT NULL CHECK (version > 0), value BLOB,
+                 PRIMARY KEY (ns, key)) STRICT, WITHOUT ROWID;
+             INSERT INTO coord_kv VALUES ('ns', 'gone', 4, NULL), ('ns', 'live', 2, x'6c');
+             PRAGMA user_version = 1;",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        conn.close().await.unwrap();
+    }
+    let store = SqliteBackend::open(&path, "ns").await.unwrap();
+    assert_eq!(
+        store.get("live").await.unwrap(),
+        Entry::present("live", Version(2), b"l".to_vec())
+    );
+    assert_eq!(store.keys("").await.unwrap(), vec!["live".to_owned()]);
+    for i in 0..10 {
+        let key = format!("t/{i}");
+        assert!(store.put_if(&key, Version::MISSING, vec![]).await.unwrap().applied);
+        assert!(store.delete_if(&key, Version(1)).await.unwrap().applied);
+    }
+    assert_eq!(rows(&path, "ns").await, 12);
+    let options = coord_backend::ReclaimOptions::DEFAULT.with_max_tombstones(8);
+    let first = store.reclaim(&options).await.unwrap();
+    assert_eq!((first.removed, first.more), (8, true));
+    let second = store.reclaim(&options).await.unwrap();
+    assert_eq!((second.removed, second.more), (3, false));
+    assert_eq!(rows(&path, "ns").await, 1, "only the live row is left");
+    assert!(store.put_if("gone", Version::MISSING, b"g".to_vec()).await.unwrap().applied);
+    assert_eq!(store.get("gone").await.unwrap().version, Version(5));
+    assert!(store.put_if("t/0", Version::MISSING, b"t".to_vec()).await.unwrap().applied);
+    assert_eq!(store.get("t/0").await.unwrap().version, Version(5));
+    store.close().await;
+    // Reopened, the file is at the new revision and keeps its floor.
+    let reopened = SqliteBackend::open(&path, "ns").await.unwrap();
+    assert!(reopened.put_if("t/1", Version::MISSING, b"t".to_vec()).await.unwrap().applied);
+    assert_eq!(reopened.get("t/1").await.unwrap().version, Version(5));
+}
