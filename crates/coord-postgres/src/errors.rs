@@ -20,6 +20,18 @@ pub(crate) fn read(what: &str, error: sqlx::Error) -> Error {
     }
 }
 
+/// An error of `coord_reclaim`. Whatever happened, nothing a reader can see
+/// changed (a reclaim only removes what reads as missing and raises the
+/// floor with it), so an unknown outcome is just "try again later".
+pub(crate) fn reclaim(error: sqlx::Error) -> Error {
+    if let sqlx::Error::Database(db) = &error {
+        if db.code().as_deref() == Some(ISOLATION_REFUSED) {
+            return Error::Config(format!("reclaim refused: {db}"));
+        }
+    }
+    Error::unavailable("reclaim failed", error)
+}
+
 /// The SQLSTATE `coord_txn` raises when called at another isolation level
 /// than READ COMMITTED (see [`crate::schema`]).
 pub(crate) const ISOLATION_REFUSED: &str = "CO001";

@@ -69,7 +69,7 @@ pub(crate) const WRITE_IF_AT_SQL: &str = concat!(
 pub(crate) const WRITE_IF_MISSING_SQL: &str = concat!(
     key_lock_cte!(),
     ", w AS (INSERT INTO coord_kv AS c (ns, key, version, value) \
-     SELECT $1, $2, 1, $3::bytea FROM l \
+     SELECT $1, $2, coord_next_version($1::text), $3::bytea FROM l \
      ON CONFLICT (ns, key) DO UPDATE SET version = c.version + 1, value = EXCLUDED.value \
       WHERE c.value IS NULL \
      RETURNING c.version) ",

@@ -15,7 +15,12 @@
 //! | snapshot | `SELECT key, version, value … WHERE ns = $1 AND key = ANY($2)` | 1 |
 //! | txn | `SELECT … FROM coord_txn(ns, assert_keys, assert_versions, put_keys, put_values, delete_keys)` | 1 |
 //! | txn of one assert + one write of the same key | one `UPDATE` / `INSERT … ON CONFLICT` statement under the same advisory lock (the single-key fast path, below); when its condition fails, `coord_txn` as above | 1 applied, 2 rejected |
-//! | keys | `SELECT key … WHERE ns = $1 AND key >= $2 AND key < successor($2) ORDER BY key` | 1 |
+//! | keys | `SELECT key … WHERE ns = $1 AND key >= $2 AND key < successor($2) AND value IS NOT NULL ORDER BY key`, through the partial index `coord_kv_live` (tombstones cost a listing nothing) | 1 |
+//! | reclaim | `SELECT … FROM coord_reclaim(ns, n)`: up to 256 tombstones (found through `coord_kv_dead`) deleted under the txns' advisory locks, `coord_floor` raised in the same transaction | 1 per 256 |
+//!
+//! A key written where no row exists starts at `coord_next_version(ns)`, the
+//! namespace's floor + 1 (0 + 1 until a reclaim), so a reclaimed key never
+//! gets a version it had (see `coord_backend::reclaim`).
 //!
 //! A round trip here is one flush of Bind/Execute/Sync on a statement the
 //! connection prepared earlier, answered by the server. sqlx also sends a bare
@@ -152,7 +157,7 @@ use std::str::FromStr;
 use async_trait::async_trait;
 use coord_backend::{
     validate_namespace, validate_prefix, Assert, Backend, ChangeWatch, Changes, Entry, Error,
-    Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
+    Limits, Mutation, ReclaimOptions, Reclaimed, Result, StoreUrl, TxnOutcome, Version,
 };
 use futures_util::StreamExt;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
@@ -164,6 +169,7 @@ pub use schema::SCHEMA_SQL;
 const SNAPSHOT_SQL: &str =
     "SELECT key, version, value FROM coord_kv WHERE ns = $1 AND key = ANY($2) AND value IS NOT NULL";
 const TXN_SQL: &str = "SELECT applied, k, ver, val FROM coord_txn($1, $2, $3, $4, $5, $6)";
+const RECLAIM_SQL: &str = "SELECT removed, more FROM coord_reclaim($1, $2)";
 const KEYS_RANGE_SQL: &str = "SELECT key FROM coord_kv \
      WHERE ns = $1 AND key >= $2 AND key < $3 AND value IS NOT NULL ORDER BY key";
 const KEYS_FROM_SQL: &str =
@@ -481,7 +487,36 @@ impl Backend for PostgresBackend {
         .map_err(|e| errors::read("keys", e))?;
         Ok(rows.into_iter().map(|(k,)| k).collect())
     }
+
+    /// `coord_reclaim` (see `schema.rs`) in batches of at most
+    /// [`RECLAIM_BATCH`] tombstones, each batch its own transaction: a batch
+    /// holds one advisory lock per tombstone until it commits, and
+    /// PostgreSQL's lock table is shared by every session.
+    async fn reclaim(&self, options: &ReclaimOptions) -> Result<Reclaimed> {
+        let mut left = options.max_tombstones.max(1);
+        let mut removed = 0u64;
+        loop {
+            let batch = left.min(RECLAIM_BATCH);
+            let mut conn = self.acquire("reclaim").await?;
+            let (n, more): (i64, bool) = sqlx::query_as(RECLAIM_SQL)
+                .bind(&self.namespace)
+                .bind(batch as i32)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(errors::reclaim)?;
+            let n = u64::try_from(n).unwrap_or(0);
+            removed += n;
+            left = left.saturating_sub(n as usize);
+            // n == 0 with more left: every candidate was re-created meanwhile.
+            if !more || left == 0 || n == 0 {
+                return Ok(Reclaimed::new(removed, more));
+            }
+        }
+    }
 }
+
+/// Most tombstones one `coord_reclaim` transaction removes (and locks).
+const RECLAIM_BATCH: usize = 256;
 
 /// Turn the rows of `coord_txn` into an outcome. The statement has completed
 /// and committed here, so rows we cannot read leave the outcome unknown.

@@ -32,7 +32,15 @@ const SCHEMA_LOCK: i64 = 0x636f_6f72_645f_7631;
 /// r4: the notification moves into `coord_notify(ns, keys)`, which the
 /// single-key fast path (`fast.rs`) calls too; an r3 client's single-key
 /// writes would wake nobody, so upgrade every client.
-pub(crate) const SCHEMA_TAG: &str = "coord schema r4";
+///
+/// r5: bounded storage. `coord_floor` keeps one floor per namespace; a key
+/// written where no row exists starts at `coord_next_version(ns)` = floor +
+/// 1 instead of 1; `coord_reclaim(ns, max)` deletes tombstones under the
+/// txns' advisory locks and raises the floor in the same transaction; two
+/// partial indexes keep listings off tombstones and reclaims off live rows.
+/// An r4 client would create keys at version 1, below the floor: upgrade
+/// every client before the first reclaim.
+pub(crate) const SCHEMA_TAG: &str = "coord schema r5";
 
 /// The full signature of the txn function (for `to_regprocedure`).
 const TXN_SIGNATURE: &str = "coord_txn(text,text[],bigint[],text[],bytea[],text[])";
@@ -51,6 +59,81 @@ CREATE TABLE IF NOT EXISTS coord_kv (
     value   bytea,
     PRIMARY KEY (ns, key)
 );
+
+-- The floor of each namespace (see coord_reclaim): a key written where no
+-- row exists starts above it, so a reclaimed tombstone's versions are
+-- never handed out again.
+CREATE TABLE IF NOT EXISTS coord_floor (
+    ns    text PRIMARY KEY,
+    floor bigint NOT NULL CHECK (floor >= 0)
+);
+
+-- Listings read live rows only; reclaims read tombstones only.
+CREATE INDEX IF NOT EXISTS coord_kv_live ON coord_kv (ns, key) WHERE value IS NOT NULL;
+CREATE INDEX IF NOT EXISTS coord_kv_dead ON coord_kv (ns, key) WHERE value IS NULL;
+
+-- The version of a key written where no row exists. PL/pgSQL (never
+-- inlined) and VOLATILE: its query takes a fresh snapshot when called, so a
+-- statement that waited for a key's advisory lock sees the floor a reclaim
+-- committed while it waited, not the one of the statement's start.
+CREATE OR REPLACE FUNCTION coord_next_version(p_ns text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+    RETURN coalesce((SELECT floor FROM coord_floor WHERE ns = p_ns), 0) + 1;
+END
+$fn$;
+
+-- Delete up to p_max tombstones of p_ns and raise the floor to their
+-- highest version, in the caller's transaction. Takes the advisory lock of
+-- each key first (the same locks, in the same sorted order, as coord_txn),
+-- so a txn on one of these keys runs wholly before (and the tombstone it
+-- wrote stays) or wholly after (and starts above the raised floor).
+CREATE OR REPLACE FUNCTION coord_reclaim(p_ns text, p_max integer)
+RETURNS TABLE (removed bigint, more boolean)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    candidates text[];
+    hashes bigint[];
+    h bigint;
+    n bigint;
+    top bigint;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'coord_reclaim needs READ COMMITTED, the transaction runs at %',
+                        current_setting('transaction_isolation')
+              USING ERRCODE = 'CO001';
+    END IF;
+    SELECT array_agg(t.key) INTO candidates
+      FROM (SELECT c.key FROM coord_kv c
+             WHERE c.ns = p_ns AND c.value IS NULL
+             ORDER BY c.key LIMIT p_max) AS t;
+    IF candidates IS NULL THEN
+        RETURN QUERY SELECT 0::bigint, false;
+        RETURN;
+    END IF;
+    SELECT array_agg(DISTINCT hashtextextended(p_ns || '/' || x, 0)
+                     ORDER BY hashtextextended(p_ns || '/' || x, 0))
+      INTO hashes
+      FROM unnest(candidates) AS x;
+    FOREACH h IN ARRAY hashes LOOP
+        PERFORM pg_advisory_xact_lock((h >> 32)::int4,
+                                      ((h & 4294967295) - 2147483648)::int4);
+    END LOOP;
+    -- A fresh snapshot, under the locks: a key re-created meanwhile is live
+    -- and stays.
+    WITH gone AS (
+        DELETE FROM coord_kv c
+         WHERE c.ns = p_ns AND c.key = ANY(candidates) AND c.value IS NULL
+        RETURNING c.version)
+    SELECT count(*), max(gone.version) INTO n, top FROM gone;
+    IF top IS NOT NULL THEN
+        INSERT INTO coord_floor AS f (ns, floor) VALUES (p_ns, top)
+        ON CONFLICT (ns) DO UPDATE SET floor = greatest(f.floor, EXCLUDED.floor);
+    END IF;
+    RETURN QUERY SELECT n, EXISTS (SELECT 1 FROM coord_kv c
+                                    WHERE c.ns = p_ns AND c.value IS NULL);
+END
+$fn$;
 
 -- Change notifications for the keys a writing transaction wrote, sent by
 -- coord_txn and by the single-key statements (fast.rs). NOTIFY is delivered
@@ -139,15 +222,15 @@ BEGIN
 
     IF cardinality(p_put_keys) > 0 THEN
         INSERT INTO coord_kv AS c (ns, key, version, value)
-            SELECT p_ns, u.key, 1, u.value
+            SELECT p_ns, u.key, coord_next_version(p_ns), u.value
               FROM unnest(p_put_keys, p_put_values) AS u(key, value)
         ON CONFLICT (ns, key) DO UPDATE SET version = c.version + 1, value = EXCLUDED.value;
     END IF;
     IF cardinality(p_delete_keys) > 0 THEN
-        -- A delete of a missing key still creates a tombstone at version 1:
-        -- the counter moves on every write, as in the reference store.
+        -- A delete of a missing key still creates a tombstone (above the
+        -- floor): the counter moves on every write, as in the reference store.
         INSERT INTO coord_kv AS c (ns, key, version, value)
-            SELECT p_ns, d, 1, NULL FROM unnest(p_delete_keys) AS d
+            SELECT p_ns, d, coord_next_version(p_ns), NULL FROM unnest(p_delete_keys) AS d
         ON CONFLICT (ns, key) DO UPDATE SET version = c.version + 1, value = NULL;
     END IF;
 
@@ -159,7 +242,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION coord_txn(text, text[], bigint[], text[], bytea[], text[]) IS 'coord schema r4';
+COMMENT ON FUNCTION coord_txn(text, text[], bigint[], text[], bytea[], text[]) IS 'coord schema r5';
 "#;
 
 /// Create the table and the function unless this revision is already installed.

@@ -1386,3 +1386,60 @@ async fn single_key_rejections_answer_the_current_entry() {
         Entry::present("k", Version(3), b"c".to_vec())
     );
 }
+
+async fn ns_rows(conn: &mut PgConnection, schema: &str) -> i64 {
+    let sql = format!("SELECT count(*) FROM {schema}.coord_kv WHERE ns = 'ns'");
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// A reclaim deletes tombstone rows for real (through both the single-key
+/// statement and `coord_txn` deletes), in batches, and keeps the floor; a
+/// listing's plan reads the live-row index, not the table.
+#[tokio::test]
+async fn reclaim_deletes_tombstone_rows_and_listings_skip_them() {
+    let Some(base) = base_url() else { return };
+    let (schema, scoped, mut conn) = private_schema(&base, "reclaim").await;
+    let store = connect(&scoped, "ns", PostgresOptions::default()).await;
+    for i in 0..300 {
+        let key = format!("t/{i:03}");
+        assert!(store.put_if(&key, Version::MISSING, vec![]).await.unwrap().applied);
+        if i % 2 == 0 {
+            assert!(store.delete_if(&key, Version(1)).await.unwrap().applied);
+        } else {
+            let out = store
+                .txn(&[Assert::at(key.as_str(), Version(1))], &[Mutation::delete(key.as_str()), Mutation::put("other", b"o".to_vec())])
+                .await
+                .unwrap();
+            assert!(out.applied);
+        }
+    }
+    assert_eq!(ns_rows(&mut conn, &schema).await, 301);
+    let first = store
+        .reclaim(&coord_backend::ReclaimOptions::DEFAULT.with_max_tombstones(280))
+        .await
+        .unwrap();
+    assert_eq!((first.removed, first.more), (280, true));
+    let rest = store.reclaim(&Default::default()).await.unwrap();
+    assert_eq!((rest.removed, rest.more), (20, false));
+    assert_eq!(ns_rows(&mut conn, &schema).await, 1, "only the live row is left");
+    assert!(store.put_if("t/000", Version::MISSING, b"x".to_vec()).await.unwrap().applied);
+    assert_eq!(store.get("t/000").await.unwrap().version, Version(3));
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN SELECT key FROM {schema}.coord_kv \
+         WHERE ns = 'ns' AND key >= 't/' AND key < 't0' AND value IS NOT NULL ORDER BY key"
+    )))
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        plan.iter().any(|line| line.contains("coord_kv_live")),
+        "the listing does not use the live-row index: {plan:#?}"
+    );
+}
