@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use coord_backend::{
     validate_namespace, validate_prefix, Assert, Backend, ChangeWatch, Changes, Entry, Error,
-    Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
+    Limits, Mutation, ReclaimOptions, Reclaimed, Result, StoreUrl, TxnOutcome, Version,
 };
 use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClientBuilder;
@@ -20,6 +20,8 @@ use redis::{
 
 use crate::changes::{Source, Subscriber};
 use crate::{scripts, RedisOptions};
+
+mod reclaim;
 
 /// A script with its source: `EVALSHA` normally, `EVAL` to a node named by
 /// a redirect (which may not have cached it yet).
@@ -294,6 +296,10 @@ pub struct RedisBackend {
     record_prefix: Vec<u8>,
     /// `coord:{NS}:idx`
     index_key: Vec<u8>,
+    /// `coord:{NS}:dead`, the tombstone set.
+    dead_key: Vec<u8>,
+    /// `coord:{NS}:floor`
+    floor_key: Vec<u8>,
     conn: Conn,
     /// The URL without its password, for `Debug`.
     endpoint: String,
@@ -435,6 +441,8 @@ impl RedisBackend {
             subscriber: Arc::new(Subscriber::new(source, &namespace, &endpoint)),
             record_prefix: format!("coord:{{{namespace}}}:k:").into_bytes(),
             index_key: format!("coord:{{{namespace}}}:idx").into_bytes(),
+            dead_key: format!("coord:{{{namespace}}}:dead").into_bytes(),
+            floor_key: format!("coord:{{{namespace}}}:floor").into_bytes(),
             namespace,
             conn,
             endpoint,
@@ -613,6 +621,8 @@ impl Backend for RedisBackend {
                 invocation.key(self.record_key(mutation.key()));
             }
         }
+        invocation.key(self.dead_key.as_slice());
+        invocation.key(self.floor_key.as_slice());
         invocation.arg(self.record_prefix.len());
         invocation.arg(asserted.len());
         for (_, version) in &asserted {
@@ -646,6 +656,10 @@ impl Backend for RedisBackend {
             }
             _ => Err(self.malformed_reply(reply, first_key)),
         }
+    }
+
+    async fn reclaim(&self, options: &ReclaimOptions) -> Result<Reclaimed> {
+        self.reclaim_pass(options).await
     }
 
     async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {

@@ -2,9 +2,12 @@
 //! atomic on the server (Redis runs one script at a time).
 //!
 //! Record layout: one hash per key with field `v` (the version counter,
-//! written only by `HINCRBY`) and field `d` (the value; absent in a
-//! tombstone). The index is a sorted set of the live keys, every score 0, so
-//! `ZRANGEBYLEX` orders members by their bytes.
+//! written only by `HINCRBY`, or set to the floor when the record is
+//! created) and field `d` (the value; absent in a tombstone). The index is a
+//! sorted set of the live keys, every score 0, so `ZRANGEBYLEX` orders
+//! members by their bytes; a second sorted set holds the tombstones (so a
+//! reclaim finds them without a scan), and a string holds the namespace's
+//! floor (absent = 0): a key whose record does not exist starts at floor + 1.
 //!
 //! Every script reads and checks everything it touches *before* its first
 //! write: a Redis script that fails halfway keeps the writes it already made,
@@ -62,8 +65,9 @@ return out
 "#
 );
 
-/// KEYS[1]: the index; KEYS[2..]: the record keys of every distinct key the
-/// txn names, asserted keys first (in assert order).
+/// KEYS[1]: the index; KEYS[2..#KEYS-2]: the record keys of every distinct
+/// key the txn names, asserted keys first (in assert order); KEYS[#KEYS-1]:
+/// the tombstone set; KEYS[#KEYS]: the floor.
 /// ARGV[1]: the byte length of the record-key prefix (to recover index members);
 /// ARGV[2]: A, the number of asserted keys (KEYS[2..A+1]); ARGV[3..A+2]: their
 /// expected versions (decimal, `0` = must not exist);
@@ -82,16 +86,28 @@ pub(crate) const TXN: &str = concat!(
 local plen = tonumber(ARGV[1])
 local nasserts = tonumber(ARGV[2])
 local nmut = tonumber(ARGV[nasserts + 3])
+local dead = KEYS[#KEYS - 1]
+local floor = '0'
 if nmut > 0 then
-  local t = redis.call('TYPE', KEYS[1])['ok']
-  if t ~= 'zset' and t ~= 'none' then
-    return {'malformed', KEYS[1], 'index is a ' .. t .. ', not a sorted set'}
+  for _, z in ipairs({KEYS[1], dead}) do
+    local t = redis.call('TYPE', z)['ok']
+    if t ~= 'zset' and t ~= 'none' then
+      return {'malformed', z, 'index is a ' .. t .. ', not a sorted set'}
+    end
+  end
+  local f = redis.pcall('GET', KEYS[#KEYS])
+  if type(f) == 'table' and f['err'] then return {'malformed', KEYS[#KEYS], f['err']} end
+  if f then
+    if not valid_version(f) or f == '9223372036854775807' then
+      return {'malformed', KEYS[#KEYS], 'floor is not a decimal integer in 0..2^63-1'}
+    end
+    floor = f
   end
 end
 local vis = {}
 local val = {}
 local raw = {}
-for i = 2, #KEYS do
+for i = 2, #KEYS - 2 do
   local r = redis.pcall('HMGET', KEYS[i], 'v', 'd')
   if r['err'] then return {'malformed', KEYS[i], r['err']} end
   local v, d = r[1], r[2]
@@ -126,18 +142,34 @@ for m = 0, nmut - 1 do
     return {'malformed', KEYS[pos], 'version counter is exhausted (2^63 - 1)'}
   end
 end
+-- The floor and the tombstone set always exist once a namespace was
+-- written (the set keeps the member '', which no key can be): a Cluster
+-- slot being migrated answers TRYAGAIN to scripts naming a key it does
+-- not hold, and both move with the rest of the slot.
+if nmut > 0 then
+  if not redis.call('GET', KEYS[#KEYS]) then redis.call('SET', KEYS[#KEYS], '0') end
+  redis.call('ZADD', dead, 0, '')
+end
 for m = 0, nmut - 1 do
   local pos = tonumber(ARGV[base + 1 + 3 * m])
   local k = KEYS[pos]
   local op = ARGV[base + 2 + 3 * m]
+  local member = string.sub(k, plen + 1)
+  -- No record (never written, or reclaimed): count on from the floor.
+  if not raw[pos] then redis.call('HSET', k, 'v', floor) end
   redis.call('HINCRBY', k, 'v', 1)
-  -- The index holds exactly the live keys: touch it only when liveness changes.
+  -- The index holds exactly the live keys, the tombstone set exactly the
+  -- tombstones: touch them only when liveness changes.
   if op == 'p' then
     redis.call('HSET', k, 'd', ARGV[base + 3 + 3 * m])
-    if vis[pos] == '0' then redis.call('ZADD', KEYS[1], 0, string.sub(k, plen + 1)) end
+    if vis[pos] == '0' then
+      redis.call('ZADD', KEYS[1], 0, member)
+      if raw[pos] then redis.call('ZREM', dead, member) end
+    end
   else
     redis.call('HDEL', k, 'd')
-    if vis[pos] ~= '0' then redis.call('ZREM', KEYS[1], string.sub(k, plen + 1)) end
+    if vis[pos] ~= '0' then redis.call('ZREM', KEYS[1], member) end
+    redis.call('ZADD', dead, 0, member)
   end
 end
 local publish = ARGV[#ARGV - 1]
@@ -160,3 +192,62 @@ if r['err'] then return {'malformed', KEYS[1], r['err']} end
 table.insert(r, 1, 'ok')
 return r
 "#;
+
+/// KEYS[1]: the tombstone set. ARGV[1]: how many members.
+/// Reply: `ok`, then the first members (candidates of a reclaim; the first
+/// is the set's placeholder `''`, which the caller drops).
+pub(crate) const RECLAIM_CANDIDATES: &str = r#"
+local r = redis.pcall('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+if r['err'] then return {'malformed', KEYS[1], r['err']} end
+table.insert(r, 1, 'ok')
+return r
+"#;
+
+/// KEYS[1]: the tombstone set; KEYS[2]: the floor; KEYS[3..]: the record
+/// keys of candidates (read by RECLAIM_CANDIDATES; anything may have
+/// happened to them since). ARGV[1]: the byte length of the record-key prefix.
+/// Deletes every candidate that is still a tombstone and raises the floor
+/// to their highest version, in this one script, so no txn runs between.
+/// Reply: `ok`, the number removed, `1` if tombstones are left else `0`;
+/// or `malformed, <key>, <reason>`.
+pub(crate) const RECLAIM: &str = concat!(
+    valid_version_lua!(),
+    r#"
+local plen = tonumber(ARGV[1])
+local floor = redis.pcall('GET', KEYS[2])
+if type(floor) == 'table' and floor['err'] then return {'malformed', KEYS[2], floor['err']} end
+if floor and not valid_version(floor) then
+  return {'malformed', KEYS[2], 'floor is not a decimal integer in 0..2^63'}
+end
+local gone = {}
+local stale = {}
+local top = floor or '0'
+for i = 3, #KEYS do
+  local r = redis.pcall('HMGET', KEYS[i], 'v', 'd')
+  if r['err'] then return {'malformed', KEYS[i], r['err']} end
+  local v, d = r[1], r[2]
+  if v and not valid_version(v) then
+    return {'malformed', KEYS[i], 'version field is not a decimal integer in 0..2^63'}
+  end
+  if v and not d then
+    gone[#gone + 1] = KEYS[i]
+    -- Canonical decimals: a longer one is larger; equal lengths compare as text.
+    if #v > #top or (#v == #top and v > top) then top = v end
+  else
+    -- Re-created (or gone) since it was listed: only its set entry goes.
+    stale[#stale + 1] = KEYS[i]
+  end
+end
+for _, k in ipairs(gone) do
+  redis.call('DEL', k)
+  redis.call('ZREM', KEYS[1], string.sub(k, plen + 1))
+end
+for _, k in ipairs(stale) do
+  redis.call('ZREM', KEYS[1], string.sub(k, plen + 1))
+end
+if #gone > 0 then redis.call('SET', KEYS[2], top) end
+local left = 0
+if redis.call('ZCARD', KEYS[1]) > 1 then left = 1 end
+return {'ok', #gone, left}
+"#
+);

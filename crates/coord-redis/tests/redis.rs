@@ -1100,7 +1100,8 @@ async fn cluster_redirects_are_followed_during_resharding() {
     .unwrap();
     let keys: Vec<String> =
         raw_cmd(source, &["CLUSTER", "GETKEYSINSLOT", &slot_arg, "100"]).unwrap();
-    assert_eq!(keys.len(), 3, "{keys:?}");
+    // The index, the tombstone set, the floor and the two records.
+    assert_eq!(keys.len(), 5, "{keys:?}");
     let target_arg = target.to_string();
     let mut migrate = vec!["MIGRATE", "127.0.0.1", &target_arg, "", "0", "5000", "KEYS"];
     migrate.extend(keys.iter().map(String::as_str));
@@ -1213,4 +1214,45 @@ async fn rejected_txns_publish_nothing() {
         .expect("no message within 10 s")
         .expect("the subscription ended");
     assert_eq!(first.get_payload_bytes(), b"b/1\0c");
+}
+
+/// A reclaim deletes the tombstone records themselves (and their set
+/// entries), in bounded passes, and leaves the floor above them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reclaim_deletes_tombstone_records() {
+    let Some(base) = coord_conformance::server_env(STANDALONE) else {
+        return;
+    };
+    let ns = unique_namespace("reclaim");
+    let store = connect(&base, &ns).await;
+    for i in 0..20 {
+        let key = format!("t/{i}");
+        assert!(store.put_if(&key, Version::MISSING, vec![]).await.unwrap().applied);
+        assert!(store.delete_if(&key, Version(1)).await.unwrap().applied);
+    }
+    let client = redis::Client::open(base.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let records = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut cmd = redis::cmd("EXISTS");
+        for i in 0..20 {
+            cmd.arg(format!("coord:{{{ns}}}:k:t/{i}"));
+        }
+        let mut conn = conn.clone();
+        async move { cmd.query_async::<i64>(&mut conn).await.unwrap() }
+    };
+    assert_eq!(records(&mut conn).await, 20);
+    let options = coord_backend::ReclaimOptions::DEFAULT.with_max_tombstones(15);
+    let first = store.reclaim(&options).await.unwrap();
+    assert_eq!((first.removed, first.more), (15, true));
+    let second = store.reclaim(&options).await.unwrap();
+    assert_eq!((second.removed, second.more), (5, false));
+    assert_eq!(records(&mut conn).await, 0);
+    let dead: i64 = redis::cmd("ZCARD")
+        .arg(format!("coord:{{{ns}}}:dead"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(dead, 1, "only the placeholder member is left");
+    assert!(store.put_if("t/3", Version::MISSING, b"x".to_vec()).await.unwrap().applied);
+    assert_eq!(store.get("t/3").await.unwrap().version, Version(3));
 }
