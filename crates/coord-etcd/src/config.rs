@@ -107,8 +107,9 @@ pub struct EtcdOptions {
     /// The server's `--max-request-bytes` (default 1.5 MiB): [`EtcdOptions::limits`]
     /// derives the value-size limit from it. Raise both together.
     pub max_request_bytes: usize,
-    /// The server's `--max-txn-ops` (default 128): one assert costs up to two
-    /// compares, so at most half of it can be asserted keys.
+    /// The server's `--max-txn-ops` (default 128): one assert costs up to
+    /// three compares and a txn one more (the floor marker), so at most a
+    /// third of it can be asserted keys.
     pub max_txn_ops: usize,
     /// User and password (etcd authentication), or `None`.
     pub credentials: Option<Credentials>,
@@ -170,18 +171,19 @@ impl EtcdOptions {
     }
 
     /// What a store with these options accepts: keys per call such that a
-    /// txn's compares (up to two per asserted key) fit `max_txn_ops`, and a
-    /// value size such that a txn writing `max_keys_per_call` values of the
-    /// largest size, with the longest keys, still fits `max_request_bytes`.
+    /// txn's compares (up to three per asserted key, plus the floor
+    /// marker's) fit `max_txn_ops`, and a value size such that a txn writing
+    /// `max_keys_per_call` values of the largest size, with the longest
+    /// keys, still fits `max_request_bytes`.
     ///
-    /// With etcd's defaults: 64 keys per call, 18 KiB values (1 KiB keys).
+    /// With etcd's defaults: 42 keys per call, 29 KiB values (1 KiB keys).
     pub fn limits(&self) -> Limits {
         let base = Limits::DEFAULT;
-        let keys = (self.max_txn_ops / 2).clamp(1, base.max_keys_per_call);
+        let keys = (self.max_txn_ops.saturating_sub(1) / 3).clamp(1, base.max_keys_per_call);
         let max_etcd_key = MAX_PREFIX_BYTES + base.max_key_bytes;
-        // Worst case per key: two compares (key + tombstone), one put (key +
-        // tag + value), one Else get (key).
-        let per_key_overhead = 4 * (max_etcd_key + OP_FRAMING_BYTES) + 1;
+        // Worst case per key: three compares (version, lifetime, tombstone),
+        // one put (key + tag + value), one Else get (key).
+        let per_key_overhead = 5 * (max_etcd_key + OP_FRAMING_BYTES) + 1;
         let budget = self.max_request_bytes.saturating_sub(REQUEST_SLACK_BYTES) / keys;
         let value = budget.saturating_sub(per_key_overhead) / 1024 * 1024;
         let mut limits = base.with_max_value_bytes(value.min(base.max_value_bytes));
@@ -372,11 +374,11 @@ mod tests {
     #[test]
     fn default_limits_fit_etcd_defaults() {
         let limits = EtcdOptions::default().limits();
-        assert_eq!(limits.max_keys_per_call, 64);
-        assert_eq!(limits.max_value_bytes, 18 * 1024);
+        assert_eq!(limits.max_keys_per_call, 42);
+        assert_eq!(limits.max_value_bytes, 29 * 1024);
         let worst_key = MAX_PREFIX_BYTES + limits.max_key_bytes;
         let worst_request = limits.max_keys_per_call
-            * (4 * (worst_key + OP_FRAMING_BYTES) + 1 + limits.max_value_bytes);
+            * (5 * (worst_key + OP_FRAMING_BYTES) + 1 + limits.max_value_bytes);
         assert!(worst_request + REQUEST_SLACK_BYTES <= ETCD_DEFAULT_MAX_REQUEST_BYTES);
         let big = EtcdOptions::default()
             .with_server_limits(128 << 20, 1024)

@@ -39,21 +39,81 @@ pub(crate) fn encode_live(value: &[u8]) -> Vec<u8> {
     out
 }
 
-/// What an etcd key holds, as coord sees it, plus etcd's own version (which
-/// also counts tombstone writes and is what txn compares are made on).
+/// The etcd key of a namespace's floor marker: `coord-meta/<escaped
+/// namespace>/floor`, outside every namespace's range (`coord-meta/` is not
+/// `coord/`). Created by the namespace's first reclaim, never deleted; its
+/// value is [`MARKER_DIRTY`] until a reclaim found no tombstone left, then
+/// [`MARKER_CLEAN`].
+pub(crate) fn marker_key(namespace: &str) -> Vec<u8> {
+    let mut key = b"coord-meta/".to_vec();
+    key.extend_from_slice(&namespace_prefix(namespace)["coord/".len()..]);
+    key.extend_from_slice(b"floor");
+    key
+}
+
+/// Marker value: tombstones written before the marker may be left.
+pub(crate) const MARKER_DIRTY: &[u8] = b"d";
+/// Marker value: no tombstone is left (none can be written any more).
+pub(crate) const MARKER_CLEAN: &[u8] = b"c";
+
+/// How a namespace's records map to coord versions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// No marker: a delete writes a tombstone, and coord's version of a key
+    /// is etcd's per-key version.
+    Tombstones,
+    /// The marker exists, created at etcd revision `floor`: a delete is a
+    /// real etcd delete, and a key created at revision `c >= floor` has
+    /// coord version `c + v - 1` at etcd version `v`. Records created
+    /// before keep etcd's version (and may be tombstones until reclaimed).
+    Floor {
+        /// The marker's create revision.
+        floor: i64,
+        /// Whether a reclaim found no tombstone left.
+        clean: bool,
+    },
+}
+
+impl Mode {
+    /// The mode a read of the marker shows (`None` = no marker).
+    pub(crate) fn from_marker(marker: Option<(i64, &[u8])>) -> Mode {
+        match marker {
+            None => Mode::Tombstones,
+            Some((create_revision, value)) => Mode::Floor {
+                floor: create_revision,
+                clean: value == MARKER_CLEAN,
+            },
+        }
+    }
+}
+
+/// What an etcd key holds, as coord sees it, with etcd's own version and
+/// create revision (what txn compares are made on).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Stored {
-    /// No etcd key at all (never written by coord).
+    /// No etcd key at all (never written by coord, deleted, or reclaimed).
     Absent,
     /// A tombstone written at etcd version `.0`: coord reads it as missing.
     Tombstone(i64),
-    /// A live key: etcd version (= coord version) and the coord value.
-    Live(i64, Vec<u8>),
+    /// A live key.
+    Live {
+        /// etcd's per-key version.
+        version: i64,
+        /// etcd's create revision of the key (the start of this lifetime).
+        create: i64,
+        /// The coord value.
+        value: Vec<u8>,
+    },
 }
 
 impl Stored {
-    /// Decode an etcd (version, value) pair; `key` names the record in errors.
-    pub(crate) fn decode(key: &str, etcd_version: i64, mut value: Vec<u8>) -> Result<Stored> {
+    /// Decode an etcd record; `key` names it in errors.
+    pub(crate) fn decode(
+        key: &str,
+        etcd_version: i64,
+        create_revision: i64,
+        mut value: Vec<u8>,
+    ) -> Result<Stored> {
         if etcd_version <= 0 {
             return Err(Error::malformed(
                 key,
@@ -63,7 +123,11 @@ impl Stored {
         match value.first() {
             Some(&LIVE_TAG) => {
                 value.remove(0);
-                Ok(Stored::Live(etcd_version, value))
+                Ok(Stored::Live {
+                    version: etcd_version,
+                    create: create_revision,
+                    value,
+                })
             }
             _ if value == TOMBSTONE => Ok(Stored::Tombstone(etcd_version)),
             Some(tag) => Err(Error::malformed(
@@ -77,21 +141,46 @@ impl Stored {
         }
     }
 
-    /// The version coord reports: tombstones and absent keys are missing.
-    pub(crate) fn coord_version(&self) -> Version {
+    /// The version coord reports under `mode`: tombstones and absent keys
+    /// are missing.
+    pub(crate) fn coord_version(&self, mode: Mode) -> Version {
         match self {
-            Stored::Live(v, _) => Version(*v as u64),
+            Stored::Live {
+                version, create, ..
+            } => Version(coord_version_of(*version, *create, mode)),
             Stored::Absent | Stored::Tombstone(_) => Version::MISSING,
         }
     }
 
-    /// The coord entry for `key`.
-    pub(crate) fn into_entry(self, key: &str) -> Entry {
+    /// The coord entry for `key` under `mode`.
+    pub(crate) fn into_entry(self, key: &str, mode: Mode) -> Entry {
+        let version = self.coord_version(mode);
         match self {
-            Stored::Live(v, value) => Entry::present(key, Version(v as u64), value),
+            Stored::Live { value, .. } => Entry::present(key, version, value),
             Stored::Absent | Stored::Tombstone(_) => Entry::missing(key),
         }
     }
+}
+
+/// coord's version of a live record at etcd version `version`, created at
+/// revision `create`, under `mode`.
+pub(crate) fn coord_version_of(version: i64, create: i64, mode: Mode) -> u64 {
+    match mode {
+        Mode::Floor { floor, .. } if create >= floor => (create + version - 1) as u64,
+        _ => version as u64,
+    }
+}
+
+/// The etcd version at which a record created at revision `create` has
+/// coord version `coord` under `mode` (`None`: no etcd version of that
+/// lifetime has it).
+pub(crate) fn etcd_version_of(coord: Version, create: i64, mode: Mode) -> Option<i64> {
+    let coord = i64::try_from(coord.0).ok()?;
+    let version = match mode {
+        Mode::Floor { floor, .. } if create >= floor => coord - create + 1,
+        _ => coord,
+    };
+    (version >= 1).then_some(version)
 }
 
 #[cfg(test)]
@@ -120,27 +209,51 @@ mod tests {
 
     #[test]
     fn values_round_trip_and_garbage_is_malformed() {
+        let live = |version, value: &[u8]| Stored::Live {
+            version,
+            create: 7,
+            value: value.to_vec(),
+        };
         assert_eq!(
-            Stored::decode("k", 3, encode_live(b"")).unwrap(),
-            Stored::Live(3, Vec::new())
+            Stored::decode("k", 3, 7, encode_live(b"")).unwrap(),
+            live(3, b"")
         );
         assert_eq!(
-            Stored::decode("k", 3, encode_live(b"x")).unwrap(),
-            Stored::Live(3, b"x".to_vec())
+            Stored::decode("k", 3, 7, encode_live(b"x")).unwrap(),
+            live(3, b"x")
         );
         assert_eq!(
-            Stored::decode("k", 4, TOMBSTONE.to_vec()).unwrap(),
+            Stored::decode("k", 4, 7, TOMBSTONE.to_vec()).unwrap(),
             Stored::Tombstone(4)
         );
         assert_eq!(
-            Stored::Tombstone(4).coord_version(),
+            Stored::Tombstone(4).coord_version(Mode::Tombstones),
             coord_backend::Version::MISSING
         );
         for garbage in [&b""[..], b"xx", b"hello", b"\0"] {
             assert!(matches!(
-                Stored::decode("k", 1, garbage.to_vec()),
+                Stored::decode("k", 1, 1, garbage.to_vec()),
                 Err(Error::MalformedRecord { .. })
             ));
         }
+    }
+
+    #[test]
+    fn versions_under_a_floor() {
+        let floor = Mode::Floor {
+            floor: 100,
+            clean: false,
+        };
+        // Created before the marker: etcd's version, as without one.
+        assert_eq!(coord_version_of(5, 40, floor), 5);
+        assert_eq!(etcd_version_of(Version(5), 40, floor), Some(5));
+        // Created at revision 120: starts at 120, +1 per write.
+        assert_eq!(coord_version_of(1, 120, floor), 120);
+        assert_eq!(coord_version_of(3, 120, floor), 122);
+        assert_eq!(etcd_version_of(Version(122), 120, floor), Some(3));
+        assert_eq!(etcd_version_of(Version(119), 120, floor), None);
+        assert_eq!(coord_version_of(3, 120, Mode::Tombstones), 3);
+        assert!(!marker_key("a").starts_with(&namespace_prefix("a")));
+        assert_eq!(marker_key("a/b"), b"coord-meta/a%2Fb/floor".to_vec());
     }
 }

@@ -7,6 +7,7 @@
 //! | `snapshot(keys)` | one read-only `Txn` of `Range` gets: all keys at one revision |
 //! | `txn(asserts, mutations)` | one `Txn`: `If(compares) Then(puts) Else(gets of the asserted keys)` |
 //! | `keys(prefix)` | `Range` over the literal byte range of the prefix (paged, every page at the first page's revision) |
+//! | `reclaim` | create the floor marker once; then ranges to find tombstones written before it, and `Txn`s deleting them under `mod_revision` compares |
 //!
 //! # Atomicity boundary
 //!
@@ -19,32 +20,53 @@
 //! and usually than a local PostgreSQL; it is the store to pick for
 //! correctness under partitions, not for throughput.
 //!
-//! # Versions: tombstones, never etcd deletes
+//! # Versions: tombstones until the first reclaim, real deletes after
 //!
 //! coord's version of a key (+1 per write, never reused, also after a delete
-//! and re-create) is **etcd's own per-key `version`**. That only holds
-//! because this store never deletes an etcd key: a coord delete writes a
-//! tombstone value (see the layout below). etcd's per-key version counts
-//! every put since the key's creation, tombstone writes included, so it is
-//! exactly coord's counter; a tombstoned key reads as version 0 (missing).
-//! (A real etcd delete would reset etcd's version to 0 and let a re-create
-//! reuse version 1: ABA.)
+//! and re-create) comes from etcd's own per-key metadata, in one of two
+//! modes per namespace:
 //!
-//! How asserts become compares:
+//! - **tombstones** (a namespace no reclaim has run on): coord's version is
+//!   **etcd's per-key `version`**, and a coord delete writes a tombstone
+//!   value instead of deleting the etcd key. etcd's version counts every put
+//!   since the key's creation, tombstone writes included, so it is exactly
+//!   coord's counter. (A real etcd delete would reset etcd's version and
+//!   let a re-create reuse version 1: ABA.)
+//! - **floor** (after the namespace's first [`Backend::reclaim`]): the
+//!   reclaim creates a marker key (`coord-meta/<namespace>/floor`, outside
+//!   every namespace's range) at etcd revision `F`, and from then on a coord
+//!   delete is a **real etcd delete**. A key created at revision `c >= F` has
+//!   coord version `c + v - 1` at etcd version `v`: +1 per write, and a
+//!   re-created key starts at its new create revision, which is above every
+//!   revision (so every version) the key had. Keys created before `F` keep
+//!   etcd's version; their tombstones are what reclaims delete (each under a
+//!   compare that it did not change since it was read), then the marker
+//!   says "clean" and a reclaim costs one read. Nothing is left behind by a
+//!   delete, so storage and listings follow the live keys.
 //!
-//! - `key @ v` (v > 0): `version == v AND value != tombstone` (two compares),
-//!   or `version == v` alone when this backend has seen etcd version `v` of
-//!   that key hold a live value (read it, or wrote it): etcd never deletes a
-//!   coord key, so (key, etcd version) names one write forever, and that
-//!   write was live;
+//! The marker decides how versions read, so until a backend has seen it, a
+//! snapshot also reads it (same request) and a txn also asserts its
+//! absence: a txn decided without it cannot commit after it appeared, and
+//! its `Else` answer shows the marker, so it is decided again under it.
+//! Once seen, it is cached for good (it is never deleted).
+//!
+//! How asserts become compares (at most three per key):
+//!
+//! - `key @ v` (v > 0): `version == v'` where `v'` is etcd's version for
+//!   coord version `v` in the lifetime this backend last saw the key in,
+//!   with `create_revision == c` naming that lifetime; or, for a lifetime
+//!   from before the marker (or none seen), `version == v AND
+//!   create_revision < F`. Plus `value != tombstone` where a tombstone is
+//!   possible (lifetimes from before the marker) and this backend has not
+//!   seen that very write hold a live value.
 //! - `key missing`: the key is either absent from etcd (`version == 0`) or a
 //!   tombstone at some etcd version `t` (`version == t AND value == tombstone`).
 //!   etcd compares cannot say "or", so the store guesses from what it last
-//!   saw of that key (snapshots, rejected txns and its own deletes feed a
-//!   small per-backend cache of tombstone versions). A wrong guess is
-//!   rejected by etcd, and the `Else` gets tell the real state: when every
-//!   assert actually held, the txn is re-sent once with the exact compare
-//!   (bounded; a concurrent delete of a deleted key can move `t` again).
+//!   saw of that key (snapshots, rejected txns and its own writes feed a
+//!   small per-backend cache of hints). A wrong guess is rejected by etcd,
+//!   and the `Else` gets tell the real state: when every assert actually
+//!   held, the txn is re-sent with the exact compares (bounded; a concurrent
+//!   delete or reclaim can move things again).
 //!   Common paths (assert a live version; create a never-written key;
 //!   re-create a key this process saw deleted) cost ONE round trip; creating
 //!   a key over a tombstone this process has never read costs two.
@@ -52,14 +74,14 @@
 //! Trade-offs of this layout, written down:
 //!
 //! - one request per primitive and no second key family to keep in sync;
-//! - tombstones stay in etcd forever (one small key per deleted coord key),
-//!   like the version counters of every other coord store;
-//! - `keys(prefix)` must read values to drop tombstones (etcd ranges cannot
-//!   filter on values), so it transfers values too, in pages bounded by the
-//!   value limit. A separate "live keys" family would make it keys-only at
-//!   the cost of one more write per mutation; listing is the rare path.
-//! - never delete coord's keys by hand (`etcdctl del`): that resets etcd's
-//!   per-key version and breaks "never reused".
+//! - until a namespace's first reclaim, tombstones stay (one small key per
+//!   deleted coord key), and `keys(prefix)` reads them: it must read values
+//!   to drop tombstones (etcd ranges cannot filter on values), in pages
+//!   bounded by the value limit. Run `coordctl gc` (or
+//!   [`Backend::reclaim`]) once and both are gone for good;
+//! - never delete coord's keys by hand (`etcdctl del`) in a namespace
+//!   without the marker: that resets etcd's per-key version and breaks
+//!   "never reused"; never delete the marker.
 //!
 //! # Layout
 //!
@@ -74,9 +96,10 @@
 //!
 //! etcd refuses requests above `--max-request-bytes` (1.5 MiB by default)
 //! and lists longer than `--max-txn-ops` (128) in one txn. An assert costs up
-//! to two compares, so a call names at most 64 keys, and a txn writing 64
-//! values of the largest size with the longest keys must fit 1.5 MiB: values
-//! are limited to **18 KiB** (instead of coord's usual 512 KiB). Raise the
+//! to three compares and a txn one more (the marker), so a call names at
+//! most 42 keys, and a txn writing 42 values of the largest size with the
+//! longest keys must fit 1.5 MiB: values are limited to **29 KiB** (instead
+//! of coord's usual 512 KiB). Raise the
 //! server's limits and [`EtcdOptions::with_server_limits`] together for
 //! larger values; see [`EtcdOptions::limits`].
 //!
@@ -123,18 +146,21 @@
 mod config;
 mod errors;
 mod layout;
+mod reclaim;
+mod txn;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use coord_backend::{
     validate_namespace, validate_prefix, Assert, Backend, ChangeFeed, ChangeWatch, Changed,
-    Changes, Entry, Error, Limits, Mutation, Result, StoreUrl, TxnOutcome, Version,
+    Changes, Entry, Error, Limits, Mutation, ReclaimOptions, Reclaimed, Result, StoreUrl,
+    TxnOutcome,
 };
 use etcd_client::{
-    Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, KvClient, Txn, TxnOp, TxnOpResponse,
+    ConnectOptions, GetOptions, KeyValue, KvClient, Txn, TxnOp, TxnOpResponse,
     WatchClient, WatchOptions, WatchStream,
 };
 
@@ -143,27 +169,25 @@ pub use config::{
     ETCD_DEFAULT_MAX_TXN_OPS,
 };
 use errors::{classify, timed_out, Call};
-use layout::{encode_live, namespace_prefix, Stored, TOMBSTONE};
-
-/// How many txns one `txn` call may send when its guesses about how a
-/// "missing" key is represented (absent or tombstone) keep being wrong.
-const MAX_REPRESENTATION_ATTEMPTS: usize = 3;
+use layout::{marker_key, namespace_prefix, Mode, Stored, TOMBSTONE};
 
 /// Keys whose last seen state is remembered per backend (hints only; cleared when full).
 const MAX_TOMBSTONE_HINTS: usize = 16_384;
 
-/// What this backend last saw an etcd key hold, at which etcd version.
+/// What this backend last saw an etcd key hold.
 ///
-/// Both are facts that stay true: this store never deletes an etcd key, so
-/// etcd's per-key version `n` names one write of the key forever. They may
-/// be old (the key moved on since), which costs a rejected compare, never a
-/// wrong decision.
+/// A hint may be old (the key moved on, or was deleted and created again
+/// since), which costs a rejected compare, never a wrong decision: every
+/// compare a hint shapes names the lifetime (create revision) or the exact
+/// tombstone it expects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Hint {
+pub(crate) enum Hint {
     /// A tombstone written at this etcd version.
     Tombstone(i64),
-    /// A live value written at this etcd version.
-    Live(i64),
+    /// A live value written at etcd version `version` of the lifetime
+    /// created at `create` (unknown for a lifetime that went on from a
+    /// tombstone: one from before the floor marker).
+    Live { version: i64, create: Option<i64> },
 }
 
 /// A coord store on etcd v3 (see the crate docs for the shape, the version
@@ -184,6 +208,11 @@ pub struct EtcdBackend {
     limits: Limits,
     /// etcd key → what it was last seen holding (see [`Hint`]).
     tombstones: Arc<Mutex<HashMap<Vec<u8>, Hint>>>,
+    /// The namespace's floor marker (see [`layout::marker_key`]).
+    marker: Vec<u8>,
+    /// The marker as last read, once it exists (it is never deleted, and
+    /// only ever goes from dirty to clean): `None` = not seen yet.
+    mode: Arc<Mutex<Option<Mode>>>,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -271,6 +300,8 @@ impl EtcdBackend {
             limits: options.limits(),
             options,
             tombstones: Arc::default(),
+            marker: marker_key(namespace),
+            mode: Arc::default(),
         })
     }
 
@@ -282,6 +313,8 @@ impl EtcdBackend {
             prefix: namespace_prefix(namespace).into(),
             tombstones: Arc::default(),
             feed: Arc::default(),
+            marker: marker_key(namespace),
+            mode: Arc::default(),
             ..self.clone()
         })
     }
@@ -314,7 +347,12 @@ impl EtcdBackend {
             etcd_key,
             match stored {
                 Stored::Tombstone(t) => Some(Hint::Tombstone(*t)),
-                Stored::Live(version, _) => Some(Hint::Live(*version)),
+                Stored::Live {
+                    version, create, ..
+                } => Some(Hint::Live {
+                    version: *version,
+                    create: Some(*create),
+                }),
                 Stored::Absent => None,
             },
         );
@@ -336,6 +374,41 @@ impl EtcdBackend {
         }
     }
 
+    /// The namespace's mode, when the marker is known to exist (from then
+    /// on it cannot change but from dirty to clean).
+    pub(crate) fn known_mode(&self) -> Option<Mode> {
+        *self.mode.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Record a marker read (a mode without marker is never cached: one
+    /// may be created at any time).
+    pub(crate) fn learn_mode(&self, mode: Mode) {
+        if let Mode::Floor { floor, clean } = mode {
+            let mut known = self.mode.lock().unwrap_or_else(|e| e.into_inner());
+            let was_clean = matches!(*known, Some(Mode::Floor { clean: true, .. }));
+            *known = Some(Mode::Floor {
+                floor,
+                clean: clean || was_clean,
+            });
+        }
+    }
+
+    /// Decode the get of the marker: `None` when it does not exist.
+    pub(crate) fn decode_marker(&self, response: TxnOpResponse) -> Result<Option<Mode>> {
+        let TxnOpResponse::Get(mut get) = response else {
+            return Err(Error::malformed(
+                "<floor marker>",
+                "etcd answered a get with another op",
+            ));
+        };
+        let Some(kv) = get.take_kvs().pop() else {
+            return Ok(None);
+        };
+        let mode = Mode::from_marker(Some((kv.create_revision(), kv.value())));
+        self.learn_mode(mode);
+        Ok(Some(mode))
+    }
+
     async fn call<T, F>(&self, what: &str, call: Call, fut: F) -> Result<T>
     where
         F: Future<Output = std::result::Result<T, etcd_client::Error>>,
@@ -351,9 +424,9 @@ impl EtcdBackend {
         let stored = match get.take_kvs().pop() {
             None => Stored::Absent,
             Some(kv) => {
-                let version = kv.version();
+                let (version, create) = (kv.version(), kv.create_revision());
                 let (_, value) = kv.into_key_value();
-                Stored::decode(key, version, value)?
+                Stored::decode(key, version, create, value)?
             }
         };
         self.learn(etcd_key, &stored);
@@ -411,51 +484,6 @@ fn tls_options(_connect: ConnectOptions, _tls: &EtcdTls) -> Result<ConnectOption
     ))
 }
 
-/// One asserted key of a txn, as it is being compared.
-struct Asserted<'a> {
-    key: &'a str,
-    etcd_key: Vec<u8>,
-    version: Version,
-    /// For a "missing" assert: the etcd version of the tombstone it is
-    /// compared as (0 = compare as absent).
-    missing_as: i64,
-    /// For an assert of a live version: this backend saw that etcd version
-    /// of the key hold a live value, so `version == v` alone proves it.
-    seen_live: bool,
-}
-
-impl Asserted<'_> {
-    fn compares(&self, out: &mut Vec<Compare>) {
-        if self.version.is_missing() {
-            out.push(Compare::version(
-                self.etcd_key.clone(),
-                CompareOp::Equal,
-                self.missing_as,
-            ));
-            if self.missing_as > 0 {
-                out.push(Compare::value(
-                    self.etcd_key.clone(),
-                    CompareOp::Equal,
-                    TOMBSTONE,
-                ));
-            }
-        } else {
-            out.push(Compare::version(
-                self.etcd_key.clone(),
-                CompareOp::Equal,
-                self.version.0 as i64,
-            ));
-            if !self.seen_live {
-                out.push(Compare::value(
-                    self.etcd_key.clone(),
-                    CompareOp::NotEqual,
-                    TOMBSTONE,
-                ));
-            }
-        }
-    }
-}
-
 #[async_trait]
 impl Backend for EtcdBackend {
     fn namespace(&self) -> &str {
@@ -472,133 +500,56 @@ impl Backend for EtcdBackend {
 
     async fn raw_snapshot(&self, keys: &[&str]) -> Result<Vec<Entry>> {
         let etcd_keys: Vec<Vec<u8>> = keys.iter().map(|k| self.etcd_key(k)).collect();
-        // A read-only txn: every get at the same revision, one round trip.
-        let gets: Vec<TxnOp> = etcd_keys
+        // A read-only txn: every get at the same revision, one round trip;
+        // and the marker until it is known to exist (it decides how
+        // versions read).
+        let known = self.known_mode();
+        let mut gets: Vec<TxnOp> = etcd_keys
             .iter()
             .map(|k| TxnOp::get(k.clone(), None))
             .collect();
+        if known.is_none() {
+            gets.push(TxnOp::get(self.marker.clone(), None));
+        }
+        let expected = gets.len();
         let mut kv = self.kv.clone();
         let response = self
             .call("snapshot", Call::Read, kv.txn(Txn::new().and_then(gets)))
             .await?;
-        let responses = response.op_responses();
-        if responses.len() != keys.len() {
+        let mut responses = response.op_responses();
+        if responses.len() != expected {
             return Err(Error::Unavailable {
                 message: format!(
-                    "etcd snapshot: {} answers for {} gets",
+                    "etcd snapshot: {} answers for {expected} gets",
                     responses.len(),
-                    keys.len()
                 ),
                 source: None,
             });
         }
+        let mode = match known {
+            Some(mode) => mode,
+            None => {
+                let marker = responses.pop().expect("counted above");
+                self.decode_marker(marker)?.unwrap_or(Mode::Tombstones)
+            }
+        };
         keys.iter()
             .zip(&etcd_keys)
             .zip(responses)
             .map(|((key, etcd_key), response)| {
-                Ok(self.decode_get(key, etcd_key, response)?.into_entry(key))
+                Ok(self
+                    .decode_get(key, etcd_key, response)?
+                    .into_entry(key, mode))
             })
             .collect()
     }
 
     async fn raw_txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
-        let mut seen = HashSet::new();
-        let mut asserted: Vec<Asserted<'_>> = {
-            let hints = self.hints();
-            asserts
-                .iter()
-                .filter(|a| seen.insert(a.key.as_str()))
-                .map(|a| {
-                    let etcd_key = self.etcd_key(&a.key);
-                    let hint = hints.get(&etcd_key).copied();
-                    let missing_as = match hint {
-                        Some(Hint::Tombstone(t)) if a.version.is_missing() => t,
-                        _ => 0,
-                    };
-                    let seen_live = !a.version.is_missing()
-                        && i64::try_from(a.version.0).is_ok_and(|v| hint == Some(Hint::Live(v)));
-                    Asserted {
-                        key: &a.key,
-                        etcd_key,
-                        version: a.version,
-                        missing_as,
-                        seen_live,
-                    }
-                })
-                .collect()
-        };
-        let writes: Vec<(Vec<u8>, Vec<u8>)> = mutations
-            .iter()
-            .map(|m| match m {
-                Mutation::Put { key, value } => (self.etcd_key(key), encode_live(value)),
-                Mutation::Delete { key } => (self.etcd_key(key), TOMBSTONE.to_vec()),
-            })
-            .collect();
+        self.txn_impl(asserts, mutations).await
+    }
 
-        let mut current = Vec::new();
-        for _attempt in 0..MAX_REPRESENTATION_ATTEMPTS {
-            let mut compares = Vec::with_capacity(asserted.len() * 2);
-            for a in &asserted {
-                a.compares(&mut compares);
-            }
-            let puts: Vec<TxnOp> = writes
-                .iter()
-                .map(|(k, v)| TxnOp::put(k.clone(), v.clone(), None))
-                .collect();
-            let gets: Vec<TxnOp> = asserted
-                .iter()
-                .map(|a| TxnOp::get(a.etcd_key.clone(), None))
-                .collect();
-            let request = Txn::new().when(compares).and_then(puts).or_else(gets);
-            let mut kv = self.kv.clone();
-            let response = self.call("txn", Call::Write, kv.txn(request)).await?;
-
-            if response.succeeded() {
-                self.after_commit(&asserted, mutations);
-                return Ok(TxnOutcome::applied());
-            }
-
-            let responses = response.op_responses();
-            if responses.len() != asserted.len() {
-                // The txn was rejected (nothing written), but its answer is unusable.
-                return Err(Error::Unavailable {
-                    message: format!(
-                        "etcd txn: {} Else answers for {} asserted keys",
-                        responses.len(),
-                        asserted.len()
-                    ),
-                    source: None,
-                });
-            }
-            let mut all_hold = true;
-            let mut stored_now = Vec::with_capacity(asserted.len());
-            for (a, response) in asserted.iter().zip(responses) {
-                let stored = self.decode_get(a.key, &a.etcd_key, response)?;
-                all_hold &= stored.coord_version() == a.version;
-                stored_now.push(stored);
-            }
-            current = asserted
-                .iter()
-                .zip(stored_now.iter().cloned())
-                .map(|(a, s)| s.into_entry(a.key))
-                .collect();
-            if !all_hold {
-                return Ok(TxnOutcome::rejected(current));
-            }
-            // Every assert held as coord sees it: only a "missing" key was
-            // compared in the wrong representation. Compare it as it is now.
-            for (a, stored) in asserted.iter_mut().zip(&stored_now) {
-                if a.version.is_missing() {
-                    a.missing_as = match stored {
-                        Stored::Tombstone(t) => *t,
-                        _ => 0,
-                    };
-                }
-            }
-        }
-        // Tombstones kept moving under us (concurrent deletes of deleted
-        // keys): report a rejection; the caller's CAS loop decides again.
-        Ok(TxnOutcome::rejected(current))
+    async fn reclaim(&self, options: &ReclaimOptions) -> Result<Reclaimed> {
+        self.reclaim_impl(options).await
     }
 
     async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
@@ -754,35 +705,6 @@ fn watch_ended_early() -> Error {
 }
 
 impl EtcdBackend {
-    /// Update the tombstone hints after a committed txn.
-    fn after_commit(&self, asserted: &[Asserted<'_>], mutations: &[Mutation]) {
-        let known: HashMap<&str, i64> = asserted
-            .iter()
-            .map(|a| {
-                let etcd_version = if a.version.is_missing() {
-                    a.missing_as
-                } else {
-                    a.version.0 as i64
-                };
-                (a.key, etcd_version)
-            })
-            .collect();
-        for mutation in mutations {
-            let etcd_key = self.etcd_key(mutation.key());
-            // Every compare held, so an asserted key was at `before` and this
-            // write made it `before + 1`; of an unasserted key we know nothing.
-            match (mutation, known.get(mutation.key())) {
-                (Mutation::Delete { .. }, Some(before)) => {
-                    self.remember(&etcd_key, Some(Hint::Tombstone(before + 1)))
-                }
-                (Mutation::Put { .. }, Some(before)) => {
-                    self.remember(&etcd_key, Some(Hint::Live(before + 1)))
-                }
-                _ => self.remember(&etcd_key, None),
-            }
-        }
-    }
-
     fn decode_key(&self, etcd_key: &[u8]) -> Result<String> {
         let relative = etcd_key.strip_prefix(&*self.prefix).ok_or_else(|| {
             Error::malformed(

@@ -1,0 +1,184 @@
+//! `Backend::reclaim` on etcd: the floor marker, then real deletes of the
+//! tombstones written before it (the crate docs, "Versions", say why no
+//! version is ever handed out twice).
+
+use coord_backend::{Error, ReclaimOptions, Reclaimed, Result};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+
+use crate::errors::Call;
+use crate::layout::{Mode, MARKER_CLEAN, MARKER_DIRTY, TOMBSTONE};
+use crate::{prefix_range_end, EtcdBackend};
+
+/// A reclaim changes nothing a reader can see: whatever became of a call
+/// whose answer was lost, trying again later is right.
+fn harmless(error: Error) -> Error {
+    match error {
+        Error::Indeterminate { message, source } => Error::Unavailable { message, source },
+        other => other,
+    }
+}
+
+impl EtcdBackend {
+    pub(crate) async fn reclaim_impl(&self, options: &ReclaimOptions) -> Result<Reclaimed> {
+        if let Mode::Floor { clean: true, .. } = self.ensure_marker().await? {
+            return Ok(Reclaimed::new(0, false));
+        }
+        let max = options.max_tombstones.max(1);
+        let (found, complete) = self.find_tombstones(max).await?;
+        let mut removed = 0;
+        for batch in found.chunks(self.limits.max_keys_per_call.max(1)) {
+            removed += self.delete_tombstones(batch).await?;
+        }
+        if complete {
+            // Every tombstone the scan saw is gone or no tombstone any more,
+            // and none can be written after the marker: say so, so that
+            // later reclaims return at once.
+            let mut kv = self.kv.clone();
+            let put = Txn::new().and_then(vec![TxnOp::put(
+                self.marker.clone(),
+                MARKER_CLEAN.to_vec(),
+                None,
+            )]);
+            self.call("reclaim", Call::Write, kv.txn(put))
+                .await
+                .map_err(harmless)?;
+            if let Some(Mode::Floor { floor, .. }) = self.known_mode() {
+                self.learn_mode(Mode::Floor { floor, clean: true });
+            }
+        }
+        Ok(Reclaimed::new(removed, !complete))
+    }
+
+    /// The namespace's mode, creating the marker if it does not exist yet.
+    async fn ensure_marker(&self) -> Result<Mode> {
+        if let Some(mode) = self.known_mode() {
+            return Ok(mode);
+        }
+        let create = Txn::new()
+            .when(vec![Compare::version(
+                self.marker.clone(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then(vec![TxnOp::put(
+                self.marker.clone(),
+                MARKER_DIRTY.to_vec(),
+                None,
+            )])
+            .or_else(vec![TxnOp::get(self.marker.clone(), None)]);
+        let mut kv = self.kv.clone();
+        let response = self
+            .call("reclaim", Call::Write, kv.txn(create))
+            .await
+            .map_err(harmless)?;
+        if response.succeeded() {
+            let floor = response.header().map(|h| h.revision()).unwrap_or(0);
+            if floor <= 0 {
+                return Err(Error::Unavailable {
+                    message: "etcd created the floor marker but sent no revision".to_owned(),
+                    source: None,
+                });
+            }
+            let mode = Mode::Floor {
+                floor,
+                clean: false,
+            };
+            self.learn_mode(mode);
+            return Ok(mode);
+        }
+        let mut responses = response.op_responses();
+        let found = match responses.pop() {
+            Some(get) => self.decode_marker(get)?,
+            None => None,
+        };
+        found.ok_or_else(|| Error::Unavailable {
+            message: "etcd refused to create the floor marker but shows none".to_owned(),
+            source: None,
+        })
+    }
+
+    /// Up to `max` tombstones of the namespace as `(etcd key, mod
+    /// revision)`, read page by page at one revision; `true` when the scan
+    /// reached the end of the namespace.
+    async fn find_tombstones(&self, max: usize) -> Result<(Vec<(Vec<u8>, i64)>, bool)> {
+        let start = self.etcd_key("");
+        let end = prefix_range_end(&start);
+        let page = (2 << 20) / (self.limits.max_value_bytes + 2048).max(1);
+        let page = page.clamp(16, 1000) as i64;
+        let mut found = Vec::new();
+        let mut from = start;
+        let mut revision = 0;
+        loop {
+            let mut options = GetOptions::new().with_range(end.clone()).with_limit(page);
+            if revision > 0 {
+                options = options.with_revision(revision);
+            }
+            let mut kv = self.kv.clone();
+            let mut response = self
+                .call("reclaim", Call::Read, kv.get(from.clone(), Some(options)))
+                .await?;
+            if revision == 0 {
+                revision = response.header().map(|h| h.revision()).unwrap_or(0);
+            }
+            let more = response.more();
+            let kvs = response.take_kvs();
+            let last = kvs.last().map(|kv| kv.key().to_vec());
+            for kv in kvs {
+                if kv.value() == TOMBSTONE {
+                    found.push((kv.key().to_vec(), kv.mod_revision()));
+                    if found.len() >= max {
+                        return Ok((found, false));
+                    }
+                }
+            }
+            match last {
+                Some(mut last) if more => {
+                    last.push(0);
+                    from = last;
+                }
+                _ => return Ok((found, true)),
+            }
+        }
+    }
+
+    /// Delete each tombstone that was not written since the scan (one txn;
+    /// when one of them changed, one txn each); returns how many went.
+    async fn delete_tombstones(&self, batch: &[(Vec<u8>, i64)]) -> Result<u64> {
+        let txn = |items: &[(Vec<u8>, i64)]| {
+            Txn::new()
+                .when(
+                    items
+                        .iter()
+                        .map(|(key, rev)| Compare::mod_revision(key.clone(), CompareOp::Equal, *rev))
+                        .collect::<Vec<_>>(),
+                )
+                .and_then(
+                    items
+                        .iter()
+                        .map(|(key, _)| TxnOp::delete(key.clone(), None))
+                        .collect::<Vec<_>>(),
+                )
+        };
+        let mut kv = self.kv.clone();
+        let all = self
+            .call("reclaim", Call::Write, kv.txn(txn(batch)))
+            .await
+            .map_err(harmless)?;
+        let mut removed = 0;
+        if all.succeeded() {
+            removed = batch.len() as u64;
+        } else {
+            for item in batch {
+                let one = self
+                    .call("reclaim", Call::Write, kv.txn(txn(std::slice::from_ref(item))))
+                    .await
+                    .map_err(harmless)?;
+                removed += u64::from(one.succeeded());
+            }
+        }
+        for (key, _) in batch {
+            self.remember(key, None);
+        }
+        Ok(removed)
+    }
+}
