@@ -304,7 +304,10 @@ pub async fn reclaim_races_create(factory: BackendFactory) -> CheckResult {
                 // missing key also writes its counter) while the reclaim runs.
                 if i % 2 == 1 {
                     let out = client
-                        .txn(&[Assert::missing(key.as_str())], &[Mutation::delete(key.as_str())])
+                        .txn(
+                            &[Assert::missing(key.as_str())],
+                            &[Mutation::delete(key.as_str())],
+                        )
                         .await?;
                     if !out.applied {
                         return Ok(None);

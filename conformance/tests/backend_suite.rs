@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use coord_backend::{
-    Assert, Backend, Entry, Error, Mutation, ReclaimOptions, Reclaimed, Result, TxnOutcome,
-    Version,
+    Assert, Backend, Entry, Error, Mutation, ReclaimOptions, Reclaimed, Result, TxnOutcome, Version,
 };
 use coord_conformance::{factory, run_cases, BackendFactory};
 use coord_memory::SingleProcessMemoryBackend;
@@ -432,7 +431,11 @@ fn pattern_matcher_of_the_flawed_store() {
 async fn reclaim_that_forgets_the_floor_is_caught() {
     caught_by(
         Flaw::ReclaimForgetsFloor,
-        &["reclaim_keeps_versions_unique", "reclaim_is_bounded", "reclaim_races_create"],
+        &[
+            "reclaim_keeps_versions_unique",
+            "reclaim_is_bounded",
+            "reclaim_races_create",
+        ],
     )
     .await;
 }

@@ -160,8 +160,8 @@ use coord_backend::{
     TxnOutcome,
 };
 use etcd_client::{
-    ConnectOptions, GetOptions, KeyValue, KvClient, Txn, TxnOp, TxnOpResponse,
-    WatchClient, WatchOptions, WatchStream,
+    ConnectOptions, GetOptions, KeyValue, KvClient, Txn, TxnOp, TxnOpResponse, WatchClient,
+    WatchOptions, WatchStream,
 };
 
 pub use config::{

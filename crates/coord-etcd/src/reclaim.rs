@@ -149,7 +149,9 @@ impl EtcdBackend {
                 .when(
                     items
                         .iter()
-                        .map(|(key, rev)| Compare::mod_revision(key.clone(), CompareOp::Equal, *rev))
+                        .map(|(key, rev)| {
+                            Compare::mod_revision(key.clone(), CompareOp::Equal, *rev)
+                        })
                         .collect::<Vec<_>>(),
                 )
                 .and_then(
@@ -170,7 +172,11 @@ impl EtcdBackend {
         } else {
             for item in batch {
                 let one = self
-                    .call("reclaim", Call::Write, kv.txn(txn(std::slice::from_ref(item))))
+                    .call(
+                        "reclaim",
+                        Call::Write,
+                        kv.txn(txn(std::slice::from_ref(item))),
+                    )
                     .await
                     .map_err(harmless)?;
                 removed += u64::from(one.succeeded());

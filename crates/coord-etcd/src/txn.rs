@@ -285,11 +285,9 @@ impl EtcdBackend {
                 (Mutation::Delete { .. }, Some(Guess::Tombstone(t)), Mode::Tombstones) => {
                     Some(Hint::Tombstone(t + 1))
                 }
-                (
-                    Mutation::Delete { .. },
-                    Some(Guess::Live { version, .. }),
-                    Mode::Tombstones,
-                ) => Some(Hint::Tombstone(version + 1)),
+                (Mutation::Delete { .. }, Some(Guess::Live { version, .. }), Mode::Tombstones) => {
+                    Some(Hint::Tombstone(version + 1))
+                }
                 (Mutation::Put { .. }, Some(Guess::Absent), _) if revision > 0 => {
                     Some(Hint::Live {
                         version: 1,
@@ -300,12 +298,16 @@ impl EtcdBackend {
                     version: t + 1,
                     create: None,
                 }),
-                (Mutation::Put { .. }, Some(Guess::Live { version, create, .. }), _) => {
-                    Some(Hint::Live {
-                        version: version + 1,
-                        create,
-                    })
-                }
+                (
+                    Mutation::Put { .. },
+                    Some(Guess::Live {
+                        version, create, ..
+                    }),
+                    _,
+                ) => Some(Hint::Live {
+                    version: version + 1,
+                    create,
+                }),
                 _ => None,
             };
             self.remember(&etcd_key, hint);

@@ -546,7 +546,11 @@ async fn etcd_keys_under(client: &mut etcd_client::Client, prefix: &[u8]) -> i64
     let options = etcd_client::GetOptions::new()
         .with_prefix()
         .with_count_only();
-    client.get(prefix, Some(options)).await.expect("raw count").count()
+    client
+        .get(prefix, Some(options))
+        .await
+        .expect("raw count")
+        .count()
 }
 
 /// The first reclaim creates the namespace's floor marker and deletes the
@@ -563,10 +567,22 @@ async fn reclaim_switches_to_real_deletes() {
     let mut client = raw_client(&raw).await;
     for i in 0..20 {
         let key = format!("t/{i:02}");
-        assert!(store.put_if(&key, Version(0), b"1".to_vec()).await.unwrap().applied);
+        assert!(
+            store
+                .put_if(&key, Version(0), b"1".to_vec())
+                .await
+                .unwrap()
+                .applied
+        );
         assert!(store.delete_if(&key, Version(1)).await.unwrap().applied);
     }
-    assert!(store.put_if("live", Version(0), b"l".to_vec()).await.unwrap().applied);
+    assert!(
+        store
+            .put_if("live", Version(0), b"l".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
     // `other` reads before the marker exists: it caches nothing.
     assert_eq!(other.get("live").await.unwrap().version, Version(1));
     let prefix = store.etcd_prefix().to_vec();
@@ -580,29 +596,67 @@ async fn reclaim_switches_to_real_deletes() {
     assert_eq!(etcd_keys_under(&mut client, &prefix).await, 1);
     let marker = format!("coord-meta/{ns}/floor");
     let got = client.get(marker.as_bytes(), None).await.unwrap();
-    assert_eq!(got.kvs()[0].value(), b"c", "the marker says no tombstone is left");
+    assert_eq!(
+        got.kvs()[0].value(),
+        b"c",
+        "the marker says no tombstone is left"
+    );
 
     // A live key from before the marker keeps its version; `other` still
     // believes there is no marker, so its txn is refused by the marker
     // compare and sent again under the floor.
-    assert!(other.put_if("live", Version(1), b"m".to_vec()).await.unwrap().applied);
+    assert!(
+        other
+            .put_if("live", Version(1), b"m".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
     assert_eq!(store.get("live").await.unwrap().version, Version(2));
     // A re-created key starts at its create revision, above anything it had.
-    assert!(other.put_if("t/03", Version(0), b"again".to_vec()).await.unwrap().applied);
+    assert!(
+        other
+            .put_if("t/03", Version(0), b"again".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
     let raw_kv = client.get(etcd_key(&store, "t/03"), None).await.unwrap();
     let create = raw_kv.kvs()[0].create_revision();
-    assert_eq!(store.get("t/03").await.unwrap().version, Version(create as u64));
+    assert_eq!(
+        store.get("t/03").await.unwrap().version,
+        Version(create as u64)
+    );
     assert!(create > 2);
-    assert!(store.put_if("t/03", Version(create as u64), b"3".to_vec()).await.unwrap().applied);
-    assert_eq!(other.get("t/03").await.unwrap().version, Version(create as u64 + 1));
+    assert!(
+        store
+            .put_if("t/03", Version(create as u64), b"3".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
+    assert_eq!(
+        other.get("t/03").await.unwrap().version,
+        Version(create as u64 + 1)
+    );
     // Deletes are real now: 100 create/delete cycles leave no etcd key.
     for i in 0..100 {
         let key = format!("c/{i}");
-        assert!(store.put_if(&key, Version(0), b"x".to_vec()).await.unwrap().applied);
+        assert!(
+            store
+                .put_if(&key, Version(0), b"x".to_vec())
+                .await
+                .unwrap()
+                .applied
+        );
         let version = store.get(&key).await.unwrap().version;
         assert!(store.delete_if(&key, version).await.unwrap().applied);
     }
-    assert_eq!(etcd_keys_under(&mut client, &prefix).await, 2, "live and t/03");
+    assert_eq!(
+        etcd_keys_under(&mut client, &prefix).await,
+        2,
+        "live and t/03"
+    );
     assert_eq!(store.keys("").await.unwrap(), vec!["live", "t/03"]);
     assert_eq!(store.reclaim(&options).await.unwrap().removed, 0);
 }

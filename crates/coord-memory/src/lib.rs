@@ -245,7 +245,10 @@ impl Backend for SingleProcessMemoryBackend {
                 cells.floor = cells.floor.max(version);
             }
         }
-        Ok(Reclaimed::new(gone.len() as u64, !cells.tombstones.is_empty()))
+        Ok(Reclaimed::new(
+            gone.len() as u64,
+            !cells.tombstones.is_empty(),
+        ))
     }
 }
 

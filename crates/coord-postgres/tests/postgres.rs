@@ -1405,12 +1405,24 @@ async fn reclaim_deletes_tombstone_rows_and_listings_skip_them() {
     let store = connect(&scoped, "ns", PostgresOptions::default()).await;
     for i in 0..300 {
         let key = format!("t/{i:03}");
-        assert!(store.put_if(&key, Version::MISSING, vec![]).await.unwrap().applied);
+        assert!(
+            store
+                .put_if(&key, Version::MISSING, vec![])
+                .await
+                .unwrap()
+                .applied
+        );
         if i % 2 == 0 {
             assert!(store.delete_if(&key, Version(1)).await.unwrap().applied);
         } else {
             let out = store
-                .txn(&[Assert::at(key.as_str(), Version(1))], &[Mutation::delete(key.as_str()), Mutation::put("other", b"o".to_vec())])
+                .txn(
+                    &[Assert::at(key.as_str(), Version(1))],
+                    &[
+                        Mutation::delete(key.as_str()),
+                        Mutation::put("other", b"o".to_vec()),
+                    ],
+                )
                 .await
                 .unwrap();
             assert!(out.applied);
@@ -1424,8 +1436,18 @@ async fn reclaim_deletes_tombstone_rows_and_listings_skip_them() {
     assert_eq!((first.removed, first.more), (280, true));
     let rest = store.reclaim(&Default::default()).await.unwrap();
     assert_eq!((rest.removed, rest.more), (20, false));
-    assert_eq!(ns_rows(&mut conn, &schema).await, 1, "only the live row is left");
-    assert!(store.put_if("t/000", Version::MISSING, b"x".to_vec()).await.unwrap().applied);
+    assert_eq!(
+        ns_rows(&mut conn, &schema).await,
+        1,
+        "only the live row is left"
+    );
+    assert!(
+        store
+            .put_if("t/000", Version::MISSING, b"x".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
     assert_eq!(store.get("t/000").await.unwrap().version, Version(3));
     let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "EXPLAIN SELECT key FROM {schema}.coord_kv \

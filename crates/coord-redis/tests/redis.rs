@@ -1227,7 +1227,13 @@ async fn reclaim_deletes_tombstone_records() {
     let store = connect(&base, &ns).await;
     for i in 0..20 {
         let key = format!("t/{i}");
-        assert!(store.put_if(&key, Version::MISSING, vec![]).await.unwrap().applied);
+        assert!(
+            store
+                .put_if(&key, Version::MISSING, vec![])
+                .await
+                .unwrap()
+                .applied
+        );
         assert!(store.delete_if(&key, Version(1)).await.unwrap().applied);
     }
     let client = redis::Client::open(base.as_str()).unwrap();
@@ -1253,6 +1259,12 @@ async fn reclaim_deletes_tombstone_records() {
         .await
         .unwrap();
     assert_eq!(dead, 1, "only the placeholder member is left");
-    assert!(store.put_if("t/3", Version::MISSING, b"x".to_vec()).await.unwrap().applied);
+    assert!(
+        store
+            .put_if("t/3", Version::MISSING, b"x".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
     assert_eq!(store.get("t/3").await.unwrap().version, Version(3));
 }

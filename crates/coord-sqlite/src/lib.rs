@@ -517,7 +517,13 @@ async fn txn_on(
     }
     if !mutations.is_empty() {
         let rows = (0..mutations.len())
-            .map(|i| format!("(?1, ?{}, (SELECT n FROM floor), ?{})", 2 + 2 * i, 3 + 2 * i))
+            .map(|i| {
+                format!(
+                    "(?1, ?{}, (SELECT n FROM floor), ?{})",
+                    2 + 2 * i,
+                    3 + 2 * i
+                )
+            })
             .collect::<Vec<_>>()
             .join(", ");
         let sql = format!(

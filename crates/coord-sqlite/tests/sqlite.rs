@@ -510,7 +510,9 @@ async fn another_process_wakes_a_watch() {
 async fn rows(path: &std::path::Path, namespace: &str) -> i64 {
     use sqlx::Connection;
     let options = sqlx::sqlite::SqliteConnectOptions::new().filename(path);
-    let mut conn = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
+    let mut conn = sqlx::SqliteConnection::connect_with(&options)
+        .await
+        .unwrap();
     sqlx::query_scalar("SELECT count(*) FROM coord_kv WHERE ns = ?1")
         .bind(namespace)
         .fetch_one(&mut conn)
@@ -530,7 +532,9 @@ async fn reclaim_deletes_tombstone_rows_and_upgrades_revision_1_files() {
         let options = sqlx::sqlite::SqliteConnectOptions::new()
             .filename(&path)
             .create_if_missing(true);
-        let mut conn = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
+        let mut conn = sqlx::SqliteConnection::connect_with(&options)
+            .await
+            .unwrap();
         sqlx::raw_sql(
             "PRAGMA journal_mode = WAL;
              CREATE TABLE coord_kv (ns TEXT NOT NULL COLLATE BINARY,
@@ -553,7 +557,13 @@ async fn reclaim_deletes_tombstone_rows_and_upgrades_revision_1_files() {
     assert_eq!(store.keys("").await.unwrap(), vec!["live".to_owned()]);
     for i in 0..10 {
         let key = format!("t/{i}");
-        assert!(store.put_if(&key, Version::MISSING, vec![]).await.unwrap().applied);
+        assert!(
+            store
+                .put_if(&key, Version::MISSING, vec![])
+                .await
+                .unwrap()
+                .applied
+        );
         assert!(store.delete_if(&key, Version(1)).await.unwrap().applied);
     }
     assert_eq!(rows(&path, "ns").await, 12);
@@ -563,13 +573,31 @@ async fn reclaim_deletes_tombstone_rows_and_upgrades_revision_1_files() {
     let second = store.reclaim(&options).await.unwrap();
     assert_eq!((second.removed, second.more), (3, false));
     assert_eq!(rows(&path, "ns").await, 1, "only the live row is left");
-    assert!(store.put_if("gone", Version::MISSING, b"g".to_vec()).await.unwrap().applied);
+    assert!(
+        store
+            .put_if("gone", Version::MISSING, b"g".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
     assert_eq!(store.get("gone").await.unwrap().version, Version(5));
-    assert!(store.put_if("t/0", Version::MISSING, b"t".to_vec()).await.unwrap().applied);
+    assert!(
+        store
+            .put_if("t/0", Version::MISSING, b"t".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
     assert_eq!(store.get("t/0").await.unwrap().version, Version(5));
     store.close().await;
     // Reopened, the file is at the new revision and keeps its floor.
     let reopened = SqliteBackend::open(&path, "ns").await.unwrap();
-    assert!(reopened.put_if("t/1", Version::MISSING, b"t".to_vec()).await.unwrap().applied);
+    assert!(
+        reopened
+            .put_if("t/1", Version::MISSING, b"t".to_vec())
+            .await
+            .unwrap()
+            .applied
+    );
     assert_eq!(reopened.get("t/1").await.unwrap().version, Version(5));
 }

@@ -7,6 +7,7 @@ mod console;
 mod crash;
 mod cron;
 mod demo;
+mod gc;
 mod metrics;
 mod progress;
 mod sideeffect_cmd;
@@ -43,6 +44,8 @@ enum Command {
     Cron(cron::CronArgs),
     /// Serve the web console: locks, tasks, side-effect keys, scheduler jobs and a JSON API.
     Serve(console::ServeArgs),
+    /// Reclaim the store's tombstones (deleted keys' version counters) in one namespace, in bounded passes.
+    Gc(gc::GcArgs),
     /// Internal: one side-effect run that the crash test SIGKILLs.
     #[command(hide = true)]
     CrashChild(crash::ChildArgs),
@@ -74,6 +77,7 @@ fn main() -> ExitCode {
             Command::Reconcile(args) => sideeffect_cmd::reconcile(args).await,
             Command::Cron(args) => cron::run(args).await,
             Command::Serve(args) => console::run(args).await,
+            Command::Gc(args) => gc::run(args).await,
             Command::CrashChild(args) => crash::child(args).await,
             Command::CrashDrive(args) => crash::drive(args).await,
         }

@@ -8,8 +8,7 @@ use redis::Value;
 use super::{array, bytes, tag, Call, Lua, Op, RedisBackend};
 use crate::scripts;
 
-static RECLAIM_CANDIDATES: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(scripts::RECLAIM_CANDIDATES));
+static RECLAIM_CANDIDATES: LazyLock<Lua> = LazyLock::new(|| Lua::new(scripts::RECLAIM_CANDIDATES));
 static RECLAIM: LazyLock<Lua> = LazyLock::new(|| Lua::new(scripts::RECLAIM));
 
 impl RedisBackend {
