@@ -247,7 +247,14 @@ for _, k in ipairs(stale) do
 end
 if #gone > 0 then redis.call('SET', KEYS[2], top) end
 local left = 0
-if redis.call('ZCARD', KEYS[1]) > 1 then left = 1 end
+if redis.call('ZCARD', KEYS[1]) > 1 then
+  left = 1
+else
+  -- Only the placeholder is left: a set that grew large keeps its large
+  -- encoding after shrinking; written anew it takes its small one again.
+  redis.call('DEL', KEYS[1])
+  redis.call('ZADD', KEYS[1], 0, '')
+end
 return {'ok', #gone, left}
 "#
 );

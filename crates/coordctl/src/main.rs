@@ -10,6 +10,7 @@ mod demo;
 mod gc;
 mod metrics;
 mod progress;
+mod scale;
 mod sideeffect_cmd;
 mod views;
 
@@ -44,6 +45,8 @@ enum Command {
     Cron(cron::CronArgs),
     /// Serve the web console: locks, tasks, side-effect keys, scheduler jobs and a JSON API.
     Serve(console::ServeArgs),
+    /// Measure txn, snapshot, listing and bytes as a namespace grows and churns (empty, N live, N deleted before/after reclaim).
+    Scale(scale::ScaleArgs),
     /// Reclaim the store's tombstones (deleted keys' version counters) in one namespace, in bounded passes.
     Gc(gc::GcArgs),
     /// Internal: one side-effect run that the crash test SIGKILLs.
@@ -78,6 +81,7 @@ fn main() -> ExitCode {
             Command::Cron(args) => cron::run(args).await,
             Command::Serve(args) => console::run(args).await,
             Command::Gc(args) => gc::run(args).await,
+            Command::Scale(args) => scale::run(args).await,
             Command::CrashChild(args) => crash::child(args).await,
             Command::CrashDrive(args) => crash::drive(args).await,
         }

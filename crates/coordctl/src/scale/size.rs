@@ -1,0 +1,179 @@
+//! What a store holds for one namespace: `(records, bytes)`, looked at with
+//! the store's own client, never through coord.
+//!
+//! - SQLite: the namespace's rows of `coord_kv`: key + value bytes + 8 (the
+//!   version), plus its `coord_floor` row;
+//! - PostgreSQL: `pg_column_size` of the namespace's rows of `coord_kv` and
+//!   `coord_floor` (what a row takes in a page; free space left by deleted
+//!   rows is the engine's to reuse, after VACUUM);
+//! - Redis (standalone): `MEMORY USAGE` of every Redis key of the namespace
+//!   (records, index, tombstone set, floor);
+//! - etcd: key + value bytes of the namespace's range and its floor marker
+//!   (etcd also keeps old revisions until it compacts, which is etcd's own
+//!   setting);
+//! - memory and Redis Cluster: not measured (`None`).
+
+use coord_backend::{Error, StoreUrl};
+
+fn failed(what: &str) -> impl Fn(String) -> Error + '_ {
+    move |e| Error::Unavailable {
+        message: format!("measuring the store's size ({what}): {e}"),
+        source: None,
+    }
+}
+
+/// `(records, bytes)` of `namespace`, when the store can be looked into.
+pub(super) async fn of(url: &str, namespace: &str) -> Result<Option<(u64, u64)>, Error> {
+    let url = StoreUrl::parse(url)?;
+    let _ = (&failed, namespace);
+    match url.scheme() {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => sqlite(&url, namespace).await.map(Some),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => postgres(&url, namespace).await.map(Some),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => redis_size(&url, namespace).await.map(Some),
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => etcd(&url, namespace).await.map(Some),
+        _ => Ok(None),
+    }
+}
+
+#[cfg(feature = "sqlite")]
+async fn sqlite(url: &StoreUrl, namespace: &str) -> Result<(u64, u64), Error> {
+    use sqlx::Connection;
+    let path = url.body().split('?').next().unwrap_or_default().to_owned();
+    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(&path);
+    let fail = failed("sqlite");
+    let mut conn = sqlx::SqliteConnection::connect_with(&options)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let (records, bytes): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) + (SELECT count(*) FROM coord_floor WHERE ns = ?1), \
+                coalesce(sum(length(CAST(key AS BLOB)) + coalesce(length(value), 0) + 8), 0) \
+                + (SELECT count(*) * 8 FROM coord_floor WHERE ns = ?1) \
+           FROM coord_kv WHERE ns = ?1",
+    )
+    .bind(namespace)
+    .fetch_one(&mut conn)
+    .await
+    .map_err(|e| fail(e.to_string()))?;
+    let _ = conn.close().await;
+    Ok((records as u64, bytes as u64))
+}
+
+#[cfg(feature = "postgres")]
+async fn postgres(url: &StoreUrl, namespace: &str) -> Result<(u64, u64), Error> {
+    use sqlx::Connection;
+    let fail = failed("postgres");
+    let options: sqlx::postgres::PgConnectOptions = url
+        .without_namespace()
+        .parse()
+        .map_err(|e: sqlx::Error| fail(e.to_string()))?;
+    let mut conn = sqlx::PgConnection::connect_with(&options)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let (records, bytes): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM coord_kv WHERE ns = $1) \
+              + (SELECT count(*) FROM coord_floor WHERE ns = $1), \
+                (SELECT coalesce(sum(pg_column_size(c.*)), 0) FROM coord_kv c WHERE ns = $1)::bigint \
+              + (SELECT coalesce(sum(pg_column_size(f.*)), 0) FROM coord_floor f WHERE ns = $1)::bigint",
+    )
+    .bind(namespace)
+    .fetch_one(&mut conn)
+    .await
+    .map_err(|e| fail(e.to_string()))?;
+    let _ = conn.close().await;
+    Ok((records as u64, bytes as u64))
+}
+
+#[cfg(feature = "redis")]
+async fn redis_size(url: &StoreUrl, namespace: &str) -> Result<(u64, u64), Error> {
+    let fail = failed("redis");
+    let client = redis::Client::open(url.without_namespace()).map_err(|e| fail(e.to_string()))?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let pattern = format!("coord:{{{namespace}}}:*");
+    let (mut records, mut bytes) = (0u64, 0u64);
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        for key in keys {
+            let used: Option<u64> = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(&key)
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            records += 1;
+            bytes += used.unwrap_or(0);
+        }
+        cursor = next;
+        if cursor == 0 {
+            return Ok((records, bytes));
+        }
+    }
+}
+
+#[cfg(feature = "etcd")]
+async fn etcd(url: &StoreUrl, namespace: &str) -> Result<(u64, u64), Error> {
+    let fail = failed("etcd");
+    let endpoints: Vec<String> = url
+        .body()
+        .split(',')
+        .map(|e| e.trim().to_owned())
+        .filter(|e| !e.is_empty())
+        .collect();
+    let mut client = etcd_client::Client::connect(&endpoints, None)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let escaped = namespace.replace('%', "%25").replace('/', "%2F");
+    let (mut records, mut bytes) = (0u64, 0u64);
+    for (key, prefix) in [
+        (format!("coord/{escaped}/"), true),
+        (format!("coord-meta/{escaped}/floor"), false),
+    ] {
+        let mut from = key.clone().into_bytes();
+        let end = {
+            let mut end = key.clone().into_bytes();
+            if let Some(last) = end.last_mut() {
+                *last += 1;
+            }
+            end
+        };
+        loop {
+            let mut options = etcd_client::GetOptions::new().with_limit(1000);
+            if prefix {
+                options = options.with_range(end.clone());
+            }
+            let response = client
+                .get(from.clone(), Some(options))
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            for kv in response.kvs() {
+                records += 1;
+                bytes += (kv.key().len() + kv.value().len()) as u64;
+            }
+            match response.kvs().last() {
+                Some(last) if prefix && response.more() => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => break,
+            }
+        }
+    }
+    Ok((records, bytes))
+}
