@@ -184,6 +184,8 @@ pub struct PostgresBackend {
     limits: Limits,
     /// Change notifications (shared by clones), see `changes.rs`.
     listener: std::sync::Arc<changes::Listener>,
+    /// See [`PostgresOptions::vacuum_after_reclaim`].
+    vacuum_after_reclaim: bool,
 }
 
 impl PostgresBackend {
@@ -285,7 +287,29 @@ impl PostgresBackend {
             pool,
             limits: Limits::DEFAULT,
             listener: Default::default(),
+            vacuum_after_reclaim: options.get_vacuum_after_reclaim(),
         })
+    }
+
+    /// `VACUUM coord_kv` on its own connection, without the statement
+    /// timeout (see [`PostgresOptions::vacuum_after_reclaim`]); a failure is
+    /// logged, never an error: the reclaim itself is done.
+    async fn vacuum(&self) {
+        let result = async {
+            let mut conn = self.pool.acquire().await?;
+            sqlx::raw_sql("SET statement_timeout = 0")
+                .execute(&mut *conn)
+                .await?;
+            let vacuumed = sqlx::raw_sql("VACUUM coord_kv").execute(&mut *conn).await;
+            sqlx::raw_sql("RESET statement_timeout")
+                .execute(&mut *conn)
+                .await?;
+            vacuumed.map(|_| ())
+        }
+        .await;
+        if let Err(error) = result {
+            tracing::warn!(%error, "coord-postgres: VACUUM after reclaim failed; autovacuum will do it");
+        }
     }
 
     /// Close every pooled connection; later calls fail with [`Error::Unavailable`].
@@ -509,6 +533,9 @@ impl Backend for PostgresBackend {
             left = left.saturating_sub(n as usize);
             // n == 0 with more left: every candidate was re-created meanwhile.
             if !more || left == 0 || n == 0 {
+                if !more && removed > 0 && self.vacuum_after_reclaim {
+                    self.vacuum().await;
+                }
                 return Ok(Reclaimed::new(removed, more));
             }
         }

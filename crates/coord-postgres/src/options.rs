@@ -21,6 +21,7 @@ pub struct PostgresOptions {
     ping_idle_after: Option<Duration>,
     create_schema: bool,
     notify_changes: bool,
+    vacuum_after_reclaim: bool,
 }
 
 impl Default for PostgresOptions {
@@ -35,6 +36,7 @@ impl Default for PostgresOptions {
             ping_idle_after: Some(Duration::from_secs(30)),
             create_schema: true,
             notify_changes: true,
+            vacuum_after_reclaim: true,
         }
     }
 }
@@ -90,6 +92,22 @@ impl PostgresOptions {
     pub fn notify_changes(mut self, notify: bool) -> Self {
         self.notify_changes = notify;
         self
+    }
+
+    /// Whether a reclaim that removed tombstones and left none ends with
+    /// `VACUUM coord_kv` (default `true`). PostgreSQL keeps the index
+    /// entries of deleted and updated rows until a VACUUM, so right after a
+    /// churn a listing still walks them; autovacuum does it in time, this
+    /// does it at once. It vacuums the whole table (every namespace) and
+    /// needs its owner's rights; a VACUUM that fails is logged and skipped.
+    pub fn vacuum_after_reclaim(mut self, vacuum: bool) -> Self {
+        self.vacuum_after_reclaim = vacuum;
+        self
+    }
+
+    /// Whether a reclaim ends with `VACUUM coord_kv`.
+    pub fn get_vacuum_after_reclaim(&self) -> bool {
+        self.vacuum_after_reclaim
     }
 
     /// The pool size.
