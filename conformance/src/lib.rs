@@ -34,6 +34,7 @@ pub mod fault_model;
 pub mod faults;
 pub mod lock;
 pub mod reclaim;
+pub mod retention;
 pub mod rwlock;
 pub mod scheduler;
 pub mod semaphore;
@@ -52,7 +53,7 @@ pub mod __private {
 
 /// Every suite of this crate for one store: a module per suite (`backend`,
 /// `lock`, `board`, `sideeffect`, `scheduler`, `rwlock`, `election`, `fair_lock`,
-/// `semaphore`, `fault_model`, `changes`, `reclaim`), each case one `#[tokio::test]`.
+/// `semaphore`, `fault_model`, `changes`, `reclaim`, `retention`), each case one `#[tokio::test]`.
 ///
 /// The factory expression is evaluated inside those modules, which import
 /// everything of the calling module (`use super::*`), so it may call the
@@ -121,6 +122,11 @@ macro_rules! all_suites_tests {
             use super::*;
             $crate::reclaim_tests!($factory);
         }
+        mod retention_suite {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::retention_tests!($factory);
+        }
     };
 }
 
@@ -138,6 +144,7 @@ pub fn all_cases() -> Vec<Case> {
     cases.extend(fault_model::cases());
     cases.extend(changes::cases());
     cases.extend(reclaim::cases());
+    cases.extend(retention::cases());
     cases
 }
 

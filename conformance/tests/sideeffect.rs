@@ -349,3 +349,74 @@ async fn sink_writing_before_its_check_goes_red() {
         "{failed:?}"
     );
 }
+
+// ---------------------------------------------------------------- retention
+
+coord_conformance::retention_tests!(memory());
+
+/// The names of the retention checks `pruner` fails on the memory store.
+async fn retention_failures(pruner: coord_conformance::retention::Pruner) -> Vec<&'static str> {
+    let results = coord_conformance::retention::check_all(memory(), pruner).await;
+    for (name, result) in &results {
+        println!("{name}: {result:?}");
+    }
+    results
+        .into_iter()
+        .filter(|(_, r)| r.is_err())
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// A pruner judging expiry with a clock two hours ahead (or a retention
+/// it was not given): it removes keys inside their window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pruner_ignoring_the_window_is_caught() {
+    let early: coord_conformance::retention::Pruner = Arc::new(|backend, clock, options| {
+        Box::pin(async move {
+            let ahead = coord_backend::ManualClock::at_millis(clock.now_millis());
+            ahead.advance(Duration::from_secs(2 * 3600));
+            SideEffectAdapter::with_clock(backend, Arc::new(ahead))
+                .prune(&options)
+                .await
+        })
+    });
+    let failed = retention_failures(early).await;
+    assert!(
+        failed.contains(&"completed_keys_go_after_the_window"),
+        "{failed:?}"
+    );
+}
+
+/// A naive pruner: list every side-effect key and delete it, whatever its
+/// state and age (no index, no window, no asserts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pruner_deleting_every_key_is_caught() {
+    let naive: coord_conformance::retention::Pruner = Arc::new(|backend, _clock, _options| {
+        Box::pin(async move {
+            let keys = backend.keys("se/act/").await?;
+            let deletes: Vec<Mutation> =
+                keys.iter().map(|k| Mutation::delete(k.as_str())).collect();
+            if !deletes.is_empty() {
+                backend.txn(&[], &deletes).await?;
+            }
+            Ok(coord_adapters::retention::Pruned::default())
+        })
+    });
+    let failed = retention_failures(naive).await;
+    for check in [
+        "completed_keys_go_after_the_window",
+        "pruners_race",
+        "prune_is_bounded",
+    ] {
+        assert!(failed.contains(&check), "{check} not caught: {failed:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_real_pruner_passes() {
+    assert!(
+        retention_failures(coord_conformance::retention::adapter_pruner())
+            .await
+            .is_empty()
+    );
+}

@@ -40,6 +40,10 @@ pub const SIDEEFFECT_TOTAL: &str = "coord_sideeffect_total";
 /// (`coordctl cron --metrics-addr` and `coordctl serve` do, per scrape).
 pub const SIDEEFFECT_UNCERTAIN: &str = "coord_sideeffect_uncertain";
 
+/// Counter `coord_pruned_total{adapter}`: final records removed by a
+/// retention pass (`SideEffectAdapter::prune`, `coordctl gc`).
+pub const PRUNED_TOTAL: &str = "coord_pruned_total";
+
 use tracing::Instrument;
 
 use crate::lock::{LockHandle, LostReason};
@@ -83,6 +87,10 @@ pub fn describe() {
     metrics::describe_gauge!(
         SIDEEFFECT_UNCERTAIN,
         "Side-effect keys whose outcome is unknown (waiting for a reconcile)"
+    );
+    metrics::describe_counter!(
+        PRUNED_TOTAL,
+        "Final records (completed side-effect keys) removed by retention, by adapter"
     );
     metrics::counter!(LOCK_ACQUIRED_TOTAL).increment(0);
     for reason in LOCK_LOST_REASONS {
@@ -137,6 +145,10 @@ fn lost_reason(reason: LostReason) -> &'static str {
 
 pub(crate) fn sideeffect(outcome: &'static str) {
     metrics::counter!(SIDEEFFECT_TOTAL, "outcome" => outcome).increment(1);
+}
+
+pub(crate) fn pruned(adapter: &'static str, removed: u64) {
+    metrics::counter!(PRUNED_TOTAL, "adapter" => adapter).increment(removed);
 }
 
 /// The span and metrics of one `try_lock`, shared by every [`crate::Lock`]

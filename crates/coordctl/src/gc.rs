@@ -1,7 +1,10 @@
-//! `coordctl gc --store URL`: reclaim the store's tombstones in one
-//! namespace, in bounded passes (see `coord_backend::reclaim`).
+//! `coordctl gc --store URL`: in one namespace, prune completed records
+//! past their retention (`--side-effects-retention`; default: keep them,
+//! see `coord_adapters::retention`), then reclaim the store's tombstones
+//! (see `coord_backend::reclaim`), each in bounded passes.
 //!
 //! Safe with several instances (and every application) running at once: a
+//! prune removes a record only in a txn asserting it as it read it, and a
 //! reclaim only removes what reads as missing and raises the floor with it,
 //! atomically, so nothing a reader or writer sees changes but the version
 //! a re-created key starts at.
@@ -10,6 +13,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Args;
+use coord_adapters::retention::PruneOptions;
+use coord_adapters::SideEffectAdapter;
 use coord_backend::{Error, ReclaimOptions};
 use serde::Serialize;
 
@@ -19,7 +24,12 @@ pub(crate) struct GcArgs {
     /// Store URL (with `?namespace=NS` when the application uses one).
     #[arg(long)]
     store: String,
-    /// Tombstones one pass removes at most (each pass is one bounded call).
+    /// Remove side-effect keys completed longer ago than this (`24h`, `7d`,
+    /// `90m`; at least one minute). A key retried after its record went runs
+    /// again. Default: keep every completed key (at-most-once forever).
+    #[arg(long, value_parser = retention)]
+    side_effects_retention: Option<std::time::Duration>,
+    /// Records (and tombstones) one pass removes at most (each pass is one bounded call).
     #[arg(long, default_value_t = 1000)]
     per_pass: usize,
     /// Passes at most in this run (0: until nothing is left).
@@ -29,7 +39,8 @@ pub(crate) struct GcArgs {
     #[arg(long)]
     dry_run: bool,
     /// Print one JSON document instead of text:
-    /// `{"store", "namespace", "dry_run", "passes", "removed", "more", "seconds"}`.
+    /// `{"store", "namespace", "dry_run", "pruned", "passes", "removed", "more", "seconds"}`
+    /// (`pruned`: completed side-effect keys removed; `removed`: tombstones reclaimed).
     #[arg(long)]
     json: bool,
 }
@@ -39,6 +50,7 @@ struct GcReport {
     store: String,
     namespace: String,
     dry_run: bool,
+    pruned: u64,
     passes: u64,
     removed: u64,
     more: bool,
@@ -56,18 +68,37 @@ pub(crate) async fn run(args: GcArgs) -> Result<ExitCode, Error> {
         store: url.without_namespace().to_string(),
         namespace: store.namespace().to_owned(),
         dry_run: args.dry_run,
+        pruned: 0,
         passes: 0,
         removed: 0,
         more: false,
         seconds: 0.0,
     };
+    if let (Some(retention), false) = (args.side_effects_retention, args.dry_run) {
+        // Pruning writes tombstones: it runs first, so this run reclaims them.
+        let adapter = SideEffectAdapter::new(store.clone());
+        let options = PruneOptions::after(retention).with_max_records(args.per_pass);
+        let mut passes = 0;
+        loop {
+            let pass = adapter
+                .prune(&options)
+                .await
+                .map_err(|e| Error::Config(format!("pruning side effects failed: {e}")))?;
+            passes += 1;
+            report.pruned += pass.removed;
+            if !pass.more || (args.max_passes > 0 && passes >= args.max_passes) {
+                report.more |= pass.more;
+                break;
+            }
+        }
+    }
     if !args.dry_run {
         let options = ReclaimOptions::DEFAULT.with_max_tombstones(args.per_pass);
         loop {
             let pass = store.reclaim(&options).await?;
             report.passes += 1;
             report.removed += pass.removed;
-            report.more = pass.more;
+            report.more |= pass.more;
             if !pass.more || (args.max_passes > 0 && report.passes >= args.max_passes) {
                 break;
             }
@@ -80,8 +111,12 @@ pub(crate) async fn run(args: GcArgs) -> Result<ExitCode, Error> {
         println!("{text}");
     } else if args.dry_run {
         println!(
-            "coordctl gc (dry run): would reclaim the tombstones of namespace {:?} on {}, \
+            "coordctl gc (dry run): would {}reclaim the tombstones of namespace {:?} on {}, \
              at most {} per pass{}; nothing changed",
+            match args.side_effects_retention {
+                Some(d) => format!("prune side-effect keys completed over {d:?} ago, then "),
+                None => String::new(),
+            },
             report.namespace,
             report.store,
             args.per_pass,
@@ -92,9 +127,11 @@ pub(crate) async fn run(args: GcArgs) -> Result<ExitCode, Error> {
         );
     } else {
         println!(
-            "coordctl gc: namespace {:?} on {}: {} tombstone(s) reclaimed in {} pass(es), {:.2} s{}",
+            "coordctl gc: namespace {:?} on {}: {} completed side-effect key(s) pruned, \
+             {} tombstone(s) reclaimed in {} pass(es), {:.2} s{}",
             report.namespace,
             report.store,
+            report.pruned,
             report.removed,
             report.passes,
             report.seconds,
@@ -106,4 +143,13 @@ pub(crate) async fn run(args: GcArgs) -> Result<ExitCode, Error> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--side-effects-retention`: a duration of at least one minute.
+fn retention(text: &str) -> Result<std::time::Duration, String> {
+    let duration = coord_scheduler::parse_duration(text)?;
+    if duration < std::time::Duration::from_secs(60) {
+        return Err(format!("{text:?} is shorter than one minute"));
+    }
+    Ok(duration)
 }

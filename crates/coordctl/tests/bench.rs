@@ -361,9 +361,34 @@ fn gc_reclaims_tombstones_in_passes() {
             "re-created above its old counter"
         );
     });
+    // A side effect completed just now stays under a one-hour retention.
+    runtime.block_on(async {
+        use coord_adapters::sideeffect::{Action, EffectResult, Runner, SideEffectAdapter};
+        let store = coord::connect(&url).await.unwrap();
+        let runner = Runner::new(std::sync::Arc::new(SideEffectAdapter::new(store)));
+        runner
+            .execute(
+                &Action::new("order-1", "payments"),
+                std::time::Duration::from_secs(30),
+                |_| async { Ok::<_, std::io::Error>(EffectResult::from(&b"ok"[..])) },
+            )
+            .await
+            .unwrap();
+    });
+    let kept = gc_json(&[
+        "gc",
+        "--store",
+        &url,
+        "--side-effects-retention",
+        "1h",
+        "--json",
+    ]);
+    assert_eq!(kept["pruned"], Value::from(0), "{kept}");
     for args in [
         &["gc", "--store", &url, "--per-pass", "0"][..],
         &["gc", "--store", "nope"],
+        &["gc", "--store", &url, "--side-effects-retention", "30s"],
+        &["gc", "--store", &url, "--side-effects-retention", "soon"],
     ] {
         let out = coordctl(args);
         assert!(!out.status.success(), "{args:?} succeeded");

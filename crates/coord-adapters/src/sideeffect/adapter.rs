@@ -16,7 +16,7 @@ use coord_backend::{Backend, Clock, Error, Mutation, SystemClock};
 use super::error::SideEffectError;
 use super::record::{
     act_key, decode, encode, intent_is_live, lease_is_current, millis_to_time, res_key, ttl_millis,
-    ActRecord, Holder, KeyState, ResRecord,
+    ActRecord, Holder, KeyState, ResRecord, DONE_INDEX,
 };
 use super::store::SideEffectStore;
 use super::types::{
@@ -95,6 +95,44 @@ impl SideEffectAdapter {
 
     pub(crate) fn now(&self) -> u64 {
         self.clock.now_millis()
+    }
+
+    /// Remove keys completed more than `options.retention` ago (by this
+    /// adapter's clock), at most `options.max_records` per call; see
+    /// [`crate::retention`] for how they are found and why several pruners
+    /// may run at once. Only completed keys go: idle, in-flight and
+    /// uncertain keys and every resource record (the fence counters) stay.
+    ///
+    /// **What a retried key does after its record went:** it runs again,
+    /// as a new key would (its resource's fence still only grows). At-most-
+    /// once holds within the retention, like an idempotency-key window
+    /// (Stripe keeps keys 24 hours); without pruning (the default) it holds
+    /// forever.
+    pub async fn prune(
+        &self,
+        options: &crate::retention::PruneOptions,
+    ) -> Result<crate::retention::Pruned, SideEffectError> {
+        use crate::retention::Verdict;
+        let pruned = crate::retention::prune(
+            &self.engine,
+            &DONE_INDEX,
+            self.now(),
+            options,
+            act_key,
+            |view, record, cutoff_ms| {
+                let act: Option<ActRecord> = decode(view, record)?;
+                Ok(match act.map(|a| a.state) {
+                    Some(KeyState::Completed { at_ms, .. }) if at_ms <= cutoff_ms => {
+                        Verdict::Remove
+                    }
+                    Some(KeyState::Completed { .. }) => Verdict::Keep,
+                    _ => Verdict::Stale,
+                })
+            },
+        )
+        .await?;
+        crate::telemetry::pruned("sideeffect", pruned.removed);
+        Ok(pruned)
     }
 
     /// Refuse an action that cannot be stored, before any I/O.
@@ -317,53 +355,64 @@ impl SideEffectStore for SideEffectAdapter {
         let w = mint_token();
         let ak = act_key(&action.key);
         let rk = res_key(&action.resource);
+        let cursor = DONE_INDEX.cursor();
         self.engine
-            .decide(&[ak.clone(), rk.clone()], |view| -> Step<EffectResult> {
-                let act: Option<ActRecord> = decode(view, &ak)?;
-                let res: Option<ResRecord> = decode(view, &rk)?;
-                if let Some(KeyState::Completed { result, .. }) = act.as_ref().map(|a| &a.state) {
-                    // First result wins; nothing is written.
-                    return answer(Ok(EffectResult(result.clone())));
-                }
-                let Some(mut new_res) = res.filter(|r| lease_is_current(Some(r), action, lease))
-                else {
-                    return answer(Err(SideEffectError::FenceStale));
-                };
-                match act.map(|a| a.state) {
-                    Some(KeyState::Uncertain { .. }) => {
-                        answer(Err(SideEffectError::OutcomeUnknown {
-                            reason: "the key is marked uncertain; only a resolution completes it"
-                                .into(),
-                            source: None,
-                        }))
+            .decide(
+                &[ak.clone(), rk.clone(), cursor],
+                |view| -> Step<EffectResult> {
+                    let act: Option<ActRecord> = decode(view, &ak)?;
+                    let res: Option<ResRecord> = decode(view, &rk)?;
+                    if let Some(KeyState::Completed { result, .. }) = act.as_ref().map(|a| &a.state)
+                    {
+                        // First result wins; nothing is written.
+                        return answer(Ok(EffectResult(result.clone())));
                     }
-                    Some(KeyState::Intent { token, .. }) if token == lease.token => {
-                        // The key is done: its lease has no purpose left, so
-                        // it is freed in the same txn (saves the release round trip).
-                        new_res.holder = None;
-                        new_res.w = w.clone();
-                        let new_act = ActRecord {
-                            state: KeyState::Completed {
-                                result: result.0.clone(),
-                                fence: Some(lease.fence.0),
-                                reason: None,
-                                at_ms: now,
-                            },
-                            reconcile: None,
-                            w: w.clone(),
-                        };
-                        Ok(Decision::Commit {
-                            mutations: vec![
+                    let Some(mut new_res) =
+                        res.filter(|r| lease_is_current(Some(r), action, lease))
+                    else {
+                        return answer(Err(SideEffectError::FenceStale));
+                    };
+                    match act.map(|a| a.state) {
+                        Some(KeyState::Uncertain { .. }) => {
+                            answer(Err(SideEffectError::OutcomeUnknown {
+                                reason:
+                                    "the key is marked uncertain; only a resolution completes it"
+                                        .into(),
+                                source: None,
+                            }))
+                        }
+                        Some(KeyState::Intent { token, .. }) if token == lease.token => {
+                            // The key is done: its lease has no purpose left, so
+                            // it is freed in the same txn (saves the release round trip).
+                            new_res.holder = None;
+                            new_res.w = w.clone();
+                            let new_act = ActRecord {
+                                state: KeyState::Completed {
+                                    result: result.0.clone(),
+                                    fence: Some(lease.fence.0),
+                                    reason: None,
+                                    at_ms: now,
+                                },
+                                reconcile: None,
+                                w: w.clone(),
+                            };
+                            let (cursor, entry) = DONE_INDEX.final_writes(view, now, &action.key);
+                            let mut mutations = vec![
                                 Mutation::put(&rk, encode(&new_res)),
                                 Mutation::put(&ak, encode(&new_act)),
-                            ],
-                            then: Ok(result.clone()),
-                        })
+                            ];
+                            mutations.extend(cursor);
+                            Ok(Decision::CommitWithUnasserted {
+                                mutations,
+                                unasserted: vec![entry],
+                                then: Ok(result.clone()),
+                            })
+                        }
+                        // The attempt was abandoned or resolved meanwhile.
+                        _ => answer(Err(SideEffectError::FenceStale)),
                     }
-                    // The attempt was abandoned or resolved meanwhile.
-                    _ => answer(Err(SideEffectError::FenceStale)),
-                }
-            })
+                },
+            )
             .await?
     }
 

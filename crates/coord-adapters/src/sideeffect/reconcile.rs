@@ -16,7 +16,7 @@ use super::adapter::{answer, Step};
 use super::error::SideEffectError;
 use super::record::{
     act_key, decode, encode, intent_is_live, millis_to_time, res_key, ActRecord, ClaimRecord,
-    KeyState, ResRecord,
+    KeyState, ResRecord, DONE_INDEX,
 };
 use super::types::{Action, EffectResult, Execution, Outcome, ReconcileClaim, Resolution};
 use super::SideEffectAdapter;
@@ -78,63 +78,76 @@ impl SideEffectAdapter {
         let ak = act_key(&action.key);
         let decided = self
             .engine()
-            .decide(std::slice::from_ref(&ak), |view| -> Step<Execution> {
-                let act: Option<ActRecord> = decode(view, &ak)?;
-                if let Some(holder) = holder {
-                    let owns = act
-                        .as_ref()
-                        .and_then(|a| a.reconcile.as_ref())
-                        .is_some_and(|c| c.holder == holder && c.expires_ms > now);
-                    if !owns {
-                        return answer(Err(SideEffectError::ReconcileLost));
+            .decide(
+                &[ak.clone(), DONE_INDEX.cursor()],
+                |view| -> Step<Execution> {
+                    let act: Option<ActRecord> = decode(view, &ak)?;
+                    if let Some(holder) = holder {
+                        let owns = act
+                            .as_ref()
+                            .and_then(|a| a.reconcile.as_ref())
+                            .is_some_and(|c| c.holder == holder && c.expires_ms > now);
+                        if !owns {
+                            return answer(Err(SideEffectError::ReconcileLost));
+                        }
                     }
-                }
-                match standing(view, act.as_ref(), now) {
-                    Err(step) => return retype(step),
-                    Ok(Standing::Completed(result)) => {
-                        // First resolution (or completion) wins.
-                        return answer(Ok(Execution {
-                            outcome: Outcome::Replayed,
-                            result: Some(EffectResult(result)),
-                        }));
+                    match standing(view, act.as_ref(), now) {
+                        Err(step) => return retype(step),
+                        Ok(Standing::Completed(result)) => {
+                            // First resolution (or completion) wins.
+                            return answer(Ok(Execution {
+                                outcome: Outcome::Replayed,
+                                result: Some(EffectResult(result)),
+                            }));
+                        }
+                        Ok(Standing::NotUncertain) => {
+                            return answer(Err(SideEffectError::NotUncertain))
+                        }
+                        Ok(Standing::Uncertain) => {}
                     }
-                    Ok(Standing::NotUncertain) => {
-                        return answer(Err(SideEffectError::NotUncertain))
+                    let (state, then) = if resolution.applied {
+                        (
+                            KeyState::Completed {
+                                result: resolution.result.0.clone(),
+                                fence: None,
+                                reason: Some(resolution.reason.clone()),
+                                at_ms: now,
+                            },
+                            Execution {
+                                outcome: Outcome::Replayed,
+                                result: Some(resolution.result.clone()),
+                            },
+                        )
+                    } else {
+                        (
+                            KeyState::Idle,
+                            Execution {
+                                outcome: Outcome::Applied,
+                                result: None,
+                            },
+                        )
+                    };
+                    let new_act = ActRecord {
+                        state,
+                        reconcile: None,
+                        w: w.clone(),
+                    };
+                    let mut mutations = vec![Mutation::put(&ak, encode(&new_act))];
+                    if !resolution.applied {
+                        return Ok(Decision::Commit {
+                            mutations,
+                            then: Ok(then),
+                        });
                     }
-                    Ok(Standing::Uncertain) => {}
-                }
-                let (state, then) = if resolution.applied {
-                    (
-                        KeyState::Completed {
-                            result: resolution.result.0.clone(),
-                            fence: None,
-                            reason: Some(resolution.reason.clone()),
-                            at_ms: now,
-                        },
-                        Execution {
-                            outcome: Outcome::Replayed,
-                            result: Some(resolution.result.clone()),
-                        },
-                    )
-                } else {
-                    (
-                        KeyState::Idle,
-                        Execution {
-                            outcome: Outcome::Applied,
-                            result: None,
-                        },
-                    )
-                };
-                let new_act = ActRecord {
-                    state,
-                    reconcile: None,
-                    w: w.clone(),
-                };
-                Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(&ak, encode(&new_act))],
-                    then: Ok(then),
-                })
-            })
+                    let (cursor, entry) = DONE_INDEX.final_writes(view, now, &action.key);
+                    mutations.extend(cursor);
+                    Ok(Decision::CommitWithUnasserted {
+                        mutations,
+                        unasserted: vec![entry],
+                        then: Ok(then),
+                    })
+                },
+            )
             .await?;
         if decided.is_ok() {
             tracing::info!(

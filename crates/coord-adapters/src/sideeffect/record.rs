@@ -3,7 +3,10 @@
 //! - `se/act/<key>` (key level): idle / execution intent / uncertain /
 //!   completed, plus an optional reconcile claim;
 //! - `se/res/<resource>` (resource level): the highest fence ever issued and
-//!   the current holder. Never deleted, so the fence is never reset.
+//!   the current holder. Never deleted, so the fence is never reset;
+//! - `se/done/<minute>/<key>` and `se/done/cursor`: the retention index of
+//!   completed keys (written in the completing txn; see
+//!   [`crate::retention`]), which `SideEffectAdapter::prune` walks.
 //!
 //! Records are JSON; bytes are base64. Every record carries `w`, a token
 //! minted for that write, so the CAS engine can tell whether an
@@ -20,6 +23,11 @@ use crate::View;
 pub(crate) const ACT_PREFIX: &str = "se/act/";
 pub(crate) const RES_PREFIX: &str = "se/res/";
 pub(crate) const SINK_PREFIX: &str = "se/sink/";
+
+/// The retention index of completed keys (see [`crate::retention`]):
+/// `se/done/<minute>/<key>` and `se/done/cursor`.
+pub(crate) const DONE_INDEX: crate::retention::RetentionIndex =
+    crate::retention::RetentionIndex::new("se/done/");
 
 pub(crate) fn act_key(key: &str) -> String {
     format!("{ACT_PREFIX}{key}")

@@ -1,0 +1,326 @@
+//! The retention suite: pruning completed side-effect keys after a window.
+//!
+//! `SideEffectAdapter::prune` removes keys completed more than the
+//! retention ago (see `coord_adapters::retention`). What the suite pins down:
+//!
+//! - [`completed_keys_go_after_the_window`]: nothing goes inside the
+//!   window; after it only completed keys go (in-flight and uncertain keys
+//!   and later completions stay), and a pruned key runs again, on a fence
+//!   above every fence its resource issued;
+//! - [`pruners_race`]: three pruners on separate clients remove every
+//!   expired key exactly once between them, and leave no index entry;
+//! - [`prune_is_bounded`]: one pass removes at most its budget and says when
+//!   more is left.
+//!
+//! Every check takes a [`Pruner`], so a broken one can be shown red (this
+//! crate's `tests/sideeffect.rs` does); [`cases`] use [`adapter_pruner`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_adapters::retention::{PruneOptions, Pruned};
+use coord_adapters::sideeffect::{
+    Action, EffectResult, KeyStatus, Outcome, Runner, SideEffectAdapter, SideEffectError,
+    SideEffectStore,
+};
+use coord_backend::{Backend, Clock, ManualClock};
+
+use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+
+/// One prune pass over a backend, judging time with a clock.
+pub type Pruner = Arc<
+    dyn Fn(
+            Arc<dyn Backend>,
+            Arc<dyn Clock>,
+            PruneOptions,
+        ) -> BoxFuture<'static, Result<Pruned, SideEffectError>>
+        + Send
+        + Sync,
+>;
+
+/// The real one: [`SideEffectAdapter::prune`].
+pub fn adapter_pruner() -> Pruner {
+    Arc::new(|backend, clock, options| {
+        Box::pin(async move {
+            SideEffectAdapter::with_clock(backend, clock)
+                .prune(&options)
+                .await
+        })
+    })
+}
+
+const START_MILLIS: u64 = 1_700_000_000_000;
+const WINDOW: Duration = Duration::from_secs(3600);
+const TTL: Duration = Duration::from_secs(30);
+
+struct Fixture {
+    backends: BackendFactory,
+    namespace: String,
+    clock: Arc<ManualClock>,
+}
+
+impl Fixture {
+    fn new(backends: BackendFactory, label: &str) -> Self {
+        Fixture {
+            backends,
+            namespace: unique_namespace(label),
+            clock: Arc::new(ManualClock::at_millis(START_MILLIS)),
+        }
+    }
+
+    async fn backend(&self) -> Result<Arc<dyn Backend>, Failure> {
+        Ok((self.backends)(self.namespace.clone()).await?)
+    }
+
+    async fn adapter(&self) -> Result<SideEffectAdapter, Failure> {
+        Ok(SideEffectAdapter::with_clock(
+            self.backend().await?,
+            self.clock.clone(),
+        ))
+    }
+
+    async fn prune(&self, pruner: &Pruner, options: PruneOptions) -> Result<Pruned, Failure> {
+        pruner(self.backend().await?, self.clock.clone(), options)
+            .await
+            .map_err(|e| Failure::new(format!("prune failed: {e}")))
+    }
+
+    /// Run `key` to completion on resource `resource`; its fence.
+    async fn complete(&self, key: &str, resource: &str) -> Result<u64, Failure> {
+        let runner = Runner::new(Arc::new(self.adapter().await?));
+        let fence = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let seen = fence.clone();
+        let done = runner
+            .execute(&Action::new(key, resource), TTL, move |lease| async move {
+                seen.store(lease.fence.0, std::sync::atomic::Ordering::SeqCst);
+                Ok::<_, std::io::Error>(EffectResult::from(&b"done"[..]))
+            })
+            .await?;
+        ensure!(
+            done.outcome == Outcome::Applied,
+            "running {key} answered {:?}, expected Applied",
+            done.outcome
+        );
+        Ok(fence.load(std::sync::atomic::Ordering::SeqCst))
+    }
+}
+
+async fn status(adapter: &SideEffectAdapter, key: &str) -> Result<KeyStatus, Failure> {
+    Ok(adapter.key_status(key).await?)
+}
+
+/// Nothing goes inside the window; after it only completed keys go; a
+/// pruned key runs again on a higher fence.
+pub async fn completed_keys_go_after_the_window(
+    backends: BackendFactory,
+    pruner: Pruner,
+) -> CheckResult {
+    let fx = Fixture::new(backends, "retention_window");
+    let mut fences = Vec::new();
+    for i in 0..5 {
+        fences.push(fx.complete(&format!("old-{i}"), "payments").await?);
+    }
+    let adapter = fx.adapter().await?;
+    // In flight: granted, never completed (a long lease, so it stays live).
+    let busy = adapter
+        .acquire(&Action::new("busy", "other"), Duration::from_secs(86_400))
+        .await?;
+    ensure!(busy.outcome == Outcome::Applied, "busy was not granted");
+    // Uncertain: granted, then marked.
+    let unsure = Action::new("unsure", "third");
+    let granted = adapter.acquire(&unsure, TTL).await?;
+    let lease = granted
+        .lease
+        .ok_or_else(|| Failure::new("unsure was not granted"))?;
+    adapter.mark_uncertain(&unsure, &lease, "timeout").await?;
+
+    fx.clock.advance(Duration::from_secs(30 * 60));
+    let early = fx.prune(&pruner, PruneOptions::after(WINDOW)).await?;
+    ensure!(
+        early.removed == 0,
+        "30 minutes after completion, a prune with a 1 h window removed {} keys",
+        early.removed
+    );
+    for i in 0..5 {
+        let key = format!("old-{i}");
+        ensure!(
+            matches!(status(&adapter, &key).await?, KeyStatus::Completed { .. }),
+            "{key} is no longer completed inside the window"
+        );
+    }
+
+    fx.clock.advance(Duration::from_secs(31 * 60));
+    fences.push(fx.complete("late", "payments").await?);
+    let mut removed = 0;
+    for _ in 0..10 {
+        let pass = fx.prune(&pruner, PruneOptions::after(WINDOW)).await?;
+        removed += pass.removed;
+        if !pass.more {
+            break;
+        }
+    }
+    ensure!(
+        removed == 5,
+        "61 minutes after 5 completions, prune removed {removed} keys (expected the 5)"
+    );
+    for i in 0..5 {
+        let key = format!("old-{i}");
+        let now = status(&adapter, &key).await?;
+        ensure!(
+            now == KeyStatus::Idle,
+            "{key} reads as {now:?} after its retention (expected idle: record gone)"
+        );
+    }
+    ensure!(
+        matches!(status(&adapter, "late").await?, KeyStatus::Completed { .. }),
+        "a key completed 0 minutes ago was pruned"
+    );
+    ensure!(
+        matches!(status(&adapter, "busy").await?, KeyStatus::InFlight { .. }),
+        "an in-flight key was pruned"
+    );
+    ensure!(
+        matches!(
+            status(&adapter, "unsure").await?,
+            KeyStatus::Uncertain { .. }
+        ),
+        "an uncertain key was pruned"
+    );
+    // A pruned key runs again, as a new key would, on a fence above all.
+    let again = fx.complete("old-0", "payments").await?;
+    let highest = fences.iter().copied().max().unwrap_or(0);
+    ensure!(
+        again > highest,
+        "old-0 ran again on fence {again}, not above the resource's highest {highest}"
+    );
+    Ok(())
+}
+
+/// Three pruners on separate clients remove every expired key exactly once
+/// between them and leave only the index cursor behind.
+pub async fn pruners_race(backends: BackendFactory, pruner: Pruner) -> CheckResult {
+    const KEYS: u64 = 24;
+    let fx = Arc::new(Fixture::new(backends, "retention_race"));
+    for i in 0..KEYS {
+        fx.complete(&format!("k-{i:02}"), &format!("r-{}", i % 3))
+            .await?;
+    }
+    fx.clock.advance(WINDOW + Duration::from_secs(120));
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let fx = fx.clone();
+        let pruner = pruner.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut removed = 0;
+            for _ in 0..100 {
+                let pass = fx
+                    .prune(&pruner, PruneOptions::after(WINDOW).with_max_records(5))
+                    .await?;
+                removed += pass.removed;
+                if !pass.more {
+                    break;
+                }
+            }
+            Ok::<u64, Failure>(removed)
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task
+            .await
+            .map_err(|e| Failure::new(format!("pruner task: {e}")))??;
+    }
+    ensure!(
+        total == KEYS,
+        "three racing pruners reported {total} removals of {KEYS} expired keys"
+    );
+    let backend = fx.backend().await?;
+    let act = backend.keys("se/act/").await?;
+    ensure!(act.is_empty(), "keys left after pruning: {act:?}");
+    let index = backend.keys("se/done/").await?;
+    ensure!(
+        index == vec!["se/done/cursor".to_owned()],
+        "index entries left after pruning: {index:?}"
+    );
+    Ok(())
+}
+
+/// One pass removes at most its budget and says whether more is left.
+pub async fn prune_is_bounded(backends: BackendFactory, pruner: Pruner) -> CheckResult {
+    let fx = Fixture::new(backends, "retention_bounded");
+    for i in 0..10 {
+        fx.complete(&format!("b-{i}"), "res").await?;
+    }
+    fx.clock.advance(WINDOW + Duration::from_secs(120));
+    let options = PruneOptions::after(WINDOW).with_max_records(3);
+    let first = fx.prune(&pruner, options).await?;
+    ensure!(
+        first.removed <= 3 && first.more,
+        "a pass with a budget of 3 over 10 expired keys reported {first:?}"
+    );
+    let mut total = first.removed;
+    for _ in 0..10 {
+        let pass = fx.prune(&pruner, options).await?;
+        ensure!(pass.removed <= 3, "a pass removed {} > 3", pass.removed);
+        total += pass.removed;
+        if !pass.more {
+            break;
+        }
+    }
+    ensure!(total == 10, "bounded passes removed {total} of 10 keys");
+    Ok(())
+}
+
+/// Every check of the suite with `pruner`: `(name, result)`.
+pub async fn check_all(
+    backends: BackendFactory,
+    pruner: Pruner,
+) -> Vec<(&'static str, CheckResult)> {
+    vec![
+        (
+            "completed_keys_go_after_the_window",
+            completed_keys_go_after_the_window(backends.clone(), pruner.clone()).await,
+        ),
+        (
+            "pruners_race",
+            pruners_race(backends.clone(), pruner.clone()).await,
+        ),
+        ("prune_is_bounded", prune_is_bounded(backends, pruner).await),
+    ]
+}
+
+macro_rules! retention_checks {
+    ($($name:ident),* $(,)?) => {
+        /// Every case of the retention suite (with [`adapter_pruner`]).
+        pub fn cases() -> Vec<Case> {
+            vec![
+                $(Case {
+                    suite: "retention",
+                    name: stringify!($name),
+                    run: |factory: BackendFactory| -> BoxFuture<'static, CheckResult> {
+                        Box::pin($name(factory, adapter_pruner()))
+                    },
+                },)*
+            ]
+        }
+    };
+}
+
+retention_checks!(
+    completed_keys_go_after_the_window,
+    pruners_race,
+    prune_is_bounded,
+);
+
+/// Expand the retention suite into one `#[tokio::test]` per case, over a
+/// [`BackendFactory`] expression (or `Option<BackendFactory>`, `None` = skipped).
+#[macro_export]
+macro_rules! retention_tests {
+    ($factory:expr) => {
+        $crate::__cases_as_tests!($crate::retention::cases, $factory;
+            completed_keys_go_after_the_window,
+            pruners_race,
+            prune_is_bounded,
+        );
+    };
+}

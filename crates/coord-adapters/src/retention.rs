@@ -1,0 +1,263 @@
+//! Retention: removing records that reached a final state long ago, without
+//! reading the live ones.
+//!
+//! An adapter that moves a record into a final state (a completed side
+//! effect) writes, in the same txn, an **index entry**
+//! `<index>/<minute>/<key>`, where `<minute>` is the completion time in
+//! minutes since the Unix epoch, zero-padded so keys sort by time. A
+//! **cursor** record `<index>/cursor` holds the oldest minute that may still
+//! have entries; the first completion creates it.
+//!
+//! A prune pass walks the minutes from the cursor up to `now - retention`,
+//! listing one minute at a time, and for each entry removes the record and
+//! the entry in one txn, asserting the record as it read it (so a record
+//! that changed, or was re-created by a later run, stays; only its stale
+//! entry goes). A minute left empty moves the cursor on (a CAS: several
+//! pruners may run at once). A pass does at most `max_records` removals and
+//! `max_minutes` listings, and says whether more is left.
+//!
+//! The boundary: an entry is written with the completing instance's clock.
+//! The cursor never passes `now - retention`, so an entry is never written
+//! below it as long as clocks agree within the retention (which is hours;
+//! coord already asks them to agree within the shortest lease). Records
+//! completed before the index existed have no entry and are kept.
+
+use std::time::Duration;
+
+use coord_backend::{Error, InvalidInput, Mutation};
+
+use crate::cas::{CasEngine, Decision, View};
+
+/// Minutes since the Unix epoch of `at_ms`, as an index component.
+fn minute_of(at_ms: u64) -> u64 {
+    at_ms / 60_000
+}
+
+/// Where one adapter's index lives: `<prefix>` + `cursor`, and
+/// `<prefix><minute>/<key>` per entry.
+#[derive(Clone, Debug)]
+pub(crate) struct RetentionIndex {
+    prefix: &'static str,
+}
+
+impl RetentionIndex {
+    /// An index under `prefix` (ends with `/`).
+    pub(crate) const fn new(prefix: &'static str) -> Self {
+        RetentionIndex { prefix }
+    }
+
+    /// The cursor record's key.
+    pub(crate) fn cursor(&self) -> String {
+        format!("{}cursor", self.prefix)
+    }
+
+    /// The entry of `key`, final at `at_ms`.
+    pub(crate) fn entry(&self, at_ms: u64, key: &str) -> String {
+        format!("{}{:010}/{key}", self.prefix, minute_of(at_ms))
+    }
+
+    fn minute_prefix(&self, minute: u64) -> String {
+        format!("{}{minute:010}/", self.prefix)
+    }
+
+    /// The writes that index `key` as final at `at_ms`, given a view that
+    /// holds the cursor: the cursor when it does not exist yet (a key of the
+    /// view, so asserted missing), and the entry, written unasserted (its
+    /// key is named by the record's own final write: rewriting it with the
+    /// same empty value is right whatever it holds).
+    pub(crate) fn final_writes(
+        &self,
+        view: &View,
+        at_ms: u64,
+        key: &str,
+    ) -> (Option<Mutation>, Mutation) {
+        let cursor = self.cursor();
+        let create_cursor = view
+            .value(&cursor)
+            .is_none()
+            .then(|| Mutation::put(cursor.as_str(), minute_of(at_ms).to_string().into_bytes()));
+        (
+            create_cursor,
+            Mutation::put(self.entry(at_ms, key), Vec::new()),
+        )
+    }
+}
+
+/// Options of one prune pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PruneOptions {
+    /// How long a record stays after it became final (at least one minute).
+    pub retention: Duration,
+    /// Most records one pass removes.
+    pub max_records: usize,
+    /// Most minutes of the index one pass lists.
+    pub max_minutes: usize,
+}
+
+impl PruneOptions {
+    /// Remove what became final more than `retention` ago, at most 1,000
+    /// records and 1,440 minutes per pass.
+    pub const fn after(retention: Duration) -> Self {
+        PruneOptions {
+            retention,
+            max_records: 1000,
+            max_minutes: 1440,
+        }
+    }
+
+    /// With another record budget per pass (at least 1).
+    pub const fn with_max_records(mut self, max: usize) -> Self {
+        self.max_records = if max == 0 { 1 } else { max };
+        self
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        if self.retention < Duration::from_secs(60) {
+            return Err(Error::InvalidInput(InvalidInput::Argument(format!(
+                "retention must be at least one minute (got {:?})",
+                self.retention
+            ))));
+        }
+        Ok(())
+    }
+}
+
+/// What one prune pass did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Pruned {
+    /// Records removed.
+    pub removed: u64,
+    /// Whether the pass stopped at a budget (run it again).
+    pub more: bool,
+}
+
+/// What to do with the record an entry points to.
+pub(crate) enum Verdict {
+    /// Final since before the cutoff: remove it (and the entry).
+    Remove,
+    /// Missing, or not the record this entry was written for: drop the entry.
+    Stale,
+    /// Final, but not long enough yet: keep both.
+    Keep,
+}
+
+/// One prune pass over `index` at `now_ms`. `record_of` names the record an
+/// entry's key points to; `judge` looks at that record in a view (with the
+/// cutoff in ms).
+pub(crate) async fn prune<J>(
+    engine: &CasEngine,
+    index: &RetentionIndex,
+    now_ms: u64,
+    options: &PruneOptions,
+    record_of: impl Fn(&str) -> String,
+    judge: J,
+) -> Result<Pruned, Error>
+where
+    J: Fn(&View, &str, u64) -> Result<Verdict, Error>,
+{
+    options.check()?;
+    let cutoff_ms = now_ms.saturating_sub(options.retention.as_millis() as u64);
+    let last = minute_of(cutoff_ms);
+    let cursor_key = index.cursor();
+    let mut pruned = Pruned::default();
+    let mut listed = 0usize;
+    let cursor = engine.snapshot(std::slice::from_ref(&cursor_key)).await?;
+    let Some(mut minute) = cursor
+        .first()
+        .and_then(|e| e.value.as_deref())
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    else {
+        // Nothing was ever indexed (or the cursor is unreadable: keep all).
+        return Ok(pruned);
+    };
+    while minute <= last {
+        if listed >= options.max_minutes {
+            pruned.more = true;
+            return Ok(pruned);
+        }
+        listed += 1;
+        let prefix = index.minute_prefix(minute);
+        let entries = engine.backend().keys(&prefix).await?;
+        let mut left = false;
+        for entry in &entries {
+            if pruned.removed >= options.max_records as u64 {
+                pruned.more = true;
+                return Ok(pruned);
+            }
+            let record = record_of(&entry[prefix.len()..]);
+            let keys = [record.clone(), entry.clone()];
+            let outcome = engine
+                .decide(&keys, |view| -> Result<Decision<Option<bool>>, Error> {
+                    if !view.contains(entry) || view.value(entry).is_none() {
+                        return Ok(Decision::Return(None)); // another pruner took it
+                    }
+                    match judge(view, &record, cutoff_ms)? {
+                        Verdict::Keep => Ok(Decision::Return(Some(false))),
+                        Verdict::Stale => Ok(Decision::Commit {
+                            mutations: vec![Mutation::delete(entry.as_str())],
+                            then: None,
+                        }),
+                        Verdict::Remove => Ok(Decision::Commit {
+                            mutations: vec![
+                                Mutation::delete(record.as_str()),
+                                Mutation::delete(entry.as_str()),
+                            ],
+                            then: Some(true),
+                        }),
+                    }
+                })
+                .await;
+            match outcome {
+                Ok(Some(true)) => pruned.removed += 1,
+                Ok(Some(false)) => left = true,
+                Ok(None) => {}
+                // A delete whose answer was lost: the next pass decides again.
+                Err(e) if e.is_indeterminate() || e.is_retryable() => {
+                    left = true;
+                    pruned.more = true;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if left || minute == last {
+            // The cutoff's own minute may still receive entries; a kept
+            // entry holds its minute.
+            return Ok(pruned);
+        }
+        // Move the cursor past the emptied minute (unless another pruner did).
+        let step = engine
+            .decide(
+                std::slice::from_ref(&cursor_key),
+                |view| -> Result<Decision<u64>, Error> {
+                    let now_at = view
+                        .value(&cursor_key)
+                        .and_then(|v| std::str::from_utf8(v).ok())
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or(minute);
+                    if now_at > minute {
+                        return Ok(Decision::Return(now_at));
+                    }
+                    Ok(Decision::Commit {
+                        mutations: vec![Mutation::put(
+                            cursor_key.as_str(),
+                            format!("{}", minute + 1).into_bytes(),
+                        )],
+                        then: minute + 1,
+                    })
+                },
+            )
+            .await;
+        minute = match step {
+            Ok(next) => next,
+            Err(e) if e.is_indeterminate() || e.is_retryable() => {
+                pruned.more = true;
+                return Ok(pruned);
+            }
+            Err(e) => return Err(e),
+        };
+    }
+    Ok(pruned)
+}
