@@ -21,6 +21,7 @@ pub mod cas;
 pub mod election;
 pub mod jitter;
 pub mod lock;
+pub mod maintenance;
 pub mod retention;
 pub mod rwlock;
 pub mod sideeffect;

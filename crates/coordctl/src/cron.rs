@@ -65,6 +65,11 @@ pub(crate) struct CronArgs {
     /// `http://ADDR/metrics` (e.g. 127.0.0.1:9464; docs/operations.md). Default: none.
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Reclaim the namespace's tombstones (what forgotten claims leave) in
+    /// the background every DURATION, like `coordctl gc` (e.g. `10m`).
+    /// Default: never (run `coordctl gc` yourself).
+    #[arg(long, value_name = "DURATION", value_parser = coord_scheduler::parse_duration)]
+    reclaim_every: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -101,7 +106,16 @@ pub(crate) async fn run(args: CronArgs) -> Result<ExitCode, Error> {
     let text = std::fs::read_to_string(&args.config).map_err(|e| config_error(&args.config, e))?;
     let config = Config::from_toml_str(&text).map_err(|e| config_error(&args.config, e))?;
     match args.action {
-        None => daemon(&args.config, config, args.instance, args.metrics_addr).await,
+        None => {
+            daemon(
+                &args.config,
+                config,
+                args.instance,
+                args.metrics_addr,
+                args.reclaim_every,
+            )
+            .await
+        }
         Some(CronAction::History(history_args)) => {
             history(&args.config, &config, history_args).await
         }
@@ -290,6 +304,7 @@ async fn daemon(
     config: Config,
     instance: Option<String>,
     metrics_addr: Option<std::net::SocketAddr>,
+    reclaim_every: Option<std::time::Duration>,
 ) -> Result<ExitCode, Error> {
     init_logging();
     // Before the store is opened, so its first txns are counted too.
@@ -328,6 +343,16 @@ async fn daemon(
             crate::metrics::serve(addr, crate::metrics::router(handle, gauge)).await?;
         println!("coordctl cron: metrics at http://{bound}/metrics");
     }
+    // Dropped when the daemon returns, which stops it.
+    let _maintenance = match (reclaim_every, &store) {
+        (Some(every), Some((s, _))) if !every.is_zero() => {
+            Some(coord_adapters::maintenance::spawn_maintenance(
+                s.engine().backend().clone(),
+                coord_adapters::maintenance::MaintenanceOptions::default().every(every),
+            ))
+        }
+        _ => None,
+    };
     let scheduler = Scheduler::new(
         store.as_ref().map(|(s, _)| s.clone() as Arc<dyn SlotStore>),
         Arc::new(SystemClock),

@@ -1,0 +1,213 @@
+//! Maintenance of a namespace: prune completed records past their
+//! retention, then reclaim the store's tombstones, in bounded passes; once
+//! ([`run_once`], what `coordctl gc` runs) or in the background
+//! ([`spawn_maintenance`], for library users and `coordctl cron`).
+//!
+//! Both steps are safe with any number of instances running them at once
+//! (see [`crate::retention`] and `coord_backend::reclaim`), so every
+//! instance of a service may run the background task.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_backend::{Backend, Error, ReclaimOptions};
+
+use crate::retention::PruneOptions;
+use crate::sideeffect::SideEffectAdapter;
+
+/// What to maintain, and how much per round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MaintenanceOptions {
+    /// Remove side-effect keys completed longer ago than this; `None`
+    /// (the default) keeps them, so at-most-once holds forever.
+    pub side_effects_retention: Option<Duration>,
+    /// Records or tombstones one pass removes at most.
+    pub per_pass: usize,
+    /// Passes per step in one round (the rest waits for the next round).
+    pub max_passes: u32,
+    /// The pause between two background rounds (jittered by ±25%).
+    pub every: Duration,
+}
+
+impl Default for MaintenanceOptions {
+    fn default() -> Self {
+        MaintenanceOptions {
+            side_effects_retention: None,
+            per_pass: 1000,
+            max_passes: 100,
+            every: Duration::from_secs(600),
+        }
+    }
+}
+
+impl MaintenanceOptions {
+    /// With a retention for completed side-effect keys.
+    pub fn with_side_effects_retention(mut self, retention: Duration) -> Self {
+        self.side_effects_retention = Some(retention);
+        self
+    }
+
+    /// With another pause between background rounds.
+    pub fn every(mut self, every: Duration) -> Self {
+        self.every = every;
+        self
+    }
+}
+
+/// What one round did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MaintenanceReport {
+    /// Completed side-effect keys removed.
+    pub pruned: u64,
+    /// Tombstones reclaimed.
+    pub reclaimed: u64,
+    /// Whether a step stopped at its pass budget.
+    pub more: bool,
+}
+
+/// One round on `backend`'s namespace: prune (when a retention is set),
+/// then reclaim, each until done or `max_passes` passes.
+pub async fn run_once(
+    backend: &Arc<dyn Backend>,
+    options: &MaintenanceOptions,
+) -> Result<MaintenanceReport, Error> {
+    let mut report = MaintenanceReport::default();
+    let passes = options.max_passes.max(1);
+    if let Some(retention) = options.side_effects_retention {
+        // Pruning writes tombstones: it runs first, so this round reclaims them.
+        let adapter = SideEffectAdapter::new(backend.clone());
+        let prune = PruneOptions::after(retention).with_max_records(options.per_pass);
+        for pass in 1..=passes {
+            let done = adapter
+                .prune(&prune)
+                .await
+                .map_err(|e| Error::Unavailable {
+                    message: format!("pruning side effects failed: {e}"),
+                    source: Some(Box::new(e)),
+                })?;
+            report.pruned += done.removed;
+            if !done.more {
+                break;
+            }
+            report.more |= pass == passes;
+        }
+    }
+    let reclaim = ReclaimOptions::DEFAULT.with_max_tombstones(options.per_pass);
+    for pass in 1..=passes {
+        let done = backend.reclaim(&reclaim).await?;
+        report.reclaimed += done.removed;
+        if !done.more {
+            break;
+        }
+        report.more |= pass == passes;
+    }
+    Ok(report)
+}
+
+/// A background maintenance loop; dropping it stops the loop.
+#[derive(Debug)]
+pub struct MaintenanceTask {
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for MaintenanceTask {
+    fn drop(&mut self) {
+        self.handle.abort();
+    }
+}
+
+/// Run [`run_once`] every `options.every` (jittered) until the returned
+/// task is dropped. A failed round is logged and retried next round; a
+/// store without reclaim ([`Error::Unsupported`]) ends the loop with a
+/// warning. Needs a tokio runtime.
+pub fn spawn_maintenance(
+    backend: Arc<dyn Backend>,
+    options: MaintenanceOptions,
+) -> MaintenanceTask {
+    let handle = tokio::spawn(async move {
+        loop {
+            let pause = options.every.mul_f64(0.75 + crate::jitter::unit() / 2.0);
+            tokio::time::sleep(pause).await;
+            match run_once(&backend, &options).await {
+                Ok(report) => tracing::debug!(?report, "coord maintenance round"),
+                Err(Error::Unsupported { what, store }) => {
+                    tracing::warn!(what, store, "coord maintenance stops: the store lacks it");
+                    return;
+                }
+                Err(error) => tracing::warn!(%error, "coord maintenance round failed"),
+            }
+        }
+    });
+    MaintenanceTask { handle }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use async_trait::async_trait;
+    use coord_backend::{Assert, Entry, Mutation, Reclaimed, Result, TxnOutcome};
+    use coord_memory::SingleProcessMemoryBackend;
+
+    use super::*;
+
+    /// The memory store, counting reclaim calls.
+    #[derive(Debug)]
+    struct Counting(SingleProcessMemoryBackend, AtomicU64);
+
+    #[async_trait]
+    impl Backend for Counting {
+        fn namespace(&self) -> &str {
+            self.0.namespace()
+        }
+        async fn raw_snapshot(&self, keys: &[&str]) -> Result<Vec<Entry>> {
+            self.0.raw_snapshot(keys).await
+        }
+        async fn raw_txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
+            self.0.raw_txn(asserts, mutations).await
+        }
+        async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
+            self.0.raw_keys(prefix).await
+        }
+        async fn reclaim(&self, options: &ReclaimOptions) -> Result<Reclaimed> {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            self.0.reclaim(options).await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rounds_reclaim_in_bounded_passes_until_dropped() {
+        let store = Arc::new(Counting(
+            SingleProcessMemoryBackend::new("maintenance").unwrap(),
+            AtomicU64::new(0),
+        ));
+        for i in 0..25 {
+            let key = format!("k{i}");
+            store.txn(&[], &[Mutation::delete(key)]).await.unwrap();
+        }
+        let backend: Arc<dyn Backend> = store.clone();
+        let options = MaintenanceOptions {
+            per_pass: 10,
+            max_passes: 2,
+            ..MaintenanceOptions::default()
+        };
+        let first = run_once(&backend, &options).await.unwrap();
+        assert_eq!((first.reclaimed, first.more), (20, true));
+        let task = spawn_maintenance(backend.clone(), options.every(Duration::from_secs(10)));
+        tokio::time::sleep(Duration::from_secs(13)).await;
+        let calls = store.1.load(Ordering::SeqCst);
+        assert_eq!(calls, 3, "one more round, one pass: the last 5");
+        let again = run_once(&backend, &options).await.unwrap();
+        assert_eq!(again.reclaimed, 0);
+        drop(task);
+        let before = store.1.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(
+            store.1.load(Ordering::SeqCst),
+            before,
+            "a dropped task stops"
+        );
+    }
+}
