@@ -10,7 +10,10 @@
 //! - [`pruners_race`]: three pruners on separate clients remove every
 //!   expired key exactly once between them, and leave no index entry;
 //! - [`prune_is_bounded`]: one pass removes at most its budget and says when
-//!   more is left.
+//!   more is left;
+//! - [`attention_index_follows_state`]: `open_keys` (what `coordctl inspect`
+//!   reads instead of every key) lists exactly the keys in flight or
+//!   uncertain, through grant, completion, abandon, marking and resolution.
 //!
 //! Every check takes a [`Pruner`], so a broken one can be shown red (this
 //! crate's `tests/sideeffect.rs` does); [`cases`] use [`adapter_pruner`].
@@ -20,8 +23,8 @@ use std::time::Duration;
 
 use coord_adapters::retention::{PruneOptions, Pruned};
 use coord_adapters::sideeffect::{
-    Action, EffectResult, KeyStatus, Outcome, Runner, SideEffectAdapter, SideEffectError,
-    SideEffectStore,
+    Action, EffectResult, KeyStatus, Outcome, Resolution, Runner, SideEffectAdapter,
+    SideEffectError, SideEffectStore,
 };
 use coord_backend::{Backend, Clock, ManualClock};
 
@@ -271,6 +274,64 @@ pub async fn prune_is_bounded(backends: BackendFactory, pruner: Pruner) -> Check
     Ok(())
 }
 
+/// `open_keys` lists exactly the keys in flight or uncertain, whatever
+/// moved them there or out (the pruner is not used).
+pub async fn attention_index_follows_state(
+    backends: BackendFactory,
+    _pruner: Pruner,
+) -> CheckResult {
+    let fx = Fixture::new(backends, "retention_open");
+    let adapter = fx.adapter().await?;
+    async fn open(adapter: &SideEffectAdapter, when: &str, want: &[&str]) -> CheckResult {
+        let got = adapter.open_keys().await?;
+        ensure!(
+            got == want,
+            "{when}: open_keys lists {got:?}, expected {want:?}"
+        );
+        Ok(())
+    }
+    open(&adapter, "fresh namespace", &[]).await?;
+    let grant = |key: &'static str, resource: &'static str| {
+        let adapter = &adapter;
+        async move {
+            let action = Action::new(key, resource);
+            let acquired = adapter.acquire(&action, TTL).await?;
+            let lease = acquired
+                .lease
+                .ok_or_else(|| Failure::new(format!("{key} was not granted")))?;
+            Ok::<_, Failure>((action, lease))
+        }
+    };
+    let (a, a_lease) = grant("a", "ra").await?;
+    let (b, b_lease) = grant("b", "rb").await?;
+    let (c, c_lease) = grant("c", "rc").await?;
+    open(&adapter, "after three grants", &["a", "b", "c"]).await?;
+    adapter
+        .complete(&a, &a_lease, EffectResult::from(&b"ok"[..]))
+        .await?;
+    open(&adapter, "after completing a", &["b", "c"]).await?;
+    adapter.mark_uncertain(&b, &b_lease, "timeout").await?;
+    open(&adapter, "after marking b uncertain", &["b", "c"]).await?;
+    adapter.abandon(&c, &c_lease, "gave up").await?;
+    open(&adapter, "after abandoning c", &["b"]).await?;
+    adapter
+        .resolve_uncertain(&b, &Resolution::not_applied("checked: never charged"))
+        .await?;
+    open(&adapter, "after resolving b", &[]).await?;
+    // rb is still leased to b's first attempt (marking keeps the lease).
+    let (b, b_lease) = grant("b", "rb2").await?;
+    adapter.mark_uncertain(&b, &b_lease, "again").await?;
+    adapter
+        .resolve_uncertain(&b, &Resolution::applied(&b"paid"[..], "checked: charged"))
+        .await?;
+    open(&adapter, "after resolving b as applied", &[]).await?;
+    ensure!(
+        matches!(status(&adapter, "b").await?, KeyStatus::Completed { .. }),
+        "b is not completed after its applied resolution"
+    );
+    Ok(())
+}
+
 /// Every check of the suite with `pruner`: `(name, result)`.
 pub async fn check_all(
     backends: BackendFactory,
@@ -285,7 +346,14 @@ pub async fn check_all(
             "pruners_race",
             pruners_race(backends.clone(), pruner.clone()).await,
         ),
-        ("prune_is_bounded", prune_is_bounded(backends, pruner).await),
+        (
+            "prune_is_bounded",
+            prune_is_bounded(backends.clone(), pruner.clone()).await,
+        ),
+        (
+            "attention_index_follows_state",
+            attention_index_follows_state(backends, pruner).await,
+        ),
     ]
 }
 
@@ -310,6 +378,7 @@ retention_checks!(
     completed_keys_go_after_the_window,
     pruners_race,
     prune_is_bounded,
+    attention_index_follows_state,
 );
 
 /// Expand the retention suite into one `#[tokio::test]` per case, over a
@@ -321,6 +390,7 @@ macro_rules! retention_tests {
             completed_keys_go_after_the_window,
             pruners_race,
             prune_is_bounded,
+            attention_index_follows_state,
         );
     };
 }

@@ -42,7 +42,9 @@ pub(crate) struct InspectArgs {
     /// Only these idempotency keys (repeatable); default: every key in the store.
     #[arg(long = "key")]
     keys: Vec<String>,
-    /// Also list idle and completed keys (default: only those needing attention).
+    /// Also list idle and completed keys, walking every key (default: only
+    /// those needing attention, read from the adapter's index of them; keys
+    /// granted before that index existed show up only with --all).
     #[arg(long)]
     all: bool,
     /// Print one JSON document instead of the tables (schema: docs/console.md).
@@ -93,9 +95,25 @@ pub(crate) fn relative(at_ms: Option<u64>, now_ms: u64) -> String {
 /// `coordctl inspect`: uncertain keys, in-flight intents, resources.
 pub(crate) async fn inspect(args: InspectArgs) -> Result<ExitCode, Error> {
     let stores = Stores::new(coord::connect(&args.store).await?)?;
-    let named = (!args.keys.is_empty()).then_some(args.keys.as_slice());
+    // Without --key or --all, only the keys needing attention are read, from
+    // the index the adapter keeps of them (not every key the store holds).
+    let open = if args.keys.is_empty() && !args.all {
+        Some(
+            stores
+                .effects
+                .open_keys()
+                .await
+                .map_err(views::side_effect_error)?,
+        )
+    } else {
+        None
+    };
+    let named = match &open {
+        Some(open) => Some(open.as_slice()),
+        None => (!args.keys.is_empty()).then_some(args.keys.as_slice()),
+    };
     let keys = views::side_effects(&stores, named, None, args.all).await?;
-    let resources = if named.is_none() {
+    let resources = if args.keys.is_empty() {
         views::resources(&stores, None, None).await?
     } else {
         // Only the resources the named keys are in flight on.

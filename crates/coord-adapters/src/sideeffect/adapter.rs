@@ -15,8 +15,8 @@ use coord_backend::{Backend, Clock, Error, Mutation, SystemClock};
 
 use super::error::SideEffectError;
 use super::record::{
-    act_key, decode, encode, intent_is_live, lease_is_current, millis_to_time, res_key, ttl_millis,
-    ActRecord, Holder, KeyState, ResRecord, DONE_INDEX,
+    act_key, decode, encode, intent_is_live, lease_is_current, millis_to_time, open_key, res_key,
+    ttl_millis, ActRecord, Holder, KeyState, ResRecord, DONE_INDEX,
 };
 use super::store::SideEffectStore;
 use super::types::{
@@ -95,6 +95,24 @@ impl SideEffectAdapter {
 
     pub(crate) fn now(&self) -> u64 {
         self.clock.now_millis()
+    }
+
+    /// The idempotency keys needing attention: in flight (granted, not yet
+    /// completed or abandoned) or marked uncertain, in byte order. Read from
+    /// the entries each state change writes in its own txn
+    /// (`se/open/<key>`), so the cost follows these keys, not every key the
+    /// store holds. Keys granted before those entries existed are not
+    /// listed (a full walk, e.g. `coordctl inspect --all`, finds them).
+    pub async fn open_keys(&self) -> Result<Vec<String>, SideEffectError> {
+        let prefix = super::record::OPEN_PREFIX;
+        Ok(self
+            .engine
+            .backend()
+            .keys(prefix)
+            .await?
+            .into_iter()
+            .filter_map(|k| k.strip_prefix(prefix).map(str::to_owned))
+            .collect())
     }
 
     /// Remove keys completed more than `options.retention` ago (by this
@@ -316,11 +334,12 @@ impl SideEffectStore for SideEffectAdapter {
                     holder: action.key.clone(),
                     expires_at: millis_to_time(expires_ms),
                 };
-                Ok(Decision::Commit {
+                Ok(Decision::CommitWithUnasserted {
                     mutations: vec![
                         Mutation::put(&rk, encode(&new_res)),
                         Mutation::put(&ak, encode(&new_act)),
                     ],
+                    unasserted: vec![Mutation::put(open_key(&action.key), Vec::new())],
                     then: Ok(Acquired::applied(lease)),
                 })
             })
@@ -404,7 +423,7 @@ impl SideEffectStore for SideEffectAdapter {
                             mutations.extend(cursor);
                             Ok(Decision::CommitWithUnasserted {
                                 mutations,
-                                unasserted: vec![entry],
+                                unasserted: vec![entry, Mutation::delete(open_key(&action.key))],
                                 then: Ok(result.clone()),
                             })
                         }
@@ -531,8 +550,11 @@ impl SideEffectStore for SideEffectAdapter {
                     reconcile: None,
                     w: w.clone(),
                 };
-                Ok(Decision::Commit {
+                // The entry exists since the grant; written again for keys
+                // granted before the attention entries existed.
+                Ok(Decision::CommitWithUnasserted {
                     mutations: vec![Mutation::put(&ak, encode(&new_act))],
+                    unasserted: vec![Mutation::put(open_key(&action.key), Vec::new())],
                     then: Ok(()),
                 })
             })
@@ -594,8 +616,9 @@ impl SideEffectStore for SideEffectAdapter {
                     new_res.w = w.clone();
                     mutations.push(Mutation::put(&rk, encode(&new_res)));
                 }
-                Ok(Decision::Commit {
+                Ok(Decision::CommitWithUnasserted {
                     mutations,
+                    unasserted: vec![Mutation::delete(open_key(&action.key))],
                     then: Ok(()),
                 })
             })

@@ -15,8 +15,8 @@ use coord_backend::Mutation;
 use super::adapter::{answer, Step};
 use super::error::SideEffectError;
 use super::record::{
-    act_key, decode, encode, intent_is_live, millis_to_time, res_key, ActRecord, ClaimRecord,
-    KeyState, ResRecord, DONE_INDEX,
+    act_key, decode, encode, intent_is_live, millis_to_time, open_key, res_key, ActRecord,
+    ClaimRecord, KeyState, ResRecord, DONE_INDEX,
 };
 use super::types::{Action, EffectResult, Execution, Outcome, ReconcileClaim, Resolution};
 use super::SideEffectAdapter;
@@ -133,17 +133,16 @@ impl SideEffectAdapter {
                         w: w.clone(),
                     };
                     let mut mutations = vec![Mutation::put(&ak, encode(&new_act))];
-                    if !resolution.applied {
-                        return Ok(Decision::Commit {
-                            mutations,
-                            then: Ok(then),
-                        });
+                    // Resolved either way: the key needs no attention any more.
+                    let mut unasserted = vec![Mutation::delete(open_key(&action.key))];
+                    if resolution.applied {
+                        let (cursor, entry) = DONE_INDEX.final_writes(view, now, &action.key);
+                        mutations.extend(cursor);
+                        unasserted.push(entry);
                     }
-                    let (cursor, entry) = DONE_INDEX.final_writes(view, now, &action.key);
-                    mutations.extend(cursor);
                     Ok(Decision::CommitWithUnasserted {
                         mutations,
-                        unasserted: vec![entry],
+                        unasserted,
                         then: Ok(then),
                     })
                 },

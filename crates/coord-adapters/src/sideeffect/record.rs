@@ -4,6 +4,9 @@
 //!   completed, plus an optional reconcile claim;
 //! - `se/res/<resource>` (resource level): the highest fence ever issued and
 //!   the current holder. Never deleted, so the fence is never reset;
+//! - `se/open/<key>`: present while the key is in flight or uncertain
+//!   (written unasserted in the txn of each state change: every such txn
+//!   asserts the key's record, so they apply in the record's order);
 //! - `se/done/<minute>/<key>` and `se/done/cursor`: the retention index of
 //!   completed keys (written in the completing txn; see
 //!   [`crate::retention`]), which `SideEffectAdapter::prune` walks.
@@ -23,6 +26,15 @@ use crate::View;
 pub(crate) const ACT_PREFIX: &str = "se/act/";
 pub(crate) const RES_PREFIX: &str = "se/res/";
 pub(crate) const SINK_PREFIX: &str = "se/sink/";
+/// One empty entry per key in flight or uncertain (the keys needing
+/// attention), written in the same txn as the state change, so an
+/// inspection lists them without reading every key.
+pub(crate) const OPEN_PREFIX: &str = "se/open/";
+
+/// The attention entry of `key` (see [`OPEN_PREFIX`]).
+pub(crate) fn open_key(key: &str) -> String {
+    format!("{OPEN_PREFIX}{key}")
+}
 
 /// The retention index of completed keys (see [`crate::retention`]):
 /// `se/done/<minute>/<key>` and `se/done/cursor`.
