@@ -46,6 +46,11 @@ pub(crate) struct ScaleArgs {
     /// Print one JSON document instead of the table.
     #[arg(long)]
     json: bool,
+    /// Run a reclaim on each fresh namespace before filling it (a namespace
+    /// under maintenance; on etcd the first reclaim switches the namespace
+    /// to real deletes, see docs/shapes.md).
+    #[arg(long)]
+    reclaim_first: bool,
 }
 
 /// One namespace's measurements.
@@ -99,19 +104,19 @@ pub(crate) async fn run(args: ScaleArgs) -> Result<ExitCode, Error> {
 
     note("empty namespace");
     let empty_url = open("empty");
-    let empty = prepared(&empty_url).await?;
+    let empty = prepared(&empty_url, args.reclaim_first).await?;
     phases.push(measure("empty", &empty, &empty_url, budget).await?);
 
     note(&format!("filling {} live keys", args.keys));
     let live_url = open("live");
-    let live = prepared(&live_url).await?;
+    let live = prepared(&live_url, args.reclaim_first).await?;
     let started = Instant::now();
     fill_keys(&live, "l/", args.keys, false).await?;
     fill += started.elapsed();
     phases.push(measure(&format!("{} live", args.keys), &live, &live_url, budget).await?);
 
     let deleted_url = open("deleted");
-    let deleted = prepared(&deleted_url).await?;
+    let deleted = prepared(&deleted_url, args.reclaim_first).await?;
     let before_churn = size::of(&deleted_url, deleted.namespace()).await?;
     note(&format!("creating and deleting {} keys", args.keys));
     let started = Instant::now();
@@ -195,8 +200,11 @@ pub(crate) async fn run(args: ScaleArgs) -> Result<ExitCode, Error> {
 }
 
 /// A namespace with its 10 live keys under `x/` and the CAS key `t`.
-async fn prepared(url: &str) -> Result<Arc<dyn Backend>, Error> {
+async fn prepared(url: &str, reclaim_first: bool) -> Result<Arc<dyn Backend>, Error> {
     let store = coord::connect(url).await?;
+    if reclaim_first {
+        store.reclaim(&ReclaimOptions::DEFAULT).await?;
+    }
     let mut puts: Vec<Mutation> = (0..10)
         .map(|i| Mutation::put(format!("x/{i}"), b"live".to_vec()))
         .collect();
