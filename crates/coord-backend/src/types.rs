@@ -6,6 +6,11 @@ use std::fmt;
 /// or delete) and never hands out the same version twice for one key, also
 /// after a delete and a re-create: a deleted key keeps a tombstone (or an
 /// equivalent counter) so that a stale assert can never pass again (ABA).
+///
+/// Precisely: +1 per write; once a key's tombstone was reclaimed
+/// ([`crate::Backend::reclaim`]), a re-created key starts above every
+/// version the key ever had (at the namespace's floor + 1), and from there
+/// again +1 per write.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Version(pub u64);
 
@@ -110,7 +115,9 @@ pub enum Mutation {
     },
     /// Delete `key`. Its version still moves by 1 (kept in a tombstone), so a
     /// later re-create gets a version never seen before. Deleting a missing
-    /// key is allowed and still bumps the hidden counter.
+    /// key is allowed and still bumps the hidden counter. A reclaim may
+    /// remove the tombstone later; the namespace's floor then keeps the
+    /// promise (see [`crate::reclaim`]).
     Delete {
         /// The key, relative to the backend's namespace.
         key: String,
