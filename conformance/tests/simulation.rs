@@ -89,6 +89,10 @@ fn simulation_same_seed_same_trace() {
         "a run with almost no events: {:?}",
         a.trace
     );
+    assert!(
+        a.trace.iter().any(|e| e.contains("reclaimed")),
+        "the maintainer reclaimed nothing: the simulation does not exercise reclaim"
+    );
     if a.trace != b.trace {
         let at = a.trace.iter().zip(&b.trace).position(|(x, y)| x != y);
         panic!(
