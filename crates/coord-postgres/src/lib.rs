@@ -513,7 +513,7 @@ impl Backend for PostgresBackend {
     }
 
     /// `coord_reclaim` (see `schema.rs`) in batches of at most
-    /// [`RECLAIM_BATCH`] tombstones, each batch its own transaction: a batch
+    /// 256 tombstones (`RECLAIM_BATCH`), each batch its own transaction: a batch
     /// holds one advisory lock per tombstone until it commits, and
     /// PostgreSQL's lock table is shared by every session.
     async fn reclaim(&self, options: &ReclaimOptions) -> Result<Reclaimed> {

@@ -28,7 +28,7 @@ struct Data {
     floors: HashMap<String, u64>,
 }
 
-/// The "server": one [`Data`] behind a mutex.
+/// The "server": its `Data` behind a mutex.
 #[derive(Clone, Debug, Default)]
 pub struct BTreeServer {
     data: Arc<Mutex<Data>>,
