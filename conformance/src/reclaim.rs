@@ -13,7 +13,11 @@
 //!   repeated calls end with nothing left;
 //! - [`reclaim_races_create`]: reclaims racing creates (`assert missing`,
 //!   put) and deletes of the very keys being reclaimed, from separate
-//!   clients: every create lands above every version its key had.
+//!   clients: every create lands above every version its key had;
+//! - [`reclaim_sequences`]: seeded random sequences of puts, creates,
+//!   deletes, stale asserts and reclaims against a model that knows values
+//!   and liveness exactly and versions as far as the rule fixes them (+1 per
+//!   write of a live key; above everything the key had after a re-create).
 //!
 //! The boundary: the trait cannot show that storage shrank. Each store's own
 //! tests count its records after a reclaim, and the scale bench measures
@@ -348,6 +352,140 @@ pub async fn reclaim_races_create(factory: BackendFactory) -> CheckResult {
     Ok(())
 }
 
+/// What the model knows of one key.
+#[derive(Clone, Debug, Default)]
+struct ModelKey {
+    /// The value, when the key exists.
+    value: Option<Vec<u8>>,
+    /// Its version when known exactly (live keys after a snapshot or a put
+    /// on a known version).
+    version: Option<Version>,
+    /// Every version the store ever reported for the key.
+    had: Vec<Version>,
+}
+
+/// Seeded random sequences of writes and reclaims against a model of what
+/// the rule fixes: values and liveness exactly; a put on a live key at `v`
+/// makes it `v + 1`; a re-created key starts above every version it had;
+/// an assert at any old version is refused. Each sequence runs in a fresh
+/// namespace; a failure names its seed.
+pub async fn reclaim_sequences(factory: BackendFactory) -> CheckResult {
+    use rand::{Rng, SeedableRng};
+    const KEYS: [&str; 4] = ["a", "b", "c", "d/e"];
+    let first_seed = rand::random::<u32>() as u64;
+    for case in 0..12u64 {
+        let seed = first_seed + case;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let backend = open(&factory, "reclaim_seq").await?;
+        let backend = &*backend;
+        let mut model: std::collections::BTreeMap<&str, ModelKey> =
+            KEYS.iter().map(|k| (*k, ModelKey::default())).collect();
+        for step in 0..40 {
+            let key = KEYS[rng.random_range(0..KEYS.len())];
+            let at = format!("seed {seed}, step {step}");
+            let entry = model.get_mut(key).expect("a model key");
+            match rng.random_range(0..10) {
+                // A write asserting what the model knows.
+                0..=5 => {
+                    let value = format!("{seed}-{step}").into_bytes();
+                    let (assert, mutation) = match (&entry.value, rng.random_bool(0.3)) {
+                        (Some(_), true) => (entry.version, Mutation::delete(key)),
+                        (Some(_), false) => (entry.version, Mutation::put(key, value.clone())),
+                        (None, _) => (Some(Version::MISSING), Mutation::put(key, value.clone())),
+                    };
+                    let Some(assert) = assert else { continue };
+                    let out = backend
+                        .txn(&[Assert::at(key, assert)], &[mutation.clone()])
+                        .await?;
+                    ensure!(out.applied, "{at}: a txn asserting {key}@{assert} (what the model knows) was refused: {:?}", out.current);
+                    match mutation {
+                        Mutation::Delete { .. } => {
+                            entry.value = None;
+                            entry.version = None;
+                        }
+                        Mutation::Put { .. } => {
+                            entry.value = Some(value);
+                            entry.version = (!assert.is_missing()).then(|| Version(assert.0 + 1));
+                        }
+                    }
+                }
+                // A stale assert at a version the key had.
+                6 if !entry.had.is_empty() => {
+                    let old = entry.had[rng.random_range(0..entry.had.len())];
+                    if Some(old) != entry.version {
+                        let out = backend.txn(&[Assert::at(key, old)], &[]).await?;
+                        ensure!(
+                            !out.applied,
+                            "{at}: an assert at {key}'s old version {old} passed"
+                        );
+                    }
+                }
+                // A delete of a missing key.
+                7 if entry.value.is_none() => {
+                    let out = backend
+                        .txn(&[Assert::missing(key)], &[Mutation::delete(key)])
+                        .await?;
+                    ensure!(
+                        out.applied,
+                        "{at}: deleting the missing key {key} was refused"
+                    );
+                }
+                _ => {
+                    let max = rng.random_range(1..4);
+                    reclaim_all(backend, max, 100).await?;
+                }
+            }
+            // The whole namespace against the model.
+            let names: Vec<String> = KEYS.iter().map(|k| (*k).to_owned()).collect();
+            for seen in backend.snapshot(&names).await? {
+                let entry = model.get_mut(seen.key.as_str()).expect("a model key");
+                ensure!(
+                    seen.value == entry.value,
+                    "{at}: {} holds {:?}, the model {:?}",
+                    seen.key,
+                    seen.value,
+                    entry.value
+                );
+                if seen.value.is_none() {
+                    continue;
+                }
+                match entry.version {
+                    Some(known) => ensure!(
+                        seen.version == known,
+                        "{at}: {} is at {}, the model says {known} (+1 per write)",
+                        seen.key,
+                        seen.version
+                    ),
+                    None => {
+                        let highest = highest(&entry.had);
+                        ensure!(
+                            seen.version > highest,
+                            "{at}: {} was (re)created at {}, not above {highest} which it had",
+                            seen.key,
+                            seen.version
+                        );
+                        entry.version = Some(seen.version);
+                    }
+                }
+                if entry.had.last() != Some(&seen.version) {
+                    entry.had.push(seen.version);
+                }
+            }
+            let live: Vec<String> = model
+                .iter()
+                .filter(|(_, e)| e.value.is_some())
+                .map(|(k, _)| (*k).to_owned())
+                .collect();
+            let listed = backend.keys("").await?;
+            ensure!(
+                listed == live,
+                "{at}: keys() lists {listed:?}, the model {live:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
 macro_rules! reclaim_checks {
     ($($name:ident),* $(,)?) => {
         /// Every case of the reclaim suite, over a backend factory.
@@ -369,6 +507,7 @@ reclaim_checks!(
     reclaim_keeps_versions_unique,
     reclaim_is_bounded,
     reclaim_races_create,
+    reclaim_sequences,
 );
 
 /// Expand the reclaim suite into one `#[tokio::test]` per case, over a
@@ -381,6 +520,7 @@ macro_rules! reclaim_tests {
             reclaim_keeps_versions_unique,
             reclaim_is_bounded,
             reclaim_races_create,
+            reclaim_sequences,
         );
     };
 }
