@@ -150,8 +150,12 @@ impl UncertainGauge {
     }
 
     async fn walk(&self) -> Result<UncertainCount, Error> {
-        const ACT_PREFIX: &str = "se/act/";
-        let keys = self.adapter.engine().backend().keys(ACT_PREFIX).await?;
+        // Only the keys in flight or uncertain (the adapter's index of them),
+        // not every key the namespace holds.
+        let keys = self.adapter.open_keys().await.map_err(|e| match e {
+            coord_adapters::SideEffectError::Store(e) => e,
+            other => Error::Config(other.to_string()),
+        })?;
         let truncated = keys.len() > self.limit;
         let mut count = UncertainCount {
             uncertain: 0,
@@ -159,9 +163,6 @@ impl UncertainGauge {
             truncated,
         };
         for key in keys.iter().take(self.limit) {
-            let Some(key) = key.strip_prefix(ACT_PREFIX) else {
-                continue;
-            };
             let status = self.adapter.key_status(key).await.map_err(|e| match e {
                 coord_adapters::SideEffectError::Store(e) => e,
                 other => Error::Config(other.to_string()),
@@ -265,7 +266,8 @@ mod tests {
             all.refresh().await.unwrap(),
             UncertainCount {
                 uncertain: 3,
-                examined: 4,
+                // The completed key needs no attention: it is not even read.
+                examined: 3,
                 truncated: false
             }
         );
