@@ -8,7 +8,8 @@
 //! - **deleted**: `--keys` keys created and deleted under `x/` (the listed
 //!   prefix), measured before and after `reclaim` (what `coordctl gc`
 //!   runs);
-//! - **side effects**: `--effects` completed `Runner::execute` keys.
+//! - **side effects**: `--effects` completed `Runner::execute` keys,
+//!   measured after a reclaim (as `coordctl gc` leaves them).
 //!
 //! In each: the mean time of a one-key CAS txn, a one-key snapshot and
 //! `keys("x/")`, and where the store can be looked into (not memory) the
@@ -169,6 +170,13 @@ pub(crate) async fn run(args: ScaleArgs) -> Result<ExitCode, Error> {
             )
             .await
             .map_err(|e| Error::Config(format!("side effect {i} failed: {e}")))?;
+    }
+    // As `coordctl gc` leaves it: the attention entries each completion
+    // deleted are tombstones until reclaimed.
+    loop {
+        if !effects.reclaim(&ReclaimOptions::DEFAULT).await?.more {
+            break;
+        }
     }
     let after_effects = size::of(&effects_url, effects.namespace()).await?;
     let bytes_per_effect = match (before_effects, after_effects) {
