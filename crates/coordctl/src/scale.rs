@@ -52,6 +52,11 @@ pub(crate) struct ScaleArgs {
     /// to real deletes, see docs/shapes.md).
     #[arg(long)]
     reclaim_first: bool,
+    /// On etcd: after the reclaim, also compact etcd's history (the WHOLE
+    /// cluster's, as `--auto-compaction-retention` would) and measure again.
+    /// For test clusters only.
+    #[arg(long)]
+    etcd_compact: bool,
 }
 
 /// One namespace's measurements.
@@ -155,6 +160,17 @@ pub(crate) async fn run(args: ScaleArgs) -> Result<ExitCode, Error> {
         _ => None,
     };
     phases.push(after);
+    if args.etcd_compact && size::compact_etcd(&deleted_url).await? {
+        phases.push(
+            measure(
+                &format!("{} deleted, + etcd compaction", args.keys),
+                &deleted,
+                &deleted_url,
+                budget,
+            )
+            .await?,
+        );
+    }
 
     note(&format!("{} side effects", args.effects));
     let effects_url = open("effects");

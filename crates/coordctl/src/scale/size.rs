@@ -177,3 +177,42 @@ async fn etcd(url: &StoreUrl, namespace: &str) -> Result<(u64, u64), Error> {
     }
     Ok((records, bytes))
 }
+
+/// Compact etcd's history up to its current revision (`--etcd-compact`):
+/// what an etcd with `--auto-compaction-retention` does on its own. It
+/// compacts the whole cluster, every user's history: test clusters only.
+/// `Ok(false)` on any other store.
+pub(super) async fn compact_etcd(url: &str) -> Result<bool, Error> {
+    let url = StoreUrl::parse(url)?;
+    match url.scheme() {
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => {
+            let fail = failed("etcd compaction");
+            let endpoints: Vec<String> = url
+                .body()
+                .split(',')
+                .map(|e| e.trim().to_owned())
+                .filter(|e| !e.is_empty())
+                .collect();
+            let mut client = etcd_client::Client::connect(&endpoints, None)
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            let revision = client
+                .get("coord-meta/", None)
+                .await
+                .map_err(|e| fail(e.to_string()))?
+                .header()
+                .map(|h| h.revision())
+                .unwrap_or(0);
+            client
+                .compact(
+                    revision,
+                    Some(etcd_client::CompactionOptions::new().with_physical()),
+                )
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
