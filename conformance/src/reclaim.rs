@@ -395,7 +395,7 @@ pub async fn reclaim_sequences(factory: BackendFactory) -> CheckResult {
                     };
                     let Some(assert) = assert else { continue };
                     let out = backend
-                        .txn(&[Assert::at(key, assert)], &[mutation.clone()])
+                        .txn(&[Assert::at(key, assert)], std::slice::from_ref(&mutation))
                         .await?;
                     ensure!(out.applied, "{at}: a txn asserting {key}@{assert} (what the model knows) was refused: {:?}", out.current);
                     match mutation {
