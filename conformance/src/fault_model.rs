@@ -16,6 +16,8 @@
 //! - [`late_commit_board_claim`]: a claim is the caller's, never "already claimed";
 //! - [`late_commit_runner`]: the side effect runs once, never "contended" by itself;
 //! - [`late_commit_fenced_sink`]: a landed fenced write is never "stale";
+//! - [`late_commit_prune`]: retention removes every expired key once, never
+//!   a key inside its window, whatever removal lands late;
 //! - [`indeterminate_forever_ends`]: txns lost again and again end, with backoff, in "indeterminate";
 //! - [`hung_writes_time_out`]: a write partition where txns hang ends in "indeterminate";
 //! - [`failed_confirmation_rereads`]: a failed assert-only confirmation is answered from a fresh read.
@@ -342,6 +344,77 @@ pub async fn late_commit_fenced_sink(factory: BackendFactory) -> CheckResult {
     Ok(())
 }
 
+/// A prune pass with any of its removals landing late: across passes every
+/// key past the window goes, the key inside it stays, and the passes never
+/// report more removals than keys went.
+pub async fn late_commit_prune(factory: BackendFactory) -> CheckResult {
+    use coord_adapters::retention::PruneOptions;
+    use coord_adapters::sideeffect::KeyStatus;
+    use coord_backend::ManualClock;
+    const WINDOW: Duration = Duration::from_secs(3600);
+    for nth in 1..=3u64 {
+        for after_calls in LATE {
+            let seed = 100 + nth * 10 + u64::from(after_calls);
+            let (faulty, store) = wrapped(&factory, "late_prune", seed).await?;
+            let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+            let plain = Arc::new(SideEffectAdapter::with_clock(store.clone(), clock.clone()));
+            let runner = Runner::new(plain.clone());
+            let run = |key: String| {
+                let runner = &runner;
+                async move {
+                    runner
+                        .execute(&Action::new(key, "payments"), TTL, |_lease| async {
+                            Ok::<_, std::io::Error>(EffectResult::from(b"ok".as_slice()))
+                        })
+                        .await
+                }
+            };
+            for i in 0..4 {
+                run(format!("old-{i}")).await?;
+            }
+            clock.advance(WINDOW * 2);
+            run("new".to_owned()).await?;
+            let adapter = SideEffectAdapter::with_clock(faulty.clone(), clock.clone());
+            faulty.nth(Target::WritingTxn, nth, Fault::LateCommit { after_calls });
+            let context = format!("removal {nth} lands late ({after_calls})");
+            let mut removed = 0;
+            for _ in 0..10 {
+                let pass = adapter
+                    .prune(&PruneOptions::after(WINDOW))
+                    .await
+                    .map_err(|e| Failure::new(format!("{context}: prune failed: {e}")))?;
+                removed += pass.removed;
+                if !pass.more {
+                    break;
+                }
+            }
+            faulty.flush().await;
+            // Whatever was left in doubt, one more pass settles it.
+            removed += plain
+                .prune(&PruneOptions::after(WINDOW))
+                .await
+                .map_err(|e| Failure::new(format!("{context}: last prune failed: {e}")))?
+                .removed;
+            ensure!(
+                removed <= 4,
+                "{context}: passes reported {removed} removals of 4 expired keys"
+            );
+            for i in 0..4 {
+                let status = plain.key_status(&format!("old-{i}")).await?;
+                ensure!(
+                    status == KeyStatus::Idle,
+                    "{context}: old-{i} reads as {status:?} after its retention"
+                );
+            }
+            ensure!(
+                matches!(plain.key_status("new").await?, KeyStatus::Completed { .. }),
+                "{context}: the key inside its window was pruned"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Txns whose answers are lost again and again, never applying: the
 /// decision ends (bounded, with backoff) in "indeterminate".
 pub async fn indeterminate_forever_ends(factory: BackendFactory) -> CheckResult {
@@ -449,6 +522,7 @@ fault_model_checks!(
     late_commit_board_claim,
     late_commit_runner,
     late_commit_fenced_sink,
+    late_commit_prune,
     indeterminate_forever_ends,
     hung_writes_time_out,
     failed_confirmation_rereads,
@@ -466,6 +540,7 @@ macro_rules! fault_model_tests {
             late_commit_board_claim,
             late_commit_runner,
             late_commit_fenced_sink,
+    late_commit_prune,
             indeterminate_forever_ends,
             hung_writes_time_out,
             failed_confirmation_rereads,
