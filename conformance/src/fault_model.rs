@@ -540,7 +540,7 @@ macro_rules! fault_model_tests {
             late_commit_board_claim,
             late_commit_runner,
             late_commit_fenced_sink,
-    late_commit_prune,
+            late_commit_prune,
             indeterminate_forever_ends,
             hung_writes_time_out,
             failed_confirmation_rereads,
