@@ -524,3 +524,18 @@ macro_rules! reclaim_tests {
         );
     };
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn macro_lists_every_case() {
+        let source = include_str!("reclaim.rs");
+        for case in super::cases() {
+            assert!(
+                source.contains(&format!("            {},\n", case.name)),
+                "reclaim_tests! does not list {}",
+                case.name
+            );
+        }
+    }
+}

@@ -394,3 +394,18 @@ macro_rules! retention_tests {
         );
     };
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn macro_lists_every_case() {
+        let source = include_str!("retention.rs");
+        for case in super::cases() {
+            assert!(
+                source.contains(&format!("            {},\n", case.name)),
+                "retention_tests! does not list {}",
+                case.name
+            );
+        }
+    }
+}
