@@ -48,6 +48,18 @@ impl MaintenanceOptions {
         self
     }
 
+    /// With another budget per pass (at least 1).
+    pub fn with_per_pass(mut self, per_pass: usize) -> Self {
+        self.per_pass = per_pass.max(1);
+        self
+    }
+
+    /// With another number of passes per step and round (at least 1).
+    pub fn with_max_passes(mut self, passes: u32) -> Self {
+        self.max_passes = passes.max(1);
+        self
+    }
+
     /// With another pause between background rounds.
     pub fn every(mut self, every: Duration) -> Self {
         self.every = every;
@@ -63,6 +75,8 @@ pub struct MaintenanceReport {
     pub pruned: u64,
     /// Tombstones reclaimed.
     pub reclaimed: u64,
+    /// Reclaim passes run.
+    pub reclaim_passes: u64,
     /// Whether a step stopped at its pass budget.
     pub more: bool,
 }
@@ -97,6 +111,7 @@ pub async fn run_once(
     let reclaim = ReclaimOptions::DEFAULT.with_max_tombstones(options.per_pass);
     for pass in 1..=passes {
         let done = backend.reclaim(&reclaim).await?;
+        report.reclaim_passes += 1;
         report.reclaimed += done.removed;
         if !done.more {
             break;

@@ -13,9 +13,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Args;
-use coord_adapters::retention::PruneOptions;
-use coord_adapters::SideEffectAdapter;
-use coord_backend::{Error, ReclaimOptions};
+use coord_adapters::maintenance::{self, MaintenanceOptions};
+use coord_backend::Error;
 use serde::Serialize;
 
 /// Arguments of `coordctl gc`.
@@ -74,35 +73,22 @@ pub(crate) async fn run(args: GcArgs) -> Result<ExitCode, Error> {
         more: false,
         seconds: 0.0,
     };
-    if let (Some(retention), false) = (args.side_effects_retention, args.dry_run) {
-        // Pruning writes tombstones: it runs first, so this run reclaims them.
-        let adapter = SideEffectAdapter::new(store.clone());
-        let options = PruneOptions::after(retention).with_max_records(args.per_pass);
-        let mut passes = 0;
-        loop {
-            let pass = adapter
-                .prune(&options)
-                .await
-                .map_err(|e| Error::Config(format!("pruning side effects failed: {e}")))?;
-            passes += 1;
-            report.pruned += pass.removed;
-            if !pass.more || (args.max_passes > 0 && passes >= args.max_passes) {
-                report.more |= pass.more;
-                break;
-            }
-        }
-    }
     if !args.dry_run {
-        let options = ReclaimOptions::DEFAULT.with_max_tombstones(args.per_pass);
-        loop {
-            let pass = store.reclaim(&options).await?;
-            report.passes += 1;
-            report.removed += pass.removed;
-            report.more |= pass.more;
-            if !pass.more || (args.max_passes > 0 && report.passes >= args.max_passes) {
-                break;
-            }
+        // Prune first (it writes tombstones), then reclaim: one maintenance round.
+        let mut options = MaintenanceOptions::default()
+            .with_per_pass(args.per_pass)
+            .with_max_passes(match args.max_passes {
+                0 => u32::MAX,
+                n => u32::try_from(n).unwrap_or(u32::MAX),
+            });
+        if let Some(retention) = args.side_effects_retention {
+            options = options.with_side_effects_retention(retention);
         }
+        let round = maintenance::run_once(&store, &options).await?;
+        report.pruned = round.pruned;
+        report.removed = round.reclaimed;
+        report.passes = round.reclaim_passes;
+        report.more = round.more;
     }
     report.seconds = started.elapsed().as_secs_f64();
     if args.json {

@@ -127,18 +127,22 @@ async fn redis_size(url: &StoreUrl, namespace: &str) -> Result<(u64, u64), Error
     }
 }
 
+/// A raw client of the endpoints an `etcd://` URL names.
 #[cfg(feature = "etcd")]
-async fn etcd(url: &StoreUrl, namespace: &str) -> Result<(u64, u64), Error> {
-    let fail = failed("etcd");
+async fn etcd_client(url: &StoreUrl) -> Result<etcd_client::Client, etcd_client::Error> {
     let endpoints: Vec<String> = url
         .body()
         .split(',')
         .map(|e| e.trim().to_owned())
         .filter(|e| !e.is_empty())
         .collect();
-    let mut client = etcd_client::Client::connect(&endpoints, None)
-        .await
-        .map_err(|e| fail(e.to_string()))?;
+    etcd_client::Client::connect(&endpoints, None).await
+}
+
+#[cfg(feature = "etcd")]
+async fn etcd(url: &StoreUrl, namespace: &str) -> Result<(u64, u64), Error> {
+    let fail = failed("etcd");
+    let mut client = etcd_client(url).await.map_err(|e| fail(e.to_string()))?;
     let escaped = namespace.replace('%', "%25").replace('/', "%2F");
     let (mut records, mut bytes) = (0u64, 0u64);
     for (key, prefix) in [
@@ -188,15 +192,7 @@ pub(super) async fn compact_etcd(url: &str) -> Result<bool, Error> {
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => {
             let fail = failed("etcd compaction");
-            let endpoints: Vec<String> = url
-                .body()
-                .split(',')
-                .map(|e| e.trim().to_owned())
-                .filter(|e| !e.is_empty())
-                .collect();
-            let mut client = etcd_client::Client::connect(&endpoints, None)
-                .await
-                .map_err(|e| fail(e.to_string()))?;
+            let mut client = etcd_client(&url).await.map_err(|e| fail(e.to_string()))?;
             let revision = client
                 .get("coord-meta/", None)
                 .await
