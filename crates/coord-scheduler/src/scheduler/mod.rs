@@ -136,7 +136,7 @@ struct Inner {
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("doc").unwrap());
-/// let clock = Arc::new(ManualClock::at_millis(1_000));
+/// let clock = Arc::new(ManualClock::at_millis(120_000));
 /// let store: Arc<dyn SlotStore> =
 ///     Arc::new(RunStore::new(backend, clock.clone(), RunStoreOptions::default()).unwrap());
 ///
@@ -144,21 +144,22 @@ struct Inner {
 /// let a = Scheduler::new(Some(store.clone()), clock.clone(), SchedulerOptions::instance("a"));
 /// let b = Scheduler::new(Some(store.clone()), clock.clone(), SchedulerOptions::instance("b"));
 /// for s in [&a, &b] {
-///     let job = Job::new("tick", Schedule::parse("every 1s", None).unwrap(), handler(|_| async { Ok(()) }))
-///         .with_options(JobOptions::default().max_late(Duration::ZERO)); // no catch-up of slot 1000
+///     // max_late 30 s: the slot of 60 s is not caught up, the slot of
+///     // 120 s may start up to 30 s late.
+///     let job = Job::new("tick", Schedule::parse("every 1m", None).unwrap(), handler(|_| async { Ok(()) }))
+///         .with_options(JobOptions::default().max_late(Duration::from_secs(30)));
 ///     s.add_job(job).unwrap();
 /// }
-/// clock.advance(Duration::from_secs(1));
-/// let (ra, rb) = tokio::join!(a.tick_at(2_000), b.tick_at(2_000));
-/// let runs_of_2000 = [&ra, &rb]
+/// let (ra, rb) = tokio::join!(a.tick_at(120_000), b.tick_at(120_000));
+/// let runs_of_120s = [&ra, &rb]
 ///     .iter()
 ///     .flat_map(|r| r.started())
-///     .filter(|(_, slot)| *slot == 2_000)
+///     .filter(|(_, slot)| *slot == 120_000)
 ///     .count();
-/// assert_eq!(runs_of_2000, 1);
+/// assert_eq!(runs_of_120s, 1);
 /// a.wait_idle().await;
 /// b.wait_idle().await;
-/// assert_eq!(store.history("tick", 10).await.unwrap()[0].slot, 2_000);
+/// assert_eq!(store.history("tick", 10).await.unwrap()[0].slot, 120_000);
 /// # });
 /// ```
 #[derive(Clone)]
