@@ -22,6 +22,8 @@
 //! coord already asks them to agree within the shortest lease). Records
 //! completed before the index existed have no entry and are kept.
 
+use std::borrow::Cow;
+use std::future::Future;
 use std::time::Duration;
 
 use coord_backend::{Error, InvalidInput, Mutation};
@@ -37,13 +39,22 @@ fn minute_of(at_ms: u64) -> u64 {
 /// `<prefix><minute>/<key>` per entry.
 #[derive(Clone, Debug)]
 pub(crate) struct RetentionIndex {
-    prefix: &'static str,
+    prefix: Cow<'static, str>,
 }
 
 impl RetentionIndex {
     /// An index under `prefix` (ends with `/`).
     pub(crate) const fn new(prefix: &'static str) -> Self {
-        RetentionIndex { prefix }
+        RetentionIndex {
+            prefix: Cow::Borrowed(prefix),
+        }
+    }
+
+    /// An index under a prefix known at run time (ends with `/`).
+    pub(crate) fn under(prefix: String) -> Self {
+        RetentionIndex {
+            prefix: Cow::Owned(prefix),
+        }
     }
 
     /// The cursor record's key.
@@ -143,19 +154,64 @@ pub(crate) enum Verdict {
     Keep,
 }
 
+/// What removing one entry's record came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Removal {
+    /// The record and its entry are gone.
+    Removed,
+    /// Final, but not long enough yet: both stay (the entry holds its minute).
+    Kept,
+    /// The entry was stale or another pruner took it: nothing to count.
+    Gone,
+}
+
+/// Remove `record` and `entry` in one txn when `judge` says so; the
+/// removal of adapters whose records have nothing depending on them.
+pub(crate) async fn remove_if<J>(
+    engine: &CasEngine,
+    record: &str,
+    entry: &str,
+    cutoff_ms: u64,
+    judge: J,
+) -> Result<Removal, Error>
+where
+    J: Fn(&View, &str, u64) -> Result<Verdict, Error>,
+{
+    let keys = [record.to_owned(), entry.to_owned()];
+    engine
+        .decide(&keys, |view| -> Result<Decision<Removal>, Error> {
+            if view.value(entry).is_none() {
+                return Ok(Decision::Return(Removal::Gone)); // another pruner took it
+            }
+            match judge(view, record, cutoff_ms)? {
+                Verdict::Keep => Ok(Decision::Return(Removal::Kept)),
+                Verdict::Stale => Ok(Decision::Commit {
+                    mutations: vec![Mutation::delete(entry)],
+                    then: Removal::Gone,
+                }),
+                Verdict::Remove => Ok(Decision::Commit {
+                    mutations: vec![Mutation::delete(record), Mutation::delete(entry)],
+                    then: Removal::Removed,
+                }),
+            }
+        })
+        .await
+}
+
 /// One prune pass over `index` at `now_ms`. `record_of` names the record an
-/// entry's key points to; `judge` looks at that record in a view (with the
-/// cutoff in ms).
-pub(crate) async fn prune<J>(
+/// entry's key points to; `remove(record, entry, cutoff_ms)` removes it
+/// (usually [`remove_if`]), asserting what it read.
+pub(crate) async fn prune<R, F>(
     engine: &CasEngine,
     index: &RetentionIndex,
     now_ms: u64,
     options: &PruneOptions,
     record_of: impl Fn(&str) -> String,
-    judge: J,
+    remove: R,
 ) -> Result<Pruned, Error>
 where
-    J: Fn(&View, &str, u64) -> Result<Verdict, Error>,
+    R: Fn(String, String, u64) -> F,
+    F: Future<Output = Result<Removal, Error>>,
 {
     options.check()?;
     let cutoff_ms = now_ms.saturating_sub(options.retention.as_millis() as u64);
@@ -188,32 +244,10 @@ where
                 return Ok(pruned);
             }
             let record = record_of(&entry[prefix.len()..]);
-            let keys = [record.clone(), entry.clone()];
-            let outcome = engine
-                .decide(&keys, |view| -> Result<Decision<Option<bool>>, Error> {
-                    if !view.contains(entry) || view.value(entry).is_none() {
-                        return Ok(Decision::Return(None)); // another pruner took it
-                    }
-                    match judge(view, &record, cutoff_ms)? {
-                        Verdict::Keep => Ok(Decision::Return(Some(false))),
-                        Verdict::Stale => Ok(Decision::Commit {
-                            mutations: vec![Mutation::delete(entry.as_str())],
-                            then: None,
-                        }),
-                        Verdict::Remove => Ok(Decision::Commit {
-                            mutations: vec![
-                                Mutation::delete(record.as_str()),
-                                Mutation::delete(entry.as_str()),
-                            ],
-                            then: Some(true),
-                        }),
-                    }
-                })
-                .await;
-            match outcome {
-                Ok(Some(true)) => pruned.removed += 1,
-                Ok(Some(false)) => left = true,
-                Ok(None) => {}
+            match remove(record, entry.clone(), cutoff_ms).await {
+                Ok(Removal::Removed) => pruned.removed += 1,
+                Ok(Removal::Kept) => left = true,
+                Ok(Removal::Gone) => {}
                 // A delete whose answer was lost: the next pass decides again.
                 Err(e) if e.is_indeterminate() || e.is_retryable() => {
                     left = true;

@@ -14,6 +14,7 @@ use super::{
 };
 use crate::cas::{CasEngine, CasOptions, CasStats, Decision, View};
 use crate::mint_token;
+use crate::retention::{PruneOptions, Pruned, Removal, RetentionIndex};
 
 /// Options of a [`BoardAdapter`].
 #[derive(Clone, Debug)]
@@ -110,6 +111,24 @@ impl BoardAdapter {
         format!("{}task/{id}", self.prefix)
     }
 
+    /// Where completions are indexed by minute, for [`BoardAdapter::prune`].
+    fn done_index(&self) -> RetentionIndex {
+        RetentionIndex::under(format!("{}done/", self.prefix))
+    }
+
+    /// The prefix of `dep`'s reverse-dependency entries. The id's length
+    /// comes first, so the prefix of `a` is not a prefix of `a/b`'s.
+    fn dependents_prefix(&self, dep: &str) -> String {
+        format!("{}rdep/{}:{dep}/", self.prefix, dep.len())
+    }
+
+    /// The entry saying `id` depends on `dep`, which was not completed when
+    /// `id` was added: it exists from then until `id` completes, so a prune
+    /// of `dep` finds every task still waiting on it.
+    fn dependent_key(&self, dep: &str, id: &str) -> String {
+        format!("{}{id}", self.dependents_prefix(dep))
+    }
+
     fn read(&self, view: &View, id: &str) -> Result<Option<TaskRecord>, Error> {
         let key = self.task_key(id);
         view.value(&key)
@@ -127,9 +146,12 @@ impl BoardAdapter {
         let spec = normalize(spec)?;
         self.check_fits(&spec)?;
         let key = self.task_key(&spec.id);
+        let keys: Vec<String> = std::iter::once(key.clone())
+            .chain(spec.deps.iter().map(|d| self.task_key(d)))
+            .collect();
         let now = self.clock.now_millis();
         self.engine
-            .decide::<Result<(), BoardError>, BoardError, _>(std::slice::from_ref(&key), |view| {
+            .decide::<Result<(), BoardError>, BoardError, _>(&keys, |view| {
                 let record = match self.read(view, &spec.id) {
                     Ok(Some(record)) => record,
                     Ok(None) => {
@@ -151,32 +173,214 @@ impl BoardAdapter {
                         expires_at: at_millis(claim.expires_ms),
                     });
                 }
+                // A dependency met before stays met (its record may be
+                // pruned); the new ones are settled as `add` does.
+                let (met, mut entries) =
+                    match self.settle_deps(view, &spec.id, &spec.deps, &record.met) {
+                        Ok(settled) => settled,
+                        Err(e) => return refuse(e),
+                    };
+                // Entries of dropped dependencies go as far as the call has
+                // room; one left behind only makes a later prune of that
+                // dependency look at this task and leave it as it is.
+                let room = self
+                    .engine
+                    .backend()
+                    .limits()
+                    .max_keys_per_call
+                    .saturating_sub(keys.len() + entries.len());
+                entries.extend(
+                    record
+                        .deps
+                        .iter()
+                        .filter(|d| !spec.deps.contains(d) && !record.met.contains(d))
+                        .take(room)
+                        .map(|d| Mutation::delete(self.dependent_key(d, &spec.id))),
+                );
                 let redefined = TaskRecord {
                     payload: spec.payload.clone(),
                     deps: spec.deps.clone(),
+                    met,
                     claim: None,
                     nonce: mint_token(),
                     ..record
                 };
-                Ok(Decision::Commit {
+                // Entries are named by this task, whose record this txn
+                // rewrites (asserted).
+                Ok(Decision::CommitWithUnasserted {
                     mutations: vec![Mutation::put(key.clone(), redefined.encode())],
+                    unasserted: entries,
                     then: Ok(()),
                 })
             })
             .await?
     }
 
-    /// A claim reads the task and every dependency in one txn: refuse a task
-    /// the store could never claim, rather than storing it.
+    /// Remove tasks completed more than `options.retention` ago (by this
+    /// board's clock), at most `options.max_records` per call; several
+    /// pruners may run at once (see [`crate::retention`]). Open, claimed
+    /// and expired tasks stay, whatever their age.
+    ///
+    /// **Tasks that depend on a pruned one stay claimable:** the txn that
+    /// deletes a completed task marks it met in every task still waiting on
+    /// it (found through the reverse-dependency entries `add` writes), so
+    /// their claims no longer read it. **A task added after its dependency
+    /// was pruned** waits for a task of that id, as a task naming a
+    /// dependency that was never added does: add dependents within the
+    /// retention. **An id added again after its task was pruned** is a new
+    /// task; its claims' generations still start above every generation
+    /// the id had. Without pruning (the default) nothing is removed.
+    pub async fn prune(&self, options: &PruneOptions) -> Result<Pruned, BoardError> {
+        let index = self.done_index();
+        let now = self.clock.now_millis();
+        let pruned = crate::retention::prune(
+            &self.engine,
+            &index,
+            now,
+            options,
+            str::to_owned,
+            |id, entry, cutoff_ms| async move { self.remove_task(&id, &entry, cutoff_ms).await },
+        )
+        .await?;
+        crate::telemetry::pruned("board", pruned.removed);
+        Ok(pruned)
+    }
+
+    /// Remove task `id` (indexed by `entry`) if it was completed by
+    /// `cutoff_ms`, first marking it met in the tasks waiting on it, as many
+    /// per txn as the store allows; the last txn deletes the task with the
+    /// last of them. No entry can appear for a completed task (`add`
+    /// asserts the dependency's version), so the listing is complete.
+    async fn remove_task(&self, id: &str, entry: &str, cutoff_ms: u64) -> Result<Removal, Error> {
+        enum Step {
+            Done(Removal),
+            More,
+        }
+        let key = self.task_key(id);
+        let per_txn = (self
+            .engine
+            .backend()
+            .limits()
+            .max_keys_per_call
+            .saturating_sub(2)
+            / 2)
+        .max(1);
+        let prefix = self.dependents_prefix(id);
+        loop {
+            let waiting = self.engine.backend().keys(&prefix).await?;
+            let batch = &waiting[..waiting.len().min(per_txn)];
+            let last = batch.len() == waiting.len();
+            let mut keys = vec![key.clone(), entry.to_owned()];
+            for waiter in batch {
+                keys.push(waiter.clone());
+                keys.push(self.task_key(&waiter[prefix.len()..]));
+            }
+            let step = self
+                .engine
+                .decide(&keys, |view| -> Result<Decision<Step>, Error> {
+                    if view.value(entry).is_none() {
+                        return Ok(Decision::Return(Step::Done(Removal::Gone)));
+                    }
+                    let at_ms = match self.read(view, id)? {
+                        Some(TaskRecord {
+                            done:
+                                Some(DoneRecord {
+                                    at_ms: Some(at), ..
+                                }),
+                            ..
+                        }) => at,
+                        // Not completed (added again since), or completed
+                        // before completions had a time: a stale entry.
+                        _ => {
+                            return Ok(Decision::Commit {
+                                mutations: vec![Mutation::delete(entry)],
+                                then: Step::Done(Removal::Gone),
+                            })
+                        }
+                    };
+                    if at_ms > cutoff_ms {
+                        return Ok(Decision::Return(Step::Done(Removal::Kept)));
+                    }
+                    let mut mutations = Vec::new();
+                    for waiter in batch {
+                        if view.value(waiter).is_none() {
+                            continue;
+                        }
+                        let dependent = &waiter[prefix.len()..];
+                        if let Some(mut record) = self.read(view, dependent)? {
+                            let waits = record.done.is_none()
+                                && record.deps.iter().any(|d| d == id)
+                                && !record.met.iter().any(|d| d == id);
+                            if waits {
+                                record.met.push(id.to_owned());
+                                record.nonce = mint_token();
+                                mutations
+                                    .push(Mutation::put(self.task_key(dependent), record.encode()));
+                            }
+                        }
+                        mutations.push(Mutation::delete(waiter.as_str()));
+                    }
+                    if last {
+                        mutations.push(Mutation::delete(key.as_str()));
+                        mutations.push(Mutation::delete(entry));
+                        return Ok(Decision::Commit {
+                            mutations,
+                            then: Step::Done(Removal::Removed),
+                        });
+                    }
+                    if mutations.is_empty() {
+                        // Every listed entry went meanwhile: list again.
+                        return Ok(Decision::Return(Step::More));
+                    }
+                    Ok(Decision::Commit {
+                        mutations,
+                        then: Step::More,
+                    })
+                })
+                .await?;
+            if let Step::Done(removal) = step {
+                return Ok(removal);
+            }
+        }
+    }
+
+    /// Adding a task reads it and every dependency and writes a
+    /// reverse-dependency entry per dependency, in one txn (a claim reads
+    /// the task and its dependencies): refuse a task the store could never
+    /// add or claim, rather than storing half of it.
     fn check_fits(&self, spec: &TaskSpec) -> Result<(), BoardError> {
         let max = self.engine.backend().limits().max_keys_per_call;
-        if spec.deps.len() + 1 > max {
+        let count = 1 + 2 * spec.deps.len();
+        if count > max {
             return Err(BoardError::Invalid(InvalidInput::TooManyKeys {
-                count: spec.deps.len() + 1,
+                count,
                 max,
             }));
         }
         Ok(())
+    }
+
+    /// Which of `deps` are completed for good (in `met`, or completed in
+    /// the view), and the reverse-dependency entries of the others.
+    fn settle_deps(
+        &self,
+        view: &View,
+        id: &str,
+        deps: &[String],
+        met_before: &[String],
+    ) -> Result<(Vec<String>, Vec<Mutation>), Error> {
+        let mut met = Vec::new();
+        let mut entries = Vec::new();
+        for dep in deps {
+            let done = met_before.contains(dep)
+                || matches!(self.read(view, dep)?, Some(d) if d.done.is_some());
+            if done {
+                met.push(dep.clone());
+            } else {
+                entries.push(Mutation::put(self.dependent_key(dep, id), Vec::new()));
+            }
+        }
+        Ok((met, entries))
     }
 
     /// The decision shared by `release` and `complete`: the token must hold the live claim.
@@ -215,8 +419,15 @@ impl Board for BoardAdapter {
         let spec = normalize(task)?;
         self.check_fits(&spec)?;
         let key = self.task_key(&spec.id);
+        // The dependencies are read (and asserted) too: one completed now is
+        // met for good; the others get a reverse-dependency entry, which a
+        // prune of a dependency will find (it can only complete after this
+        // txn, which asserts its version).
+        let keys: Vec<String> = std::iter::once(key.clone())
+            .chain(spec.deps.iter().map(|d| self.task_key(d)))
+            .collect();
         self.engine
-            .decide::<Result<(), BoardError>, BoardError, _>(std::slice::from_ref(&key), |view| {
+            .decide::<Result<(), BoardError>, BoardError, _>(&keys, |view| {
                 match self.read(view, &spec.id) {
                     Ok(Some(existing)) => {
                         if existing.payload == spec.payload && existing.deps == spec.deps {
@@ -228,17 +439,26 @@ impl Board for BoardAdapter {
                         }
                     }
                     Ok(None) => {
+                        let (met, entries) = match self.settle_deps(view, &spec.id, &spec.deps, &[])
+                        {
+                            Ok(settled) => settled,
+                            Err(e) => return refuse(e),
+                        };
                         let record = TaskRecord {
                             id: spec.id.clone(),
                             payload: spec.payload.clone(),
                             deps: spec.deps.clone(),
+                            met,
                             generation: 0,
                             claim: None,
                             done: None,
                             nonce: mint_token(),
                         };
-                        Ok(Decision::Commit {
+                        // The entries are fresh by construction: named by this
+                        // task, whose record this txn creates (asserted missing).
+                        Ok(Decision::CommitWithUnasserted {
                             mutations: vec![Mutation::put(key.clone(), record.encode())],
+                            unasserted: entries,
                             then: Ok(()),
                         })
                     }
@@ -284,6 +504,7 @@ impl Board for BoardAdapter {
                     let unread: Vec<String> = record
                         .deps
                         .iter()
+                        .filter(|d| !record.met.contains(d))
                         .map(|d| self.task_key(d))
                         .filter(|k| !view.contains(k))
                         .collect();
@@ -291,7 +512,7 @@ impl Board for BoardAdapter {
                         return Ok(Decision::Expand(unread));
                     }
                     let mut pending = Vec::new();
-                    for dep in &record.deps {
+                    for dep in record.deps.iter().filter(|d| !record.met.contains(d)) {
                         match self.read(view, dep) {
                             Ok(Some(d)) if d.done.is_some() => {}
                             Ok(_) => pending.push(dep.clone()),
@@ -304,7 +525,14 @@ impl Board for BoardAdapter {
                             pending,
                         });
                     }
-                    let generation = record.generation + 1;
+                    // A first claim takes the record's version: a record
+                    // added again after a prune has a version above every
+                    // version (so every generation) its earlier life had.
+                    let generation = if record.generation == 0 {
+                        view.version(&key).0.max(1)
+                    } else {
+                        record.generation + 1
+                    };
                     let claimed = TaskRecord {
                         generation,
                         claim: Some(ClaimRecord {
@@ -430,9 +658,11 @@ impl Board for BoardAdapter {
             )));
         }
         let key = self.task_key(id);
+        let index = self.done_index();
+        let keys = [key.clone(), index.cursor()];
         let now = self.clock.now_millis();
         self.engine
-            .decide::<Result<(), BoardError>, BoardError, _>(std::slice::from_ref(&key), |view| {
+            .decide::<Result<(), BoardError>, BoardError, _>(&keys, |view| {
                 let record = match self.read(view, id) {
                     Ok(record) => record,
                     Err(e) => return refuse(e),
@@ -452,18 +682,41 @@ impl Board for BoardAdapter {
                     .as_ref()
                     .map(|c| c.agent.clone())
                     .unwrap_or_default();
+                // The task no longer waits on anything: its reverse-dependency
+                // entries go (nothing writes them again once it is completed).
+                // (A task stored before entries existed may list more
+                // dependencies than fit: it has no entries to delete.)
+                let budget = self
+                    .engine
+                    .backend()
+                    .limits()
+                    .max_keys_per_call
+                    .saturating_sub(3);
+                let mut unasserted: Vec<Mutation> = record
+                    .deps
+                    .iter()
+                    .filter(|d| !record.met.contains(d))
+                    .take(budget)
+                    .map(|d| Mutation::delete(self.dependent_key(d, id)))
+                    .collect();
+                let (cursor, entry) = index.final_writes(view, now, id);
+                unasserted.push(entry);
                 let completed = TaskRecord {
                     claim: None,
                     done: Some(DoneRecord {
                         agent,
                         token: token.to_owned(),
                         result: result.clone(),
+                        at_ms: Some(now),
                     }),
                     nonce: mint_token(),
                     ..record
                 };
-                Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(key.clone(), completed.encode())],
+                let mut mutations = vec![Mutation::put(key.clone(), completed.encode())];
+                mutations.extend(cursor);
+                Ok(Decision::CommitWithUnasserted {
+                    mutations,
+                    unasserted,
                     then: Ok(()),
                 })
             })
@@ -580,8 +833,11 @@ mod tests {
     #[tokio::test]
     async fn too_many_dependencies_for_one_txn_are_refused_up_front() {
         let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("b").unwrap());
+        let max = backend.limits().max_keys_per_call;
         let board = BoardAdapter::new(backend);
-        let deps: Vec<String> = (0..128).map(|i| format!("d{i}")).collect();
+        // The task, each dependency and its reverse-dependency entry.
+        let fit = (max - 1) / 2;
+        let deps: Vec<String> = (0..=fit).map(|i| format!("d{i}")).collect();
         assert!(matches!(
             board
                 .add(TaskSpec::new("t", vec![]).with_deps(deps.clone()))
@@ -593,7 +849,7 @@ mod tests {
             Err(BoardError::NotFound { .. })
         ));
         board
-            .add(TaskSpec::new("t", vec![]).with_deps(deps[..127].to_vec()))
+            .add(TaskSpec::new("t", vec![]).with_deps(deps[..fit].to_vec()))
             .await
             .unwrap();
     }

@@ -7,8 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{Task, TaskState};
 
-/// What is stored under `<prefix>task/<id>`. Records are never deleted, so
-/// the generation counter survives releases and completions.
+/// What is stored under `<prefix>task/<id>`. A record is only deleted by a
+/// prune, once completed: a task added again under its id starts its
+/// generations above every version the record had (see the claim).
 // No `Debug`: it holds a token or stored bytes; see coord_backend::redact.
 #[derive(Clone, Serialize, Deserialize)]
 pub(super) struct TaskRecord {
@@ -16,6 +17,12 @@ pub(super) struct TaskRecord {
     #[serde(with = "hex")]
     pub(super) payload: Vec<u8>,
     pub(super) deps: Vec<String>,
+    /// Dependencies known completed for good: completed when the task was
+    /// added or redefined, or pruned since (a prune writes it here in the
+    /// same txn that deletes the dependency's record). A claim does not
+    /// read them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) met: Vec<String>,
     /// Generation of the latest claim (0 = never claimed).
     pub(super) generation: u64,
     pub(super) claim: Option<ClaimRecord>,
@@ -41,6 +48,10 @@ pub(super) struct DoneRecord {
     pub(super) token: String,
     #[serde(with = "hex")]
     pub(super) result: Vec<u8>,
+    /// When it was completed (ms since the epoch, the completer's clock);
+    /// absent in records completed before retention existed, which are kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) at_ms: Option<u64>,
 }
 
 pub(super) fn at_millis(ms: u64) -> SystemTime {
@@ -134,6 +145,7 @@ mod tests {
             id: "t".into(),
             payload: vec![0, 1, 0x7f, 0x80, 0xff],
             deps: vec![],
+            met: vec![],
             generation: 3,
             claim: None,
             done: None,

@@ -130,22 +130,23 @@ impl SideEffectAdapter {
         &self,
         options: &crate::retention::PruneOptions,
     ) -> Result<crate::retention::Pruned, SideEffectError> {
-        use crate::retention::Verdict;
+        use crate::retention::{remove_if, Verdict};
+        let judge = |view: &crate::cas::View, record: &str, cutoff_ms: u64| {
+            let act: Option<ActRecord> = decode(view, record)?;
+            Ok(match act.map(|a| a.state) {
+                Some(KeyState::Completed { at_ms, .. }) if at_ms <= cutoff_ms => Verdict::Remove,
+                Some(KeyState::Completed { .. }) => Verdict::Keep,
+                _ => Verdict::Stale,
+            })
+        };
         let pruned = crate::retention::prune(
             &self.engine,
             &DONE_INDEX,
             self.now(),
             options,
             act_key,
-            |view, record, cutoff_ms| {
-                let act: Option<ActRecord> = decode(view, record)?;
-                Ok(match act.map(|a| a.state) {
-                    Some(KeyState::Completed { at_ms, .. }) if at_ms <= cutoff_ms => {
-                        Verdict::Remove
-                    }
-                    Some(KeyState::Completed { .. }) => Verdict::Keep,
-                    _ => Verdict::Stale,
-                })
+            |record, entry, cutoff_ms| async move {
+                remove_if(&self.engine, &record, &entry, cutoff_ms, judge).await
             },
         )
         .await?;
