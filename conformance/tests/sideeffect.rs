@@ -420,3 +420,81 @@ async fn the_real_pruner_passes() {
             .is_empty()
     );
 }
+
+/// The names of the board retention checks `pruner` fails on the memory store.
+async fn board_retention_failures(
+    pruner: coord_conformance::retention::board::BoardPruner,
+) -> Vec<&'static str> {
+    let results = coord_conformance::retention::board::check_all(memory(), pruner).await;
+    for (name, result) in &results {
+        println!("{name}: {result:?}");
+    }
+    results
+        .into_iter()
+        .filter(|(_, r)| r.is_err())
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// A board pruner judging expiry with a clock two hours ahead: it removes
+/// tasks inside their window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn board_pruner_ignoring_the_window_is_caught() {
+    let early: coord_conformance::retention::board::BoardPruner =
+        Arc::new(|backend, clock, options| {
+            Box::pin(async move {
+                let ahead = coord_backend::ManualClock::at_millis(clock.now_millis());
+                ahead.advance(Duration::from_secs(2 * 3600));
+                coord_adapters::board::BoardAdapter::with_options(
+                    backend,
+                    coord_adapters::board::BoardOptions::default().with_clock(Arc::new(ahead)),
+                )
+                .prune(&options)
+                .await
+            })
+        });
+    let failed = board_retention_failures(early).await;
+    assert_eq!(failed, ["completed_tasks_go_after_the_window"]);
+}
+
+/// A naive board pruner: delete every completed task's record, as a
+/// "SELECT completed, then DELETE" job would (no window, no look at the
+/// tasks waiting on it, no index).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn board_pruner_ignoring_dependents_is_caught() {
+    use coord_adapters::board::{Board, TaskState};
+    let naive: coord_conformance::retention::board::BoardPruner =
+        Arc::new(|backend, _clock, _options| {
+            Box::pin(async move {
+                let board = coord_adapters::board::BoardAdapter::new(backend.clone());
+                let mut removed = 0;
+                for task in board.list().await? {
+                    if matches!(task.state, TaskState::Completed { .. }) {
+                        let key = format!("board/task/{}", task.id);
+                        backend.txn(&[], &[Mutation::delete(key)]).await?;
+                        removed += 1;
+                    }
+                }
+                let mut pruned = coord_adapters::retention::Pruned::default();
+                pruned.removed = removed;
+                Ok(pruned)
+            })
+        });
+    let failed = board_retention_failures(naive).await;
+    for check in [
+        "completed_tasks_go_after_the_window",
+        "dependents_stay_claimable",
+        "board_pruners_race",
+    ] {
+        assert!(failed.contains(&check), "{check} not caught: {failed:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_real_board_pruner_passes() {
+    assert!(
+        board_retention_failures(coord_conformance::retention::board::adapter_board_pruner())
+            .await
+            .is_empty()
+    );
+}

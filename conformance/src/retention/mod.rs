@@ -1,4 +1,5 @@
-//! The retention suite: pruning completed side-effect keys after a window.
+//! The retention suite: pruning completed side-effect keys and completed
+//! board tasks after a window (the board's cases are in [`board`]).
 //!
 //! `SideEffectAdapter::prune` removes keys completed more than the
 //! retention ago (see `coord_adapters::retention`). What the suite pins down:
@@ -29,6 +30,8 @@ use coord_adapters::sideeffect::{
 use coord_backend::{Backend, Clock, ManualClock};
 
 use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+
+pub mod board;
 
 /// One prune pass over a backend, judging time with a clock.
 pub type Pruner = Arc<
@@ -358,8 +361,9 @@ pub async fn check_all(
 }
 
 macro_rules! retention_checks {
-    ($($name:ident),* $(,)?) => {
-        /// Every case of the retention suite (with [`adapter_pruner`]).
+    (side_effects: $($name:ident),* ; boards: $($board:ident),* $(,)?) => {
+        /// Every case of the retention suite (with [`adapter_pruner`] and
+        /// [`board::adapter_board_pruner`]).
         pub fn cases() -> Vec<Case> {
             vec![
                 $(Case {
@@ -369,16 +373,28 @@ macro_rules! retention_checks {
                         Box::pin($name(factory, adapter_pruner()))
                     },
                 },)*
+                $(Case {
+                    suite: "retention",
+                    name: stringify!($board),
+                    run: |factory: BackendFactory| -> BoxFuture<'static, CheckResult> {
+                        Box::pin(board::$board(factory, board::adapter_board_pruner()))
+                    },
+                },)*
             ]
         }
     };
 }
 
 retention_checks!(
+    side_effects:
     completed_keys_go_after_the_window,
     pruners_race,
     prune_is_bounded,
-    attention_index_follows_state,
+    attention_index_follows_state;
+    boards:
+    completed_tasks_go_after_the_window,
+    dependents_stay_claimable,
+    board_pruners_race,
 );
 
 /// Expand the retention suite into one `#[tokio::test]` per case, over a
@@ -391,6 +407,9 @@ macro_rules! retention_tests {
             pruners_race,
             prune_is_bounded,
             attention_index_follows_state,
+            completed_tasks_go_after_the_window,
+            dependents_stay_claimable,
+            board_pruners_race,
         );
     };
 }
@@ -399,7 +418,7 @@ macro_rules! retention_tests {
 mod tests {
     #[test]
     fn macro_lists_every_case() {
-        let source = include_str!("retention.rs");
+        let source = include_str!("mod.rs");
         for case in super::cases() {
             assert!(
                 source.contains(&format!("            {},\n", case.name)),
