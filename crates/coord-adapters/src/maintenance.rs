@@ -12,16 +12,23 @@ use std::time::Duration;
 
 use coord_backend::{Backend, Error, ReclaimOptions};
 
-use crate::retention::PruneOptions;
+use crate::board::{BoardAdapter, BoardOptions};
+use crate::retention::{PruneOptions, Pruned};
 use crate::sideeffect::SideEffectAdapter;
 
 /// What to maintain, and how much per round.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct MaintenanceOptions {
     /// Remove side-effect keys completed longer ago than this; `None`
     /// (the default) keeps them, so at-most-once holds forever.
     pub side_effects_retention: Option<Duration>,
+    /// Remove board tasks completed longer ago than this; `None` (the
+    /// default) keeps them.
+    pub board_retention: Option<Duration>,
+    /// The key prefixes of the boards to prune (default: `board/`, the
+    /// default of `BoardOptions::key_prefix`).
+    pub board_prefixes: Vec<String>,
     /// Records or tombstones one pass removes at most.
     pub per_pass: usize,
     /// Passes per step in one round (the rest waits for the next round).
@@ -34,6 +41,8 @@ impl Default for MaintenanceOptions {
     fn default() -> Self {
         MaintenanceOptions {
             side_effects_retention: None,
+            board_retention: None,
+            board_prefixes: vec![BoardOptions::default().key_prefix],
             per_pass: 1000,
             max_passes: 100,
             every: Duration::from_secs(600),
@@ -45,6 +54,22 @@ impl MaintenanceOptions {
     /// With a retention for completed side-effect keys.
     pub fn with_side_effects_retention(mut self, retention: Duration) -> Self {
         self.side_effects_retention = Some(retention);
+        self
+    }
+
+    /// With a retention for completed board tasks.
+    pub fn with_board_retention(mut self, retention: Duration) -> Self {
+        self.board_retention = Some(retention);
+        self
+    }
+
+    /// Prune the boards under these key prefixes (instead of `board/`).
+    pub fn with_board_prefixes<I, S>(mut self, prefixes: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.board_prefixes = prefixes.into_iter().map(Into::into).collect();
         self
     }
 
@@ -73,6 +98,8 @@ impl MaintenanceOptions {
 pub struct MaintenanceReport {
     /// Completed side-effect keys removed.
     pub pruned: u64,
+    /// Completed board tasks removed.
+    pub pruned_tasks: u64,
     /// Tombstones reclaimed.
     pub reclaimed: u64,
     /// Reclaim passes run.
@@ -89,23 +116,24 @@ pub async fn run_once(
 ) -> Result<MaintenanceReport, Error> {
     let mut report = MaintenanceReport::default();
     let passes = options.max_passes.max(1);
+    // Pruning writes tombstones: it runs first, so this round reclaims them.
     if let Some(retention) = options.side_effects_retention {
-        // Pruning writes tombstones: it runs first, so this round reclaims them.
         let adapter = SideEffectAdapter::new(backend.clone());
         let prune = PruneOptions::after(retention).with_max_records(options.per_pass);
-        for pass in 1..=passes {
-            let done = adapter
-                .prune(&prune)
-                .await
-                .map_err(|e| Error::Unavailable {
-                    message: format!("pruning side effects failed: {e}"),
-                    source: Some(Box::new(e)),
-                })?;
-            report.pruned += done.removed;
-            if !done.more {
-                break;
-            }
-            report.more |= pass == passes;
+        let (removed, more) = in_passes(passes, "side effects", || adapter.prune(&prune)).await?;
+        report.pruned += removed;
+        report.more |= more;
+    }
+    if let Some(retention) = options.board_retention {
+        let prune = PruneOptions::after(retention).with_max_records(options.per_pass);
+        for prefix in &options.board_prefixes {
+            let board = BoardAdapter::with_options(
+                backend.clone(),
+                BoardOptions::default().with_key_prefix(prefix.clone()),
+            );
+            let (removed, more) = in_passes(passes, "board tasks", || board.prune(&prune)).await?;
+            report.pruned_tasks += removed;
+            report.more |= more;
         }
     }
     let reclaim = ReclaimOptions::DEFAULT.with_max_tombstones(options.per_pass);
@@ -119,6 +147,31 @@ pub async fn run_once(
         report.more |= pass == passes;
     }
     Ok(report)
+}
+
+/// Prune passes until one says nothing is left or `passes` ran: the
+/// records removed, and whether the budget stopped it.
+async fn in_passes<F, Fut, E>(passes: u32, what: &str, mut pass: F) -> Result<(u64, bool), Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Pruned, E>>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let mut removed = 0;
+    for n in 1..=passes {
+        let done = pass().await.map_err(|e| Error::Unavailable {
+            message: format!("pruning {what} failed: {e}"),
+            source: Some(Box::new(e)),
+        })?;
+        removed += done.removed;
+        if !done.more {
+            return Ok((removed, false));
+        }
+        if n == passes {
+            return Ok((removed, true));
+        }
+    }
+    Ok((removed, false))
 }
 
 /// A background maintenance loop; dropping it stops the loop.

@@ -1,6 +1,7 @@
 //! `coordctl gc --store URL`: in one namespace, prune completed records
-//! past their retention (`--side-effects-retention`; default: keep them,
-//! see `coord_adapters::retention`), then reclaim the store's tombstones
+//! past their retention (`--side-effects-retention`, `--board-retention`;
+//! default: keep them, see `coord_adapters::retention`), then reclaim the
+//! store's tombstones
 //! (see `coord_backend::reclaim`), each in bounded passes.
 //!
 //! Safe with several instances (and every application) running at once: a
@@ -28,6 +29,15 @@ pub(crate) struct GcArgs {
     /// again. Default: keep every completed key (at-most-once forever).
     #[arg(long, value_parser = retention)]
     side_effects_retention: Option<std::time::Duration>,
+    /// Remove board tasks completed longer ago than this (at least one
+    /// minute). Tasks waiting on a removed task stay claimable; an id added
+    /// again is a new task. Default: keep every completed task.
+    #[arg(long, value_parser = retention)]
+    board_retention: Option<std::time::Duration>,
+    /// The key prefix of a board to prune (repeat for several boards;
+    /// default `board/`, the boards' default).
+    #[arg(long = "board-prefix", value_name = "PREFIX")]
+    board_prefixes: Vec<String>,
     /// Records (and tombstones) one pass removes at most (each pass is one bounded call).
     #[arg(long, default_value_t = 1000)]
     per_pass: usize,
@@ -38,8 +48,9 @@ pub(crate) struct GcArgs {
     #[arg(long)]
     dry_run: bool,
     /// Print one JSON document instead of text:
-    /// `{"store", "namespace", "dry_run", "pruned", "passes", "removed", "more", "seconds"}`
-    /// (`pruned`: completed side-effect keys removed; `removed`: tombstones reclaimed).
+    /// `{"store", "namespace", "dry_run", "pruned", "pruned_tasks", "passes", "removed", "more", "seconds"}`
+    /// (`pruned`: completed side-effect keys removed; `pruned_tasks`:
+    /// completed board tasks removed; `removed`: tombstones reclaimed).
     #[arg(long)]
     json: bool,
 }
@@ -50,6 +61,7 @@ struct GcReport {
     namespace: String,
     dry_run: bool,
     pruned: u64,
+    pruned_tasks: u64,
     passes: u64,
     removed: u64,
     more: bool,
@@ -60,6 +72,11 @@ pub(crate) async fn run(args: GcArgs) -> Result<ExitCode, Error> {
     if args.per_pass == 0 {
         return Err(Error::Config("--per-pass must be at least 1".to_owned()));
     }
+    if !args.board_prefixes.is_empty() && args.board_retention.is_none() {
+        return Err(Error::Config(
+            "--board-prefix needs --board-retention".to_owned(),
+        ));
+    }
     let url = coord_backend::StoreUrl::parse(&args.store)?;
     let store = coord::connect(&args.store).await?;
     let started = Instant::now();
@@ -68,6 +85,7 @@ pub(crate) async fn run(args: GcArgs) -> Result<ExitCode, Error> {
         namespace: store.namespace().to_owned(),
         dry_run: args.dry_run,
         pruned: 0,
+        pruned_tasks: 0,
         passes: 0,
         removed: 0,
         more: false,
@@ -84,8 +102,15 @@ pub(crate) async fn run(args: GcArgs) -> Result<ExitCode, Error> {
         if let Some(retention) = args.side_effects_retention {
             options = options.with_side_effects_retention(retention);
         }
+        if let Some(retention) = args.board_retention {
+            options = options.with_board_retention(retention);
+        }
+        if !args.board_prefixes.is_empty() {
+            options = options.with_board_prefixes(args.board_prefixes.iter().cloned());
+        }
         let round = maintenance::run_once(&store, &options).await?;
         report.pruned = round.pruned;
+        report.pruned_tasks = round.pruned_tasks;
         report.removed = round.reclaimed;
         report.passes = round.reclaim_passes;
         report.more = round.more;
@@ -99,10 +124,7 @@ pub(crate) async fn run(args: GcArgs) -> Result<ExitCode, Error> {
         println!(
             "coordctl gc (dry run): would {}reclaim the tombstones of namespace {:?} on {}, \
              at most {} per pass{}; nothing changed",
-            match args.side_effects_retention {
-                Some(d) => format!("prune side-effect keys completed over {d:?} ago, then "),
-                None => String::new(),
-            },
+            what_is_pruned(&args),
             report.namespace,
             report.store,
             args.per_pass,
@@ -113,11 +135,12 @@ pub(crate) async fn run(args: GcArgs) -> Result<ExitCode, Error> {
         );
     } else {
         println!(
-            "coordctl gc: namespace {:?} on {}: {} completed side-effect key(s) pruned, \
-             {} tombstone(s) reclaimed in {} pass(es), {:.2} s{}",
+            "coordctl gc: namespace {:?} on {}: {} completed side-effect key(s) and \
+             {} completed task(s) pruned, {} tombstone(s) reclaimed in {} pass(es), {:.2} s{}",
             report.namespace,
             report.store,
             report.pruned,
+            report.pruned_tasks,
             report.removed,
             report.passes,
             report.seconds,
@@ -131,7 +154,26 @@ pub(crate) async fn run(args: GcArgs) -> Result<ExitCode, Error> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `--side-effects-retention`: a duration of at least one minute.
+/// What a dry run says would be pruned before the reclaim.
+fn what_is_pruned(args: &GcArgs) -> String {
+    let mut steps = Vec::new();
+    if let Some(d) = args.side_effects_retention {
+        steps.push(format!("prune side-effect keys completed over {d:?} ago"));
+    }
+    if let Some(d) = args.board_retention {
+        let prefixes = if args.board_prefixes.is_empty() {
+            vec!["board/".to_owned()]
+        } else {
+            args.board_prefixes.clone()
+        };
+        steps.push(format!(
+            "prune tasks completed over {d:?} ago on the board(s) {prefixes:?}"
+        ));
+    }
+    steps.into_iter().map(|s| s + ", then ").collect()
+}
+
+/// A retention: a duration of at least one minute.
 fn retention(text: &str) -> Result<std::time::Duration, String> {
     let duration = coord_scheduler::parse_duration(text)?;
     if duration < std::time::Duration::from_secs(60) {

@@ -384,11 +384,55 @@ fn gc_reclaims_tombstones_in_passes() {
         "--json",
     ]);
     assert_eq!(kept["pruned"], Value::from(0), "{kept}");
+    // Board tasks: one completed two hours ago (by its board's clock) goes
+    // under a one-hour retention, the one completed now stays.
+    runtime.block_on(async {
+        use coord_adapters::board::{Board, BoardAdapter, BoardOptions, TaskSpec};
+        use coord_backend::{Clock, ManualClock, SystemClock};
+        let store = coord::connect(&url).await.unwrap();
+        let two_hours_ago = std::sync::Arc::new(ManualClock::at_millis(
+            SystemClock.now_millis() - 2 * 3_600_000,
+        ));
+        for (id, clock) in [
+            ("old", two_hours_ago as std::sync::Arc<dyn Clock>),
+            ("new", std::sync::Arc::new(SystemClock)),
+        ] {
+            let board = BoardAdapter::with_options(
+                store.clone(),
+                BoardOptions::default().with_clock(clock),
+            );
+            board.add(TaskSpec::new(id, b"p".to_vec())).await.unwrap();
+            let claim = board
+                .claim(id, "agent", std::time::Duration::from_secs(30))
+                .await
+                .unwrap();
+            board.complete(id, &claim.token, vec![]).await.unwrap();
+        }
+    });
+    let pruned = gc_json(&["gc", "--store", &url, "--board-retention", "1h", "--json"]);
+    assert_eq!(
+        (&pruned["pruned_tasks"], &pruned["pruned"]),
+        (&Value::from(1), &Value::from(0)),
+        "{pruned}"
+    );
+    runtime.block_on(async {
+        use coord_adapters::board::{Board, BoardAdapter};
+        let store = coord::connect(&url).await.unwrap();
+        let ids: Vec<String> = BoardAdapter::new(store)
+            .list()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.id)
+            .collect();
+        assert_eq!(ids, ["new"]);
+    });
     for args in [
         &["gc", "--store", &url, "--per-pass", "0"][..],
         &["gc", "--store", "nope"],
         &["gc", "--store", &url, "--side-effects-retention", "30s"],
         &["gc", "--store", &url, "--side-effects-retention", "soon"],
+        &["gc", "--store", &url, "--board-prefix", "jobs/"],
     ] {
         let out = coordctl(args);
         assert!(!out.status.success(), "{args:?} succeeded");
