@@ -18,6 +18,9 @@
 //! - [`late_commit_fenced_sink`]: a landed fenced write is never "stale";
 //! - [`late_commit_prune`]: retention removes every expired key once, never
 //!   a key inside its window, whatever removal lands late;
+//! - [`late_commit_board_prune`]: retention removes an expired task, and
+//!   every task waiting on it stays claimable, whatever txn of the removal
+//!   (marking waiters met, in batches, then deleting) lands late;
 //! - [`indeterminate_forever_ends`]: txns lost again and again end, with backoff, in "indeterminate";
 //! - [`hung_writes_time_out`]: a write partition where txns hang ends in "indeterminate";
 //! - [`failed_confirmation_rereads`]: a failed assert-only confirmation is answered from a fresh read.
@@ -415,6 +418,91 @@ pub async fn late_commit_prune(factory: BackendFactory) -> CheckResult {
     Ok(())
 }
 
+/// A board prune whose `nth` txn lands late (after 0, 1 or 2 more calls):
+/// the expired task goes, the one inside its window stays, every task that
+/// was waiting on the expired one stays claimable (more waiters than fit
+/// in one txn on etcd, so the removal takes several txns), and no
+/// reverse-dependency entry is left.
+pub async fn late_commit_board_prune(factory: BackendFactory) -> CheckResult {
+    use coord_adapters::board::BoardOptions;
+    use coord_adapters::retention::PruneOptions;
+    use coord_backend::ManualClock;
+    const WINDOW: Duration = Duration::from_secs(3600);
+    const WAITERS: usize = 25;
+    for nth in 1..=3u64 {
+        for after_calls in LATE {
+            let seed = 200 + nth * 10 + u64::from(after_calls);
+            let (faulty, store) = wrapped(&factory, "late_board_prune", seed).await?;
+            let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+            let options = BoardOptions::default().with_clock(clock.clone());
+            let plain = BoardAdapter::with_options(store.clone(), options.clone());
+            let complete = |id: &'static str| {
+                let plain = &plain;
+                async move {
+                    let claim = plain.claim(id, "agent", TTL).await?;
+                    plain.complete(id, &claim.token, b"ok".to_vec()).await
+                }
+            };
+            plain.add(TaskSpec::new("old", b"p".to_vec())).await?;
+            for i in 0..WAITERS {
+                plain
+                    .add(TaskSpec::new(format!("w-{i:02}"), b"p".to_vec()).with_deps(["old"]))
+                    .await?;
+            }
+            complete("old").await?;
+            clock.advance(WINDOW * 2);
+            plain.add(TaskSpec::new("new", b"p".to_vec())).await?;
+            complete("new").await?;
+            let adapter = BoardAdapter::with_options(faulty.clone(), options);
+            faulty.nth(Target::WritingTxn, nth, Fault::LateCommit { after_calls });
+            let context = format!("board removal txn {nth} lands late ({after_calls})");
+            let mut removed = 0;
+            for _ in 0..10 {
+                let pass = adapter
+                    .prune(&PruneOptions::after(WINDOW))
+                    .await
+                    .map_err(|e| Failure::new(format!("{context}: prune failed: {e}")))?;
+                removed += pass.removed;
+                if !pass.more {
+                    break;
+                }
+            }
+            faulty.flush().await;
+            removed += plain
+                .prune(&PruneOptions::after(WINDOW))
+                .await
+                .map_err(|e| Failure::new(format!("{context}: last prune failed: {e}")))?
+                .removed;
+            ensure!(
+                removed <= 1,
+                "{context}: passes reported {removed} removals of 1 expired task"
+            );
+            ensure!(
+                matches!(plain.get("old").await, Err(BoardError::NotFound { .. })),
+                "{context}: the expired task is still there"
+            );
+            ensure!(
+                plain.get("new").await.is_ok(),
+                "{context}: the task inside its window was pruned"
+            );
+            for i in 0..WAITERS {
+                let id = format!("w-{i:02}");
+                plain.claim(&id, "agent", TTL).await.map_err(|e| {
+                    Failure::new(format!(
+                        "{context}: {id}, waiting on the pruned task, is not claimable: {e}"
+                    ))
+                })?;
+            }
+            let entries = store.keys("board/rdep/").await?;
+            ensure!(
+                entries.is_empty(),
+                "{context}: reverse-dependency entries left: {entries:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Txns whose answers are lost again and again, never applying: the
 /// decision ends (bounded, with backoff) in "indeterminate".
 pub async fn indeterminate_forever_ends(factory: BackendFactory) -> CheckResult {
@@ -523,6 +611,7 @@ fault_model_checks!(
     late_commit_runner,
     late_commit_fenced_sink,
     late_commit_prune,
+    late_commit_board_prune,
     indeterminate_forever_ends,
     hung_writes_time_out,
     failed_confirmation_rereads,
@@ -541,6 +630,7 @@ macro_rules! fault_model_tests {
             late_commit_runner,
             late_commit_fenced_sink,
             late_commit_prune,
+            late_commit_board_prune,
             indeterminate_forever_ends,
             hung_writes_time_out,
             failed_confirmation_rereads,

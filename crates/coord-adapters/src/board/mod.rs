@@ -19,6 +19,10 @@
 //!   A completed task is never claimable again; completing again with the
 //!   same token and result is a no-op (safe to retry).
 //! - [`Board::list`] shows every task with its state.
+//! - Completed tasks stay until [`BoardAdapter::prune`] removes those
+//!   completed longer ago than a retention (off unless called): tasks still
+//!   waiting on a removed task stay claimable, and an id added again is a
+//!   new task whose generations start above the old ones.
 //!
 //! # Boundary
 //!
