@@ -93,6 +93,18 @@ fn simulation_same_seed_same_trace() {
         a.trace.iter().any(|e| e.contains("reclaimed")),
         "the maintainer reclaimed nothing: the simulation does not exercise reclaim"
     );
+    assert!(
+        a.trace
+            .iter()
+            .any(|e| e.contains("pruned") && !e.contains("pruned 0 ")),
+        "the board maintainer pruned nothing: the simulation does not exercise retention"
+    );
+    assert!(
+        a.trace
+            .iter()
+            .any(|e| e.contains("as life-") && e.ends_with(": ok")),
+        "no pruned task was added again: the simulation does not exercise a task's next life"
+    );
     if a.trace != b.trace {
         let at = a.trace.iter().zip(&b.trace).position(|(x, y)| x != y);
         panic!(

@@ -5,11 +5,11 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use coord_adapters::board::{Board, BoardAdapter, TaskState};
+use coord_adapters::board::{Board, BoardAdapter, BoardError, BoardOptions, TaskState};
 use coord_adapters::sideeffect::{Action, Outcome, SideEffectAdapter, SideEffectStore};
 use coord_backend::{Backend, Clock};
 
-use super::{Facts, Grant, LockKind, SlotRun, ACTIONS, EPOCH_MS, LOCK_TTL};
+use super::{Facts, Grant, LockKind, SlotRun, ACTIONS, EPOCH_MS, LOCK_TTL, TASKS};
 
 /// The fence counter of a simulated lock's record (`None`: never granted).
 async fn read_lock_fence(store: &Arc<dyn Backend>, kind: LockKind) -> Option<u64> {
@@ -96,7 +96,7 @@ pub(super) async fn check(
         }
     }
     // The stored state of each action agrees with what ran and what was answered.
-    let adapter = SideEffectAdapter::with_clock(store.clone(), clock);
+    let adapter = SideEffectAdapter::with_clock(store.clone(), clock.clone());
     for a in 0..ACTIONS {
         let key = format!("fx/{a}");
         let ran = f.effects.get(&key).map_or(0, Vec::len);
@@ -129,26 +129,52 @@ pub(super) async fn check(
             ));
         }
     }
-    let board = BoardAdapter::new(store.clone());
-    for (id, done) in &f.completions {
+    let board =
+        BoardAdapter::with_options(store.clone(), BoardOptions::default().with_clock(clock));
+    for (id_life, done) in &f.completions {
         if done.len() > 1 {
             violations.push(format!(
-                "task {id} completed {} times: {done:?}",
+                "task {id_life} completed {} times: {done:?}",
                 done.len()
             ));
         }
+        let (id, life) = id_life.split_once('@').unwrap_or((id_life, ""));
         match board.get(id).await {
-            Ok(task) => {
+            // The same life still there: it must say who completed it.
+            Ok(task) if task.payload == life.as_bytes() => {
                 let by_completer =
                     matches!(&task.state, TaskState::Completed { agent, .. } if *agent == done[0]);
                 if !by_completer {
                     violations.push(format!(
-                        "task {id}: completion by {} answered Ok, the store holds {:?}",
+                        "task {id_life}: completion by {} answered Ok, the store holds {:?}",
                         done[0], task.state
                     ));
                 }
             }
+            // Pruned since (and maybe added again as a later life).
+            Ok(_) | Err(BoardError::NotFound { .. }) => {}
             Err(e) => violations.push(format!("task {id} unreadable at the end: {e}")),
+        }
+    }
+    // Dependents: `d<i>` waited on `t<i>`'s first life. Once that life
+    // completed, `d<i>` is claimable for good, even after `t<i>` was pruned
+    // (and added again, not completed); it only goes once pruned itself.
+    for t in 0..TASKS {
+        let (dep, id) = (format!("t{t}"), format!("d{t}"));
+        let dep_done = f.completions.contains_key(&format!("{dep}@life-0"));
+        match board.claim(&id, "checker", LOCK_TTL).await {
+            Err(BoardError::DependenciesNotMet { pending, .. }) if dep_done => violations.push(
+                format!("{id} waits on {pending:?}, yet {dep}'s first life completed"),
+            ),
+            Err(BoardError::NotFound { .. }) if !f.claims.contains_key(&id) => {
+                violations.push(format!(
+                    "{id} vanished, yet nobody ever claimed it (only completed tasks are pruned)"
+                ))
+            }
+            Err(BoardError::Store(e)) => {
+                violations.push(format!("{id} unreadable at the end: {e}"))
+            }
+            _ => {}
         }
     }
     // Scheduler: at most one run per slot.

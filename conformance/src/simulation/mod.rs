@@ -19,7 +19,10 @@
 //!   while [`LockGuard::is_valid`], and writing through a [`BackendFencedSink`]:
 //!   three on a [`GenericLock`], three more on a [`FairLock`] (which hands
 //!   the lock over on release);
-//! - task-board workers claiming and completing the same tasks;
+//! - task-board workers claiming and completing the same tasks, and tasks
+//!   depending on them; a board maintainer pruning completed tasks (its
+//!   clock two hours ahead of a one-hour retention: every completion goes
+//!   at once) and adding a pruned task again under the same id;
 //! - side-effect runners executing the same action keys;
 //! - scheduler instances running the same every-second job;
 //! - a maintainer reclaiming the store's tombstones every 1.5 s (a few per
@@ -43,8 +46,12 @@
 //!   paused past its lease is passed on unused);
 //! - side effect: each action's closure ran at most once, and every
 //!   `Applied`/`Replayed` answer carries the result of the run that happened;
-//! - board: at most one successful completion per task, claim generations
-//!   unique, and a completed task's stored result is its completer's;
+//! - board: at most one successful completion per task and life (a task
+//!   added again is a new life), claim generations unique per id across
+//!   lives, a completed task's stored result is its completer's unless it
+//!   was pruned, a task vanishes only after a claim, and a task whose
+//!   dependency completed is claimable at the end, even once that
+//!   dependency was pruned and added again;
 //! - scheduler: one run per (job, slot), or runs one after the other by
 //!   takeover, each later one started after the earlier one stopped acting
 //!   (its lease lost or its work done) and with a higher takeover count;
@@ -272,7 +279,8 @@ struct Facts {
     answered: BTreeMap<String, Vec<String>>,
     /// task id → (worker, generation) of successful claims.
     claims: BTreeMap<String, Vec<u64>>,
-    /// task id → workers whose completion was answered Ok.
+    /// `id@life` (the task's payload names its life) → workers whose
+    /// completion was answered Ok.
     completions: BTreeMap<String, Vec<String>>,
     /// action key → answers that were errors.
     effect_errors: BTreeMap<String, u64>,
@@ -320,6 +328,69 @@ async fn reclaimer(store: Arc<dyn Backend>, log: Arc<Log>, end: Instant) {
     }
 }
 
+/// Prune completed board tasks, or add a pruned task again (as its next
+/// life), every second until `end`, through a faulty instance.
+async fn board_maintainer(
+    inst: Arc<Instance>,
+    log: Arc<Log>,
+    shared: Shared,
+    seed: u64,
+    end: Instant,
+) {
+    use coord_adapters::board::BoardError;
+    use coord_adapters::retention::PruneOptions;
+    let mut rng = StdRng::seed_from_u64(seed);
+    // Two hours ahead with a one-hour retention: every completion is past it.
+    let ahead = Arc::new(SimClock {
+        start: inst.clock.start,
+        offset_ms: AtomicI64::new(2 * 3_600_000),
+    });
+    let pruner =
+        BoardAdapter::with_options(inst.backend(), BoardOptions::default().with_clock(ahead));
+    let board = BoardAdapter::with_options(
+        inst.backend(),
+        BoardOptions::default().with_clock(inst.clock.clone()),
+    );
+    let mut lives = [0u32; TASKS];
+    let who = inst.name.as_str();
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(500..1500))).await;
+        inst.wait_running().await;
+        if rng.random_bool(0.5) {
+            let pruned = pruner
+                .prune(&PruneOptions::after(Duration::from_secs(3600)).with_max_records(3))
+                .await;
+            if let Ok(p) = &pruned {
+                *facts(&shared).stats.entry("tasks pruned").or_insert(0) += p.removed;
+            }
+            log.event(
+                who,
+                match pruned {
+                    Ok(p) => format!("pruned {} tasks (more: {})", p.removed, p.more),
+                    Err(e) => format!("prune: {}", kind(&e.to_string())),
+                },
+            );
+            continue;
+        }
+        let t = rng.random_range(0..TASKS);
+        let id = format!("t{t}");
+        if matches!(board.get(&id).await, Err(BoardError::NotFound { .. })) {
+            lives[t] += 1;
+            let life = format!("life-{}", lives[t]);
+            let added = board
+                .add(TaskSpec::new(&id, life.as_bytes().to_vec()))
+                .await;
+            log.event(
+                who,
+                format!(
+                    "add {id} as {life}: {}",
+                    added.map_or_else(|e| kind(&e.to_string()), |()| "ok".into())
+                ),
+            );
+        }
+    }
+}
+
 const LOCK_TTL: Duration = Duration::from_secs(3);
 const TASKS: usize = 6;
 const ACTIONS: usize = 40;
@@ -354,14 +425,20 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
     let lockers: Vec<_> = (0..3).map(|i| make(format!("l{i}"), 10 + i)).collect();
     let fair_lockers: Vec<_> = (0..3).map(|i| make(format!("f{i}"), 50 + i)).collect();
     let workers: Vec<_> = (0..2).map(|i| make(format!("w{i}"), 20 + i)).collect();
+    let board_keeper = make("b0".to_owned(), 60);
     let runners: Vec<_> = (0..3).map(|i| make(format!("r{i}"), 30 + i)).collect();
     let crons: Vec<_> = (0..3).map(|i| make(format!("s{i}"), 40 + i)).collect();
 
-    // The tasks exist before anyone works (written without faults).
+    // The tasks exist before anyone works (written without faults): `t<i>`
+    // in its first life, and `d<i>` waiting on it.
     let board = BoardAdapter::new(store.clone());
     for t in 0..TASKS {
         board
-            .add(TaskSpec::new(format!("t{t}"), b"work".to_vec()))
+            .add(TaskSpec::new(format!("t{t}"), b"life-0".to_vec()))
+            .await
+            .expect("seeding the board");
+        board
+            .add(TaskSpec::new(format!("d{t}"), b"life-0".to_vec()).with_deps([format!("t{t}")]))
             .await
             .expect("seeding the board");
     }
@@ -406,6 +483,13 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
         )));
     }
     tasks.push(tokio::spawn(reclaimer(store.clone(), log.clone(), end)));
+    tasks.push(tokio::spawn(board_maintainer(
+        board_keeper.clone(),
+        log.clone(),
+        shared.clone(),
+        seed ^ 600,
+        end,
+    )));
     let mut schedulers = Vec::new();
     for inst in &crons {
         schedulers.push(start_scheduler(inst, &log, &shared));
@@ -415,6 +499,7 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
         .chain(&fair_lockers)
         .chain(&workers)
         .chain(&runners)
+        .chain(std::iter::once(&board_keeper))
         .chain(&crons)
         .cloned()
         .collect();
@@ -556,7 +641,11 @@ async fn board_actor(inst: Arc<Instance>, log: Arc<Log>, shared: Shared, seed: u
     );
     let who = inst.name.as_str();
     while Instant::now() < end {
-        let id = format!("t{}", rng.random_range(0..TASKS));
+        let id = format!(
+            "{}{}",
+            if rng.random_bool(0.5) { "t" } else { "d" },
+            rng.random_range(0..TASKS)
+        );
         inst.wait_running().await;
         match board.claim(&id, who, LOCK_TTL).await {
             Ok(task) => {
@@ -572,9 +661,10 @@ async fn board_actor(inst: Arc<Instance>, log: Arc<Log>, shared: Shared, seed: u
                     .complete(&id, &task.token, who.as_bytes().to_vec())
                     .await;
                 if done.is_ok() {
+                    let life = String::from_utf8_lossy(&task.payload);
                     facts(&shared)
                         .completions
-                        .entry(id.clone())
+                        .entry(format!("{id}@{life}"))
                         .or_default()
                         .push(who.to_owned());
                 }
