@@ -347,6 +347,39 @@ pub async fn late_commit_fenced_sink(factory: BackendFactory) -> CheckResult {
     Ok(())
 }
 
+/// Prune passes through the faulty store until one says nothing is left,
+/// then (every late txn landed) one pass through the plain store, which
+/// settles whatever was left in doubt: the total reported removed.
+async fn prune_then_settle<E, F, Fut, G, Gut>(
+    context: &str,
+    faulty: &FaultyBackend,
+    mut faulty_pass: F,
+    plain_pass: G,
+) -> Result<u64, Failure>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<coord_adapters::retention::Pruned, E>>,
+    G: FnOnce() -> Gut,
+    Gut: std::future::Future<Output = Result<coord_adapters::retention::Pruned, E>>,
+{
+    let mut removed = 0;
+    for _ in 0..10 {
+        let pass = faulty_pass()
+            .await
+            .map_err(|e| Failure::new(format!("{context}: prune failed: {e}")))?;
+        removed += pass.removed;
+        if !pass.more {
+            break;
+        }
+    }
+    faulty.flush().await;
+    let last = plain_pass()
+        .await
+        .map_err(|e| Failure::new(format!("{context}: last prune failed: {e}")))?;
+    Ok(removed + last.removed)
+}
+
 /// A prune pass with any of its removals landing late: across passes every
 /// key past the window goes, the key inside it stays, and the passes never
 /// report more removals than keys went.
@@ -380,24 +413,14 @@ pub async fn late_commit_prune(factory: BackendFactory) -> CheckResult {
             let adapter = SideEffectAdapter::with_clock(faulty.clone(), clock.clone());
             faulty.nth(Target::WritingTxn, nth, Fault::LateCommit { after_calls });
             let context = format!("removal {nth} lands late ({after_calls})");
-            let mut removed = 0;
-            for _ in 0..10 {
-                let pass = adapter
-                    .prune(&PruneOptions::after(WINDOW))
-                    .await
-                    .map_err(|e| Failure::new(format!("{context}: prune failed: {e}")))?;
-                removed += pass.removed;
-                if !pass.more {
-                    break;
-                }
-            }
-            faulty.flush().await;
-            // Whatever was left in doubt, one more pass settles it.
-            removed += plain
-                .prune(&PruneOptions::after(WINDOW))
-                .await
-                .map_err(|e| Failure::new(format!("{context}: last prune failed: {e}")))?
-                .removed;
+            let window = PruneOptions::after(WINDOW);
+            let removed = prune_then_settle(
+                &context,
+                &faulty,
+                || adapter.prune(&window),
+                || plain.prune(&window),
+            )
+            .await?;
             ensure!(
                 removed <= 4,
                 "{context}: passes reported {removed} removals of 4 expired keys"
@@ -456,23 +479,14 @@ pub async fn late_commit_board_prune(factory: BackendFactory) -> CheckResult {
             let adapter = BoardAdapter::with_options(faulty.clone(), options);
             faulty.nth(Target::WritingTxn, nth, Fault::LateCommit { after_calls });
             let context = format!("board removal txn {nth} lands late ({after_calls})");
-            let mut removed = 0;
-            for _ in 0..10 {
-                let pass = adapter
-                    .prune(&PruneOptions::after(WINDOW))
-                    .await
-                    .map_err(|e| Failure::new(format!("{context}: prune failed: {e}")))?;
-                removed += pass.removed;
-                if !pass.more {
-                    break;
-                }
-            }
-            faulty.flush().await;
-            removed += plain
-                .prune(&PruneOptions::after(WINDOW))
-                .await
-                .map_err(|e| Failure::new(format!("{context}: last prune failed: {e}")))?
-                .removed;
+            let window = PruneOptions::after(WINDOW);
+            let removed = prune_then_settle(
+                &context,
+                &faulty,
+                || adapter.prune(&window),
+                || plain.prune(&window),
+            )
+            .await?;
             ensure!(
                 removed <= 1,
                 "{context}: passes reported {removed} removals of 1 expired task"

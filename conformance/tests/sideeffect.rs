@@ -354,9 +354,8 @@ async fn sink_writing_before_its_check_goes_red() {
 
 coord_conformance::retention_tests!(memory());
 
-/// The names of the retention checks `pruner` fails on the memory store.
-async fn retention_failures(pruner: coord_conformance::retention::Pruner) -> Vec<&'static str> {
-    let results = coord_conformance::retention::check_all(memory(), pruner).await;
+/// The names of the checks that failed (each result printed).
+fn failed_names(results: Vec<(&'static str, coord_conformance::CheckResult)>) -> Vec<&'static str> {
     for (name, result) in &results {
         println!("{name}: {result:?}");
     }
@@ -365,6 +364,11 @@ async fn retention_failures(pruner: coord_conformance::retention::Pruner) -> Vec
         .filter(|(_, r)| r.is_err())
         .map(|(name, _)| name)
         .collect()
+}
+
+/// The names of the retention checks `pruner` fails on the memory store.
+async fn retention_failures(pruner: coord_conformance::retention::Pruner) -> Vec<&'static str> {
+    failed_names(coord_conformance::retention::check_all(memory(), pruner).await)
 }
 
 /// A pruner judging expiry with a clock two hours ahead (or a retention
@@ -425,15 +429,7 @@ async fn the_real_pruner_passes() {
 async fn board_retention_failures(
     pruner: coord_conformance::retention::board::BoardPruner,
 ) -> Vec<&'static str> {
-    let results = coord_conformance::retention::board::check_all(memory(), pruner).await;
-    for (name, result) in &results {
-        println!("{name}: {result:?}");
-    }
-    results
-        .into_iter()
-        .filter(|(_, r)| r.is_err())
-        .map(|(name, _)| name)
-        .collect()
+    failed_names(coord_conformance::retention::board::check_all(memory(), pruner).await)
 }
 
 /// A board pruner judging expiry with a clock two hours ahead: it removes

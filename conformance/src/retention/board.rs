@@ -20,9 +20,10 @@ use std::time::Duration;
 
 use coord_adapters::board::{Board, BoardAdapter, BoardError, BoardOptions, TaskSpec, TaskState};
 use coord_adapters::retention::{PruneOptions, Pruned};
-use coord_backend::{Backend, Clock, ManualClock, ReclaimOptions};
+use coord_backend::{Backend, Clock, ReclaimOptions};
 
-use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, CheckResult, Failure};
+use super::{Fixture, TTL, WINDOW};
+use crate::{ensure, BackendFactory, BoxFuture, CheckResult, Failure};
 
 /// One prune pass of a board (default prefix) over a backend, judging time
 /// with a clock.
@@ -53,29 +54,7 @@ impl From<BoardError> for Failure {
     }
 }
 
-const START_MILLIS: u64 = 1_700_000_000_000;
-const WINDOW: Duration = Duration::from_secs(3600);
-const TTL: Duration = Duration::from_secs(30);
-
-struct Fixture {
-    backends: BackendFactory,
-    namespace: String,
-    clock: Arc<ManualClock>,
-}
-
 impl Fixture {
-    fn new(backends: BackendFactory, label: &str) -> Self {
-        Fixture {
-            backends,
-            namespace: unique_namespace(label),
-            clock: Arc::new(ManualClock::at_millis(START_MILLIS)),
-        }
-    }
-
-    async fn backend(&self) -> Result<Arc<dyn Backend>, Failure> {
-        Ok((self.backends)(self.namespace.clone()).await?)
-    }
-
     async fn board(&self) -> Result<BoardAdapter, Failure> {
         Ok(BoardAdapter::with_options(
             self.backend().await?,

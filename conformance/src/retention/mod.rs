@@ -59,6 +59,7 @@ const START_MILLIS: u64 = 1_700_000_000_000;
 const WINDOW: Duration = Duration::from_secs(3600);
 const TTL: Duration = Duration::from_secs(30);
 
+/// One check's namespace and clock (the board's cases add their own methods).
 struct Fixture {
     backends: BackendFactory,
     namespace: String,
