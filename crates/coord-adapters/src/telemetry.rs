@@ -41,7 +41,8 @@ pub const SIDEEFFECT_TOTAL: &str = "coord_sideeffect_total";
 pub const SIDEEFFECT_UNCERTAIN: &str = "coord_sideeffect_uncertain";
 
 /// Counter `coord_pruned_total{adapter}`: final records removed by a
-/// retention pass (`SideEffectAdapter::prune`, `coordctl gc`).
+/// retention pass; `adapter` is `sideeffect` (`SideEffectAdapter::prune`)
+/// or `board` (`BoardAdapter::prune`), both run by `coordctl gc`.
 pub const PRUNED_TOTAL: &str = "coord_pruned_total";
 
 use tracing::Instrument;
@@ -90,7 +91,7 @@ pub fn describe() {
     );
     metrics::describe_counter!(
         PRUNED_TOTAL,
-        "Final records (completed side-effect keys) removed by retention, by adapter"
+        "Final records (completed side-effect keys, completed board tasks) removed by retention, by adapter"
     );
     metrics::counter!(LOCK_ACQUIRED_TOTAL).increment(0);
     for reason in LOCK_LOST_REASONS {

@@ -78,7 +78,10 @@ pub struct TaskSpec {
     pub id: String,
     /// Opaque bytes for the agent that claims it.
     pub payload: Vec<u8>,
-    /// Ids of the tasks that must be completed before this one can be claimed.
+    /// Ids of the tasks that must be completed before this one can be
+    /// claimed: at most `(max_keys_per_call - 1) / 2` of the store's
+    /// `Limits` (20 on etcd, 63 on the other stores), as adding a task reads
+    /// each one and writes its reverse-dependency entry in one txn.
     pub deps: Vec<String>,
 }
 
