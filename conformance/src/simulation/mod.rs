@@ -380,6 +380,9 @@ async fn board_maintainer(
             let added = board
                 .add(TaskSpec::new(&id, life.as_bytes().to_vec()))
                 .await;
+            if added.is_ok() {
+                count(&shared, "tasks added again");
+            }
             log.event(
                 who,
                 format!(
