@@ -263,7 +263,10 @@ mod tests {
         };
         let first = run_once(&backend, &options).await.unwrap();
         assert_eq!((first.reclaimed, first.more), (20, true));
-        let task = spawn_maintenance(backend.clone(), options.clone().every(Duration::from_secs(10)));
+        let task = spawn_maintenance(
+            backend.clone(),
+            options.clone().every(Duration::from_secs(10)),
+        );
         tokio::time::sleep(Duration::from_secs(13)).await;
         let calls = store.1.load(Ordering::SeqCst);
         assert_eq!(calls, 3, "one more round, one pass: the last 5");
