@@ -690,50 +690,13 @@ pub async fn dependency_change_reexpanded(factory: BackendFactory) -> CheckResul
     Ok(())
 }
 
-macro_rules! board_checks {
-    ($($name:ident),* $(,)?) => {
-        /// Every case of the board suite, over [`BoardAdapter`]s on a backend
-        /// factory with a `ManualClock` (see [`BoardEnv::generic`]).
-        pub fn cases() -> Vec<Case> {
-            vec![
-                $(Case {
-                    suite: "board",
-                    name: stringify!($name),
-                    run: |factory: BackendFactory| -> BoxFuture<'static, CheckResult> {
-                        Box::pin($name(BoardEnv::generic(factory, stringify!($name))))
-                    },
-                },)*
-                Case {
-                    suite: "board",
-                    name: "dependency_change_reexpanded",
-                    run: |factory: BackendFactory| -> BoxFuture<'static, CheckResult> {
-                        Box::pin(dependency_change_reexpanded(factory))
-                    },
-                },
-            ]
-        }
-    };
-}
-
-board_checks!(
-    claim_race,
-    unmet_dependencies_refused,
-    claim_after_dependencies_complete,
-    generation_increases_on_takeover,
-    renew_checks_ownership,
-    release_and_complete_by_token,
-    completed_not_claimable,
-    list_shows_everything,
-    board_bad_input,
-);
-
-/// Expand the board suite into one `#[tokio::test]` per case, over
-/// [`BoardAdapter`]s on a [`BackendFactory`] expression (evaluated once per
-/// test; it may also be an `Option<BackendFactory>`, `None` = skipped).
+/// The board suite's one list of cases (see [`crate::__suite!`]).
+#[doc(hidden)]
 #[macro_export]
-macro_rules! board_tests {
-    ($factory:expr) => {
-        $crate::__cases_as_tests!($crate::board::cases, $factory;
+macro_rules! __board_suite {
+    ($($mode:tt)*) => {
+        $crate::__suite!{$($mode)* "board",
+            |factory, check, name| check($crate::board::BoardEnv::generic(factory, name));
             claim_race,
             unmet_dependencies_refused,
             claim_after_dependencies_complete,
@@ -743,22 +706,23 @@ macro_rules! board_tests {
             completed_not_claimable,
             list_shows_everything,
             board_bad_input,
-            dependency_change_reexpanded,
-        );
+            dependency_change_reexpanded => |factory| dependency_change_reexpanded(factory),
+        }
     };
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn macro_lists_every_case() {
-        let source = include_str!("board.rs");
-        for case in super::cases() {
-            assert!(
-                source.contains(&format!("            {},\n", case.name)),
-                "board_tests! does not list {}",
-                case.name
-            );
-        }
-    }
+/// Every case of the board suite, over [`BoardAdapter`]s on a backend
+/// factory with a `ManualClock` (see [`BoardEnv::generic`]).
+pub fn cases() -> Vec<Case> {
+    crate::__board_suite!(cases)
+}
+
+/// Expand the board suite into one `#[tokio::test]` per case, over
+/// [`BoardAdapter`]s on a [`BackendFactory`] expression (evaluated once per
+/// test; it may also be an `Option<BackendFactory>`, `None` = skipped).
+#[macro_export]
+macro_rules! board_tests {
+    ($factory:expr) => {
+        $crate::__board_suite!(tests $crate::board::cases, $factory;);
+    };
 }

@@ -415,51 +415,13 @@ pub async fn election_bad_input(env: ElectionEnv) -> CheckResult {
     Ok(())
 }
 
-macro_rules! election_checks {
-    ($($name:ident),* $(,)?) => {
-        /// Every case of the election suite, over [`GenericElection`]s on a
-        /// backend factory with a `ManualClock` (see [`ElectionEnv::generic`]).
-        pub fn cases() -> Vec<Case> {
-            vec![
-                $(Case {
-                    suite: "election",
-                    name: stringify!($name),
-                    run: |factory: BackendFactory| -> BoxFuture<'static, CheckResult> {
-                        Box::pin($name(ElectionEnv::generic(factory, stringify!($name))))
-                    },
-                },)*
-            ]
-        }
-
-        /// Every check as `(name, function)`, to run against another implementation.
-        pub fn checks() -> Vec<(&'static str, fn(ElectionEnv) -> BoxFuture<'static, CheckResult>)> {
-            vec![
-                $((stringify!($name), |env: ElectionEnv| -> BoxFuture<'static, CheckResult> {
-                    Box::pin($name(env))
-                }),)*
-            ]
-        }
-    };
-}
-
-election_checks!(
-    one_leader_race,
-    term_increases,
-    resign_hands_over,
-    expired_leader_replaced,
-    proclaim_only_by_leader,
-    leader_reflects_changes,
-    observe_sees_change,
-    election_bad_input,
-);
-
-/// Expand the election suite into one `#[tokio::test]` per case, over
-/// [`GenericElection`]s on a [`BackendFactory`] expression (or an
-/// `Option<BackendFactory>`, `None` = skipped).
+/// The election suite's one list of cases (see [`crate::__suite!`]).
+#[doc(hidden)]
 #[macro_export]
-macro_rules! election_tests {
-    ($factory:expr) => {
-        $crate::__cases_as_tests!($crate::election::cases, $factory;
+macro_rules! __election_suite {
+    ($($mode:tt)*) => {
+        $crate::__suite!{$($mode)* "election",
+            |factory, check, name| check($crate::election::ElectionEnv::generic(factory, name));
             one_leader_race,
             term_increases,
             resign_hands_over,
@@ -468,21 +430,38 @@ macro_rules! election_tests {
             leader_reflects_changes,
             observe_sees_change,
             election_bad_input,
-        );
+        }
     };
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn macro_lists_every_case() {
-        let source = include_str!("election.rs");
-        for case in super::cases() {
-            assert!(
-                source.contains(&format!("            {},\n", case.name)),
-                "election_tests! does not list {}",
-                case.name
-            );
-        }
-    }
+/// Every case of the election suite, over [`GenericElection`]s on a
+/// backend factory with a `ManualClock` (see [`ElectionEnv::generic`]).
+pub fn cases() -> Vec<Case> {
+    crate::__election_suite!(cases)
+}
+
+macro_rules! env_checks {
+    ($($name:ident),*) => {
+        vec![$((stringify!($name), |env: ElectionEnv| -> BoxFuture<'static, CheckResult> {
+            Box::pin($name(env))
+        })),*]
+    };
+}
+
+/// One check of the suite, runnable against any [`ElectionEnv`].
+pub type ElectionEnvCheck = fn(ElectionEnv) -> BoxFuture<'static, CheckResult>;
+
+/// Every check as `(name, function)`, to run against another implementation.
+pub fn checks() -> Vec<(&'static str, ElectionEnvCheck)> {
+    crate::__election_suite!(names[env_checks]())
+}
+
+/// Expand the election suite into one `#[tokio::test]` per case, over
+/// [`GenericElection`]s on a [`BackendFactory`] expression (or an
+/// `Option<BackendFactory>`, `None` = skipped).
+#[macro_export]
+macro_rules! election_tests {
+    ($factory:expr) => {
+        $crate::__election_suite!(tests $crate::election::cases, $factory;);
+    };
 }

@@ -429,39 +429,13 @@ pub async fn fair_bad_input(env: FairEnv) -> CheckResult {
     lock.release(h).await.ctx("release")
 }
 
-macro_rules! fair_lock_checks {
-    ($($name:ident),* $(,)?) => {
-        /// Every case of the fair lock suite, over [`FairLock`]s on a backend
-        /// factory with a `ManualClock` (see [`FairEnv::generic`]).
-        pub fn cases() -> Vec<Case> {
-            vec![$(Case {
-                suite: "fair_lock",
-                name: stringify!($name),
-                run: |factory: BackendFactory| -> BoxFuture<'static, CheckResult> {
-                    Box::pin($name(FairEnv::generic(factory, stringify!($name))))
-                },
-            }),*]
-        }
-    };
-}
-
-fair_lock_checks!(
-    fair_mutual_exclusion,
-    fifo_order,
-    try_lock_never_jumps_the_queue,
-    timed_out_waiter_leaves_no_hole,
-    dead_holder_and_ticket_expire,
-    fair_fences_increase,
-    fair_bad_input,
-);
-
-/// Expand the fair lock suite into one `#[tokio::test]` per case, over
-/// [`FairLock`]s on a [`BackendFactory`] expression (or an
-/// `Option<BackendFactory>`, `None` = skipped).
+/// The fair lock suite's one list of cases (see [`crate::__suite!`]).
+#[doc(hidden)]
 #[macro_export]
-macro_rules! fair_lock_tests {
-    ($factory:expr) => {
-        $crate::__cases_as_tests!($crate::fair_lock::cases, $factory;
+macro_rules! __fair_lock_suite {
+    ($($mode:tt)*) => {
+        $crate::__suite!{$($mode)* "fair_lock",
+            |factory, check, name| check($crate::fair_lock::FairEnv::generic(factory, name));
             fair_mutual_exclusion,
             fifo_order,
             try_lock_never_jumps_the_queue,
@@ -469,24 +443,22 @@ macro_rules! fair_lock_tests {
             dead_holder_and_ticket_expire,
             fair_fences_increase,
             fair_bad_input,
-        );
+        }
     };
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn macro_lists_every_case() {
-        let source = include_str!("fair_lock.rs");
-        for case in super::cases() {
-            assert_eq!(
-                source
-                    .matches(&format!("            {},\n", case.name))
-                    .count(),
-                1,
-                "fair_lock_tests! must list {}",
-                case.name
-            );
-        }
-    }
+/// Every case of the fair lock suite, over [`FairLock`]s on a backend
+/// factory with a `ManualClock` (see [`FairEnv::generic`]).
+pub fn cases() -> Vec<Case> {
+    crate::__fair_lock_suite!(cases)
+}
+
+/// Expand the fair lock suite into one `#[tokio::test]` per case, over
+/// [`FairLock`]s on a [`BackendFactory`] expression (or an
+/// `Option<BackendFactory>`, `None` = skipped).
+#[macro_export]
+macro_rules! fair_lock_tests {
+    ($factory:expr) => {
+        $crate::__fair_lock_suite!(tests $crate::fair_lock::cases, $factory;);
+    };
 }

@@ -41,7 +41,7 @@ use coord_adapters::sideeffect::{
 use coord_backend::{Backend, BackendExt, Mutation};
 
 use crate::faults::{Fault, FaultyBackend, Target};
-use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+use crate::{ensure, unique_namespace, BackendFactory, Case, CheckResult, Failure};
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -601,41 +601,13 @@ pub async fn failed_confirmation_rereads(factory: BackendFactory) -> CheckResult
     Ok(())
 }
 
-macro_rules! fault_model_checks {
-    ($($name:ident),* $(,)?) => {
-        /// Every case of the fault-model suite.
-        pub fn cases() -> Vec<Case> {
-            vec![$(Case {
-                suite: "fault_model",
-                name: stringify!($name),
-                run: |factory: BackendFactory| -> BoxFuture<'static, CheckResult> {
-                    Box::pin($name(factory))
-                },
-            }),*]
-        }
-    };
-}
-
-fault_model_checks!(
-    late_commit_try_lock,
-    late_commit_release,
-    late_commit_try_write,
-    late_commit_campaign,
-    late_commit_board_claim,
-    late_commit_runner,
-    late_commit_fenced_sink,
-    late_commit_prune,
-    late_commit_board_prune,
-    indeterminate_forever_ends,
-    hung_writes_time_out,
-    failed_confirmation_rereads,
-);
-
-/// Expand every case of the fault-model suite into `#[tokio::test]`s.
+/// The fault model suite's one list of cases (see [`crate::__suite!`]).
+#[doc(hidden)]
 #[macro_export]
-macro_rules! fault_model_tests {
-    ($factory:expr) => {
-        $crate::__cases_as_tests!($crate::fault_model::cases, $factory;
+macro_rules! __fault_model_suite {
+    ($($mode:tt)*) => {
+        $crate::__suite!{$($mode)* "fault_model",
+            |factory, check, name| check(factory);
             late_commit_try_lock,
             late_commit_release,
             late_commit_try_write,
@@ -648,21 +620,19 @@ macro_rules! fault_model_tests {
             indeterminate_forever_ends,
             hung_writes_time_out,
             failed_confirmation_rereads,
-        );
+        }
     };
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn macro_lists_every_case() {
-        let source = include_str!("fault_model.rs");
-        for case in super::cases() {
-            assert!(
-                source.contains(&format!("            {},\n", case.name)),
-                "fault_model_tests! does not list {}",
-                case.name
-            );
-        }
-    }
+/// Every case of the fault-model suite.
+pub fn cases() -> Vec<Case> {
+    crate::__fault_model_suite!(cases)
+}
+
+/// Expand every case of the fault-model suite into `#[tokio::test]`s.
+#[macro_export]
+macro_rules! fault_model_tests {
+    ($factory:expr) => {
+        $crate::__fault_model_suite!(tests $crate::fault_model::cases, $factory;);
+    };
 }

@@ -148,6 +148,61 @@ pub fn all_cases() -> Vec<Case> {
     cases
 }
 
+/// Expand a suite's one list of cases. Each suite writes its list once, in
+/// a hidden exported macro that hands it to this one with a mode:
+///
+/// - `cases "suite"`: the suite's `Vec<Case>`;
+/// - `tests CASES_FN, FACTORY; "suite"`: one `#[tokio::test]` per case;
+/// - `names [CALLBACK] (ARGS)`: `CALLBACK!(ARGS; name, name, ...)`, for
+///   runners of another shape (native locks, side-effect rules).
+///
+/// The list is `"suite", |factory, check, name| TEMPLATE; case, case => |factory| OVERRIDE, ...`:
+/// each case runs `TEMPLATE` with `check` bound to the function of its name
+/// and `name` to its name, unless it gives its own `=> |factory| ...`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __suite {
+    (cases $suite:literal, |$f:ident, $check:ident, $n:ident| $tmpl:expr;
+        $($name:ident $(=> |$g:ident| $run:expr)?),* $(,)?) => {
+        vec![$($crate::__case!($suite, |$f, $check, $n| $tmpl; $name $(=> |$g| $run)?)),*]
+    };
+    (tests $cases:path, $factory:expr; $suite:literal, |$f:ident, $check:ident, $n:ident| $tmpl:expr;
+        $($name:ident $(=> |$g:ident| $run:expr)?),* $(,)?) => {
+        $crate::__cases_as_tests! { $cases, $factory; $($name),* }
+    };
+    (names [$($cb:tt)*] ($($args:tt)*) $suite:literal, |$f:ident, $check:ident, $n:ident| $tmpl:expr;
+        $($name:ident $(=> |$g:ident| $run:expr)?),* $(,)?) => {
+        $($cb)* ! { $($args)* $($name),* }
+    };
+}
+
+/// One [`Case`] of a [`__suite!`] list.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __case {
+    ($suite:literal, |$f:ident, $check:ident, $n:ident| $tmpl:expr; $name:ident) => {
+        $crate::Case {
+            suite: $suite,
+            name: stringify!($name),
+            run: |$f: $crate::BackendFactory| -> $crate::BoxFuture<'static, $crate::CheckResult> {
+                let $check = $name;
+                let $n: &'static str = stringify!($name);
+                let _ = $n;
+                ::std::boxed::Box::pin($tmpl)
+            },
+        }
+    };
+    ($suite:literal, |$f:ident, $check:ident, $n:ident| $tmpl:expr; $name:ident => |$g:ident| $run:expr) => {
+        $crate::Case {
+            suite: $suite,
+            name: stringify!($name),
+            run: |$g: $crate::BackendFactory| -> $crate::BoxFuture<'static, $crate::CheckResult> {
+                ::std::boxed::Box::pin($run)
+            },
+        }
+    };
+}
+
 /// Expand a list of case names of one suite into `#[tokio::test]`s.
 #[doc(hidden)]
 #[macro_export]

@@ -751,46 +751,50 @@ pub async fn guard_stops_after_release(env: LockEnv) -> CheckResult {
     b.release(hb).await.ctx("release")
 }
 
-macro_rules! lock_checks {
-    ($($name:ident),* $(,)?) => {
-        /// Every case of the lock suite, over [`GenericLock`]s on a backend
-        /// factory with a `ManualClock` (see [`LockEnv::generic`]).
-        pub fn cases() -> Vec<Case> {
-            vec![$(Case {
-                suite: "lock",
-                name: stringify!($name),
-                run: |factory: BackendFactory| -> BoxFuture<'static, CheckResult> {
-                    Box::pin($name(LockEnv::generic(factory, stringify!($name))))
-                },
-            }),*]
-        }
-
-        /// Every check of the lock suite, runnable against any [`LockEnv`]
-        /// (native locks: see [`native_lock_tests!`](crate::native_lock_tests)).
-        pub fn native_cases() -> Vec<LockCase> {
-            vec![$(LockCase {
-                name: stringify!($name),
-                run: |env: LockEnv| -> BoxFuture<'static, CheckResult> { Box::pin($name(env)) },
-            }),*]
+/// The lock suite's one list of cases (see [`crate::__suite!`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __lock_suite {
+    ($($mode:tt)*) => {
+        $crate::__suite!{$($mode)* "lock",
+            |factory, check, name| check($crate::lock::LockEnv::generic(factory, name));
+            try_lock_race,
+            mutual_exclusion,
+            fence_increases,
+            expiry_follows_time,
+            stale_handle_refused,
+            renew_extends,
+            release_then_relock,
+            lock_bad_input,
+            waiting_lock_acquires_after_release,
+            waiting_lock_times_out,
+            guard_renews,
+            guard_signals_lost,
+            guard_stops_after_release,
         }
     };
 }
 
-lock_checks!(
-    try_lock_race,
-    mutual_exclusion,
-    fence_increases,
-    expiry_follows_time,
-    stale_handle_refused,
-    renew_extends,
-    release_then_relock,
-    lock_bad_input,
-    waiting_lock_acquires_after_release,
-    waiting_lock_times_out,
-    guard_renews,
-    guard_signals_lost,
-    guard_stops_after_release,
-);
+/// Every case of the lock suite, over [`GenericLock`]s on a backend
+/// factory with a `ManualClock` (see [`LockEnv::generic`]).
+pub fn cases() -> Vec<Case> {
+    crate::__lock_suite!(cases)
+}
+
+macro_rules! lock_env_cases {
+    ($($name:ident),*) => {
+        vec![$(LockCase {
+            name: stringify!($name),
+            run: |env: LockEnv| -> BoxFuture<'static, CheckResult> { Box::pin($name(env)) },
+        }),*]
+    };
+}
+
+/// Every check of the lock suite, runnable against any [`LockEnv`]
+/// (native locks: see [`native_lock_tests!`](crate::native_lock_tests)).
+pub fn native_cases() -> Vec<LockCase> {
+    crate::__lock_suite!(names[lock_env_cases]())
+}
 
 /// Run the check called `name` against `env`, panicking with its failure (for `#[test]`s).
 pub async fn run_native_case(name: &str, env: LockEnv) {
@@ -809,21 +813,7 @@ pub async fn run_native_case(name: &str, env: LockEnv) {
 #[macro_export]
 macro_rules! lock_tests {
     ($factory:expr) => {
-        $crate::__cases_as_tests!($crate::lock::cases, $factory;
-            try_lock_race,
-            mutual_exclusion,
-            fence_increases,
-            expiry_follows_time,
-            stale_handle_refused,
-            renew_extends,
-            release_then_relock,
-            lock_bad_input,
-            waiting_lock_acquires_after_release,
-            waiting_lock_times_out,
-            guard_renews,
-            guard_signals_lost,
-            guard_stops_after_release,
-        );
+        $crate::__lock_suite!(tests $crate::lock::cases, $factory;);
     };
 }
 
@@ -843,21 +833,7 @@ macro_rules! lock_tests {
 #[macro_export]
 macro_rules! native_lock_tests {
     ($env:expr) => {
-        $crate::__lock_env_cases_as_tests!($env;
-            try_lock_race,
-            mutual_exclusion,
-            fence_increases,
-            expiry_follows_time,
-            stale_handle_refused,
-            renew_extends,
-            release_then_relock,
-            lock_bad_input,
-            waiting_lock_acquires_after_release,
-            waiting_lock_times_out,
-            guard_renews,
-            guard_signals_lost,
-            guard_stops_after_release,
-        );
+        $crate::__lock_suite!(names [$crate::__lock_env_cases_as_tests] ($env;));
     };
 }
 
@@ -874,22 +850,4 @@ macro_rules! __lock_env_cases_as_tests {
             }
         )*
     };
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn macros_list_every_case() {
-        let source = include_str!("lock.rs");
-        for case in super::cases() {
-            let line = format!("            {},\n", case.name);
-            assert_eq!(
-                source.matches(&line).count(),
-                2,
-                "lock_tests! and native_lock_tests! must both list {}",
-                case.name
-            );
-        }
-        assert_eq!(super::cases().len(), super::native_cases().len());
-    }
 }

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use coord_backend::{Assert, Backend, Entry, Mutation, ReclaimOptions, Version};
 
-use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+use crate::{ensure, unique_namespace, BackendFactory, Case, CheckResult, Failure};
 
 async fn open(factory: &BackendFactory, label: &str) -> Result<Arc<dyn Backend>, Failure> {
     Ok(factory(unique_namespace(label)).await?)
@@ -486,29 +486,25 @@ pub async fn reclaim_sequences(factory: BackendFactory) -> CheckResult {
     Ok(())
 }
 
-macro_rules! reclaim_checks {
-    ($($name:ident),* $(,)?) => {
-        /// Every case of the reclaim suite, over a backend factory.
-        pub fn cases() -> Vec<Case> {
-            vec![
-                $(Case {
-                    suite: "reclaim",
-                    name: stringify!($name),
-                    run: |factory: BackendFactory| -> BoxFuture<'static, CheckResult> {
-                        Box::pin($name(factory))
-                    },
-                },)*
-            ]
+/// The reclaim suite's one list of cases (see [`crate::__suite!`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __reclaim_suite {
+    ($($mode:tt)*) => {
+        $crate::__suite!{$($mode)* "reclaim",
+            |factory, check, name| check(factory);
+            reclaim_keeps_versions_unique,
+            reclaim_is_bounded,
+            reclaim_races_create,
+            reclaim_sequences,
         }
     };
 }
 
-reclaim_checks!(
-    reclaim_keeps_versions_unique,
-    reclaim_is_bounded,
-    reclaim_races_create,
-    reclaim_sequences,
-);
+/// Every case of the reclaim suite, over a backend factory.
+pub fn cases() -> Vec<Case> {
+    crate::__reclaim_suite!(cases)
+}
 
 /// Expand the reclaim suite into one `#[tokio::test]` per case, over a
 /// [`BackendFactory`] expression (evaluated once per test; it may also be an
@@ -516,26 +512,6 @@ reclaim_checks!(
 #[macro_export]
 macro_rules! reclaim_tests {
     ($factory:expr) => {
-        $crate::__cases_as_tests!($crate::reclaim::cases, $factory;
-            reclaim_keeps_versions_unique,
-            reclaim_is_bounded,
-            reclaim_races_create,
-            reclaim_sequences,
-        );
+        $crate::__reclaim_suite!(tests $crate::reclaim::cases, $factory;);
     };
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn macro_lists_every_case() {
-        let source = include_str!("reclaim.rs");
-        for case in super::cases() {
-            assert!(
-                source.contains(&format!("            {},\n", case.name)),
-                "reclaim_tests! does not list {}",
-                case.name
-            );
-        }
-    }
 }

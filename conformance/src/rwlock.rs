@@ -496,53 +496,13 @@ pub async fn rwlock_bad_input(env: RwEnv) -> CheckResult {
     Ok(())
 }
 
-macro_rules! rwlock_checks {
-    ($($name:ident),* $(,)?) => {
-        /// Every case of the rwlock suite, over [`GenericRwLock`]s on a
-        /// backend factory with a `ManualClock` (see [`RwEnv::generic`]).
-        pub fn cases() -> Vec<Case> {
-            vec![
-                $(Case {
-                    suite: "rwlock",
-                    name: stringify!($name),
-                    run: |factory: BackendFactory| -> BoxFuture<'static, CheckResult> {
-                        Box::pin($name(RwEnv::generic(factory, stringify!($name))))
-                    },
-                },)*
-            ]
-        }
-
-        /// Every check as `(name, function)`, to run against another implementation.
-        pub fn checks() -> Vec<(&'static str, fn(RwEnv) -> BoxFuture<'static, CheckResult>)> {
-            vec![
-                $((stringify!($name), |env: RwEnv| -> BoxFuture<'static, CheckResult> {
-                    Box::pin($name(env))
-                }),)*
-            ]
-        }
-    };
-}
-
-rwlock_checks!(
-    readers_share,
-    writer_excludes,
-    exclusion_race,
-    fences_increase,
-    writer_not_starved,
-    expired_holders_dont_block,
-    stale_holder_refused,
-    renew_extends,
-    holders_bounded,
-    rwlock_bad_input,
-);
-
-/// Expand the rwlock suite into one `#[tokio::test]` per case, over
-/// [`GenericRwLock`]s on a [`BackendFactory`] expression (or an
-/// `Option<BackendFactory>`, `None` = skipped).
+/// The rwlock suite's one list of cases (see [`crate::__suite!`]).
+#[doc(hidden)]
 #[macro_export]
-macro_rules! rwlock_tests {
-    ($factory:expr) => {
-        $crate::__cases_as_tests!($crate::rwlock::cases, $factory;
+macro_rules! __rwlock_suite {
+    ($($mode:tt)*) => {
+        $crate::__suite!{$($mode)* "rwlock",
+            |factory, check, name| check($crate::rwlock::RwEnv::generic(factory, name));
             readers_share,
             writer_excludes,
             exclusion_race,
@@ -553,21 +513,38 @@ macro_rules! rwlock_tests {
             renew_extends,
             holders_bounded,
             rwlock_bad_input,
-        );
+        }
     };
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn macro_lists_every_case() {
-        let source = include_str!("rwlock.rs");
-        for case in super::cases() {
-            assert!(
-                source.contains(&format!("            {},\n", case.name)),
-                "rwlock_tests! does not list {}",
-                case.name
-            );
-        }
-    }
+/// Every case of the rwlock suite, over [`GenericRwLock`]s on a
+/// backend factory with a `ManualClock` (see [`RwEnv::generic`]).
+pub fn cases() -> Vec<Case> {
+    crate::__rwlock_suite!(cases)
+}
+
+macro_rules! env_checks {
+    ($($name:ident),*) => {
+        vec![$((stringify!($name), |env: RwEnv| -> BoxFuture<'static, CheckResult> {
+            Box::pin($name(env))
+        })),*]
+    };
+}
+
+/// One check of the suite, runnable against any [`RwEnv`].
+pub type RwEnvCheck = fn(RwEnv) -> BoxFuture<'static, CheckResult>;
+
+/// Every check as `(name, function)`, to run against another implementation.
+pub fn checks() -> Vec<(&'static str, RwEnvCheck)> {
+    crate::__rwlock_suite!(names[env_checks]())
+}
+
+/// Expand the rwlock suite into one `#[tokio::test]` per case, over
+/// [`GenericRwLock`]s on a [`BackendFactory`] expression (or an
+/// `Option<BackendFactory>`, `None` = skipped).
+#[macro_export]
+macro_rules! rwlock_tests {
+    ($factory:expr) => {
+        $crate::__rwlock_suite!(tests $crate::rwlock::cases, $factory;);
+    };
 }

@@ -39,7 +39,7 @@ use coord_scheduler::{
     SlotStore,
 };
 
-use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+use crate::{ensure, unique_namespace, BackendFactory, Case, CheckResult, Failure};
 
 /// Builds the [`SlotStore`] under test over one backend client.
 pub type StoreMaker = Arc<
@@ -716,59 +716,16 @@ pub async fn dedupe_window_refusal(env: &SchedulerEnv) -> CheckResult {
     Ok(())
 }
 
-macro_rules! env_case {
-    ($name:ident, $env:ident => $call:expr) => {
-        fn $name(factory: BackendFactory) -> BoxFuture<'static, CheckResult> {
-            Box::pin(async move {
-                let $env = SchedulerEnv::new(factory);
-                $call.await
-            })
-        }
-    };
-}
-
-env_case!(case_claim_race, env => claim_race(&env, 8, 10));
-env_case!(case_repeat_safety, env => repeat_safety(&env));
-env_case!(case_history_newest_first, env => history_newest_first(&env));
-env_case!(case_heartbeat_ownership, env => heartbeat_ownership(&env));
-env_case!(case_takeover_after_expiry, env => takeover_after_expiry(&env));
-env_case!(case_overlap_protection, env => overlap_protection(&env));
-env_case!(case_finish_release_by_token, env => finish_release_by_token(&env));
-env_case!(case_skip_recorded_once, env => skip_recorded_once(&env));
-env_case!(case_manual_runs_not_deduplicated, env => manual_runs_not_deduplicated(&env));
-env_case!(case_dedupe_window_refusal, env => dedupe_window_refusal(&env));
-
-/// Every case of the scheduler suite, over the real [`RunStore`].
-pub fn cases() -> Vec<Case> {
-    let case = |name, run| Case {
-        suite: "scheduler",
-        name,
-        run,
-    };
-    vec![
-        case("claim_race", case_claim_race),
-        case("repeat_safety", case_repeat_safety),
-        case("history_newest_first", case_history_newest_first),
-        case("heartbeat_ownership", case_heartbeat_ownership),
-        case("takeover_after_expiry", case_takeover_after_expiry),
-        case("overlap_protection", case_overlap_protection),
-        case("finish_release_by_token", case_finish_release_by_token),
-        case("skip_recorded_once", case_skip_recorded_once),
-        case(
-            "manual_runs_not_deduplicated",
-            case_manual_runs_not_deduplicated,
-        ),
-        case("dedupe_window_refusal", case_dedupe_window_refusal),
-    ]
-}
-
-/// Expand the scheduler suite into one `#[tokio::test]` per case for a
-/// [`BackendFactory`] expression (evaluated once per test).
+/// The scheduler suite's one list of cases (see [`crate::__suite!`]).
+#[doc(hidden)]
 #[macro_export]
-macro_rules! scheduler_tests {
-    ($factory:expr) => {
-        $crate::__cases_as_tests!($crate::scheduler::cases, $factory;
-            claim_race,
+macro_rules! __scheduler_suite {
+    ($($mode:tt)*) => {
+        $crate::__suite!{$($mode)* "scheduler",
+            |factory, check, name| async move { check(&$crate::scheduler::SchedulerEnv::new(factory)).await };
+            claim_race => |factory| async move {
+                claim_race(&$crate::scheduler::SchedulerEnv::new(factory), 8, 10).await
+            },
             repeat_safety,
             history_newest_first,
             heartbeat_ownership,
@@ -778,21 +735,20 @@ macro_rules! scheduler_tests {
             skip_recorded_once,
             manual_runs_not_deduplicated,
             dedupe_window_refusal,
-        );
+        }
     };
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn macro_lists_every_case() {
-        let source = include_str!("scheduler.rs");
-        for case in super::cases() {
-            assert!(
-                source.contains(&format!("            {},\n", case.name)),
-                "scheduler_tests! does not list {}",
-                case.name
-            );
-        }
-    }
+/// Every case of the scheduler suite, over the real [`RunStore`].
+pub fn cases() -> Vec<Case> {
+    crate::__scheduler_suite!(cases)
+}
+
+/// Expand the scheduler suite into one `#[tokio::test]` per case for a
+/// [`BackendFactory`] expression (evaluated once per test).
+#[macro_export]
+macro_rules! scheduler_tests {
+    ($factory:expr) => {
+        $crate::__scheduler_suite!(tests $crate::scheduler::cases, $factory;);
+    };
 }

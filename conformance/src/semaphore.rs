@@ -354,39 +354,13 @@ pub async fn semaphore_bad_input(env: SemEnv) -> CheckResult {
     Ok(())
 }
 
-macro_rules! semaphore_checks {
-    ($($name:ident),* $(,)?) => {
-        /// Every case of the semaphore suite, over [`GenericSemaphore`]s on a
-        /// backend factory with a `ManualClock` (see [`SemEnv::generic`]).
-        pub fn cases() -> Vec<Case> {
-            vec![$(Case {
-                suite: "semaphore",
-                name: stringify!($name),
-                run: |factory: BackendFactory| -> BoxFuture<'static, CheckResult> {
-                    Box::pin($name(SemEnv::generic(factory, stringify!($name))))
-                },
-            }),*]
-        }
-    };
-}
-
-semaphore_checks!(
-    permit_race,
-    never_more_than_n,
-    permits_come_back_after_ttl,
-    permit_fences_increase,
-    release_frees_one,
-    waiting_acquire,
-    semaphore_bad_input,
-);
-
-/// Expand the semaphore suite into one `#[tokio::test]` per case, over
-/// [`GenericSemaphore`]s on a [`BackendFactory`] expression (or an
-/// `Option<BackendFactory>`, `None` = skipped).
+/// The semaphore suite's one list of cases (see [`crate::__suite!`]).
+#[doc(hidden)]
 #[macro_export]
-macro_rules! semaphore_tests {
-    ($factory:expr) => {
-        $crate::__cases_as_tests!($crate::semaphore::cases, $factory;
+macro_rules! __semaphore_suite {
+    ($($mode:tt)*) => {
+        $crate::__suite!{$($mode)* "semaphore",
+            |factory, check, name| check($crate::semaphore::SemEnv::generic(factory, name));
             permit_race,
             never_more_than_n,
             permits_come_back_after_ttl,
@@ -394,24 +368,22 @@ macro_rules! semaphore_tests {
             release_frees_one,
             waiting_acquire,
             semaphore_bad_input,
-        );
+        }
     };
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn macro_lists_every_case() {
-        let source = include_str!("semaphore.rs");
-        for case in super::cases() {
-            assert_eq!(
-                source
-                    .matches(&format!("            {},\n", case.name))
-                    .count(),
-                1,
-                "semaphore_tests! must list {}",
-                case.name
-            );
-        }
-    }
+/// Every case of the semaphore suite, over [`GenericSemaphore`]s on a
+/// backend factory with a `ManualClock` (see [`SemEnv::generic`]).
+pub fn cases() -> Vec<Case> {
+    crate::__semaphore_suite!(cases)
+}
+
+/// Expand the semaphore suite into one `#[tokio::test]` per case, over
+/// [`GenericSemaphore`]s on a [`BackendFactory`] expression (or an
+/// `Option<BackendFactory>`, `None` = skipped).
+#[macro_export]
+macro_rules! semaphore_tests {
+    ($factory:expr) => {
+        $crate::__semaphore_suite!(tests $crate::semaphore::cases, $factory;);
+    };
 }

@@ -5,7 +5,7 @@
 //! Every check is a plain `async fn`. Checks that take an `Arc<dyn Backend>`
 //! expect an **empty namespace** (they refuse to run otherwise, so a leftover
 //! key can never make a check pass or fail by accident); checks that take a
-//! [`BackendFactory`] open several clients themselves, also several clients of
+//! [`BackendFactory`](crate::BackendFactory) open several clients themselves, also several clients of
 //! one namespace, so stores with per-client connections are raced for real.
 //!
 //! What the suite pins down (each bullet is one check):
@@ -37,7 +37,7 @@
 
 use coord_backend::{Assert, Backend, Entry, Mutation};
 
-use crate::{ensure, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+use crate::{ensure, Case, CheckResult, Failure};
 
 mod limits;
 mod model;
@@ -122,71 +122,40 @@ fn names(keys: &[&str]) -> Vec<String> {
     keys.iter().map(|k| (*k).to_owned()).collect()
 }
 
-/// Every case of the backend suite.
-pub fn cases() -> Vec<Case> {
-    fn case(
-        name: &'static str,
-        run: fn(BackendFactory) -> BoxFuture<'static, CheckResult>,
-    ) -> Case {
-        Case {
-            suite: "backend",
-            name,
-            run,
-        }
-    }
-    vec![
-        case("concurrent_txn", case_concurrent_txn),
-        case("increment_race", case_increment_race),
-        case("snapshot_consistency", case_snapshot_consistency),
-        case("disjoint_write_skew", case_disjoint_write_skew),
-        case("version_monotonic", case_version_monotonic),
-        case("assert_missing", case_assert_missing),
-        case("all_or_nothing", case_all_or_nothing),
-        case("rejected_txn_current", case_rejected_txn_current),
-        case("snapshot_semantics", case_snapshot_semantics),
-        case("keys_literal_prefix", case_keys_literal_prefix),
-        case("namespace_isolation", case_namespace_isolation),
-        case("bad_input", case_bad_input),
-        case("large_values", case_large_values),
-        case("model_sequences", case_model_sequences),
-    ]
-}
-
-/// Expand the backend suite into one `#[tokio::test]` per case for a
-/// [`BackendFactory`] expression (evaluated once per test).
+/// The backend suite's one list of cases (see [`crate::__suite!`]).
+#[doc(hidden)]
 #[macro_export]
-macro_rules! backend_tests {
-    ($factory:expr) => {
-        $crate::__cases_as_tests!($crate::backend::cases, $factory;
-            concurrent_txn,
-            increment_race,
-            snapshot_consistency,
-            disjoint_write_skew,
-            version_monotonic,
-            assert_missing,
-            all_or_nothing,
-            rejected_txn_current,
-            snapshot_semantics,
-            keys_literal_prefix,
-            namespace_isolation,
-            bad_input,
-            large_values,
-            model_sequences,
-        );
+macro_rules! __backend_suite {
+    ($($mode:tt)*) => {
+        $crate::__suite!{$($mode)* "backend", |factory, check, name| check(factory);
+            concurrent_txn => |factory| case_concurrent_txn(factory),
+            increment_race => |factory| case_increment_race(factory),
+            snapshot_consistency => |factory| case_snapshot_consistency(factory),
+            disjoint_write_skew => |factory| case_disjoint_write_skew(factory),
+            version_monotonic => |factory| case_version_monotonic(factory),
+            assert_missing => |factory| case_assert_missing(factory),
+            all_or_nothing => |factory| case_all_or_nothing(factory),
+            rejected_txn_current => |factory| case_rejected_txn_current(factory),
+            snapshot_semantics => |factory| case_snapshot_semantics(factory),
+            keys_literal_prefix => |factory| case_keys_literal_prefix(factory),
+            namespace_isolation => |factory| case_namespace_isolation(factory),
+            bad_input => |factory| case_bad_input(factory),
+            large_values => |factory| case_large_values(factory),
+            model_sequences => |factory| case_model_sequences(factory),
+        }
     };
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn macro_lists_every_case() {
-        let source = include_str!("mod.rs");
-        for case in super::cases() {
-            assert!(
-                source.contains(&format!("            {},\n", case.name)),
-                "backend_tests! does not list {}",
-                case.name
-            );
-        }
-    }
+/// Every case of the backend suite.
+pub fn cases() -> Vec<Case> {
+    crate::__backend_suite!(cases)
+}
+
+/// Expand the backend suite into one `#[tokio::test]` per case for a
+/// [`BackendFactory`](crate::BackendFactory) expression (evaluated once per test).
+#[macro_export]
+macro_rules! backend_tests {
+    ($factory:expr) => {
+        $crate::__backend_suite!(tests $crate::backend::cases, $factory;);
+    };
 }

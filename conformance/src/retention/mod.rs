@@ -361,71 +361,44 @@ pub async fn check_all(
     ]
 }
 
-macro_rules! retention_checks {
-    (side_effects: $($name:ident),* ; boards: $($board:ident),* $(,)?) => {
-        /// Every case of the retention suite (with [`adapter_pruner`] and
-        /// [`board::adapter_board_pruner`]).
-        pub fn cases() -> Vec<Case> {
-            vec![
-                $(Case {
-                    suite: "retention",
-                    name: stringify!($name),
-                    run: |factory: BackendFactory| -> BoxFuture<'static, CheckResult> {
-                        Box::pin($name(factory, adapter_pruner()))
-                    },
-                },)*
-                $(Case {
-                    suite: "retention",
-                    name: stringify!($board),
-                    run: |factory: BackendFactory| -> BoxFuture<'static, CheckResult> {
-                        Box::pin(board::$board(factory, board::adapter_board_pruner()))
-                    },
-                },)*
-            ]
+/// The retention suite's one list of cases (see [`crate::__suite!`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __retention_suite {
+    ($($mode:tt)*) => {
+        $crate::__suite!{$($mode)* "retention",
+            |factory, check, name| check(factory, $crate::retention::adapter_pruner());
+            completed_keys_go_after_the_window,
+            pruners_race,
+            prune_is_bounded,
+            attention_index_follows_state,
+            completed_tasks_go_after_the_window => |factory| board::completed_tasks_go_after_the_window(
+                factory,
+                board::adapter_board_pruner(),
+            ),
+            dependents_stay_claimable => |factory| board::dependents_stay_claimable(
+                factory,
+                board::adapter_board_pruner(),
+            ),
+            board_pruners_race => |factory| board::board_pruners_race(
+                factory,
+                board::adapter_board_pruner(),
+            ),
         }
     };
 }
 
-retention_checks!(
-    side_effects:
-    completed_keys_go_after_the_window,
-    pruners_race,
-    prune_is_bounded,
-    attention_index_follows_state;
-    boards:
-    completed_tasks_go_after_the_window,
-    dependents_stay_claimable,
-    board_pruners_race,
-);
+/// Every case of the retention suite (with [`adapter_pruner`] and
+/// [`board::adapter_board_pruner`]).
+pub fn cases() -> Vec<Case> {
+    crate::__retention_suite!(cases)
+}
 
 /// Expand the retention suite into one `#[tokio::test]` per case, over a
 /// [`BackendFactory`] expression (or `Option<BackendFactory>`, `None` = skipped).
 #[macro_export]
 macro_rules! retention_tests {
     ($factory:expr) => {
-        $crate::__cases_as_tests!($crate::retention::cases, $factory;
-            completed_keys_go_after_the_window,
-            pruners_race,
-            prune_is_bounded,
-            attention_index_follows_state,
-            completed_tasks_go_after_the_window,
-            dependents_stay_claimable,
-            board_pruners_race,
-        );
+        $crate::__retention_suite!(tests $crate::retention::cases, $factory;);
     };
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn macro_lists_every_case() {
-        let source = include_str!("mod.rs");
-        for case in super::cases() {
-            assert!(
-                source.contains(&format!("            {},\n", case.name)),
-                "retention_tests! does not list {}",
-                case.name
-            );
-        }
-    }
 }
