@@ -8,9 +8,11 @@
 //! | --- | --- | --- |
 //! | `memory://?namespace=NS` | [`coord_memory::SingleProcessMemoryBackend`] | ONE process only (tests, demos) |
 //! | `sqlite://PATH` | `coord_sqlite` (feature `sqlite`) | the processes of one host |
-//! | `redis://`, `rediss://`, `redis+cluster://` | `coord_redis` (feature `redis`) | one Redis primary (see docs/shapes.md) |
+//! | `redis://`, `rediss://` (TLS), `redis+cluster://`, `rediss+cluster://` | `coord_redis` (feature `redis`) | one Redis primary (see docs/shapes.md) |
 //! | `postgres://`, `postgresql://` | `coord_postgres` (feature `postgres`) | the database |
-//! | `etcd://host:port[,host:port]` | `coord_etcd` (feature `etcd`) | the etcd cluster (raft) |
+//! | `etcd://host:port[,host:port]`, `etcds://` (TLS: feature `etcd-tls`) | `coord_etcd` (feature `etcd`) | the etcd cluster (raft) |
+//!
+//! [`SCHEMES`] is the same table in code.
 //!
 //! Every URL takes `?namespace=NAME` (default `coord`): applications sharing
 //! one store never see each other's keys.
@@ -36,16 +38,164 @@ pub use coord_backend as backend;
 
 use coord_backend::{Backend, Error, Result, StoreUrl};
 
+/// One URL scheme [`connect`] knows: the one table behind `connect`, its
+/// error messages and the crate docs' table (a test keeps them together).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Scheme {
+    /// The URL scheme, as written before `://`.
+    pub name: &'static str,
+    /// The store family: the `store` label of the metrics, and what
+    /// [`coord_backend::Backend::store_name`] reports.
+    pub store: &'static str,
+    /// Whether the scheme asks for TLS.
+    pub tls: bool,
+    /// Whether the scheme names a Redis Cluster.
+    pub cluster: bool,
+    /// The cargo feature of this crate that compiles the store in (`None`:
+    /// always there).
+    pub feature: Option<&'static str>,
+    /// Whether this build has the store.
+    pub built: bool,
+}
+
+const fn scheme(
+    name: &'static str,
+    store: &'static str,
+    tls: bool,
+    cluster: bool,
+    feature: Option<&'static str>,
+    built: bool,
+) -> Scheme {
+    Scheme {
+        name,
+        store,
+        tls,
+        cluster,
+        feature,
+        built,
+    }
+}
+
+/// Every scheme [`connect`] knows, whether this build has its store or not.
+pub const SCHEMES: &[Scheme] = &[
+    scheme("memory", "memory", false, false, None, true),
+    scheme(
+        "sqlite",
+        "sqlite",
+        false,
+        false,
+        Some("sqlite"),
+        cfg!(feature = "sqlite"),
+    ),
+    scheme(
+        "redis",
+        "redis",
+        false,
+        false,
+        Some("redis"),
+        cfg!(feature = "redis"),
+    ),
+    scheme(
+        "rediss",
+        "redis",
+        true,
+        false,
+        Some("redis"),
+        cfg!(feature = "redis"),
+    ),
+    scheme(
+        "redis+cluster",
+        "redis+cluster",
+        false,
+        true,
+        Some("redis"),
+        cfg!(feature = "redis"),
+    ),
+    scheme(
+        "rediss+cluster",
+        "redis+cluster",
+        true,
+        true,
+        Some("redis"),
+        cfg!(feature = "redis"),
+    ),
+    scheme(
+        "postgres",
+        "postgres",
+        false,
+        false,
+        Some("postgres"),
+        cfg!(feature = "postgres"),
+    ),
+    scheme(
+        "postgresql",
+        "postgres",
+        false,
+        false,
+        Some("postgres"),
+        cfg!(feature = "postgres"),
+    ),
+    scheme(
+        "etcd",
+        "etcd",
+        false,
+        false,
+        Some("etcd"),
+        cfg!(feature = "etcd"),
+    ),
+    scheme(
+        "etcds",
+        "etcd",
+        true,
+        false,
+        Some("etcd"),
+        cfg!(feature = "etcd"),
+    ),
+];
+
+impl Scheme {
+    /// The scheme of `url`, or a [`Error::Config`] naming every known one.
+    pub fn of(url: &StoreUrl) -> Result<Scheme> {
+        SCHEMES
+            .iter()
+            .find(|s| s.name == url.scheme())
+            .copied()
+            .ok_or_else(|| {
+                let known: Vec<&str> = SCHEMES.iter().map(|s| s.name).collect();
+                Error::Config(format!(
+                    "unknown store scheme {:?} (known: {})",
+                    url.scheme(),
+                    known.join(", ")
+                ))
+            })
+    }
+
+    /// This scheme, or a [`Error::Config`] saying which feature builds it in.
+    fn built(self) -> Result<Scheme> {
+        match (self.built, self.feature) {
+            (true, _) | (false, None) => Ok(self),
+            (false, Some(feature)) => Err(Error::Config(format!(
+                "this build has no {}:// store: rebuild with the cargo feature `{feature}` \
+                 (e.g. `cargo run -p coordctl --features {feature}`)",
+                self.name
+            ))),
+        }
+    }
+}
+
 /// Open the store a URL names. See the table in the crate docs.
 ///
 /// The store comes wrapped in [`coord_backend::Metered`] with `store` = the
-/// URL's scheme family (`memory`, `sqlite`, `redis`, `redis+cluster`,
-/// `postgres`, `etcd`), so every txn is counted in `coord_txn_total` and
-/// timed in `coord_txn_seconds` once a `metrics` recorder is installed
-/// (docs/operations.md). Without one this costs nothing measurable.
+/// URL's store family ([`Scheme::store`]: `memory`, `sqlite`, `redis`,
+/// `redis+cluster`, `postgres`, `etcd`), so every txn is counted in
+/// `coord_txn_total` and timed in `coord_txn_seconds` once a `metrics`
+/// recorder is installed (docs/operations.md). Without one this costs
+/// nothing measurable.
 pub async fn connect(url: &str) -> Result<Arc<dyn Backend>> {
     let parsed = StoreUrl::parse(url)?;
-    let (label, store): (&'static str, Arc<dyn Backend>) = match parsed.scheme() {
+    let scheme = Scheme::of(&parsed)?.built()?;
+    let store: Arc<dyn Backend> = match scheme.store {
         "memory" => {
             if !parsed.body().is_empty() {
                 return Err(Error::Config(format!(
@@ -53,53 +203,22 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>> {
                     parsed.body()
                 )));
             }
-            (
-                "memory",
-                Arc::new(coord_memory::SingleProcessMemoryBackend::shared(
-                    parsed.namespace(),
-                )?),
-            )
+            Arc::new(coord_memory::SingleProcessMemoryBackend::shared(
+                parsed.namespace(),
+            )?)
         }
         #[cfg(feature = "sqlite")]
-        "sqlite" => (
-            "sqlite",
-            Arc::new(coord_sqlite::SqliteBackend::connect(&parsed).await?),
-        ),
+        "sqlite" => Arc::new(coord_sqlite::SqliteBackend::connect(&parsed).await?),
         #[cfg(feature = "redis")]
-        scheme @ ("redis" | "rediss" | "redis+cluster" | "rediss+cluster") => (
-            if scheme.ends_with("+cluster") {
-                "redis+cluster"
-            } else {
-                "redis"
-            },
-            Arc::new(coord_redis::RedisBackend::connect(&parsed).await?),
-        ),
+        "redis" | "redis+cluster" => Arc::new(coord_redis::RedisBackend::connect(&parsed).await?),
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => (
-            "postgres",
-            Arc::new(coord_postgres::PostgresBackend::connect(&parsed).await?),
-        ),
+        "postgres" => Arc::new(coord_postgres::PostgresBackend::connect(&parsed).await?),
         #[cfg(feature = "etcd")]
-        "etcd" | "etcds" => (
-            "etcd",
-            Arc::new(coord_etcd::EtcdBackend::connect(&parsed).await?),
-        ),
-        #[cfg(not(feature = "etcd"))]
-        "etcd" | "etcds" => {
-            return Err(Error::Config(
-                "this build has no etcd store: rebuild with the cargo feature `etcd` \
-                 (e.g. `cargo run -p coordctl --features etcd`)"
-                    .into(),
-            ))
-        }
-        other => {
-            return Err(Error::Config(format!(
-                "unknown store scheme {other:?} (known: memory, sqlite, redis, rediss, redis+cluster, postgres, etcd; \
-                 a store may also be compiled out by a cargo feature)"
-            )))
-        }
+        "etcd" => Arc::new(coord_etcd::EtcdBackend::connect(&parsed).await?),
+        // `built()` refused every store compiled out.
+        other => unreachable!("scheme table names a store {other:?} this build has"),
     };
-    Ok(coord_backend::Metered::wrap(label, store))
+    Ok(coord_backend::Metered::wrap(scheme.store, store))
 }
 
 /// The README's example, compiled as a doc test so it stays true.
@@ -118,7 +237,26 @@ mod tests {
     async fn unknown_scheme_is_a_config_error() {
         let err = super::connect("nope://x").await.unwrap_err();
         assert!(matches!(err, coord_backend::Error::Config(_)), "{err}");
+        for scheme in super::SCHEMES {
+            assert!(err.to_string().contains(scheme.name), "{err}");
+        }
         assert!(super::connect("memory://some/path").await.is_err());
+    }
+
+    /// The crate docs' table names every scheme of the table `connect` uses.
+    #[test]
+    fn crate_docs_list_every_scheme() {
+        let docs: String = include_str!("lib.rs")
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .collect();
+        for scheme in super::SCHEMES {
+            assert!(
+                docs.contains(&format!("`{}://", scheme.name)),
+                "the crate docs do not list {}://",
+                scheme.name
+            );
+        }
     }
 
     #[tokio::test]
@@ -133,6 +271,10 @@ mod tests {
             eprintln!("SKIPPED: COORD_TEST_POSTGRES_URL is not set");
             return;
         };
+        if !cfg!(feature = "postgres") {
+            eprintln!("SKIPPED: this build has no postgres store");
+            return;
+        }
         let parsed = coord_backend::StoreUrl::parse(&url).unwrap();
         let with_password = if parsed.body().contains('@') {
             url.clone()

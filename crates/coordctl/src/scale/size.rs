@@ -26,15 +26,15 @@ fn failed(what: &str) -> impl Fn(String) -> Error + '_ {
 pub(super) async fn of(url: &str, namespace: &str) -> Result<Option<(u64, u64)>, Error> {
     let url = StoreUrl::parse(url)?;
     let _ = (&failed, namespace);
-    match url.scheme() {
+    match coord::Scheme::of(&url)?.store {
         #[cfg(feature = "sqlite")]
         "sqlite" => sqlite(&url, namespace).await.map(Some),
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => postgres(&url, namespace).await.map(Some),
+        "postgres" => postgres(&url, namespace).await.map(Some),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => redis_size(&url, namespace).await.map(Some),
+        "redis" => redis_size(&url, namespace).await.map(Some),
         #[cfg(feature = "etcd")]
-        "etcd" | "etcds" => etcd(&url, namespace).await.map(Some),
+        "etcd" => etcd(&url, namespace).await.map(Some),
         _ => Ok(None),
     }
 }
@@ -188,9 +188,9 @@ async fn etcd(url: &StoreUrl, namespace: &str) -> Result<(u64, u64), Error> {
 /// `Ok(false)` on any other store.
 pub(super) async fn compact_etcd(url: &str) -> Result<bool, Error> {
     let url = StoreUrl::parse(url)?;
-    match url.scheme() {
+    match coord::Scheme::of(&url)?.store {
         #[cfg(feature = "etcd")]
-        "etcd" | "etcds" => {
+        "etcd" => {
             let fail = failed("etcd compaction");
             let mut client = etcd_client(&url).await.map_err(|e| fail(e.to_string()))?;
             let revision = client
