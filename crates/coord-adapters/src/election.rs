@@ -616,6 +616,15 @@ pub struct ElectionStatus {
     pub leader: Option<LeaderInfo>,
 }
 
+/// `answer`, counted in `coord_election_lost_total` when it says the
+/// leadership is over.
+fn lost_counted(answer: Result<(), ElectionError>) -> Result<(), ElectionError> {
+    if let Err(ElectionError::Lost { reason, .. }) = &answer {
+        crate::telemetry::election_lost(*reason);
+    }
+    answer
+}
+
 #[async_trait]
 impl Election for GenericElection {
     #[tracing::instrument(name = "election.try_campaign", skip_all, fields(name = %name))]
@@ -633,7 +642,8 @@ impl Election for GenericElection {
         let expires_ms = now.saturating_add(millis(ttl));
         let token = mint_token();
         let keys = [record_key.clone()];
-        self.engine
+        let won = self
+            .engine
             .decide::<Result<Option<Leadership>, ElectionError>, ElectionError, _>(&keys, |view| {
                 let mut record = match Self::decode(view, &record_key) {
                     Ok(record) => record.unwrap_or_default(),
@@ -664,7 +674,11 @@ impl Election for GenericElection {
                     then: Ok(Some(won)),
                 })
             })
-            .await?
+            .await?;
+        if let Ok(Some(_)) = &won {
+            crate::telemetry::election_won();
+        }
+        won
     }
 
     #[tracing::instrument(name = "election.campaign", skip_all, fields(name = %name))]
@@ -700,12 +714,12 @@ impl Election for GenericElection {
 
     #[tracing::instrument(name = "election.renew", skip_all, fields(name = %leadership.name, term = leadership.term))]
     async fn renew(&self, leadership: &Leadership) -> Result<(), ElectionError> {
-        self.change(leadership, Change::Renew).await
+        lost_counted(self.change(leadership, Change::Renew).await)
     }
 
     #[tracing::instrument(name = "election.proclaim", skip_all, fields(name = %leadership.name, term = leadership.term))]
     async fn proclaim(&self, leadership: &Leadership, value: &str) -> Result<(), ElectionError> {
-        self.change(leadership, Change::Proclaim(value)).await
+        lost_counted(self.change(leadership, Change::Proclaim(value)).await)
     }
 
     #[tracing::instrument(name = "election.resign", skip_all, fields(name = %leadership.name, term = leadership.term))]

@@ -84,12 +84,19 @@ pub enum RwMode {
     Write,
 }
 
-impl std::fmt::Display for RwMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+impl RwMode {
+    /// `read` or `write` (also the `mode` label of the metrics).
+    pub fn label(self) -> &'static str {
+        match self {
             RwMode::Read => "read",
             RwMode::Write => "write",
-        })
+        }
+    }
+}
+
+impl std::fmt::Display for RwMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
     }
 }
 
@@ -492,7 +499,10 @@ impl GenericRwLock {
         loop {
             let answer = self.attempt(key, ttl, mode, waiter.as_deref()).await;
             match answer {
-                Ok(Grant::Granted(handle)) => return Ok(handle),
+                Ok(Grant::Granted(handle)) => {
+                    crate::telemetry::rwlock_acquired(mode.label());
+                    return Ok(handle);
+                }
                 Ok(Grant::Refused) => {}
                 Err(error) => {
                     if let Some(waiter) = &waiter {
@@ -586,7 +596,10 @@ impl RwLock for GenericRwLock {
     #[tracing::instrument(name = "rwlock.try_read", skip_all, fields(key = %key))]
     async fn try_read(&self, key: &str, ttl: Duration) -> Result<Option<RwHandle>, LockError> {
         match self.attempt(key, ttl, RwMode::Read, None).await? {
-            Grant::Granted(handle) => Ok(Some(handle)),
+            Grant::Granted(handle) => {
+                crate::telemetry::rwlock_acquired(RwMode::Read.label());
+                Ok(Some(handle))
+            }
             Grant::Refused => Ok(None),
         }
     }
@@ -594,7 +607,10 @@ impl RwLock for GenericRwLock {
     #[tracing::instrument(name = "rwlock.try_write", skip_all, fields(key = %key))]
     async fn try_write(&self, key: &str, ttl: Duration) -> Result<Option<RwHandle>, LockError> {
         match self.attempt(key, ttl, RwMode::Write, None).await? {
-            Grant::Granted(handle) => Ok(Some(handle)),
+            Grant::Granted(handle) => {
+                crate::telemetry::rwlock_acquired(RwMode::Write.label());
+                Ok(Some(handle))
+            }
             Grant::Refused => Ok(None),
         }
     }
@@ -621,7 +637,11 @@ impl RwLock for GenericRwLock {
 
     #[tracing::instrument(name = "rwlock.renew", skip_all, fields(key = %handle.key(), fence = handle.fence()))]
     async fn renew(&self, handle: &RwHandle) -> Result<(), LockError> {
-        self.change_holder(handle, true).await
+        let renewed = self.change_holder(handle, true).await;
+        if let Err(error) = &renewed {
+            crate::telemetry::rwlock_lost_if(error);
+        }
+        renewed
     }
 
     #[tracing::instrument(name = "rwlock.release", skip_all, fields(key = %handle.key(), fence = handle.fence()))]

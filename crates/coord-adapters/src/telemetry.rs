@@ -45,6 +45,28 @@ pub const SIDEEFFECT_UNCERTAIN: &str = "coord_sideeffect_uncertain";
 /// or `board` (`BoardAdapter::prune`), both run by `coordctl gc`.
 pub const PRUNED_TOTAL: &str = "coord_pruned_total";
 
+/// Counter `coord_rwlock_acquired_total{mode}`: read-write lock grants by
+/// [`crate::GenericRwLock`] (`try_read`/`try_write` and the waiting
+/// `read`/`write`), `mode` = `read` or `write`.
+pub const RWLOCK_ACQUIRED_TOTAL: &str = "coord_rwlock_acquired_total";
+
+/// Counter `coord_rwlock_lost_total{reason}`: a read-write lock holder's
+/// `renew` answered [`crate::LockError::Lost`] (`reason` as for
+/// [`LOCK_LOST_TOTAL`]: `expired`, `taken_over`, `not_held`).
+pub const RWLOCK_LOST_TOTAL: &str = "coord_rwlock_lost_total";
+
+/// Counter `coord_election_won_total`: campaigns won (a new term) by
+/// [`crate::election::GenericElection`].
+pub const ELECTION_WON_TOTAL: &str = "coord_election_won_total";
+
+/// Counter `coord_election_lost_total{reason}`: a leader's `renew` or
+/// `proclaim` answered [`crate::election::ElectionError::Lost`] (`expired`,
+/// `taken_over`, `not_held`).
+pub const ELECTION_LOST_TOTAL: &str = "coord_election_lost_total";
+
+/// Every value of the `mode` label of [`RWLOCK_ACQUIRED_TOTAL`].
+pub const RWLOCK_MODES: [&str; 2] = ["read", "write"];
+
 use tracing::Instrument;
 
 use crate::lock::{LockHandle, LostReason};
@@ -93,6 +115,30 @@ pub fn describe() {
         PRUNED_TOTAL,
         "Final records (completed side-effect keys, completed board tasks) removed by retention, by adapter"
     );
+    metrics::describe_counter!(
+        RWLOCK_ACQUIRED_TOTAL,
+        "Read-write lock grants, by mode (read, write)"
+    );
+    metrics::describe_counter!(
+        RWLOCK_LOST_TOTAL,
+        "Read-write lock holders that learned their lock is gone, by reason"
+    );
+    metrics::describe_counter!(
+        ELECTION_WON_TOTAL,
+        "Election campaigns won (each a new term)"
+    );
+    metrics::describe_counter!(
+        ELECTION_LOST_TOTAL,
+        "Leaders that learned their leadership is over, by reason"
+    );
+    for mode in RWLOCK_MODES {
+        metrics::counter!(RWLOCK_ACQUIRED_TOTAL, "mode" => mode).increment(0);
+    }
+    metrics::counter!(ELECTION_WON_TOTAL).increment(0);
+    for reason in &LOCK_LOST_REASONS[..3] {
+        metrics::counter!(RWLOCK_LOST_TOTAL, "reason" => *reason).increment(0);
+        metrics::counter!(ELECTION_LOST_TOTAL, "reason" => *reason).increment(0);
+    }
     metrics::counter!(LOCK_ACQUIRED_TOTAL).increment(0);
     for reason in LOCK_LOST_REASONS {
         metrics::counter!(LOCK_LOST_TOTAL, "reason" => reason).increment(0);
@@ -142,6 +188,24 @@ fn lost_reason(reason: LostReason) -> &'static str {
         LostReason::TakenOver => "taken_over",
         LostReason::NotHeld => "not_held",
     }
+}
+
+pub(crate) fn rwlock_acquired(mode: &'static str) {
+    metrics::counter!(RWLOCK_ACQUIRED_TOTAL, "mode" => mode).increment(1);
+}
+
+pub(crate) fn rwlock_lost_if(error: &crate::LockError) {
+    if let crate::LockError::Lost { reason, .. } = error {
+        metrics::counter!(RWLOCK_LOST_TOTAL, "reason" => lost_reason(*reason)).increment(1);
+    }
+}
+
+pub(crate) fn election_won() {
+    metrics::counter!(ELECTION_WON_TOTAL).increment(1);
+}
+
+pub(crate) fn election_lost(reason: LostReason) {
+    metrics::counter!(ELECTION_LOST_TOTAL, "reason" => lost_reason(reason)).increment(1);
 }
 
 pub(crate) fn sideeffect(outcome: &'static str) {

@@ -210,3 +210,77 @@ fn sideeffect_metrics_count_each_outcome() {
         "{counts:#?}"
     );
 }
+
+#[test]
+fn rwlock_and_election_metrics_count_grants_wins_and_losses() {
+    use coord_adapters::election::{Election, ElectionError, ElectionOptions, GenericElection};
+    use coord_adapters::rwlock::{GenericRwLock, RwLock, RwLockOptions};
+    use coord_adapters::LockError;
+    let recorder = DebuggingRecorder::new();
+    run(&recorder, async {
+        let clock = Arc::new(ManualClock::starting_now());
+        let ttl = Duration::from_secs(10);
+        let rw = GenericRwLock::with_options(
+            store("rw-metrics"),
+            RwLockOptions::default().with_clock(clock.clone()),
+        );
+        let r1 = rw.try_read("k", ttl).await.unwrap().unwrap();
+        let _r2 = rw.read("k", ttl, Duration::from_secs(1)).await.unwrap();
+        assert!(rw.try_write("k", ttl).await.unwrap().is_none());
+        clock.advance(Duration::from_secs(11));
+        let _w = rw.try_write("k", ttl).await.unwrap().unwrap();
+        assert!(matches!(rw.renew(&r1).await, Err(LockError::Lost { .. })));
+
+        let election = GenericElection::with_options(
+            store("election-metrics"),
+            ElectionOptions::default().with_clock(clock.clone()),
+        );
+        let first = election
+            .try_campaign("leader", "a", "v", ttl)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(election
+            .try_campaign("leader", "b", "v", ttl)
+            .await
+            .unwrap()
+            .is_none());
+        clock.advance(Duration::from_secs(11));
+        let second = election
+            .try_campaign("leader", "b", "v", ttl)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(
+            election.renew(&first).await,
+            Err(ElectionError::Lost { .. })
+        ));
+        assert!(matches!(
+            election.proclaim(&first, "w").await,
+            Err(ElectionError::Lost { .. })
+        ));
+        election.renew(&second).await.unwrap();
+    });
+    let counts = counters(&recorder);
+    assert_eq!(
+        counts.get("coord_rwlock_acquired_total{mode=read}"),
+        Some(&2),
+        "{counts:?}"
+    );
+    assert_eq!(
+        counts.get("coord_rwlock_acquired_total{mode=write}"),
+        Some(&1),
+        "{counts:?}"
+    );
+    assert_eq!(sum(&counts, RWLOCK_LOST_TOTAL), 1, "{counts:?}");
+    assert_eq!(
+        counts.get("coord_election_won_total"),
+        Some(&2),
+        "{counts:?}"
+    );
+    assert_eq!(
+        counts.get("coord_election_lost_total{reason=taken_over}"),
+        Some(&2),
+        "{counts:?}"
+    );
+}

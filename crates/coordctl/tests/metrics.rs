@@ -23,7 +23,7 @@ use coord_scheduler::{RunStatus, RunStore, RunStoreOptions, SkipReason, SlotStor
 
 /// Every series name the documentation promises (a labelled one appears as
 /// soon as any of its label sets does).
-const NAMED: [&str; 9] = [
+const NAMED: [&str; 13] = [
     "coord_txn_total",
     "coord_txn_seconds_count",
     "coord_cas_attempts_total",
@@ -33,6 +33,10 @@ const NAMED: [&str; 9] = [
     "coord_sideeffect_uncertain",
     "coord_scheduler_runs_total",
     "coord_cas_conflicts_total",
+    "coord_rwlock_acquired_total",
+    "coord_rwlock_lost_total",
+    "coord_election_won_total",
+    "coord_election_lost_total",
 ];
 
 /// Kills the cron process (continued first, in case it is stopped) if the test fails.
