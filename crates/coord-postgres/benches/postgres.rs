@@ -60,9 +60,10 @@ struct Coord {
 async fn coord(url: &str) -> Coord {
     let namespace = format!("bench{:x}", std::process::id());
     let url = StoreUrl::parse(&with_params(url, &format!("namespace={namespace}"))).unwrap();
-    let store = PostgresBackend::connect_with(&url, PostgresOptions::default().max_connections(4))
-        .await
-        .unwrap();
+    let store =
+        PostgresBackend::connect_with(&url, PostgresOptions::default().with_max_connections(4))
+            .await
+            .unwrap();
     let version = store
         .snapshot(&[KEY.to_owned()])
         .await

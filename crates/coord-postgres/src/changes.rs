@@ -19,7 +19,7 @@
 //!   fails, the watches fail and their waiters fall back to polling. An r2
 //!   `coord_txn` installed by an older client sends nothing.
 //! - **Cost.** One `pg_notify` per writing txn (unless the client set
-//!   `PostgresOptions::notify_changes(false)`). PostgreSQL serialises the
+//!   `PostgresOptions::with_notify_changes(false)`). PostgreSQL serialises the
 //!   commits of notifying transactions on one global lock (the notification
 //!   queue), which bounds the commit rate of writing txns across the whole
 //!   cluster.

@@ -220,11 +220,11 @@ impl PostgresBackend {
         let mut connect_options = PgConnectOptions::from_str(url.without_namespace())
             .map_err(|e| Error::Config(format!("invalid PostgreSQL URL: {e}")))?
             .options([("default_transaction_isolation", "read committed")]);
-        if !options.get_notify_changes() {
+        if !options.notify_changes {
             // Read by `coord_notify` (schema r4): no `pg_notify` from this client's sessions.
             connect_options = connect_options.options([("coord.notify", "off")]);
         }
-        if let Some(timeout) = options.get_statement_timeout() {
+        if let Some(timeout) = options.statement_timeout {
             // A startup parameter: costs no round trip per connection.
             connect_options =
                 connect_options.options([("statement_timeout", timeout.as_millis().max(1))]);
@@ -233,19 +233,19 @@ impl PostgresBackend {
         // Schema first, on a connection of its own: pooled connections prepare
         // the txn statement when they open, which needs the function to exist.
         let mut conn = tokio::time::timeout(
-            options.get_connect_timeout(),
+            options.connect_timeout,
             PgConnection::connect_with(&connect_options),
         )
         .await
         .map_err(|_| Error::Unavailable {
             message: format!(
                 "connecting to PostgreSQL timed out after {:?}",
-                options.get_connect_timeout()
+                options.connect_timeout
             ),
             source: None,
         })?
         .map_err(|e| errors::before_sending("connect", e))?;
-        let schema = if options.get_create_schema() {
+        let schema = if options.create_schema {
             schema::ensure_schema(&mut conn)
                 .await
                 .map_err(|e| errors::before_sending("creating the coord schema", e))
@@ -255,10 +255,10 @@ impl PostgresBackend {
         let _ = conn.close().await;
         schema?;
 
-        let ping_idle_after = options.get_ping_idle_after();
+        let ping_idle_after = options.ping_idle_after;
         let pool = PgPoolOptions::new()
-            .max_connections(options.get_max_connections())
-            .acquire_timeout(options.get_connect_timeout())
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.connect_timeout)
             // sqlx would otherwise ping before *every* use: one more round trip per call.
             .test_before_acquire(false)
             .before_acquire(move |conn, meta| {
@@ -287,7 +287,7 @@ impl PostgresBackend {
             pool,
             limits: Limits::DEFAULT,
             listener: Default::default(),
-            vacuum_after_reclaim: options.get_vacuum_after_reclaim(),
+            vacuum_after_reclaim: options.vacuum_after_reclaim,
         })
     }
 

@@ -7,21 +7,49 @@ use std::time::Duration;
 /// use std::time::Duration;
 ///
 /// let options = PostgresOptions::default()
-///     .max_connections(4)
-///     .connect_timeout(Duration::from_secs(2))
-///     .statement_timeout(Some(Duration::from_secs(1)));
-/// assert_eq!(options.get_max_connections(), 4);
+///     .with_max_connections(4)
+///     .with_connect_timeout(Duration::from_secs(2))
+///     .with_statement_timeout(Some(Duration::from_secs(1)));
+/// assert_eq!(options.max_connections, 4);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PostgresOptions {
-    max_connections: u32,
-    connect_timeout: Duration,
-    statement_timeout: Option<Duration>,
-    ping_idle_after: Option<Duration>,
-    create_schema: bool,
-    notify_changes: bool,
-    vacuum_after_reclaim: bool,
+    /// Most connections the pool opens (at least 1). Default 10.
+    pub max_connections: u32,
+    /// How long a call may wait to open or borrow a connection before it
+    /// fails with [`Unavailable`](coord_backend::Error::Unavailable). Default 5 s.
+    pub connect_timeout: Duration,
+    /// The server-side `statement_timeout` of every pooled session (`None` =
+    /// the server's default). A txn cancelled by it rolled back: the call
+    /// fails with [`Unavailable`](coord_backend::Error::Unavailable), never
+    /// with a half-applied txn. Default 5 s.
+    pub statement_timeout: Option<Duration>,
+    /// Ping a pooled connection that has been idle for at least this long
+    /// before handing it out (`None` = never; `Some(ZERO)` = always, one
+    /// extra round trip per call). A connection the server dropped while it
+    /// sat idle is then replaced instead of turning the next txn into an
+    /// [`Indeterminate`](coord_backend::Error::Indeterminate) error. Default 30 s.
+    pub ping_idle_after: Option<Duration>,
+    /// Whether [`PostgresBackend::connect`](crate::PostgresBackend::connect)
+    /// creates the table and function when they are missing (default `true`;
+    /// set `false` when the application's role may not run DDL and a DBA
+    /// installs [`SCHEMA_SQL`](crate::SCHEMA_SQL) instead).
+    pub create_schema: bool,
+    /// Whether this client's writing txns send change notifications
+    /// (`pg_notify`, see docs/shapes.md "Change notifications"; default
+    /// `true`). PostgreSQL serialises the commits of notifying transactions
+    /// on one lock, which costs concurrent writers much of their throughput;
+    /// turn it off where nothing waits on this store or where waiters may
+    /// poll. Watches of this backend still hear other clients' writes.
+    pub notify_changes: bool,
+    /// Whether a reclaim that removed tombstones and left none ends with
+    /// `VACUUM coord_kv` (default `true`). PostgreSQL keeps the index
+    /// entries of deleted and updated rows until a VACUUM, so right after a
+    /// churn a listing still walks them; autovacuum does it in time, this
+    /// does it at once. It vacuums the whole table (every namespace) and
+    /// needs its owner's rights; a VACUUM that fails is logged and skipped.
+    pub vacuum_after_reclaim: bool,
 }
 
 impl Default for PostgresOptions {
@@ -42,101 +70,45 @@ impl Default for PostgresOptions {
 }
 
 impl PostgresOptions {
-    /// Most connections the pool opens (at least 1).
-    pub fn max_connections(mut self, max: u32) -> Self {
+    /// With another [`max_connections`](Self::max_connections) (at least 1).
+    pub fn with_max_connections(mut self, max: u32) -> Self {
         self.max_connections = max.max(1);
         self
     }
 
-    /// How long a call may wait to open or borrow a connection before it
-    /// fails with [`Unavailable`](coord_backend::Error::Unavailable).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+    /// With another [`connect_timeout`](Self::connect_timeout).
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
-    /// The server-side `statement_timeout` of every pooled session (`None` =
-    /// the server's default). A txn cancelled by it rolled back: the call
-    /// fails with [`Unavailable`](coord_backend::Error::Unavailable), never
-    /// with a half-applied txn.
-    pub fn statement_timeout(mut self, timeout: Option<Duration>) -> Self {
+    /// With another [`statement_timeout`](Self::statement_timeout).
+    pub fn with_statement_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.statement_timeout = timeout;
         self
     }
 
-    /// Ping a pooled connection that has been idle for at least this long
-    /// before handing it out (`None` = never; `Some(ZERO)` = always, one
-    /// extra round trip per call). A connection the server dropped while it
-    /// sat idle is then replaced instead of turning the next txn into an
-    /// [`Indeterminate`](coord_backend::Error::Indeterminate) error.
-    pub fn ping_idle_after(mut self, idle: Option<Duration>) -> Self {
+    /// With another [`ping_idle_after`](Self::ping_idle_after).
+    pub fn with_ping_idle_after(mut self, idle: Option<Duration>) -> Self {
         self.ping_idle_after = idle;
         self
     }
 
-    /// Whether [`PostgresBackend::connect`](crate::PostgresBackend::connect)
-    /// creates the table and function when they are missing (default `true`;
-    /// set `false` when the application's role may not run DDL and a DBA
-    /// installs [`SCHEMA_SQL`](crate::SCHEMA_SQL) instead).
-    pub fn create_schema(mut self, create: bool) -> Self {
+    /// With another [`create_schema`](Self::create_schema).
+    pub fn with_create_schema(mut self, create: bool) -> Self {
         self.create_schema = create;
         self
     }
 
-    /// Whether this client's writing txns send change notifications
-    /// (`pg_notify`, see docs/shapes.md "Change notifications"; default
-    /// `true`). PostgreSQL serialises the commits of notifying transactions
-    /// on one lock, which costs concurrent writers much of their throughput;
-    /// turn it off where nothing waits on this store or where waiters may
-    /// poll. Watches of this backend still hear other clients' writes.
-    pub fn notify_changes(mut self, notify: bool) -> Self {
+    /// With another [`notify_changes`](Self::notify_changes).
+    pub fn with_notify_changes(mut self, notify: bool) -> Self {
         self.notify_changes = notify;
         self
     }
 
-    /// Whether a reclaim that removed tombstones and left none ends with
-    /// `VACUUM coord_kv` (default `true`). PostgreSQL keeps the index
-    /// entries of deleted and updated rows until a VACUUM, so right after a
-    /// churn a listing still walks them; autovacuum does it in time, this
-    /// does it at once. It vacuums the whole table (every namespace) and
-    /// needs its owner's rights; a VACUUM that fails is logged and skipped.
-    pub fn vacuum_after_reclaim(mut self, vacuum: bool) -> Self {
+    /// With another [`vacuum_after_reclaim`](Self::vacuum_after_reclaim).
+    pub fn with_vacuum_after_reclaim(mut self, vacuum: bool) -> Self {
         self.vacuum_after_reclaim = vacuum;
         self
-    }
-
-    /// Whether a reclaim ends with `VACUUM coord_kv`.
-    pub fn get_vacuum_after_reclaim(&self) -> bool {
-        self.vacuum_after_reclaim
-    }
-
-    /// The pool size.
-    pub fn get_max_connections(&self) -> u32 {
-        self.max_connections
-    }
-
-    /// The connect / borrow timeout.
-    pub fn get_connect_timeout(&self) -> Duration {
-        self.connect_timeout
-    }
-
-    /// The statement timeout.
-    pub fn get_statement_timeout(&self) -> Option<Duration> {
-        self.statement_timeout
-    }
-
-    /// The idle time after which a connection is pinged before use.
-    pub fn get_ping_idle_after(&self) -> Option<Duration> {
-        self.ping_idle_after
-    }
-
-    /// Whether the schema is created when missing.
-    pub fn get_create_schema(&self) -> bool {
-        self.create_schema
-    }
-
-    /// Whether writing txns send change notifications.
-    pub fn get_notify_changes(&self) -> bool {
-        self.notify_changes
     }
 }

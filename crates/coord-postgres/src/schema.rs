@@ -272,7 +272,7 @@ pub(crate) async fn check_schema(conn: &mut PgConnection) -> coord_backend::Resu
     } else {
         Err(coord_backend::Error::Config(format!(
             "the coord schema ({SCHEMA_TAG}) is not installed in this database (found {tag:?}); \
-             run coord_postgres::SCHEMA_SQL or enable PostgresOptions::create_schema"
+             run coord_postgres::SCHEMA_SQL or enable PostgresOptions::with_create_schema"
         )))
     }
 }

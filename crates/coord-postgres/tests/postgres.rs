@@ -110,7 +110,7 @@ fn factory() -> Option<BackendFactory> {
         async move {
             let store = PostgresBackend::connect_with(
                 &store_url(&base, &namespace),
-                PostgresOptions::default().max_connections(8),
+                PostgresOptions::default().with_max_connections(8),
             )
             .await?;
             Ok(Arc::new(store) as Arc<dyn Backend>)
@@ -233,7 +233,7 @@ fn isolation_factory(name: &'static str, isolation: &'static str) -> Option<Back
                 })?;
             let store = PostgresBackend::connect_with(
                 &store_url(&url, &namespace),
-                PostgresOptions::default().max_connections(8),
+                PostgresOptions::default().with_max_connections(8),
             )
             .await?;
             Ok(Arc::new(store) as Arc<dyn Backend>)
@@ -288,7 +288,7 @@ async fn cross_process_child() {
     let store = connect(
         &base,
         &namespace,
-        PostgresOptions::default().max_connections(2),
+        PostgresOptions::default().with_max_connections(2),
     )
     .await;
     for _ in 0..INCREMENTS {
@@ -365,8 +365,8 @@ async fn lost_reply_is_indeterminate_and_committed() {
         &via(&base, proxy.addr()),
         &namespace,
         PostgresOptions::default()
-            .max_connections(1)
-            .ping_idle_after(None),
+            .with_max_connections(1)
+            .with_ping_idle_after(None),
     )
     .await;
     // Open the pooled connection (and prepare the txn statement) before arming.
@@ -575,10 +575,10 @@ async fn proxied_store(
         &url,
         namespace,
         PostgresOptions::default()
-            .max_connections(1)
-            .ping_idle_after(None)
+            .with_max_connections(1)
+            .with_ping_idle_after(None)
             // Long enough for the lock wait on a loaded machine; a hung test still ends.
-            .statement_timeout(Some(Duration::from_secs(120))),
+            .with_statement_timeout(Some(Duration::from_secs(120))),
     )
     .await
 }
@@ -715,7 +715,7 @@ async fn closed_port_is_unavailable() {
     drop(listener);
     let result = PostgresBackend::connect_with(
         &store_url(&via(&base, addr), "down"),
-        PostgresOptions::default().connect_timeout(Duration::from_secs(1)),
+        PostgresOptions::default().with_connect_timeout(Duration::from_secs(1)),
     )
     .await;
     assert!(
@@ -732,9 +732,9 @@ async fn server_gone_before_sending_is_unavailable() {
         &via(&base, proxy.addr()),
         &unique_namespace("gone"),
         PostgresOptions::default()
-            .max_connections(1)
-            .connect_timeout(Duration::from_secs(1))
-            .ping_idle_after(Some(Duration::ZERO)),
+            .with_max_connections(1)
+            .with_connect_timeout(Duration::from_secs(1))
+            .with_ping_idle_after(Some(Duration::ZERO)),
     )
     .await;
     assert!(store.get("k").await.unwrap().version.is_missing());
@@ -764,7 +764,7 @@ async fn concurrent_first_use_creates_the_schema_once() {
             tokio::spawn(async move {
                 let store = PostgresBackend::connect_with(
                     &store_url(&scoped, "schema"),
-                    PostgresOptions::default().max_connections(1),
+                    PostgresOptions::default().with_max_connections(1),
                 )
                 .await?;
                 store
@@ -815,7 +815,7 @@ async fn sslmode_is_honoured() {
             &with_params(&base, &format!("sslmode=require&application_name={app}")),
             "tls",
         ),
-        PostgresOptions::default().connect_timeout(Duration::from_secs(2)),
+        PostgresOptions::default().with_connect_timeout(Duration::from_secs(2)),
     )
     .await;
     if ssl != "on" {
@@ -839,7 +839,7 @@ async fn sslmode_is_honoured() {
     // system trust store: a local server's self-signed certificate fails.
     let verified = PostgresBackend::connect_with(
         &store_url(&with_params(&base, "sslmode=verify-full"), "tls"),
-        PostgresOptions::default().connect_timeout(Duration::from_secs(2)),
+        PostgresOptions::default().with_connect_timeout(Duration::from_secs(2)),
     )
     .await;
     assert!(
@@ -1026,7 +1026,7 @@ async fn crossing_key_orders_never_deadlock() {
     let store = connect(
         &base,
         &unique_namespace("deadlock"),
-        PostgresOptions::default().max_connections(8),
+        PostgresOptions::default().with_max_connections(8),
     )
     .await;
     let orders: [[&str; 3]; 4] = [
@@ -1097,7 +1097,7 @@ async fn urls_and_schema_options() {
     let (schema, scoped, mut conn) = private_schema(&base, "noschema").await;
     let missing = PostgresBackend::connect_with(
         &store_url(&scoped, "x"),
-        PostgresOptions::default().create_schema(false),
+        PostgresOptions::default().with_create_schema(false),
     )
     .await;
     // ...and installing SCHEMA_SQL by hand (as a DBA would) satisfies it.
@@ -1110,7 +1110,7 @@ async fn urls_and_schema_options() {
     .unwrap();
     let installed = PostgresBackend::connect_with(
         &store_url(&scoped, "x"),
-        PostgresOptions::default().create_schema(false),
+        PostgresOptions::default().with_create_schema(false),
     )
     .await
     .unwrap();
@@ -1210,7 +1210,7 @@ async fn notify_changes_off_sends_nothing() {
     let quiet = connect(
         &base,
         &namespace,
-        PostgresOptions::default().notify_changes(false),
+        PostgresOptions::default().with_notify_changes(false),
     )
     .await;
     let loud = connect(&base, &namespace, PostgresOptions::default()).await;
@@ -1288,7 +1288,7 @@ async fn single_key_and_coord_txn_writers_never_lose_an_update() {
     let store = connect(
         &base,
         &namespace,
-        PostgresOptions::default().max_connections(4),
+        PostgresOptions::default().with_max_connections(4),
     )
     .await;
     const PER_TASK: u64 = 25;

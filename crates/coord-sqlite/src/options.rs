@@ -29,9 +29,10 @@ pub enum Durability {
 /// use std::time::Duration;
 /// use coord_sqlite::SqliteOptions;
 ///
-/// let mut options = SqliteOptions::default();
-/// options.max_connections = 8;
-/// options.busy_timeout = Duration::from_secs(10);
+/// let options = SqliteOptions::default()
+///     .with_max_connections(8)
+///     .with_busy_timeout(Duration::from_secs(10));
+/// assert_eq!(options.max_connections, 8);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -65,5 +66,43 @@ impl Default for SqliteOptions {
             durability: Durability::Full,
             limits: Limits::DEFAULT,
         }
+    }
+}
+
+impl SqliteOptions {
+    /// With another [`max_connections`](Self::max_connections) (at least 1).
+    pub fn with_max_connections(mut self, max: u32) -> Self {
+        self.max_connections = max.max(1);
+        self
+    }
+
+    /// With another [`busy_timeout`](Self::busy_timeout).
+    pub fn with_busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// With another [`busy_retries`](Self::busy_retries).
+    pub fn with_busy_retries(mut self, retries: u32) -> Self {
+        self.busy_retries = retries;
+        self
+    }
+
+    /// With another [`acquire_timeout`](Self::acquire_timeout).
+    pub fn with_acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// With another [`durability`](Self::durability).
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// With another [`limits`](Self::limits).
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
     }
 }
