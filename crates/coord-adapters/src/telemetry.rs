@@ -46,7 +46,7 @@ pub const SIDEEFFECT_UNCERTAIN: &str = "coord_sideeffect_uncertain";
 pub const PRUNED_TOTAL: &str = "coord_pruned_total";
 
 /// Counter `coord_rwlock_acquired_total{mode}`: read-write lock grants by
-/// [`crate::GenericRwLock`] (`try_read`/`try_write` and the waiting
+/// [`crate::rwlock::GenericRwLock`] (`try_read`/`try_write` and the waiting
 /// `read`/`write`), `mode` = `read` or `write`.
 pub const RWLOCK_ACQUIRED_TOTAL: &str = "coord_rwlock_acquired_total";
 
