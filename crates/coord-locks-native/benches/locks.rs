@@ -242,7 +242,7 @@ async fn redis_subjects(setup: &mut Setup, base: &str) {
             .expect("COORD_TEST_REDIS_URL is set but Redis does not answer"),
     );
     setup.subjects.push(generic("redis", store.clone()));
-    let native = RedisLock::connect(&format!("{base}?namespace={ns}"))
+    let native = RedisLock::connect(&StoreUrl::parse(&format!("{base}?namespace={ns}")).unwrap())
         .await
         .unwrap();
     setup.subjects.push(Subject {
@@ -357,7 +357,7 @@ async fn postgres_subjects(setup: &mut Setup, base: &str) {
     setup.subjects.push(generic("postgres", store.clone()));
 
     let native = Arc::new(
-        PgAdvisoryLock::connect(&format!("{base}?namespace={ns}"))
+        PgAdvisoryLock::connect(&StoreUrl::parse(&format!("{base}?namespace={ns}")).unwrap())
             .await
             .unwrap(),
     );
@@ -371,7 +371,7 @@ async fn postgres_subjects(setup: &mut Setup, base: &str) {
     // Without idle sessions: a connection per acquisition, as before the
     // pool (TLS set-up and the OS trust store load are part of every cycle).
     let unpooled = PgAdvisoryLock::connect_with(
-        &format!("{base}?namespace={ns}"),
+        &StoreUrl::parse(&format!("{base}?namespace={ns}")).unwrap(),
         coord_locks_native::PgAdvisoryOptions::default().with_max_idle(0),
     )
     .await

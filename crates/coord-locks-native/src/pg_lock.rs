@@ -181,7 +181,8 @@ impl PgAdvisoryOptions {
 /// use coord_locks_native::PgAdvisoryLock;
 ///
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// let lock = PgAdvisoryLock::connect("postgres://postgres@127.0.0.1:5432/postgres").await?;
+/// let url = coord_backend::StoreUrl::parse("postgres://postgres@127.0.0.1:5432/postgres")?;
+/// let lock = PgAdvisoryLock::connect(&url).await?;
 /// if let Some(handle) = lock.try_lock("nightly-report", Duration::from_secs(30)).await? {
 ///     lock.renew(&handle).await?; // a ping: is the session (and the lock) alive?
 ///     lock.release(handle).await?;
@@ -225,13 +226,12 @@ impl PgAdvisoryLock {
     /// Connect to `url` (`postgres://user[:password]@host:port/db[?namespace=NS]`)
     /// with [`PgAdvisoryOptions::default`]: checks that the server answers
     /// and creates the fence table when missing.
-    pub async fn connect(url: &str) -> Result<Self, Error> {
+    pub async fn connect(url: &StoreUrl) -> Result<Self, Error> {
         Self::connect_with(url, PgAdvisoryOptions::default()).await
     }
 
     /// Connect with explicit options.
-    pub async fn connect_with(url: &str, options: PgAdvisoryOptions) -> Result<Self, Error> {
-        let url = StoreUrl::parse(url)?;
+    pub async fn connect_with(url: &StoreUrl, options: PgAdvisoryOptions) -> Result<Self, Error> {
         if !matches!(url.scheme(), "postgres" | "postgresql") {
             return Err(Error::Config(format!(
                 "PgAdvisoryLock needs a postgres:// URL, got {}://",

@@ -195,7 +195,8 @@ impl RedisLockOptions {
 /// use coord_locks_native::RedisLock;
 ///
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// let lock = RedisLock::connect("redis://127.0.0.1:6379?namespace=billing").await?;
+/// let url = coord_backend::StoreUrl::parse("redis://127.0.0.1:6379?namespace=billing")?;
+/// let lock = RedisLock::connect(&url).await?;
 /// if let Some(handle) = lock.try_lock("invoices", Duration::from_secs(30)).await? {
 ///     // ... work, passing handle.fence() to every protected write ...
 ///     lock.release(handle).await?;
@@ -228,13 +229,12 @@ impl RedisLock {
     /// server whose `maxmemory-policy` is not `noeviction` (read once here;
     /// see [`RedisLockOptions::allow_eviction`]), and
     /// [`coord_backend::Error::Unavailable`] when the server does not answer.
-    pub async fn connect(url: &str) -> Result<Self, Error> {
+    pub async fn connect(url: &StoreUrl) -> Result<Self, Error> {
         Self::connect_with(url, RedisLockOptions::default()).await
     }
 
     /// Connect with explicit options.
-    pub async fn connect_with(url: &str, options: RedisLockOptions) -> Result<Self, Error> {
-        let url = StoreUrl::parse(url)?;
+    pub async fn connect_with(url: &StoreUrl, options: RedisLockOptions) -> Result<Self, Error> {
         if !matches!(url.scheme(), "redis" | "rediss") {
             return Err(Error::Config(format!(
                 "RedisLock needs a redis:// or rediss:// URL (single node), got {}://",

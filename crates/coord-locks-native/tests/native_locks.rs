@@ -55,7 +55,9 @@ mod redis_lock {
             LockEnv::new(
                 lock_factory(move || {
                     let url = url.clone();
-                    async move { Ok(Arc::new(RedisLock::connect(&url).await?) as Arc<dyn Lock>) }
+                    async move {
+                        Ok(Arc::new(RedisLock::connect(&store_url(&url)).await?) as Arc<dyn Lock>)
+                    }
                 }),
                 TimeControl::Real { ttl: TTL },
             )
@@ -114,7 +116,7 @@ mod redis_lock {
                 let url = url.clone();
                 async move {
                     Ok(Arc::new(UncheckedRelease {
-                        inner: RedisLock::connect(&url).await?,
+                        inner: RedisLock::connect(&store_url(&url)).await?,
                         conn: raw(&url).await,
                     }) as Arc<dyn Lock>)
                 }
@@ -139,7 +141,7 @@ mod redis_lock {
         let Some(url) = server_env("COORD_TEST_REDIS_URL") else {
             return;
         };
-        let lock = RedisLock::connect(&url).await.unwrap();
+        let lock = RedisLock::connect(&store_url(&url)).await.unwrap();
         let mut conn = raw(&url).await;
         let key = random_key("layout");
         let h = lock
@@ -172,8 +174,8 @@ mod redis_lock {
         let recorder = metrics_util::debugging::DebuggingRecorder::new();
         let _local = metrics::set_default_local_recorder(&recorder);
         let (a, b) = (
-            RedisLock::connect(&url).await.unwrap(),
-            RedisLock::connect(&url).await.unwrap(),
+            RedisLock::connect(&store_url(&url)).await.unwrap(),
+            RedisLock::connect(&store_url(&url)).await.unwrap(),
         );
         let key = random_key("takeover");
         let old = a
@@ -219,13 +221,13 @@ mod redis_lock {
     #[tokio::test]
     async fn bad_configuration_is_a_typed_error() {
         let err = RedisLock::connect_with(
-            "redis://127.0.0.1:6379",
+            &store_url("redis://127.0.0.1:6379"),
             RedisLockOptions::default().with_key_prefix("app:{x}:"),
         )
         .await
         .unwrap_err();
         assert!(matches!(err, coord_backend::Error::Config(_)), "{err:?}");
-        let err = RedisLock::connect("postgres://127.0.0.1/x")
+        let err = RedisLock::connect(&store_url("postgres://127.0.0.1/x"))
             .await
             .unwrap_err();
         assert!(matches!(err, coord_backend::Error::Config(_)), "{err:?}");
@@ -235,7 +237,7 @@ mod redis_lock {
     async fn an_unreachable_server_is_an_error_not_a_refusal() {
         // Nothing listens on port 1 of the loopback.
         let err = RedisLock::connect_with(
-            "redis://127.0.0.1:1",
+            &store_url("redis://127.0.0.1:1"),
             RedisLockOptions::default().with_connect_timeout(Duration::from_millis(500)),
         )
         .await
@@ -254,7 +256,7 @@ mod redis_lock {
         let Some(url) = server_env("COORD_TEST_REDIS_URL") else {
             return;
         };
-        let lock = RedisLock::connect(&url).await.unwrap();
+        let lock = RedisLock::connect(&store_url(&url)).await.unwrap();
         let mut conn = raw(&url).await;
         for damaged in [
             "x",
@@ -359,15 +361,17 @@ mod redis_lock {
             return;
         };
         let url = format!("redis://127.0.0.1:{}", evicting.port);
-        let err = RedisLock::connect(&url).await.unwrap_err();
+        let err = RedisLock::connect(&store_url(&url)).await.unwrap_err();
         assert!(
             matches!(&err, coord_backend::Error::Config(m) if m.contains("allkeys-lru") && m.contains("noeviction")),
             "{err:?}"
         );
-        let lock =
-            RedisLock::connect_with(&url, RedisLockOptions::default().with_allow_eviction(true))
-                .await
-                .unwrap();
+        let lock = RedisLock::connect_with(
+            &store_url(&url),
+            RedisLockOptions::default().with_allow_eviction(true),
+        )
+        .await
+        .unwrap();
         let handle = lock
             .try_lock("k", Duration::from_secs(5))
             .await
@@ -378,7 +382,7 @@ mod redis_lock {
         let Some(fine) = PrivateRedis::start(&[]) else {
             return;
         };
-        let lock = RedisLock::connect(&format!("redis://127.0.0.1:{}", fine.port))
+        let lock = RedisLock::connect(&store_url(&format!("redis://127.0.0.1:{}", fine.port)))
             .await
             .unwrap();
         assert!(lock
@@ -400,7 +404,8 @@ mod pg_advisory {
                 lock_factory(move || {
                     let url = url.clone();
                     async move {
-                        Ok(Arc::new(PgAdvisoryLock::connect(&url).await?) as Arc<dyn Lock>)
+                        Ok(Arc::new(PgAdvisoryLock::connect(&store_url(&url)).await?)
+                            as Arc<dyn Lock>)
                     }
                 }),
                 TimeControl::NeverExpires,
@@ -438,8 +443,8 @@ mod pg_advisory {
         let recorder = metrics_util::debugging::DebuggingRecorder::new();
         let _local = metrics::set_default_local_recorder(&recorder);
         let (a, b) = (
-            PgAdvisoryLock::connect(&url).await.unwrap(),
-            PgAdvisoryLock::connect(&url).await.unwrap(),
+            PgAdvisoryLock::connect(&store_url(&url)).await.unwrap(),
+            PgAdvisoryLock::connect(&store_url(&url)).await.unwrap(),
         );
         let mut admin = admin(&url).await;
         let key = random_key("killed");
@@ -517,7 +522,7 @@ mod pg_advisory {
         let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
             return;
         };
-        let a = PgAdvisoryLock::connect(&url).await.unwrap();
+        let a = PgAdvisoryLock::connect(&store_url(&url)).await.unwrap();
         let mut admin = admin(&url).await;
         let key = random_key("reuses");
         let h = a
@@ -574,9 +579,12 @@ mod pg_advisory {
         let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
             return;
         };
-        let a = PgAdvisoryLock::connect_with(&url, PgAdvisoryOptions::default().with_max_idle(0))
-            .await
-            .unwrap();
+        let a = PgAdvisoryLock::connect_with(
+            &store_url(&url),
+            PgAdvisoryOptions::default().with_max_idle(0),
+        )
+        .await
+        .unwrap();
         let mut admin = admin(&url).await;
         let key = random_key("closes");
         let h = a
@@ -597,9 +605,12 @@ mod pg_advisory {
         let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
             return;
         };
-        let a = PgAdvisoryLock::connect_with(&url, PgAdvisoryOptions::default().with_max_idle(2))
-            .await
-            .unwrap();
+        let a = PgAdvisoryLock::connect_with(
+            &store_url(&url),
+            PgAdvisoryOptions::default().with_max_idle(2),
+        )
+        .await
+        .unwrap();
         let ttl = Duration::from_secs(30);
         let mut handles = Vec::new();
         for i in 0..4 {
@@ -622,9 +633,12 @@ mod pg_advisory {
         let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
             return;
         };
-        let a = PgAdvisoryLock::connect_with(&url, PgAdvisoryOptions::default().with_max_idle(1))
-            .await
-            .unwrap();
+        let a = PgAdvisoryLock::connect_with(
+            &store_url(&url),
+            PgAdvisoryOptions::default().with_max_idle(1),
+        )
+        .await
+        .unwrap();
         let mut admin = admin(&url).await;
         let ttl = Duration::from_secs(30);
         let key = random_key("dead-idle");
@@ -660,8 +674,8 @@ mod pg_advisory {
             return;
         };
         let (a, b) = (
-            PgAdvisoryLock::connect(&url).await.unwrap(),
-            PgAdvisoryLock::connect(&url).await.unwrap(),
+            PgAdvisoryLock::connect(&store_url(&url)).await.unwrap(),
+            PgAdvisoryLock::connect(&store_url(&url)).await.unwrap(),
         );
         let key = random_key("refused");
         let ttl = Duration::from_secs(30);
@@ -690,10 +704,12 @@ mod pg_advisory {
         };
         let short = random_key("ns").replace('-', "_");
         let long = format!("{short}:lock:b");
-        let a = PgAdvisoryLock::connect(&in_namespace(&short))
+        let a = PgAdvisoryLock::connect(&store_url(&in_namespace(&short)))
             .await
             .unwrap();
-        let b = PgAdvisoryLock::connect(&in_namespace(&long)).await.unwrap();
+        let b = PgAdvisoryLock::connect(&store_url(&in_namespace(&long)))
+            .await
+            .unwrap();
         let ttl = Duration::from_secs(30);
         let ha = a.try_lock("b:lock:c", ttl).await.unwrap().expect("free");
         let hb = b.try_lock("c", ttl).await.unwrap();
@@ -713,7 +729,7 @@ mod pg_advisory {
             return;
         };
         let sep = if url.contains('?') { '&' } else { '?' };
-        let lock = PgAdvisoryLock::connect(&format!("{url}{sep}namespace=billing.v2"))
+        let lock = PgAdvisoryLock::connect(&store_url(&format!("{url}{sep}namespace=billing.v2")))
             .await
             .unwrap();
         assert_eq!(lock.lock_name("k:1"), "billing.v2:lock:k:1");
@@ -722,14 +738,14 @@ mod pg_advisory {
     #[tokio::test]
     async fn bad_configuration_is_a_typed_error() {
         let err = PgAdvisoryLock::connect_with(
-            "postgres://postgres@127.0.0.1:5432/postgres",
+            &store_url("postgres://postgres@127.0.0.1:5432/postgres"),
             PgAdvisoryOptions::default().with_fence_table("x; drop table y"),
         )
         .await
         .unwrap_err();
         assert!(matches!(err, coord_backend::Error::Config(_)), "{err:?}");
         let err = PgAdvisoryLock::connect_with(
-            "postgres://postgres@127.0.0.1:1/postgres",
+            &store_url("postgres://postgres@127.0.0.1:1/postgres"),
             PgAdvisoryOptions::default().with_connect_timeout(Duration::from_millis(500)),
         )
         .await
@@ -739,4 +755,9 @@ mod pg_advisory {
             "{err:?}"
         );
     }
+}
+
+/// `url`, parsed (the native locks connect to a parsed [`StoreUrl`]).
+fn store_url(url: &str) -> coord_backend::StoreUrl {
+    coord_backend::StoreUrl::parse(url).expect("a store URL")
 }

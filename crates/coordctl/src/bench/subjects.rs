@@ -403,7 +403,7 @@ mod redis_raw {
                 Ok(())
             }
         });
-        let native = RedisLock::connect(&url.with_namespace(url.namespace()))
+        let native = RedisLock::connect(url)
             .await
             .map_err(fail("connecting RedisLock"))?;
         Ok(Raw {
@@ -475,7 +475,7 @@ mod postgres {
         );
         let select = format!("SELECT version, value FROM {table} WHERE k = 'k'");
         let (write, read) = sql_write_read!(pool, update, select);
-        let native = PgAdvisoryLock::connect(&url.with_namespace(url.namespace()))
+        let native = PgAdvisoryLock::connect(url)
             .await
             .map_err(fail("connecting PgAdvisoryLock"))?;
         Ok(Raw {
