@@ -1458,6 +1458,19 @@ async fn reclaim_deletes_tombstone_rows_and_listings_skip_them() {
             .applied
     );
     assert_eq!(store.get("t/000").await.unwrap().version, Version(3));
+    // Plans made for the namespace at hand: a pooled session's generic plan
+    // walked every deleted row again on each batch (O(N²) per reclaim).
+    let config: Option<Vec<String>> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT proconfig FROM pg_proc WHERE oid = '{schema}.coord_reclaim(text,integer)'::regprocedure"
+    )))
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        config,
+        Some(vec!["plan_cache_mode=force_custom_plan".to_owned()]),
+        "coord_reclaim must plan each batch for its namespace"
+    );
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
         .execute(&mut conn)
         .await
