@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
+use coord_adapters::maintenance::MaintenanceOptions;
 use coord_backend::{Error, SystemClock};
 use coord_scheduler::{
     command_handler, handler, validate_job_name, Config, Handler, LockingHint, RunContext,
@@ -70,6 +71,16 @@ pub(crate) struct CronArgs {
     /// Default: never (run `coordctl gc` yourself).
     #[arg(long, value_name = "DURATION", value_parser = coord_scheduler::parse_duration)]
     reclaim_every: Option<std::time::Duration>,
+    /// With `--reclaim-every`: each round first prunes side-effect keys
+    /// completed longer ago than this (as `coordctl gc
+    /// --side-effects-retention`). Default: keep them.
+    #[arg(long, value_name = "DURATION", value_parser = crate::gc::retention, requires = "reclaim_every")]
+    side_effects_retention: Option<std::time::Duration>,
+    /// With `--reclaim-every`: each round first prunes board tasks (prefix
+    /// `board/`) completed longer ago than this (as `coordctl gc
+    /// --board-retention`). Default: keep them.
+    #[arg(long, value_name = "DURATION", value_parser = crate::gc::retention, requires = "reclaim_every")]
+    board_retention: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -107,12 +118,25 @@ pub(crate) async fn run(args: CronArgs) -> Result<ExitCode, Error> {
     let config = Config::from_toml_str(&text).map_err(|e| config_error(&args.config, e))?;
     match args.action {
         None => {
+            let maintenance = args
+                .reclaim_every
+                .filter(|every| !every.is_zero())
+                .map(|every| {
+                    let mut options = MaintenanceOptions::default().every(every);
+                    if let Some(retention) = args.side_effects_retention {
+                        options = options.with_side_effects_retention(retention);
+                    }
+                    if let Some(retention) = args.board_retention {
+                        options = options.with_board_retention(retention);
+                    }
+                    options
+                });
             daemon(
                 &args.config,
                 config,
                 args.instance,
                 args.metrics_addr,
-                args.reclaim_every,
+                maintenance,
             )
             .await
         }
@@ -304,7 +328,7 @@ async fn daemon(
     config: Config,
     instance: Option<String>,
     metrics_addr: Option<std::net::SocketAddr>,
-    reclaim_every: Option<std::time::Duration>,
+    maintenance: Option<MaintenanceOptions>,
 ) -> Result<ExitCode, Error> {
     init_logging();
     // Before the store is opened, so its first txns are counted too.
@@ -344,13 +368,11 @@ async fn daemon(
         println!("coordctl cron: metrics at http://{bound}/metrics");
     }
     // Dropped when the daemon returns, which stops it.
-    let _maintenance = match (reclaim_every, &store) {
-        (Some(every), Some((s, _))) if !every.is_zero() => {
-            Some(coord_adapters::maintenance::spawn_maintenance(
-                s.engine().backend().clone(),
-                coord_adapters::maintenance::MaintenanceOptions::default().every(every),
-            ))
-        }
+    let _maintenance = match (maintenance, &store) {
+        (Some(options), Some((s, _))) => Some(coord_adapters::maintenance::spawn_maintenance(
+            s.engine().backend().clone(),
+            options,
+        )),
         _ => None,
     };
     let scheduler = Scheduler::new(

@@ -174,7 +174,7 @@ fn what_is_pruned(args: &GcArgs) -> String {
 }
 
 /// A retention: a duration of at least one minute.
-fn retention(text: &str) -> Result<std::time::Duration, String> {
+pub(crate) fn retention(text: &str) -> Result<std::time::Duration, String> {
     let duration = coord_scheduler::parse_duration(text)?;
     if duration < std::time::Duration::from_secs(60) {
         return Err(format!("{text:?} is shorter than one minute"));

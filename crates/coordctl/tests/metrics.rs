@@ -387,3 +387,89 @@ fn a_busy_metrics_address_is_an_error_before_anything_runs() {
     assert!(!stdout.contains(" run job="), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--reclaim-every` with `--board-retention`: the background rounds prune
+/// the task completed two hours ago (by its board's clock), keep the one
+/// completed now, and reclaim the tombstone the prune left; both counted on
+/// `/metrics`. Without `--reclaim-every` the retention flag is refused.
+#[test]
+fn cron_prunes_and_reclaims_in_the_background() {
+    use coord_adapters::board::{Board, BoardAdapter, BoardOptions, TaskSpec};
+    use coord_backend::{Clock, ManualClock};
+    let dir = std::env::temp_dir().join(format!(
+        "coord-maintenance-{}-{}",
+        std::process::id(),
+        &coord_adapters::mint_token()[..8]
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}/coord.db?namespace=kept", dir.display());
+    runtime().block_on(async {
+        let store = coord::connect(&url).await.unwrap();
+        let two_hours_ago = Arc::new(ManualClock::at_millis(
+            SystemClock.now_millis() - 2 * 3_600_000,
+        ));
+        for (id, clock) in [
+            ("old", two_hours_ago as Arc<dyn Clock>),
+            ("new", Arc::new(SystemClock)),
+        ] {
+            let board = BoardAdapter::with_options(
+                store.clone(),
+                BoardOptions::default().with_clock(clock),
+            );
+            board.add(TaskSpec::new(id, b"p".to_vec())).await.unwrap();
+            let claim = board
+                .claim(id, "agent", Duration::from_secs(30))
+                .await
+                .unwrap();
+            board.complete(id, &claim.token, vec![]).await.unwrap();
+        }
+    });
+    let config = write_config(&dir, &url);
+    let refused = Command::new(env!("CARGO_BIN_EXE_coordctl"))
+        .args(["cron", "--config"])
+        .arg(&config)
+        .args(["--board-retention", "1h"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--reclaim-every"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let port = free_port();
+    let log = std::fs::File::create(dir.join("cron.out")).unwrap();
+    let _cron = Cron(
+        Command::new(env!("CARGO_BIN_EXE_coordctl"))
+            .args(["cron", "--instance", "keeper", "--config"])
+            .arg(&config)
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .args(["--reclaim-every", "1s", "--board-retention", "1h"])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn coordctl cron"),
+    );
+    wait_for(
+        port,
+        Duration::from_secs(60),
+        "a prune and a reclaim",
+        |m| {
+            m.get("coord_pruned_total{adapter=\"board\"}") >= 1.0
+                && m.sum("coord_reclaimed_total") >= 1.0
+        },
+    );
+    let left: Vec<String> = runtime().block_on(async {
+        BoardAdapter::new(coord::connect(&url).await.unwrap())
+            .list()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.id)
+            .collect()
+    });
+    assert_eq!(left, ["new"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
