@@ -31,7 +31,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use coord_adapters::board::{Board, BoardAdapter, TaskSpec};
-use coord_adapters::lock::{GenericLock, Lock};
+use coord_adapters::lock::{FairLock, GenericLock, GenericSemaphore, Lock, Semaphore};
 use coord_adapters::sideeffect::{Action, KeyStatus, SideEffectAdapter, SideEffectStore};
 use coord_backend::SystemClock;
 use coord_scheduler::{
@@ -86,6 +86,16 @@ fn seed(url: &str) -> Seeded {
         }
         let again = locks.try_lock("reports", TEN_MIN).await.unwrap().unwrap();
         assert_eq!(again.fence(), 2);
+
+        // A fair lock held (fence 1), and a semaphore of 3 permits, 2 held.
+        let fair = FairLock::new(backend.clone());
+        let held = fair.try_lock("print-queue", TEN_MIN).await.unwrap();
+        assert_eq!(held.expect("free").fence(), 1);
+        let semaphore = GenericSemaphore::new(backend.clone());
+        for _ in 0..2 {
+            let permit = semaphore.try_acquire("db-pool", 3, TEN_MIN).await.unwrap();
+            assert!(permit.is_some());
+        }
 
         // The board: `fetch` claimed by agent-1, `index` waits for it,
         // `done-task` completed.
@@ -396,6 +406,35 @@ fn check_api(server: &Server, seeded: &Seeded) {
     assert!(page.body.contains("more…"), "{}", page.body);
     let next = format!("/locks?after={}&amp;limit=1", url_encode(&cursor));
     assert!(page.body.contains(&next), "no link {next:?}: {}", page.body);
+
+    let fair = server.get("/api/fairlocks").json();
+    let queue = find(&fair["locks"], "key", "print-queue");
+    assert_eq!(
+        (queue["fence"].as_u64(), queue["state"].as_str()),
+        (Some(1), Some("held")),
+        "{fair}"
+    );
+    let semaphores = server.get("/api/semaphores").json();
+    let pool = find(&semaphores["semaphores"], "key", "db-pool");
+    assert_eq!(
+        (pool["permits"].as_u64(), pool["held"].as_u64()),
+        (Some(3), Some(2)),
+        "{semaphores}"
+    );
+    let page = server.get("/locks");
+    for shown in [
+        "print-queue",
+        "db-pool",
+        "2 of 3",
+        "id=\"fairlocks\"",
+        "id=\"semaphores\"",
+    ] {
+        assert!(
+            page.body.contains(shown),
+            "/locks lacks {shown:?}: {}",
+            page.body
+        );
+    }
 
     let resources = server.get("/api/resources").json();
     let psp = find(&resources["resources"], "resource", "psp");
@@ -757,6 +796,8 @@ fn check_browser(server: &Server, scratch: &Path) {
                 "psp",
                 "charge-7",
                 "warehouse",
+                "print-queue",
+                "db-pool",
             ],
         ),
         (

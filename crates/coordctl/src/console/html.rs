@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 
 use crate::cron::fmt_time;
 use crate::views::{
-    ElectionsView, JobsView, LocksView, ResourcesView, RunView, RunsView, RwLocksView,
-    SideEffectsView, TasksView, UncertainKind,
+    ElectionsView, FairLocksView, JobsView, LocksView, ResourcesView, RunView, RunsView,
+    RwLocksView, SemaphoresView, SideEffectsView, TasksView, UncertainKind,
 };
 
 /// `text` escaped for HTML text and double- or single-quoted attribute values.
@@ -173,8 +173,58 @@ Every page has its JSON twin under <code>/api/</code>.</p>",
     )
 }
 
-/// The locks page: `GenericLock` records and side-effect resource leases.
-pub(crate) fn locks(locks: &LocksView, resources: &ResourcesView, limit: usize) -> String {
+/// What the locks page shows.
+pub(crate) struct LockViews<'a> {
+    pub(crate) locks: &'a LocksView,
+    pub(crate) resources: &'a ResourcesView,
+    pub(crate) fair: &'a FairLocksView,
+    pub(crate) semaphores: &'a SemaphoresView,
+}
+
+/// One titled table of a page: its rows (already rendered `<tr>`s), or
+/// `empty` when there are none, then the link to the next names.
+struct Section<'a> {
+    title: &'a str,
+    note: &'a str,
+    id: &'a str,
+    headers: &'a [&'a str],
+    empty: &'a str,
+    more: String,
+}
+
+impl Section<'_> {
+    fn render(&self, out: &mut String, rows: &[String]) {
+        let _ = write!(
+            out,
+            "<h2>{}</h2><p class=\"dim\">{}</p>",
+            self.title, self.note
+        );
+        if rows.is_empty() {
+            let _ = write!(out, "<p>{}</p>", self.empty);
+        } else {
+            let _ = write!(out, "<table id=\"{}\"><tr>", self.id);
+            for header in self.headers {
+                let _ = write!(out, "<th>{header}</th>");
+            }
+            out.push_str("</tr>");
+            for row in rows {
+                out.push_str(row);
+            }
+            out.push_str("</table>");
+        }
+        out.push_str(&self.more);
+    }
+}
+
+/// The locks page: `GenericLock` records, side-effect resource leases,
+/// `FairLock` keys with their line, and semaphores with their permits.
+pub(crate) fn locks(views: &LockViews<'_>, limit: usize) -> String {
+    let LockViews {
+        locks,
+        resources,
+        fair,
+        semaphores,
+    } = views;
     let mut out = String::from(
         "<h2>Locks</h2><p class=\"dim\">Records <code>lock/&lt;key&gt;</code> of GenericLock. \
 The fence survives release; a free record keeps it for the next holder.</p>",
@@ -233,6 +283,80 @@ the highest fence issued on each resource and the idempotency key holding it.</p
         resources.next_after.as_deref(),
         &format!("&amp;limit={limit}"),
     ));
+
+    let rows: Vec<String> = fair
+        .locks
+        .iter()
+        .map(|l| {
+            let live = l.waiting.iter().filter(|t| t.live).count();
+            format!(
+                "<tr><td class=\"key\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td>\
+<td class=\"num\">{live} waiting ({} tickets)</td></tr>",
+                esc(&l.key),
+                l.fence,
+                state_badge(l.state),
+                when(l.lease_expires_ms, fair.now_ms),
+                l.waiting.len()
+            )
+        })
+        .collect();
+    Section {
+        title: "Fair locks",
+        note: "Records <code>fairlock/&lt;key&gt;/m</code> (holder, fence) and <code>/n</code> \
+(the line) of FairLock: a release hands the lock to the first live ticket.",
+        id: "fairlocks",
+        headers: &["Key", "Fence", "State", "Lease expires", "Line"],
+        empty: "No fair locks.",
+        more: more_link(
+            "/locks",
+            "fair_after",
+            fair.next_after.as_deref(),
+            &format!("&amp;limit={limit}"),
+        ),
+    }
+    .render(&mut out, &rows);
+
+    let rows: Vec<String> = semaphores
+        .semaphores
+        .iter()
+        .map(|s| {
+            let mut holders = String::new();
+            for h in &s.holders {
+                let _ = write!(
+                    holders,
+                    "<div>fence {} {} {}</div>",
+                    h.fence,
+                    state_badge(if h.live { "live" } else { "expired" }),
+                    when(Some(h.lease_expires_ms), semaphores.now_ms)
+                );
+            }
+            if holders.is_empty() {
+                holders.push('-');
+            }
+            format!(
+                "<tr><td class=\"key\">{}</td><td class=\"num\">{}</td><td class=\"num\">{} of {}</td><td>{holders}</td></tr>",
+                esc(&s.key),
+                s.fence,
+                s.held,
+                s.permits
+            )
+        })
+        .collect();
+    Section {
+        title: "Semaphores",
+        note: "Records <code>sem/&lt;key&gt;</code> of GenericSemaphore: each permit held, \
+with its own fence.",
+        id: "semaphores",
+        headers: &["Key", "Fence", "Permits held", "Holders"],
+        empty: "No semaphores.",
+        more: more_link(
+            "/locks",
+            "sem_after",
+            semaphores.next_after.as_deref(),
+            &format!("&amp;limit={limit}"),
+        ),
+    }
+    .render(&mut out, &rows);
     out
 }
 

@@ -327,6 +327,10 @@ struct ListQuery {
     res_after: Option<String>,
     /// The read-write locks' cursor on the leaders page.
     rw_after: Option<String>,
+    /// The fair locks' cursor on the locks page.
+    fair_after: Option<String>,
+    /// The semaphores' cursor on the locks page.
+    sem_after: Option<String>,
 }
 
 fn parse_limit(raw: Option<&str>, default: usize) -> Answer<usize> {

@@ -44,20 +44,40 @@ pub(super) async fn locks_page(
     let result = async {
         let q = query(q)?;
         let page = page_of(&q, DEFAULT_LIMIT)?;
-        let res_page = Page {
-            limit: page.limit,
-            after: parse_cursor(q.res_after.as_deref())?,
+        let cursor = |raw: Option<&str>| -> Result<Page, Failure> {
+            Ok(Page {
+                limit: page.limit,
+                after: parse_cursor(raw)?,
+            })
         };
-        let locks = views::locks(&state.stores, &page)
+        let (res_page, fair_page, sem_page) = (
+            cursor(q.res_after.as_deref())?,
+            cursor(q.fair_after.as_deref())?,
+            cursor(q.sem_after.as_deref())?,
+        );
+        let s = &state.stores;
+        let locks = views::locks(s, &page).await.map_err(Failure::store)?;
+        let resources = views::resources(s, None, Some(&res_page))
             .await
             .map_err(Failure::store)?;
-        let resources = views::resources(&state.stores, None, Some(&res_page))
+        let fair = views::fair_locks(s, &fair_page)
+            .await
+            .map_err(Failure::store)?;
+        let semaphores = views::semaphores(s, &sem_page)
             .await
             .map_err(Failure::store)?;
         Ok((
             "Locks held".to_owned(),
             "/locks",
-            html::locks(&locks, &resources, page.limit),
+            html::locks(
+                &html::LockViews {
+                    locks: &locks,
+                    resources: &resources,
+                    fair: &fair,
+                    semaphores: &semaphores,
+                },
+                page.limit,
+            ),
         ))
     }
     .await;

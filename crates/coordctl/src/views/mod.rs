@@ -53,11 +53,11 @@ mod tasks;
 
 pub(crate) use conformance::conformance;
 pub(crate) use elections::{elections, ElectionsView};
-pub(crate) use fair_locks::fair_locks;
+pub(crate) use fair_locks::{fair_locks, FairLocksView};
 pub(crate) use jobs::{jobs, runs, JobsView, RunView, RunsView};
 pub(crate) use locks::{locks, LocksView};
 pub(crate) use rwlocks::{rwlocks, RwLocksView};
-pub(crate) use semaphores::semaphores;
+pub(crate) use semaphores::{semaphores, SemaphoresView};
 pub(crate) use side_effects::{
     resources, side_effects, InspectView, ResourcesView, SideEffectsView, UncertainKind,
 };
