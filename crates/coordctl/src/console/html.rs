@@ -225,64 +225,71 @@ pub(crate) fn locks(views: &LockViews<'_>, limit: usize) -> String {
         fair,
         semaphores,
     } = views;
-    let mut out = String::from(
-        "<h2>Locks</h2><p class=\"dim\">Records <code>lock/&lt;key&gt;</code> of GenericLock. \
-The fence survives release; a free record keeps it for the next holder.</p>",
-    );
-    if locks.locks.is_empty() {
-        out.push_str("<p>No lock records.</p>");
-    } else {
-        out.push_str(
-            "<table id=\"locks\"><tr><th>Key</th><th>Fence</th><th>State</th><th>Lease expires</th></tr>",
-        );
-        for l in &locks.locks {
-            let _ = write!(
-                out,
+    let mut out = String::new();
+    let rows: Vec<String> = locks
+        .locks
+        .iter()
+        .map(|l| {
+            format!(
                 "<tr><td class=\"key\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
                 esc(&l.key),
                 l.fence,
                 state_badge(l.state),
                 when(l.lease_expires_ms, locks.now_ms)
-            );
-        }
-        out.push_str("</table>");
+            )
+        })
+        .collect();
+    Section {
+        title: "Locks",
+        note: "Records <code>lock/&lt;key&gt;</code> of GenericLock. \
+The fence survives release; a free record keeps it for the next holder.",
+        id: "locks",
+        headers: &["Key", "Fence", "State", "Lease expires"],
+        empty: "No lock records.",
+        more: more_link(
+            "/locks",
+            "after",
+            locks.next_after.as_deref(),
+            &format!("&amp;limit={limit}"),
+        ),
     }
-    out.push_str(&more_link(
-        "/locks",
-        "after",
-        locks.next_after.as_deref(),
-        &format!("&amp;limit={limit}"),
-    ));
+    .render(&mut out, &rows);
 
-    out.push_str(
-        "<h2>Side-effect resource leases</h2><p class=\"dim\">Records <code>se/res/&lt;resource&gt;</code>: \
-the highest fence issued on each resource and the idempotency key holding it.</p>",
-    );
-    if resources.resources.is_empty() {
-        out.push_str("<p>No side-effect resources.</p>");
-    } else {
-        out.push_str(
-            "<table id=\"resources\"><tr><th>Resource</th><th>Highest fence</th><th>Holder (key)</th><th>State</th><th>Lease expires</th></tr>",
-        );
-        for r in &resources.resources {
-            let _ = write!(
-                out,
+    let rows: Vec<String> = resources
+        .resources
+        .iter()
+        .map(|r| {
+            format!(
                 "<tr><td class=\"key\">{}</td><td class=\"num\">{}</td><td class=\"key\">{}</td><td>{}</td><td>{}</td></tr>",
                 esc(&r.resource),
                 r.highest_fence,
                 esc(r.holder.as_deref().unwrap_or("-")),
                 state_badge(r.state),
                 when(r.lease_expires_ms, resources.now_ms)
-            );
-        }
-        out.push_str("</table>");
+            )
+        })
+        .collect();
+    Section {
+        title: "Side-effect resource leases",
+        note: "Records <code>se/res/&lt;resource&gt;</code>: \
+the highest fence issued on each resource and the idempotency key holding it.",
+        id: "resources",
+        headers: &[
+            "Resource",
+            "Highest fence",
+            "Holder (key)",
+            "State",
+            "Lease expires",
+        ],
+        empty: "No side-effect resources.",
+        more: more_link(
+            "/locks",
+            "res_after",
+            resources.next_after.as_deref(),
+            &format!("&amp;limit={limit}"),
+        ),
     }
-    out.push_str(&more_link(
-        "/locks",
-        "res_after",
-        resources.next_after.as_deref(),
-        &format!("&amp;limit={limit}"),
-    ));
+    .render(&mut out, &rows);
 
     let rows: Vec<String> = fair
         .locks
@@ -362,49 +369,43 @@ with its own fence.",
 
 /// The leaders page: `GenericElection` leaders and `GenericRwLock` holders.
 pub(crate) fn leaders(elections: &ElectionsView, rwlocks: &RwLocksView, limit: usize) -> String {
-    let mut out = String::from(
-        "<h2>Elections</h2><p class=\"dim\">Records <code>election/&lt;name&gt;</code> of \
-GenericElection: the live leader and the latest term (the fencing token; it survives \
-resignations). The value a leader announces is the application's and is not shown.</p>",
-    );
-    if elections.elections.is_empty() {
-        out.push_str("<p>No elections.</p>");
-    } else {
-        out.push_str(
-            "<table id=\"elections\"><tr><th>Election</th><th>Term</th><th>Leader</th><th>State</th><th>Lease expires</th></tr>",
-        );
-        for e in &elections.elections {
+    let mut out = String::new();
+    let rows: Vec<String> = elections
+        .elections
+        .iter()
+        .map(|e| {
             let state = if e.leader.is_some() { "live" } else { "none" };
-            let _ = write!(
-                out,
+            format!(
                 "<tr><td class=\"key\">{}</td><td class=\"num\">{}</td><td class=\"key\">{}</td><td>{}</td><td>{}</td></tr>",
                 esc(&e.name),
                 e.term,
                 esc(e.leader.as_deref().unwrap_or("-")),
                 state_badge(state),
                 when(e.lease_expires_ms, elections.now_ms)
-            );
-        }
-        out.push_str("</table>");
+            )
+        })
+        .collect();
+    Section {
+        title: "Elections",
+        note: "Records <code>election/&lt;name&gt;</code> of \
+GenericElection: the live leader and the latest term (the fencing token; it survives \
+resignations). The value a leader announces is the application's and is not shown.",
+        id: "elections",
+        headers: &["Election", "Term", "Leader", "State", "Lease expires"],
+        empty: "No elections.",
+        more: more_link(
+            "/leaders",
+            "after",
+            elections.next_after.as_deref(),
+            &format!("&amp;limit={limit}"),
+        ),
     }
-    out.push_str(&more_link(
-        "/leaders",
-        "after",
-        elections.next_after.as_deref(),
-        &format!("&amp;limit={limit}"),
-    ));
+    .render(&mut out, &rows);
 
-    out.push_str(
-        "<h2>Read-write locks</h2><p class=\"dim\">Records <code>rwlock/&lt;key&gt;</code> of \
-GenericRwLock: each holder with its mode and fence; queued writers hold new readers back.</p>",
-    );
-    if rwlocks.rwlocks.is_empty() {
-        out.push_str("<p>No read-write lock records.</p>");
-    } else {
-        out.push_str(
-            "<table id=\"rwlocks\"><tr><th>Key</th><th>Fence</th><th>State</th><th>Holders</th><th>Queued writers</th></tr>",
-        );
-        for r in &rwlocks.rwlocks {
+    let rows: Vec<String> = rwlocks
+        .rwlocks
+        .iter()
+        .map(|r| {
             let mut holders = String::new();
             for h in &r.holders {
                 let _ = write!(
@@ -419,23 +420,30 @@ GenericRwLock: each holder with its mode and fence; queued writers hold new read
             if holders.is_empty() {
                 holders.push('-');
             }
-            let _ = write!(
-                out,
+            format!(
                 "<tr><td class=\"key\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{holders}</td><td class=\"num\">{}</td></tr>",
                 esc(&r.key),
                 r.fence,
                 state_badge(r.state),
                 r.queued_writers
-            );
-        }
-        out.push_str("</table>");
+            )
+        })
+        .collect();
+    Section {
+        title: "Read-write locks",
+        note: "Records <code>rwlock/&lt;key&gt;</code> of \
+GenericRwLock: each holder with its mode and fence; queued writers hold new readers back.",
+        id: "rwlocks",
+        headers: &["Key", "Fence", "State", "Holders", "Queued writers"],
+        empty: "No read-write lock records.",
+        more: more_link(
+            "/leaders",
+            "rw_after",
+            rwlocks.next_after.as_deref(),
+            &format!("&amp;limit={limit}"),
+        ),
     }
-    out.push_str(&more_link(
-        "/leaders",
-        "rw_after",
-        rwlocks.next_after.as_deref(),
-        &format!("&amp;limit={limit}"),
-    ));
+    .render(&mut out, &rows);
     out
 }
 
