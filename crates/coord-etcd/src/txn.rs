@@ -12,8 +12,10 @@ use crate::{EtcdBackend, Hint};
 
 /// How many txns one `txn` call may send when its guesses about how an
 /// asserted key is represented (absent or tombstone; which lifetime) keep
-/// being wrong.
-const MAX_REPRESENTATION_ATTEMPTS: usize = 3;
+/// being wrong. Each retry follows a change someone else made (a delete of
+/// a deleted key, a reclaim creating the marker or removing a tombstone),
+/// so a call settles unless others keep moving its keys all along.
+const MAX_REPRESENTATION_ATTEMPTS: usize = 16;
 
 /// How one asserted key is compared: a guess at its etcd representation,
 /// from what this backend last saw of it. A wrong guess is refused by etcd,
@@ -169,7 +171,6 @@ impl EtcdBackend {
                 })
                 .collect()
         };
-        let mut current = Vec::new();
         for _attempt in 0..MAX_REPRESENTATION_ATTEMPTS {
             let mut compares = Vec::with_capacity(asserted.len() * 3 + 1);
             for a in &asserted {
@@ -241,7 +242,7 @@ impl EtcdBackend {
                 .iter()
                 .zip(&stored_now)
                 .all(|(a, s)| s.coord_version(mode) == a.version);
-            current = asserted
+            let current = asserted
                 .iter()
                 .zip(stored_now.iter().cloned())
                 .map(|(a, s)| s.into_entry(a.key, mode))
@@ -256,10 +257,17 @@ impl EtcdBackend {
                 a.guess = Guess::exact(stored);
             }
         }
-        // Representations kept moving under us (concurrent deletes of
-        // deleted keys, reclaims): a rejection; the caller's CAS loop
-        // decides again.
-        Ok(TxnOutcome::rejected(current))
+        // Every assert held at each look, but the representations kept
+        // moving under us (concurrent deletes of deleted keys, reclaims).
+        // Not a rejection (that would say an assert failed): nothing was
+        // written, so the call is unavailable and safe to retry.
+        Err(Error::Unavailable {
+            message: format!(
+                "etcd txn: the asserted keys changed representation {MAX_REPRESENTATION_ATTEMPTS} \
+                 times while every assert held; nothing was written"
+            ),
+            source: None,
+        })
     }
 
     /// Update the hints after a committed txn at etcd revision `revision`.
