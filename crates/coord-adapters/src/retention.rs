@@ -154,6 +154,44 @@ pub(crate) enum Verdict {
     Keep,
 }
 
+/// How many index entries a prune at `now_ms` would look at: the entries of
+/// the minutes from the cursor up to the cutoff, at most
+/// `options.max_minutes` of them (then `more`). An upper bound of what it
+/// removes (a stale entry goes without a removal); nothing is written.
+pub(crate) async fn due(
+    engine: &CasEngine,
+    index: &RetentionIndex,
+    now_ms: u64,
+    options: &PruneOptions,
+) -> Result<Pruned, Error> {
+    options.check()?;
+    let cutoff_ms = now_ms.saturating_sub(options.retention.as_millis() as u64);
+    let last = minute_of(cutoff_ms);
+    let cursor_key = index.cursor();
+    let cursor = engine.snapshot(std::slice::from_ref(&cursor_key)).await?;
+    let mut counted = Pruned::default();
+    let Some(first) = cursor
+        .first()
+        .and_then(|e| e.value.as_deref())
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    else {
+        return Ok(counted);
+    };
+    for (listed, minute) in (first..=last).enumerate() {
+        if listed >= options.max_minutes {
+            counted.more = true;
+            break;
+        }
+        counted.removed += engine
+            .backend()
+            .keys(&index.minute_prefix(minute))
+            .await?
+            .len() as u64;
+    }
+    Ok(counted)
+}
+
 /// What removing one entry's record came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Removal {
@@ -294,4 +332,43 @@ where
         };
     }
     Ok(pruned)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use coord_backend::{Backend, ManualClock};
+    use coord_memory::SingleProcessMemoryBackend;
+
+    use super::PruneOptions;
+    use crate::sideeffect::{Action, EffectResult, Runner, SideEffectAdapter};
+
+    /// The count a dry run shows: every completion past the window, before
+    /// a prune; none after it; none inside the window.
+    #[tokio::test]
+    async fn candidates_count_what_a_prune_removes() {
+        let backend: Arc<dyn Backend> =
+            Arc::new(SingleProcessMemoryBackend::new("candidates").unwrap());
+        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+        let adapter = Arc::new(SideEffectAdapter::with_clock(backend, clock.clone()));
+        let runner = Runner::new(adapter.clone());
+        for i in 0..3 {
+            runner
+                .execute(
+                    &Action::new(format!("k{i}"), "r"),
+                    Duration::from_secs(30),
+                    |_| async { Ok::<_, std::io::Error>(EffectResult::from(&b"ok"[..])) },
+                )
+                .await
+                .unwrap();
+        }
+        let window = PruneOptions::after(Duration::from_secs(3600));
+        assert_eq!(adapter.prune_candidates(&window).await.unwrap().removed, 0);
+        clock.advance(Duration::from_secs(2 * 3600));
+        assert_eq!(adapter.prune_candidates(&window).await.unwrap().removed, 3);
+        assert_eq!(adapter.prune(&window).await.unwrap().removed, 3);
+        assert_eq!(adapter.prune_candidates(&window).await.unwrap().removed, 0);
+    }
 }

@@ -14,7 +14,10 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Args;
+use coord_adapters::board::{BoardAdapter, BoardOptions};
 use coord_adapters::maintenance::{self, MaintenanceOptions};
+use coord_adapters::retention::PruneOptions;
+use coord_adapters::sideeffect::SideEffectAdapter;
 use coord_backend::Error;
 use serde::Serialize;
 
@@ -48,9 +51,11 @@ pub(crate) struct GcArgs {
     #[arg(long)]
     dry_run: bool,
     /// Print one JSON document instead of text:
-    /// `{"store", "namespace", "dry_run", "pruned", "pruned_tasks", "passes", "removed", "more", "seconds"}`
-    /// (`pruned`: completed side-effect keys removed; `pruned_tasks`:
-    /// completed board tasks removed; `removed`: tombstones reclaimed).
+    /// `{"store", "namespace", "dry_run", "pruned", "pruned_tasks", "passes", "removed", "more",
+    /// "candidates", "candidate_tasks", "seconds"}` (`pruned`: completed side-effect keys removed;
+    /// `pruned_tasks`: completed board tasks removed; `removed`: tombstones reclaimed;
+    /// with `--dry-run`, `candidates` / `candidate_tasks`: how many past their retention a
+    /// prune would look at, an upper bound).
     #[arg(long)]
     json: bool,
 }
@@ -65,6 +70,10 @@ struct GcReport {
     passes: u64,
     removed: u64,
     more: bool,
+    /// Dry run: completed side-effect keys past the retention (upper bound).
+    candidates: u64,
+    /// Dry run: completed board tasks past the retention (upper bound).
+    candidate_tasks: u64,
     seconds: f64,
 }
 
@@ -89,9 +98,13 @@ pub(crate) async fn run(args: GcArgs) -> Result<ExitCode, Error> {
         passes: 0,
         removed: 0,
         more: false,
+        candidates: 0,
+        candidate_tasks: 0,
         seconds: 0.0,
     };
-    if !args.dry_run {
+    if args.dry_run {
+        count_candidates(&args, &store, &mut report).await?;
+    } else {
         // Prune first (it writes tombstones), then reclaim: one maintenance round.
         let mut options = MaintenanceOptions::default()
             .with_per_pass(args.per_pass)
@@ -105,9 +118,7 @@ pub(crate) async fn run(args: GcArgs) -> Result<ExitCode, Error> {
         if let Some(retention) = args.board_retention {
             options = options.with_board_retention(retention);
         }
-        if !args.board_prefixes.is_empty() {
-            options = options.with_board_prefixes(args.board_prefixes.iter().cloned());
-        }
+        options = options.with_board_prefixes(board_prefixes(&args));
         let round = maintenance::run_once(&store, &options).await?;
         report.pruned = round.pruned;
         report.pruned_tasks = round.pruned_tasks;
@@ -124,7 +135,7 @@ pub(crate) async fn run(args: GcArgs) -> Result<ExitCode, Error> {
         println!(
             "coordctl gc (dry run): would {}reclaim the tombstones of namespace {:?} on {}, \
              at most {} per pass{}; nothing changed",
-            what_is_pruned(&args),
+            what_is_pruned(&args, &report),
             report.namespace,
             report.store,
             args.per_pass,
@@ -154,20 +165,66 @@ pub(crate) async fn run(args: GcArgs) -> Result<ExitCode, Error> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The board prefixes to prune (`board/`, the boards' default, unless given).
+fn board_prefixes(args: &GcArgs) -> Vec<String> {
+    if args.board_prefixes.is_empty() {
+        vec![BoardOptions::default().key_prefix]
+    } else {
+        args.board_prefixes.clone()
+    }
+}
+
+/// Dry run: count what each prune would look at (the index entries past
+/// the retention), writing nothing.
+async fn count_candidates(
+    args: &GcArgs,
+    store: &std::sync::Arc<dyn coord_backend::Backend>,
+    report: &mut GcReport,
+) -> Result<(), Error> {
+    let counting = |what: &str, e: &dyn std::fmt::Display| Error::Unavailable {
+        message: format!("counting {what} to prune: {e}"),
+        source: None,
+    };
+    if let Some(retention) = args.side_effects_retention {
+        let adapter = SideEffectAdapter::new(store.clone());
+        let due = adapter
+            .prune_candidates(&PruneOptions::after(retention))
+            .await
+            .map_err(|e| counting("side-effect keys", &e))?;
+        report.candidates = due.removed;
+        report.more |= due.more;
+    }
+    if let Some(retention) = args.board_retention {
+        for prefix in board_prefixes(args) {
+            let board = BoardAdapter::with_options(
+                store.clone(),
+                BoardOptions::default().with_key_prefix(prefix),
+            );
+            let due = board
+                .prune_candidates(&PruneOptions::after(retention))
+                .await
+                .map_err(|e| counting("board tasks", &e))?;
+            report.candidate_tasks += due.removed;
+            report.more |= due.more;
+        }
+    }
+    Ok(())
+}
+
 /// What a dry run says would be pruned before the reclaim.
-fn what_is_pruned(args: &GcArgs) -> String {
+fn what_is_pruned(args: &GcArgs, report: &GcReport) -> String {
     let mut steps = Vec::new();
     if let Some(d) = args.side_effects_retention {
-        steps.push(format!("prune side-effect keys completed over {d:?} ago"));
+        steps.push(format!(
+            "prune up to {} side-effect key(s) completed over {d:?} ago",
+            report.candidates
+        ));
     }
     if let Some(d) = args.board_retention {
-        let prefixes = if args.board_prefixes.is_empty() {
-            vec!["board/".to_owned()]
-        } else {
-            args.board_prefixes.clone()
-        };
         steps.push(format!(
-            "prune tasks completed over {d:?} ago on the board(s) {prefixes:?}"
+            "prune up to {} task(s) completed over {d:?} ago on the board(s) {:?}",
+            report.candidate_tasks,
+            board_prefixes(args)
         ));
     }
     steps.into_iter().map(|s| s + ", then ").collect()

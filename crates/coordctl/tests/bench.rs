@@ -409,6 +409,38 @@ fn gc_reclaims_tombstones_in_passes() {
             board.complete(id, &claim.token, vec![]).await.unwrap();
         }
     });
+    // A dry run counts the task past its retention and removes nothing.
+    let dry = gc_json(&[
+        "gc",
+        "--store",
+        &url,
+        "--board-retention",
+        "1h",
+        "--dry-run",
+        "--json",
+    ]);
+    assert_eq!(
+        (
+            &dry["candidate_tasks"],
+            &dry["pruned_tasks"],
+            &dry["removed"]
+        ),
+        (&Value::from(1), &Value::from(0), &Value::from(0)),
+        "{dry}"
+    );
+    let dry_text = coordctl(&[
+        "gc",
+        "--store",
+        &url,
+        "--board-retention",
+        "1h",
+        "--dry-run",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&dry_text.stdout).contains("prune up to 1 task(s)"),
+        "{}",
+        String::from_utf8_lossy(&dry_text.stdout)
+    );
     let pruned = gc_json(&["gc", "--store", &url, "--board-retention", "1h", "--json"]);
     assert_eq!(
         (&pruned["pruned_tasks"], &pruned["pruned"]),

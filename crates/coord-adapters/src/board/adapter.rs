@@ -246,6 +246,14 @@ impl BoardAdapter {
         Ok(pruned)
     }
 
+    /// How many completed tasks [`prune`](Self::prune) would look at now
+    /// (`removed`: an upper bound of what it removes; `more`: the count
+    /// stopped at `options.max_minutes` minutes of the index). Writes nothing.
+    pub async fn prune_candidates(&self, options: &PruneOptions) -> Result<Pruned, BoardError> {
+        let now = self.clock.now_millis();
+        Ok(crate::retention::due(&self.engine, &self.done_index(), now, options).await?)
+    }
+
     /// Remove task `id` (indexed by `entry`) if it was completed by
     /// `cutoff_ms`, first marking it met in the tasks waiting on it, as many
     /// per txn as the store allows; the last txn deletes the task with the

@@ -154,6 +154,16 @@ impl SideEffectAdapter {
         Ok(pruned)
     }
 
+    /// How many completed keys [`prune`](Self::prune) would look at now
+    /// (`removed`: an upper bound of what it removes; `more`: the count
+    /// stopped at `options.max_minutes` minutes of the index). Writes nothing.
+    pub async fn prune_candidates(
+        &self,
+        options: &crate::retention::PruneOptions,
+    ) -> Result<crate::retention::Pruned, SideEffectError> {
+        Ok(crate::retention::due(&self.engine, &DONE_INDEX, self.now(), options).await?)
+    }
+
     /// Refuse an action that cannot be stored, before any I/O.
     pub(crate) fn check_action(&self, action: &Action) -> Result<(), SideEffectError> {
         let max = self.engine.backend().limits().max_key_bytes;
