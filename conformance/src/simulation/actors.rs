@@ -1,0 +1,383 @@
+//! The simulation's actors: each drives one adapter through its own faulty
+//! instance and records what it was told in the shared facts.
+
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_adapters::board::{Board, BoardAdapter, BoardOptions, TaskSpec};
+use coord_adapters::lock::{GuardOptions, LockError, LockGuard, WaitOptions};
+use coord_adapters::sideeffect::{
+    Action, BackendFencedSink, EffectResult, Fence, FencedSink, Outcome, Runner, SideEffectAdapter,
+};
+use coord_backend::{Backend, Mutation};
+use coord_scheduler::{
+    handler, Job, JobOptions, RunStore, RunStoreOptions, Schedule, Scheduler, SchedulerOptions,
+    SlotStore,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+use super::*;
+
+/// Reclaim a few tombstones every 1.5 s until `end` (through the store
+/// itself: a reclaim changes nothing any reader can see, so it is not
+/// faulted), logging what went.
+pub(super) async fn reclaimer(store: Arc<dyn Backend>, log: Arc<Log>, end: Instant) {
+    let options = coord_backend::ReclaimOptions::DEFAULT.with_max_tombstones(5);
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        match store.reclaim(&options).await {
+            Ok(done) if done.removed > 0 => log.event(
+                "maintainer",
+                format!("reclaimed {} tombstones", done.removed),
+            ),
+            Ok(_) => {}
+            Err(e) => log.event("maintainer", format!("reclaim failed: {e}")),
+        }
+    }
+}
+
+/// Prune completed board tasks, or add a pruned task again (as its next
+/// life), every second until `end`, through a faulty instance.
+pub(super) async fn board_maintainer(
+    inst: Arc<Instance>,
+    log: Arc<Log>,
+    shared: Shared,
+    seed: u64,
+    end: Instant,
+) {
+    use coord_adapters::board::BoardError;
+    use coord_adapters::retention::PruneOptions;
+    let mut rng = StdRng::seed_from_u64(seed);
+    // Two hours ahead with a one-hour retention: every completion is past it.
+    let ahead = Arc::new(SimClock {
+        start: inst.clock.start,
+        offset_ms: AtomicI64::new(2 * 3_600_000),
+    });
+    let pruner =
+        BoardAdapter::with_options(inst.backend(), BoardOptions::default().with_clock(ahead));
+    let board = BoardAdapter::with_options(
+        inst.backend(),
+        BoardOptions::default().with_clock(inst.clock.clone()),
+    );
+    let mut lives = [0u32; TASKS];
+    let who = inst.name.as_str();
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(500..1500))).await;
+        inst.wait_running().await;
+        if rng.random_bool(0.5) {
+            let pruned = pruner
+                .prune(&PruneOptions::after(Duration::from_secs(3600)).with_max_records(3))
+                .await;
+            if let Ok(p) = &pruned {
+                *facts(&shared).stats.entry("tasks pruned").or_insert(0) += p.removed;
+            }
+            log.event(
+                who,
+                match pruned {
+                    Ok(p) => format!("pruned {} tasks (more: {})", p.removed, p.more),
+                    Err(e) => format!("prune: {}", kind(&e.to_string())),
+                },
+            );
+            continue;
+        }
+        let t = rng.random_range(0..TASKS);
+        let id = format!("t{t}");
+        if matches!(board.get(&id).await, Err(BoardError::NotFound { .. })) {
+            lives[t] += 1;
+            let life = format!("life-{}", lives[t]);
+            let added = board
+                .add(TaskSpec::new(&id, life.as_bytes().to_vec()))
+                .await;
+            if added.is_ok() {
+                count(&shared, "tasks added again");
+            }
+            log.event(
+                who,
+                format!(
+                    "add {id} as {life}: {}",
+                    added.map_or_else(|e| kind(&e.to_string()), |()| "ok".into())
+                ),
+            );
+        }
+    }
+}
+
+pub(super) async fn lock_actor(
+    lock_kind: LockKind,
+    inst: Arc<Instance>,
+    log: Arc<Log>,
+    shared: Shared,
+    seed: u64,
+    end: Instant,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let lock = lock_kind.make(&inst);
+    let key = lock_kind.key();
+    let sink = BackendFencedSink::new(inst.backend());
+    let who = inst.name.as_str();
+    while Instant::now() < end {
+        inst.wait_running().await;
+        let wait = WaitOptions::with_timeout(Duration::from_secs(4));
+        let guard =
+            match LockGuard::acquire_with(&lock, key, LOCK_TTL, &wait, GuardOptions::default())
+                .await
+            {
+                Ok(guard) => guard,
+                Err(e) => {
+                    if matches!(&e, LockError::Store(e) if e.is_indeterminate()) {
+                        *facts(&shared).lock_errors.entry(lock_kind).or_insert(0) += 1;
+                    }
+                    log.event(who, format!("lock: {}", kind(&e.to_string())));
+                    tokio::time::sleep(Duration::from_millis(rng.random_range(50..400))).await;
+                    continue;
+                }
+            };
+        let fence = guard.fence();
+        let index = {
+            let mut f = facts(&shared);
+            f.clock += 1;
+            let granted = f.clock;
+            f.grants.push(Grant {
+                lock: lock_kind,
+                who: who.to_owned(),
+                fence,
+                granted,
+                last_valid: None,
+            });
+            f.grants.len() - 1
+        };
+        count(
+            &shared,
+            match lock_kind {
+                LockKind::Generic => "lock grants",
+                LockKind::Fair => "fair lock grants",
+            },
+        );
+        log.event(who, format!("lock granted fence {fence}"));
+        for _ in 0..rng.random_range(1..5) {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(100..1500))).await;
+            inst.wait_running().await;
+            if !guard.is_valid() {
+                log.event(who, format!("lock fence {fence} no longer valid"));
+                break;
+            }
+            {
+                let mut f = facts(&shared);
+                f.clock += 1;
+                f.grants[index].last_valid = Some(f.clock);
+            }
+            let write = vec![Mutation::put(format!("{key}/data"), fence.to_string())];
+            let landed = sink.write_fenced(key, Fence(fence), write).await;
+            log.event(
+                who,
+                format!(
+                    "fenced write {fence}: {}",
+                    landed.map_or_else(|e| kind(&e.to_string()), |()| "ok".into())
+                ),
+            );
+        }
+        let released = guard.release().await;
+        log.event(
+            who,
+            format!(
+                "release fence {fence}: {}",
+                released.map_or_else(|e| kind(&e.to_string()), |()| "ok".into())
+            ),
+        );
+    }
+}
+
+pub(super) async fn board_actor(
+    inst: Arc<Instance>,
+    log: Arc<Log>,
+    shared: Shared,
+    seed: u64,
+    end: Instant,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let board = BoardAdapter::with_options(
+        inst.backend(),
+        BoardOptions::default().with_clock(inst.clock.clone()),
+    );
+    let who = inst.name.as_str();
+    while Instant::now() < end {
+        let id = format!(
+            "{}{}",
+            if rng.random_bool(0.5) { "t" } else { "d" },
+            rng.random_range(0..TASKS)
+        );
+        inst.wait_running().await;
+        match board.claim(&id, who, LOCK_TTL).await {
+            Ok(task) => {
+                facts(&shared)
+                    .claims
+                    .entry(id.clone())
+                    .or_default()
+                    .push(task.generation);
+                log.event(who, format!("claimed {id} gen {}", task.generation));
+                tokio::time::sleep(Duration::from_millis(rng.random_range(100..2000))).await;
+                inst.wait_running().await;
+                let done = board
+                    .complete(&id, &task.token, who.as_bytes().to_vec())
+                    .await;
+                if done.is_ok() {
+                    let life = String::from_utf8_lossy(&task.payload);
+                    facts(&shared)
+                        .completions
+                        .entry(format!("{id}@{life}"))
+                        .or_default()
+                        .push(who.to_owned());
+                }
+                log.event(
+                    who,
+                    format!(
+                        "complete {id}: {}",
+                        done.map_or_else(|e| kind(&e.to_string()), |()| "ok".into())
+                    ),
+                );
+            }
+            Err(e) => log.event(who, format!("claim {id}: {}", kind(&e.to_string()))),
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(50..500))).await;
+    }
+}
+
+pub(super) async fn runner_actor(
+    inst: Arc<Instance>,
+    log: Arc<Log>,
+    shared: Shared,
+    seed: u64,
+    end: Instant,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let runner = Runner::new(Arc::new(SideEffectAdapter::with_clock(
+        inst.backend(),
+        inst.clock.clone(),
+    )));
+    let who = inst.name.clone();
+    while Instant::now() < end {
+        let key = format!("fx/{}", rng.random_range(0..ACTIONS));
+        let work = Duration::from_millis(rng.random_range(10..2500));
+        inst.wait_running().await;
+        let action = Action::new(key.clone(), "payments");
+        let (me, shared2, inst2) = (who.clone(), shared.clone(), inst.clone());
+        let key2 = key.clone();
+        let done = runner
+            .execute(&action, LOCK_TTL, move |_lease| async move {
+                facts(&shared2)
+                    .effects
+                    .entry(key2)
+                    .or_default()
+                    .push(me.clone());
+                tokio::time::sleep(work).await;
+                inst2.wait_running().await;
+                Ok::<_, std::io::Error>(EffectResult::from(me.as_bytes()))
+            })
+            .await;
+        let said = match done {
+            Ok(execution) => {
+                if matches!(execution.outcome, Outcome::Applied | Outcome::Replayed) {
+                    let result = execution
+                        .result
+                        .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned())
+                        .unwrap_or_default();
+                    facts(&shared)
+                        .answered
+                        .entry(key.clone())
+                        .or_default()
+                        .push(result);
+                }
+                format!("{:?}", execution.outcome)
+            }
+            Err(e) => {
+                // Any error may leave an intent behind (it then reads as
+                // uncertain, never as free): only definite answers may not.
+                *facts(&shared).effect_errors.entry(key.clone()).or_insert(0) += 1;
+                kind(&e.to_string())
+            }
+        };
+        log.event(&who, format!("execute {key}: {said}"));
+        tokio::time::sleep(Duration::from_millis(rng.random_range(50..500))).await;
+    }
+}
+
+pub(super) fn start_scheduler(inst: &Arc<Instance>, log: &Arc<Log>, shared: &Shared) -> Scheduler {
+    let store: Arc<dyn SlotStore> = Arc::new(
+        RunStore::new(
+            inst.backend(),
+            inst.clock.clone(),
+            RunStoreOptions::default().forget_claims_after(Some(Duration::from_secs(20))),
+        )
+        .expect("a run store"),
+    );
+    let options =
+        SchedulerOptions::instance(inst.name.clone()).poll_interval(Duration::from_millis(250));
+    let scheduler = Scheduler::new(Some(store), inst.clock.clone(), options);
+    let (who, log, shared, inst2) = (inst.name.clone(), log.clone(), shared.clone(), inst.clone());
+    let job = Job::new(
+        "tick",
+        Schedule::parse("every 1s", None).expect("a schedule"),
+        handler(move |ctx| {
+            let (who, log, shared, inst) =
+                (who.clone(), log.clone(), shared.clone(), inst2.clone());
+            async move {
+                if ctx.manual {
+                    return Ok(());
+                }
+                let index = {
+                    let mut f = facts(&shared);
+                    f.clock += 1;
+                    let started = f.clock;
+                    let runs = f.slot_runs.entry(ctx.slot).or_default();
+                    runs.push(SlotRun {
+                        who: who.clone(),
+                        takeovers: ctx.takeovers,
+                        started,
+                        last_valid: started,
+                    });
+                    runs.len() - 1
+                };
+                count(&shared, "scheduler runs");
+                log.event(
+                    &who,
+                    format!(
+                        "run slot {} (takeovers {})",
+                        ctx.slot.saturating_sub(EPOCH_MS),
+                        ctx.takeovers
+                    ),
+                );
+                // Work in steps, each only while the lease is surely held.
+                for _ in 0..3 {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    inst.wait_running().await;
+                    if ctx.is_lease_lost() {
+                        log.event(&who, "lease lost: stops");
+                        break;
+                    }
+                    let mut f = facts(&shared);
+                    f.clock += 1;
+                    let now = f.clock;
+                    if let Some(run) = f
+                        .slot_runs
+                        .get_mut(&ctx.slot)
+                        .and_then(|r| r.get_mut(index))
+                    {
+                        run.last_valid = now;
+                    }
+                }
+                Ok(())
+            }
+        }),
+    )
+    .with_options(
+        JobOptions::default()
+            .lease_ttl(LOCK_TTL)
+            .max_late(Duration::from_secs(5)),
+    );
+    scheduler.add_job(job).expect("a valid job");
+    scheduler.start();
+    scheduler
+}
