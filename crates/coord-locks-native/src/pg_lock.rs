@@ -39,12 +39,18 @@ pub struct PgAdvisoryOptions {
     /// exactly, as other advisory-lock libraries do; with an explicit prefix,
     /// keeping names of different lock spaces apart is the caller's job.
     pub key_prefix: Option<String>,
-    /// The table of fence counters (default `coord_lock_fences`): lower-case
-    /// letters, digits and `_`, optionally `schema.table`.
+    /// The table of fence counters (default `coord_lock_fences`, with its
+    /// unlogged companion `coord_lock_fences_last`): lower-case letters,
+    /// digits and `_`, at most 58 of them (room for `_last`), optionally
+    /// `schema.table`.
     pub fence_table: String,
-    /// Create the fence table when it is missing (default true). Turn off
-    /// when the application role may not run DDL; then create it yourself:
-    /// `CREATE TABLE coord_lock_fences (name text PRIMARY KEY, fence bigint NOT NULL)`.
+    /// Create the fence tables when they are missing (default true). Turn
+    /// off when the application role may not run DDL; then create them
+    /// yourself:
+    /// `CREATE TABLE coord_lock_fences (name text PRIMARY KEY, fence bigint NOT NULL)` and
+    /// `CREATE UNLOGGED TABLE coord_lock_fences_last (name text PRIMARY KEY, fence bigint NOT NULL)`
+    /// (`<fence_table>_last`). Without the second one every grant pays a
+    /// WAL flush (see "Fences" in [`PgAdvisoryLock`]).
     pub create_table: bool,
     /// Longest wait for a new connection (default 5 s).
     pub connect_timeout: Duration,
@@ -117,7 +123,7 @@ impl PgAdvisoryOptions {
 ///
 /// | call | what runs | round trips |
 /// | --- | --- | --- |
-/// | [`try_lock`](Lock::try_lock) | take an idle session (or open a connection when none is idle); one statement: `pg_try_advisory_lock(hashtext(name))` and, only if granted, `INSERT … ON CONFLICT DO UPDATE SET fence = fence + 1 RETURNING fence` (a CTE); granted → the session is pinned to the lock; refused → the session goes back to the idle pool | 1 on an idle session (the statement is prepared once per session); a connection set-up + 2 on a new one |
+/// | [`try_lock`](Lock::try_lock) | take an idle session (or open a connection when none is idle); one statement: `pg_try_advisory_lock(hashtext(name))` and, only if granted, the next fence (see "Fences": no WAL flush but once per 1024 grants of a name); granted → the session is pinned to the lock; refused → the session goes back to the idle pool | 1 on an idle session (the statement is prepared once per session); a connection set-up + 2 on a new one |
 /// | [`renew`](Lock::renew) | `SELECT 1` on the lock's session | 1 |
 /// | [`release`](Lock::release) | `pg_advisory_unlock(hashtext(name))` on the lock's session; when it answers true the session goes back to the idle pool | 1 |
 ///
@@ -162,9 +168,10 @@ impl PgAdvisoryOptions {
 ///   key); fences are per name (the fence table is keyed by the full name),
 ///   so they stay correct. Everything else that takes advisory locks with a
 ///   single `bigint` key on the same database shares this key space.
-/// - **Fences live in a table** (`coord_lock_fences` by default), one row
-///   per name ever locked; the increment runs in the statement that takes
-///   the lock, and only when it was granted. Deleting a row resets its fence.
+/// - **Fences live in two tables**, one row per name ever locked in each,
+///   written by the statement that takes the lock, and only when it was
+///   granted (see "Fences" below). Deleting a name's row of
+///   `coord_lock_fences` resets its fence.
 /// - **Handles belong to the client that made them**: the connection is in
 ///   this value's map, keyed by the handle's token. Another process (or
 ///   another `PgAdvisoryLock`) cannot renew or release it. Dropping the
@@ -174,6 +181,31 @@ impl PgAdvisoryOptions {
 ///   single authority; there is no replication to fail over (a promoted
 ///   replica has no advisory locks: every holder's connection breaks and
 ///   its next renew reports the loss).
+///
+/// # Fences
+///
+/// A durable `+1` per grant would make every `try_lock` wait for a WAL
+/// flush, which costs more than the lock itself. Instead the fence table
+/// (`coord_lock_fences`) holds a durable **ceiling** per name, and the
+/// UNLOGGED table `coord_lock_fences_last` the **last fence granted**:
+///
+/// - a grant takes `last + 1` while that stays at or below the ceiling: a
+///   write to the unlogged table only, with no WAL flush at commit;
+/// - otherwise (the block is used up, the name is new, or its unlogged row
+///   is gone) it raises the ceiling by 1024 in the same statement, a
+///   flushed commit, and takes the first fence of that new block.
+///
+/// Every fence granted is at most the ceiling, and every new block starts
+/// above it. PostgreSQL empties unlogged tables in crash recovery, and a
+/// promoted replica has them empty too; the next grant of every name then
+/// starts a new block above its ceiling: fences keep increasing across a
+/// crash (skipping at most a block), never repeat. The ceiling is as
+/// durable as the database: with asynchronous replication its last raise
+/// can be lost in a failover, and fences can then repeat (use synchronous
+/// replication if they must never). A fence table from before the
+/// unlogged one existed keeps working: its fence becomes the ceiling, and
+/// the next grant starts the block above it. Without the unlogged table
+/// (made by hand, `create_table` off) every grant is a durable `+1`.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -272,19 +304,12 @@ impl PgAdvisoryLock {
                 "fence table {table:?}: use lower-case letters, digits and '_' (optionally schema.table)"
             )));
         }
-        // The lock is taken first (in its own CTE, which PostgreSQL runs once
-        // and never inlines: it calls a volatile function); the upsert runs
-        // only for the row it produces when the lock was granted. Zero rows
-        // back = refused.
-        let acquire_sql = format!(
-            "WITH granted AS MATERIALIZED (SELECT pg_try_advisory_lock(hashtext($1)) AS ok) \
-             INSERT INTO {table} AS f (name, fence) \
-             SELECT $1, 1 FROM granted WHERE granted.ok \
-             ON CONFLICT (name) DO UPDATE SET fence = f.fence + 1 \
-             RETURNING f.fence"
-        )
-        .into();
-        let lock = PgAdvisoryLock {
+        let acquire_sql = durable_acquire_sql(table).into();
+        // Fences assume READ COMMITTED (see `last_fence_acquire_sql`): a
+        // startup parameter outranks the defaults of the database, the role
+        // and the server, at no extra round trip.
+        let connect = connect.options([("default_transaction_isolation", "read committed")]);
+        let mut lock = PgAdvisoryLock {
             connect,
             prefix,
             acquire_sql,
@@ -292,47 +317,73 @@ impl PgAdvisoryLock {
             held: StdMutex::new(HashMap::new()),
             idle: StdMutex::new(Vec::new()),
         };
-        // Proves the server answers (and creates the table) now, not at the first lock.
+        // Proves the server answers (and creates the tables) now, not at the first lock.
         let mut conn = lock.open().await?;
-        let prepared = if lock.options.create_table {
-            lock.create_table(&mut conn).await
-        } else {
-            Ok(())
-        };
-        prepared?;
+        if lock.options.create_table {
+            lock.create_tables(&mut conn).await?;
+        }
+        if lock.has_last_table(&mut conn).await? {
+            lock.acquire_sql = last_fence_acquire_sql(&lock.options.fence_table).into();
+        }
         lock.park(conn).await;
         Ok(lock)
     }
 
-    async fn create_table(&self, conn: &mut PgConnection) -> Result<(), Error> {
-        let sql = format!(
-            "CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, fence bigint NOT NULL)",
-            self.options.fence_table
-        );
+    /// Whether the unlogged table of last grants exists (it always does
+    /// when this client creates its tables; a schema made by hand before
+    /// it existed keeps the durable-per-grant statement).
+    async fn has_last_table(&self, conn: &mut PgConnection) -> Result<bool, Error> {
+        let last = last_table(&self.options.fence_table);
         match self
-            .timed(sqlx::query(AssertSqlSafe(sql)).execute(&mut *conn))
+            .timed(
+                sqlx::query_scalar::<_, bool>("SELECT to_regclass($1) IS NOT NULL")
+                    .bind(&last)
+                    .fetch_one(&mut *conn),
+            )
             .await
         {
-            Ok(Ok(_)) => Ok(()),
-            // Two clients creating it at once: the loser sees the winner's
-            // table (42P07) or its type row (23505). Either way it exists.
-            Ok(Err(sqlx::Error::Database(db)))
-                if matches!(db.code().as_deref(), Some("42P07" | "23505")) =>
-            {
-                Ok(())
-            }
-            Ok(Err(e)) => Err(Error::unavailable(
-                format!("creating the fence table {}", self.options.fence_table),
-                e,
-            )),
+            Ok(Ok(exists)) => Ok(exists),
+            Ok(Err(e)) => Err(Error::unavailable(format!("looking up table {last}"), e)),
             Err(_) => Err(Error::Unavailable {
-                message: format!(
-                    "creating the fence table {}: timed out",
-                    self.options.fence_table
-                ),
+                message: format!("looking up table {last}: timed out"),
                 source: None,
             }),
         }
+    }
+
+    async fn create_tables(&self, conn: &mut PgConnection) -> Result<(), Error> {
+        let table = &self.options.fence_table;
+        let last = last_table(table);
+        for sql in [
+            format!("CREATE TABLE IF NOT EXISTS {table} (name text PRIMARY KEY, fence bigint NOT NULL)"),
+            // UNLOGGED: its writes wait for no WAL flush, and crash recovery
+            // empties it (see "Fences" in the type's docs for why that is safe).
+            format!("CREATE UNLOGGED TABLE IF NOT EXISTS {last} (name text PRIMARY KEY, fence bigint NOT NULL)"),
+        ] {
+            match self
+                .timed(sqlx::query(AssertSqlSafe(sql)).execute(&mut *conn))
+                .await
+            {
+                Ok(Ok(_)) => {}
+                // Two clients creating it at once: the loser sees the winner's
+                // table (42P07) or its type row (23505). Either way it exists.
+                Ok(Err(sqlx::Error::Database(db)))
+                    if matches!(db.code().as_deref(), Some("42P07" | "23505")) => {}
+                Ok(Err(e)) => {
+                    return Err(Error::unavailable(
+                        format!("creating the fence tables {table} and {last}"),
+                        e,
+                    ))
+                }
+                Err(_) => {
+                    return Err(Error::Unavailable {
+                        message: format!("creating the fence tables {table} and {last}: timed out"),
+                        source: None,
+                    })
+                }
+            }
+        }
+        Ok(())
     }
 
     /// How many locks this client holds (= how many sessions they pin).
@@ -451,17 +502,80 @@ fn default_prefix(namespace: &str) -> String {
     format!("{}:lock:", namespace.replace(':', "{}"))
 }
 
+/// How many fences one durable write reserves (see "Fences" in
+/// [`PgAdvisoryLock`]'s docs): a crash of the server skips at most this many.
+const FENCE_BLOCK: i64 = 1024;
+
+/// The unlogged table of the last fence granted per name, beside `fence_table`.
+fn last_table(fence_table: &str) -> String {
+    format!("{fence_table}_last")
+}
+
+/// One statement: the advisory lock, then (only when it was granted) the
+/// next fence. The lock is taken first, in its own CTE, which PostgreSQL runs
+/// once and never inlines (it calls a volatile function); the rest runs only
+/// for the row it produces when the lock was granted. Zero rows back =
+/// refused.
+///
+/// Hot path (`bumped`): the last grant of `name` in the unlogged table, +1,
+/// while it stays below the durable ceiling in `fence_table`: a write to an
+/// unlogged table only, so the commit waits for no WAL flush. When the
+/// ceiling is reached, or the unlogged row is missing (first lock of a name,
+/// or a crash emptied the table), `reserved` raises the durable ceiling by
+/// [`FENCE_BLOCK`] (a WAL-flushed commit) and hands out the first fence of
+/// the new block, which `seeded` records as the last grant. Every fence
+/// handed out is at most the durable ceiling, and a new block starts above
+/// it, so fences increase across crashes of the server. At READ COMMITTED
+/// (forced on every session) a row another holder changed after this
+/// statement's snapshot is re-read at its newest version before the update:
+/// the worst a stale snapshot does is reserve a block too early, which skips
+/// fences but never repeats one.
+fn last_fence_acquire_sql(table: &str) -> String {
+    let last = last_table(table);
+    format!(
+        "WITH granted AS MATERIALIZED (SELECT pg_try_advisory_lock(hashtext($1)) AS ok), \
+         bumped AS (UPDATE {last} AS l SET fence = l.fence + 1 \
+           FROM granted, {table} AS f \
+           WHERE granted.ok AND l.name = $1 AND f.name = $1 AND l.fence < f.fence \
+           RETURNING l.fence), \
+         reserved AS (INSERT INTO {table} AS f (name, fence) \
+           SELECT $1, {FENCE_BLOCK} FROM granted \
+           WHERE granted.ok AND NOT EXISTS (SELECT 1 FROM bumped) \
+           ON CONFLICT (name) DO UPDATE SET fence = f.fence + {FENCE_BLOCK} \
+           RETURNING f.fence - {FENCE_BLOCK} + 1 AS fence), \
+         seeded AS (INSERT INTO {last} AS l (name, fence) SELECT $1, fence FROM reserved \
+           ON CONFLICT (name) DO UPDATE SET fence = EXCLUDED.fence \
+           RETURNING l.fence) \
+         SELECT fence FROM bumped UNION ALL SELECT fence FROM seeded"
+    )
+}
+
+/// The statement for a fence table without its unlogged companion (a schema
+/// created by hand before it existed): every grant is a durable `+1`.
+fn durable_acquire_sql(table: &str) -> String {
+    format!(
+        "WITH granted AS MATERIALIZED (SELECT pg_try_advisory_lock(hashtext($1)) AS ok) \
+         INSERT INTO {table} AS f (name, fence) \
+         SELECT $1, 1 FROM granted WHERE granted.ok \
+         ON CONFLICT (name) DO UPDATE SET fence = f.fence + 1 \
+         RETURNING f.fence"
+    )
+}
+
 fn valid_table_name(name: &str) -> bool {
-    let part = |p: &str| {
+    let part = |p: &str, longest: usize| {
         !p.is_empty()
-            && p.len() <= 63
+            && p.len() <= longest
             && !p.starts_with(|c: char| c.is_ascii_digit())
             && p.chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
     };
+    // The table leaves room for the `_last` of its unlogged companion
+    // within PostgreSQL's 63-byte identifiers.
+    let table = 63 - "_last".len();
     match name.split_once('.') {
-        Some((schema, table)) => part(schema) && part(table),
-        None => part(name),
+        Some((schema, name)) => part(schema, 63) && part(name, table),
+        None => part(name, table),
     }
 }
 
@@ -714,8 +828,12 @@ mod tests {
             "a.b.c",
             "a-b",
             "\"x\"",
+            &"t".repeat(59),
         ] {
             assert!(!valid_table_name(bad), "{bad}");
         }
+        // The table leaves room for `_last`; a schema may use all 63 bytes.
+        assert!(valid_table_name(&"t".repeat(58)));
+        assert!(valid_table_name(&format!("{}.t", "s".repeat(63))));
     }
 }

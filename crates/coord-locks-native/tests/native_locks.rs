@@ -533,12 +533,9 @@ mod pg_advisory {
         assert_eq!((a.held_count(), a.idle_count()), (1, 0));
         let name = a.lock_name(&key);
         let pid = holder_pid(&mut admin, &name).await.expect("held");
-        let fence: i64 = sqlx::query_scalar("SELECT fence FROM coord_lock_fences WHERE name = $1")
-            .bind(&name)
-            .fetch_one(&mut admin)
-            .await
-            .unwrap();
-        assert_eq!(fence as u64, h.fence());
+        let (fence, ceiling) = fence_rows(&mut admin, "coord_lock_fences", &name).await;
+        assert_eq!(fence, Some(h.fence()), "the last grant is recorded");
+        assert!(ceiling >= h.fence());
         a.release(h).await.unwrap();
         assert_eq!((a.held_count(), a.idle_count()), (0, 1));
         assert_eq!(holder_pid(&mut admin, &name).await, None);
@@ -554,7 +551,7 @@ mod pg_advisory {
             .await
             .unwrap()
             .unwrap();
-        assert!(again.fence() > fence as u64);
+        assert!(again.fence() > h_fence(fence));
         assert_eq!(holder_pid(&mut admin, &name).await, Some(pid));
         a.release(again).await.unwrap();
         let other = random_key("reuses-other");
@@ -754,6 +751,377 @@ mod pg_advisory {
             matches!(err, coord_backend::Error::Unavailable { .. }),
             "{err:?}"
         );
+    }
+
+    fn h_fence(fence: Option<u64>) -> u64 {
+        fence.expect("a last grant")
+    }
+
+    /// `(last fence granted, durable ceiling)` of `name` in `table` and its
+    /// unlogged `<table>_last`.
+    async fn fence_rows(
+        admin: &mut sqlx::PgConnection,
+        table: &str,
+        name: &str,
+    ) -> (Option<u64>, u64) {
+        let last: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT fence FROM {table}_last WHERE name = $1"
+        )))
+        .bind(name)
+        .fetch_optional(&mut *admin)
+        .await
+        .unwrap();
+        let ceiling: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT fence FROM {table} WHERE name = $1"
+        )))
+        .bind(name)
+        .fetch_one(&mut *admin)
+        .await
+        .unwrap();
+        (last.map(|f| f as u64), ceiling as u64)
+    }
+
+    /// Takes and releases `key` on `lock`, returning the fence.
+    async fn cycle(lock: &PgAdvisoryLock, key: &str) -> u64 {
+        let h = lock
+            .try_lock(key, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .expect("uncontended");
+        let fence = h.fence();
+        lock.release(h).await.unwrap();
+        fence
+    }
+
+    /// The fast fences: grants inside a block touch only the unlogged table;
+    /// a used-up block, a missing unlogged row (what crash recovery leaves)
+    /// and a fence row from before the unlogged table each start a new
+    /// block above the durable ceiling, so fences never repeat.
+    #[tokio::test]
+    async fn fences_stay_below_a_durable_ceiling_and_jump_it_when_the_last_grant_is_gone() {
+        let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
+            return;
+        };
+        let a = PgAdvisoryLock::connect(&store_url(&url)).await.unwrap();
+        let mut admin = admin(&url).await;
+        let key = random_key("ceiling");
+        let name = a.lock_name(&key);
+        let table = "coord_lock_fences";
+
+        let first = cycle(&a, &key).await;
+        assert_eq!(first, 1);
+        let (_, ceiling) = fence_rows(&mut admin, table, &name).await;
+        assert_eq!(ceiling, 1024, "a new name reserves one block");
+        for expected in 2..=5 {
+            assert_eq!(cycle(&a, &key).await, expected);
+        }
+        assert_eq!(fence_rows(&mut admin, table, &name).await, (Some(5), 1024));
+
+        // The unlogged row gone (crash recovery empties the table): the next
+        // grant starts the block above the ceiling.
+        sqlx::query("DELETE FROM coord_lock_fences_last WHERE name = $1")
+            .bind(&name)
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(cycle(&a, &key).await, 1025);
+        assert_eq!(
+            fence_rows(&mut admin, table, &name).await,
+            (Some(1025), 2048)
+        );
+
+        // A used-up block: the grant at the ceiling's edge reserves the next.
+        sqlx::query("UPDATE coord_lock_fences_last SET fence = 2048 WHERE name = $1")
+            .bind(&name)
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(cycle(&a, &key).await, 2049);
+        assert_eq!(
+            fence_rows(&mut admin, table, &name).await,
+            (Some(2049), 3072)
+        );
+
+        // A fence row written by an earlier version (durable +1 per grant, no
+        // unlogged row): its fence is the ceiling, the next grant is above it.
+        let old = random_key("ceiling-old");
+        let old_name = a.lock_name(&old);
+        sqlx::query("INSERT INTO coord_lock_fences (name, fence) VALUES ($1, 500)")
+            .bind(&old_name)
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(cycle(&a, &old).await, 501);
+        assert_eq!(
+            fence_rows(&mut admin, table, &old_name).await,
+            (Some(501), 1524)
+        );
+    }
+
+    /// A fence table made by hand without its unlogged companion (and
+    /// `create_table` off): every grant is a durable +1, as before.
+    #[tokio::test]
+    async fn without_the_unlogged_table_every_grant_is_durable() {
+        let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
+            return;
+        };
+        let mut admin = admin(&url).await;
+        let table = format!("fences_by_hand_{}", std::process::id());
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "CREATE TABLE IF NOT EXISTS {table} (name text PRIMARY KEY, fence bigint NOT NULL)"
+        )))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+        let a = PgAdvisoryLock::connect_with(
+            &store_url(&url),
+            PgAdvisoryOptions::default()
+                .with_fence_table(table.clone())
+                .with_create_table(false),
+        )
+        .await
+        .unwrap();
+        let key = random_key("by-hand");
+        for expected in 1..=3 {
+            assert_eq!(cycle(&a, &key).await, expected);
+        }
+        let fence: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT fence FROM {table} WHERE name = $1"
+        )))
+        .bind(a.lock_name(&key))
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        assert_eq!(fence, 3);
+        drop(a);
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+
+    /// Holders racing on one key from several clients: every grant's fence
+    /// is above the previous holder's, across block boundaries (the
+    /// ceiling is lowered under the race to force them).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn racing_holders_get_increasing_fences_across_blocks() {
+        let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
+            return;
+        };
+        let key = random_key("race-fences");
+        let order = Arc::new(tokio::sync::Mutex::new(Vec::<u64>::new()));
+        let mut tasks = Vec::new();
+        for worker in 0..4 {
+            let (url, key, order) = (url.clone(), key.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let lock = PgAdvisoryLock::connect(&store_url(&url)).await.unwrap();
+                let mut admin = admin(&url).await;
+                let mut got = 0;
+                while got < 25 {
+                    let Some(h) = lock.try_lock(&key, Duration::from_secs(30)).await.unwrap()
+                    else {
+                        tokio::task::yield_now().await;
+                        continue;
+                    };
+                    got += 1;
+                    // Recorded while held: holders are serialized, so the
+                    // list is in grant order.
+                    order.lock().await.push(h.fence());
+                    if got % 5 == worker % 5 {
+                        // Use the block up: the next grant must raise the ceiling.
+                        sqlx::query(
+                            "UPDATE coord_lock_fences SET fence = \
+                             (SELECT fence FROM coord_lock_fences_last WHERE name = $1) \
+                             WHERE name = $1",
+                        )
+                        .bind(lock.lock_name(&key))
+                        .execute(&mut admin)
+                        .await
+                        .unwrap();
+                    }
+                    lock.release(h).await.unwrap();
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let order = order.lock().await;
+        assert_eq!(order.len(), 100);
+        for pair in order.windows(2) {
+            assert!(
+                pair[0] < pair[1],
+                "fence {} granted after {}",
+                pair[1],
+                pair[0]
+            );
+        }
+    }
+
+    /// A private PostgreSQL server (initdb in a temporary directory, a free
+    /// loopback port), stopped on drop. The shared server is never crashed.
+    struct PrivatePostgres {
+        bin: std::path::PathBuf,
+        dir: std::path::PathBuf,
+        port: u16,
+    }
+
+    impl PrivatePostgres {
+        fn start() -> Option<PrivatePostgres> {
+            let bin = std::fs::read_dir("/usr/lib/postgresql")
+                .ok()
+                .and_then(|versions| {
+                    versions
+                        .filter_map(|v| v.ok().map(|v| v.path().join("bin")))
+                        .filter(|bin| bin.join("initdb").exists())
+                        .max()
+                });
+            let Some(bin) = bin else {
+                assert_ne!(
+                    std::env::var("COORD_REQUIRE_SERVERS").as_deref(),
+                    Ok("1"),
+                    "initdb is not installed but COORD_REQUIRE_SERVERS=1"
+                );
+                eprintln!("SKIPPED: no /usr/lib/postgresql/*/bin/initdb");
+                return None;
+            };
+            let dir = std::env::temp_dir().join(format!(
+                "coord-pg-crash-{}-{}",
+                std::process::id(),
+                random_key("d")
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let server = PrivatePostgres { bin, dir, port };
+            // PostgreSQL refuses to run as root: run it as `postgres` then.
+            let _ = std::process::Command::new("chown")
+                .args(["-R", "postgres"])
+                .arg(&server.dir)
+                .status();
+            server.run(
+                "initdb",
+                &["-A", "trust", "-U", "postgres", "--no-sync", "-D"],
+            );
+            server.ctl_start();
+            Some(server)
+        }
+
+        /// `tool args… <data dir>`, as `postgres` when this process is root.
+        fn command(&self, tool: &str, args: &[&str]) -> std::process::Command {
+            let program = self.bin.join(tool);
+            let mut command = if is_root() {
+                let mut c = std::process::Command::new("runuser");
+                c.args(["-u", "postgres", "--"]).arg(&program);
+                c
+            } else {
+                std::process::Command::new(&program)
+            };
+            command.args(args).arg(self.dir.join("data"));
+            command
+        }
+
+        fn run(&self, tool: &str, args: &[&str]) {
+            let output = self.command(tool, args).output().unwrap();
+            assert!(
+                output.status.success(),
+                "{tool} {args:?}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+
+        fn ctl_start(&self) {
+            let options = format!(
+                "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+                self.port,
+                self.dir.display()
+            );
+            let log = self.dir.join("log");
+            self.run(
+                "pg_ctl",
+                &[
+                    "-w",
+                    "-t",
+                    "60",
+                    "-l",
+                    log.to_str().unwrap(),
+                    "-o",
+                    &options,
+                    "start",
+                    "-D",
+                ],
+            );
+        }
+
+        /// SIGQUIT to the server: no checkpoint, crash recovery at the next start.
+        fn crash(&self) {
+            self.run("pg_ctl", &["-m", "immediate", "-w", "stop", "-D"]);
+        }
+
+        fn url(&self) -> String {
+            format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+        }
+    }
+
+    impl Drop for PrivatePostgres {
+        fn drop(&mut self) {
+            let _ = self
+                .command("pg_ctl", &["-m", "immediate", "-w", "stop", "-D"])
+                .output();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn is_root() -> bool {
+        std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.trim_ascii() == b"0")
+    }
+
+    /// A real crash of the server (immediate stop: no checkpoint, crash
+    /// recovery at restart, which empties the unlogged table of last
+    /// grants): the fences granted after it are above every fence before it.
+    #[tokio::test]
+    async fn fences_keep_increasing_across_a_server_crash() {
+        if server_env("COORD_TEST_POSTGRES_URL").is_none() {
+            return;
+        }
+        let Some(server) = PrivatePostgres::start() else {
+            return;
+        };
+        let key = "crash-fences";
+        let before = {
+            let a = PgAdvisoryLock::connect(&store_url(&server.url()))
+                .await
+                .unwrap();
+            let mut last = 0;
+            for _ in 0..3 {
+                last = cycle(&a, key).await;
+            }
+            last
+        };
+        assert_eq!(before, 3);
+        server.crash();
+        server.ctl_start();
+        let a = PgAdvisoryLock::connect(&store_url(&server.url()))
+            .await
+            .unwrap();
+        let mut admin = admin(&server.url()).await;
+        let emptied: i64 = sqlx::query_scalar("SELECT count(*) FROM coord_lock_fences_last")
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(emptied, 0, "crash recovery empties the unlogged table");
+        let after = cycle(&a, key).await;
+        assert!(
+            after > before,
+            "fence {after} after the crash, {before} before it"
+        );
+        assert_eq!(after, 1025, "the block above the durable ceiling");
     }
 }
 
