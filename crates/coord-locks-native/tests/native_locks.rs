@@ -781,6 +781,27 @@ mod pg_advisory {
         (last.map(|f| f as u64), ceiling as u64)
     }
 
+    /// Runs `sql` with `$1` bound to the lock name of `key`, then takes and
+    /// releases `key`: `(the fence granted, the durable ceiling after it)`,
+    /// checking that the unlogged table recorded that fence.
+    async fn grant_after(
+        lock: &PgAdvisoryLock,
+        admin: &mut sqlx::PgConnection,
+        key: &str,
+        sql: &'static str,
+    ) -> (u64, u64) {
+        let name = lock.lock_name(key);
+        sqlx::query(sql)
+            .bind(&name)
+            .execute(&mut *admin)
+            .await
+            .unwrap();
+        let fence = cycle(lock, key).await;
+        let (last, ceiling) = fence_rows(admin, "coord_lock_fences", &name).await;
+        assert_eq!(last, Some(fence), "the unlogged table records the grant");
+        (fence, ceiling)
+    }
+
     /// Takes and releases `key` on `lock`, returning the fence.
     async fn cycle(lock: &PgAdvisoryLock, key: &str) -> u64 {
         let h = lock
@@ -819,42 +840,27 @@ mod pg_advisory {
 
         // The unlogged row gone (crash recovery empties the table): the next
         // grant starts the block above the ceiling.
-        sqlx::query("DELETE FROM coord_lock_fences_last WHERE name = $1")
-            .bind(&name)
-            .execute(&mut admin)
-            .await
-            .unwrap();
-        assert_eq!(cycle(&a, &key).await, 1025);
-        assert_eq!(
-            fence_rows(&mut admin, table, &name).await,
-            (Some(1025), 2048)
-        );
-
+        let gone = "DELETE FROM coord_lock_fences_last WHERE name = $1";
+        assert_eq!(grant_after(&a, &mut admin, &key, gone).await, (1025, 2048));
         // A used-up block: the grant at the ceiling's edge reserves the next.
-        sqlx::query("UPDATE coord_lock_fences_last SET fence = 2048 WHERE name = $1")
-            .bind(&name)
-            .execute(&mut admin)
-            .await
-            .unwrap();
-        assert_eq!(cycle(&a, &key).await, 2049);
+        let used_up = "UPDATE coord_lock_fences_last SET fence = 2048 WHERE name = $1";
         assert_eq!(
-            fence_rows(&mut admin, table, &name).await,
-            (Some(2049), 3072)
+            grant_after(&a, &mut admin, &key, used_up).await,
+            (2049, 3072)
         );
 
         // A fence row written by an earlier version (durable +1 per grant, no
         // unlogged row): its fence is the ceiling, the next grant is above it.
         let old = random_key("ceiling-old");
-        let old_name = a.lock_name(&old);
-        sqlx::query("INSERT INTO coord_lock_fences (name, fence) VALUES ($1, 500)")
-            .bind(&old_name)
-            .execute(&mut admin)
-            .await
-            .unwrap();
-        assert_eq!(cycle(&a, &old).await, 501);
         assert_eq!(
-            fence_rows(&mut admin, table, &old_name).await,
-            (Some(501), 1524)
+            grant_after(
+                &a,
+                &mut admin,
+                &old,
+                "INSERT INTO coord_lock_fences (name, fence) VALUES ($1, 500)",
+            )
+            .await,
+            (501, 1524)
         );
     }
 
