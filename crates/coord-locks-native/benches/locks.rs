@@ -394,9 +394,10 @@ async fn postgres_subjects(setup: &mut Setup, base: &str) {
         .await,
         round_trips: RoundTrips::ByConstruction("2 (lock, unlock)"),
     });
-    // The floor of a fenced advisory lock: the native lock's two statements
-    // (lock + durable fence upsert in one, then unlock) on one connection.
-    // The fence upsert commits, so it pays a WAL flush.
+    // A durable fence per grant (what PgAdvisoryLock did before its fences
+    // moved to an unlogged table under a durable ceiling): lock + fence
+    // upsert in one statement, then unlock, on one connection. The upsert's
+    // commit pays a WAL flush.
     setup.subjects.push(Subject {
         store: "postgres",
         name: "raw lock + fence upsert, unlock",
@@ -821,7 +822,7 @@ fn uncontended(rt: &tokio::runtime::Runtime, setup: &Setup, time: Duration) {
         "native PgAdvisoryLock cycle time / raw lock + fence upsert, unlock",
         rate("postgres", "native PgAdvisoryLock"),
         rate("postgres", "raw lock + fence"),
-        "floor with a durable fence",
+        "a WAL flush per grant",
     );
     ratio(
         "native PgAdvisoryLock cycle time / raw advisory lock + unlock",
