@@ -15,8 +15,10 @@
 //!
 //! **Who.** Instances of every adapter, each with its own faulty view of the
 //! store and its own clock:
-//! - lock holders taking one key with [`LockGuard`] (waiting), acting only
-//!   while [`LockGuard::is_valid`], and writing through a [`BackendFencedSink`]:
+//! - lock holders taking one key with [`LockGuard`](coord_adapters::lock::LockGuard)
+//!   (waiting), acting only while
+//!   [`LockGuard::is_valid`](coord_adapters::lock::LockGuard::is_valid), and writing
+//!   through a [`BackendFencedSink`](coord_adapters::sideeffect::BackendFencedSink):
 //!   three on a [`GenericLock`], three more on a [`FairLock`] (which hands
 //!   the lock over on release);
 //! - task-board workers claiming and completing the same tasks, and tasks
