@@ -304,7 +304,6 @@ impl PgAdvisoryLock {
                 "fence table {table:?}: use lower-case letters, digits and '_' (optionally schema.table)"
             )));
         }
-        let acquire_sql = durable_acquire_sql(table).into();
         // Fences assume READ COMMITTED (see `last_fence_acquire_sql`): a
         // startup parameter outranks the defaults of the database, the role
         // and the server, at no extra round trip.
@@ -312,26 +311,33 @@ impl PgAdvisoryLock {
         let mut lock = PgAdvisoryLock {
             connect,
             prefix,
-            acquire_sql,
+            acquire_sql: Arc::from(""),
             options,
             held: StdMutex::new(HashMap::new()),
             idle: StdMutex::new(Vec::new()),
         };
         // Proves the server answers (and creates the tables) now, not at the first lock.
         let mut conn = lock.open().await?;
-        if lock.options.create_table {
+        let fast = if lock.options.create_table {
             lock.create_tables(&mut conn).await?;
+            true
+        } else {
+            lock.has_last_table(&mut conn).await?
+        };
+        let table = &lock.options.fence_table;
+        lock.acquire_sql = if fast {
+            last_fence_acquire_sql(table)
+        } else {
+            durable_acquire_sql(table)
         }
-        if lock.has_last_table(&mut conn).await? {
-            lock.acquire_sql = last_fence_acquire_sql(&lock.options.fence_table).into();
-        }
+        .into();
         lock.park(conn).await;
         Ok(lock)
     }
 
-    /// Whether the unlogged table of last grants exists (it always does
-    /// when this client creates its tables; a schema made by hand before
-    /// it existed keeps the durable-per-grant statement).
+    /// Whether the unlogged table of last grants exists (asked only when
+    /// this client does not create its tables: a schema made by hand before
+    /// that table existed keeps the durable-per-grant statement).
     async fn has_last_table(&self, conn: &mut PgConnection) -> Result<bool, Error> {
         let last = last_table(&self.options.fence_table);
         match self
