@@ -18,11 +18,28 @@
 //!   wakes every watch (something may have been missed). If reconnecting
 //!   fails, the watches fail and their waiters fall back to polling. An r2
 //!   `coord_txn` installed by an older client sends nothing.
-//! - **Cost.** One `pg_notify` per writing txn (unless the client set
-//!   `PostgresOptions::with_notify_changes(false)`). PostgreSQL serialises the
-//!   commits of notifying transactions on one global lock (the notification
-//!   queue), which bounds the commit rate of writing txns across the whole
-//!   cluster.
+//! - **Only while watched** (schema r7). A listener holds a lease on its
+//!   namespace in the unlogged table `coord_watch` ([`LEASE`], renewed every
+//!   [`RENEW_EVERY`]), and `coord_notify` calls `pg_notify` only while a
+//!   lease is live. The check runs under a shared advisory lock on the
+//!   namespace's watch key, held until the writer commits; a new listener
+//!   commits its lease, then takes that lock exclusively once before its
+//!   first watch returns. A writer that checked before the lease was
+//!   visible has committed by then (the watch owes it nothing), and every
+//!   later one sees the lease: a change committed after `watch` returned is
+//!   notified. A lease that lapsed (renewals failed or came late) loses
+//!   notifications like a reconnect does: once renewed, every watch is woken;
+//!   a renewal that fails after the lease ran out ends the listener, and its
+//!   watches fail (their waiters poll). Leases are judged by the server's
+//!   clock alone; a server clock stepped forward past a lease loses
+//!   notifications until the next renewal (latency, never correctness).
+//! - **Cost.** For an unwatched namespace, a shared advisory lock and one
+//!   primary-key lookup per writing txn. While watched, one `pg_notify` per
+//!   writing txn (unless the client set
+//!   `PostgresOptions::with_notify_changes(false)`): PostgreSQL serialises
+//!   the commits of notifying transactions on one global lock (the
+//!   notification queue), which bounds the commit rate of writing txns
+//!   across the whole cluster.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,14 +47,62 @@ use std::time::Duration;
 use coord_backend::{ChangeFeed, ChangeWatch, Changed, Error, Result};
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 
-/// How often the listener checks whether it still has watches.
+/// How often the listener checks whether it still has watches (and whether
+/// its lease is due for renewal).
 const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// How long a listener's lease on its namespace lasts (server clock).
+pub(crate) const LEASE: Duration = Duration::from_secs(30);
+
+/// How often a listener renews its lease.
+pub(crate) const RENEW_EVERY: Duration = Duration::from_secs(5);
+
+/// How long before the server's end of a lease this client stops counting
+/// on it (counted on the monotonic clock from when the renewal was sent).
+const LEASE_MARGIN: Duration = Duration::from_secs(5);
 
 /// The listener of one backend (shared by its clones).
 #[derive(Debug, Default)]
 pub(crate) struct Listener {
-    running: Mutex<Option<ChangeFeed>>,
+    running: Mutex<Option<Running>>,
+}
+
+/// A live listener: its feed, and until when its lease surely holds.
+#[derive(Debug)]
+struct Running {
+    feed: ChangeFeed,
+    lease_holds_until: Arc<std::sync::Mutex<Instant>>,
+}
+
+/// Registers (or renews) this client's lease on `namespace`'s notifications;
+/// the monotonic instant until which it surely holds.
+async fn renew_lease(store: &PgPool, namespace: &str) -> Result<Instant> {
+    let sent = Instant::now();
+    sqlx::query(
+        "INSERT INTO coord_watch AS w (ns, until) \
+         VALUES ($1, clock_timestamp() + $2 * interval '1 millisecond') \
+         ON CONFLICT (ns) DO UPDATE SET until = greatest(w.until, EXCLUDED.until)",
+    )
+    .bind(namespace)
+    .bind(i64::try_from(LEASE.as_millis()).unwrap_or(i64::MAX))
+    .execute(store)
+    .await
+    .map_err(|e| Error::unavailable("PostgreSQL: registering a change listener".to_owned(), e))?;
+    Ok(sent + LEASE - LEASE_MARGIN)
+}
+
+/// Waits for every writer that may have checked for a lease before this
+/// client's was committed (see the module docs): they hold the namespace's
+/// watch lock shared until they commit.
+async fn wait_out_unwatched_writers(store: &PgPool, namespace: &str) -> Result<()> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('coord_watch/' || $1, 0))")
+        .bind(namespace)
+        .execute(store)
+        .await
+        .map(|_| ())
+        .map_err(|e| Error::unavailable("PostgreSQL: starting a change listener".to_owned(), e))
 }
 
 impl Listener {
@@ -49,8 +114,18 @@ impl Listener {
         prefix: &str,
     ) -> Result<Box<dyn ChangeWatch>> {
         let mut running = self.running.lock().await;
-        if let Some(feed) = running.as_ref() {
-            return Ok(feed.watch(prefix));
+        if let Some(live) = running.as_ref() {
+            let holds = *live.lease_holds_until.lock().expect("lease poisoned");
+            if Instant::now() < holds {
+                return Ok(live.feed.watch(prefix));
+            }
+            // The lease may have lapsed: writers may have skipped their
+            // notifications meanwhile. Register again, as a new listener does.
+            let until = renew_lease(store, namespace).await?;
+            wait_out_unwatched_writers(store, namespace).await?;
+            *live.lease_holds_until.lock().expect("lease poisoned") = until;
+            live.feed.publish(Changed::Anything);
+            return Ok(live.feed.watch(prefix));
         }
         let unavailable =
             |e: sqlx::Error| Error::unavailable("PostgreSQL: listening for changes".to_owned(), e);
@@ -67,18 +142,75 @@ impl Listener {
             .await
             .map_err(unavailable)?;
         listener.listen(&channel).await.map_err(unavailable)?;
+        // Listening first: a writer that sees the lease notifies a channel
+        // this connection already receives.
+        let until = renew_lease(store, namespace).await?;
+        wait_out_unwatched_writers(store, namespace).await?;
         let feed = ChangeFeed::new();
         let watch = feed.watch(prefix);
+        let lease_holds_until = Arc::new(std::sync::Mutex::new(until));
         tokio::spawn(listen(self.clone(), listener, feed.clone()));
-        tokio::spawn(close_when_idle(self.clone(), pool, feed.clone()));
-        *running = Some(feed);
+        tokio::spawn(close_when_idle(
+            self.clone(),
+            pool,
+            feed.clone(),
+            Lease {
+                store: store.clone(),
+                namespace: namespace.to_owned(),
+                holds_until: lease_holds_until.clone(),
+            },
+        ));
+        *running = Some(Running {
+            feed,
+            lease_holds_until,
+        });
         Ok(watch)
     }
 
     /// Forget `feed` unless a newer one replaced it.
-    fn forget(running: &mut Option<ChangeFeed>, feed: &ChangeFeed) {
-        if running.as_ref().is_some_and(|r| r.same(feed)) {
+    fn forget(running: &mut Option<Running>, feed: &ChangeFeed) {
+        if running.as_ref().is_some_and(|r| r.feed.same(feed)) {
             *running = None;
+        }
+    }
+}
+
+/// What the renewals of a listener's lease need.
+struct Lease {
+    store: PgPool,
+    namespace: String,
+    holds_until: Arc<std::sync::Mutex<Instant>>,
+}
+
+impl Lease {
+    /// Renew when due. `false`: the renewal failed after the lease ran out,
+    /// and the listener must end.
+    async fn keep(&self, feed: &ChangeFeed, renewed: &mut Instant) -> bool {
+        if renewed.elapsed() < RENEW_EVERY {
+            return true;
+        }
+        let lapsed = Instant::now() >= *self.holds_until.lock().expect("lease poisoned");
+        match renew_lease(&self.store, &self.namespace).await {
+            Ok(until) => {
+                *renewed = Instant::now();
+                if lapsed {
+                    // Writers may have skipped notifications meanwhile: wait
+                    // them out, then wake everyone (as after a reconnect).
+                    if wait_out_unwatched_writers(&self.store, &self.namespace)
+                        .await
+                        .is_err()
+                    {
+                        return false;
+                    }
+                    feed.publish(Changed::Anything);
+                }
+                *self.holds_until.lock().expect("lease poisoned") = until;
+                true
+            }
+            Err(error) => {
+                tracing::debug!(%error, "PostgreSQL change listener could not renew its lease");
+                !lapsed
+            }
         }
     }
 }
@@ -103,11 +235,18 @@ async fn listen(this: Arc<Listener>, mut listener: PgListener, feed: ChangeFeed)
     Listener::forget(&mut *this.running.lock().await, &feed);
 }
 
-/// Close the listener's pool (which ends [`listen`]) once no watch is left.
-async fn close_when_idle(this: Arc<Listener>, pool: PgPool, feed: ChangeFeed) {
+/// Renew the listener's lease while it has watches; close its pool (which
+/// ends [`listen`]) once no watch is left, or when the lease is lost for good.
+async fn close_when_idle(this: Arc<Listener>, pool: PgPool, feed: ChangeFeed, lease: Lease) {
+    let mut renewed = Instant::now();
     loop {
         tokio::time::sleep(IDLE_CHECK).await;
         if pool.is_closed() {
+            return;
+        }
+        if !lease.keep(&feed, &mut renewed).await {
+            Listener::forget(&mut *this.running.lock().await, &feed);
+            pool.close().await;
             return;
         }
         if feed.watchers() == 0 {

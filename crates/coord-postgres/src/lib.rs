@@ -394,7 +394,8 @@ fn version_param(version: Version) -> i64 {
 }
 
 /// `pg_notify` sent by `coord_txn` in the writing transaction (delivered only
-/// on commit), one `LISTEN` connection per backend: see `changes.rs`.
+/// on commit) while a listener's lease on the namespace is live, one
+/// `LISTEN` connection per backend: see `changes.rs`.
 #[async_trait]
 impl Changes for PostgresBackend {
     async fn watch(&self, prefix: &str) -> Result<Box<dyn ChangeWatch>> {

@@ -38,10 +38,11 @@ pub struct PostgresOptions {
     pub create_schema: bool,
     /// Whether this client's writing txns send change notifications
     /// (`pg_notify`, see docs/shapes.md "Change notifications"; default
-    /// `true`). PostgreSQL serialises the commits of notifying transactions
-    /// on one lock, which costs concurrent writers much of their throughput;
-    /// turn it off where nothing waits on this store or where waiters may
-    /// poll. Watches of this backend still hear other clients' writes.
+    /// `true`). Notifications are sent only while some client listens to
+    /// the namespace; PostgreSQL serialises the commits of notifying
+    /// transactions on one lock, which costs concurrent writers much of their
+    /// throughput then; turn it off where waiters may poll. Watches of this
+    /// backend still hear other clients' writes.
     pub notify_changes: bool,
     /// Whether a reclaim that removed tombstones and left none ends with
     /// `VACUUM coord_kv` (default `true`). PostgreSQL keeps the index

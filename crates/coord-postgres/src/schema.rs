@@ -48,7 +48,15 @@ const SCHEMA_LOCK: i64 = 0x636f_6f72_645f_7631;
 /// 100,000 took 90 s, 20 times what a planned batch costs. An r5 client
 /// reinstalls the slow body while it is the last to connect; nothing else
 /// changes.
-pub(crate) const SCHEMA_TAG: &str = "coord schema r6";
+///
+/// r7: `coord_notify` notifies only while a listener's lease on the
+/// namespace is live (table `coord_watch`, written by the listeners of r7
+/// clients): NOTIFY's global commit lock is no longer paid by writes nobody
+/// watches. A listener of an older client registers no lease, so while r7
+/// is installed its waiters get no notification and poll (latency, not
+/// correctness); an older client reinstalling its revision notifies always.
+/// Upgrade every client.
+pub(crate) const SCHEMA_TAG: &str = "coord schema r7";
 
 /// The full signature of the txn function (for `to_regprocedure`).
 const TXN_SIGNATURE: &str = "coord_txn(text,text[],bigint[],text[],bytea[],text[])";
@@ -146,14 +154,29 @@ BEGIN
 END
 $fn$;
 
+-- Who listens: one lease per namespace, written by every client that
+-- LISTENs on its channel and renewed while it does (changes.rs). UNLOGGED:
+-- renewals wait for no WAL flush; crash recovery empties it, and the
+-- listeners, whose connections broke, register again.
+CREATE UNLOGGED TABLE IF NOT EXISTS coord_watch (
+    ns    text PRIMARY KEY,
+    until timestamptz NOT NULL
+);
+
 -- Change notifications for the keys a writing transaction wrote, sent by
--- coord_txn and by the single-key statements (fast.rs). NOTIFY is delivered
--- only when the transaction commits. The payload lists the keys, one per
--- line; when a key holds a newline or the list would pass NOTIFY's
--- 8000-byte limit it is empty ("anything may have changed"). Sessions whose
--- client turned notifications off (setting `coord.notify`,
--- PostgresOptions::notify_changes) skip the cost: NOTIFY serialises commits.
--- Always true, so a statement can call it in a WHERE clause.
+-- coord_txn and by the single-key statements (fast.rs), only while a
+-- listener's lease on the namespace is live: NOTIFY serialises the commits
+-- of notifying transactions on one global lock, which an unwatched
+-- namespace need not pay. The check holds a shared advisory lock on the
+-- namespace's watch key until commit; a new listener, having committed its
+-- lease, takes that lock exclusively once before its watch returns, so
+-- every writer that checked before the lease was visible has committed by
+-- then, and every later one sees the lease. NOTIFY is delivered only when
+-- the transaction commits. The payload lists the keys, one per line; when a
+-- key holds a newline or the list would pass NOTIFY's 8000-byte limit it is
+-- empty ("anything may have changed"). Sessions whose client turned
+-- notifications off (setting `coord.notify`, PostgresOptions::notify_changes)
+-- skip all of it. Always true, so a statement can call it in a WHERE clause.
 CREATE OR REPLACE FUNCTION coord_notify(p_ns text, p_keys text[]) RETURNS boolean
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -161,6 +184,12 @@ DECLARE
 BEGIN
     IF cardinality(p_keys) > 0
        AND coalesce(current_setting('coord.notify', true), '') <> 'off' THEN
+        PERFORM pg_advisory_xact_lock_shared(hashtextextended('coord_watch/' || p_ns, 0));
+        -- A statement of its own: its snapshot is taken under the lock.
+        IF NOT EXISTS (SELECT 1 FROM coord_watch
+                        WHERE ns = p_ns AND until > clock_timestamp()) THEN
+            RETURN true;
+        END IF;
         payload := array_to_string(p_keys, E'\n');
         IF octet_length(payload) > 7000
            OR EXISTS (SELECT 1 FROM unnest(p_keys) AS w WHERE strpos(w, E'\n') > 0) THEN
@@ -253,7 +282,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION coord_txn(text, text[], bigint[], text[], bytea[], text[]) IS 'coord schema r6';
+COMMENT ON FUNCTION coord_txn(text, text[], bigint[], text[], bytea[], text[]) IS 'coord schema r7';
 "#;
 
 /// Create the table and the function unless this revision is already installed.

@@ -1214,6 +1214,8 @@ async fn notify_changes_off_sends_nothing() {
     )
     .await;
     let loud = connect(&base, &namespace, PostgresOptions::default()).await;
+    // Notifications are sent only while someone listens through coord (its lease).
+    let _watch = loud.changes().unwrap().watch("").await.unwrap();
     let mut listener = sqlx::postgres::PgListener::connect(&base).await.unwrap();
     let channel: String = sqlx::query_scalar("SELECT 'coord_' || md5($1)")
         .bind(&namespace)
@@ -1239,6 +1241,91 @@ async fn notify_changes_off_sends_nothing() {
         .expect("no notification within 10 s")
         .unwrap();
     assert_eq!(first.payload(), "loud");
+}
+
+/// A LISTEN on the namespace's channel, outside coord (so it holds no lease).
+async fn raw_listener(base: &str, namespace: &str) -> sqlx::postgres::PgListener {
+    let mut listener = sqlx::postgres::PgListener::connect(base).await.unwrap();
+    let channel: String = sqlx::query_scalar("SELECT 'coord_' || md5($1)")
+        .bind(namespace)
+        .fetch_one(&mut listener)
+        .await
+        .unwrap();
+    listener.listen(&channel).await.unwrap();
+    listener
+}
+
+/// Writes to a namespace nobody watches through coord send no NOTIFY (they
+/// would pay NOTIFY's global commit lock for nothing); once a coord watch
+/// holds the namespace's lease, every write notifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_watched_namespace_is_notified() {
+    let Some(base) = base_url() else { return };
+    let namespace = unique_namespace("pg_notify_watched");
+    let writer = connect(&base, &namespace, PostgresOptions::default()).await;
+    let watcher = connect(&base, &namespace, PostgresOptions::default()).await;
+    let mut listener = raw_listener(&base, &namespace).await;
+    let writer = &writer;
+    let put = |key: &'static str| async move {
+        let applied = writer.txn(&[], &[Mutation::put(key, b"1".to_vec())]).await;
+        assert!(applied.unwrap().applied, "{key}");
+    };
+    put("unwatched").await;
+    let early = tokio::time::timeout(Duration::from_millis(500), listener.recv()).await;
+    assert!(
+        early.is_err(),
+        "an unwatched namespace was notified: {early:?}"
+    );
+
+    let mut watch = watcher.changes().unwrap().watch("").await.unwrap();
+    put("watched").await;
+    let first = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("no notification within 10 s while watched")
+        .unwrap();
+    assert_eq!(first.payload(), "watched");
+    tokio::time::timeout(coord_conformance::changes::WAKE_BOUND, watch.changed())
+        .await
+        .expect("the coord watch was not woken")
+        .unwrap();
+}
+
+/// A writer that checked for a lease before the first watch registered one
+/// (and so will not notify) commits before that watch returns: the watch
+/// waits for it, so no change committed after `watch` returned goes
+/// unreported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_watch_waits_for_writers_that_missed_its_lease() {
+    let Some(base) = base_url() else { return };
+    let namespace = unique_namespace("pg_notify_barrier");
+    let watcher = connect(&base, &namespace, PostgresOptions::default()).await;
+    let mut writer = admin(&base).await;
+    // A writer between its check (no lease yet: nothing will be sent) and its commit.
+    sqlx::query("BEGIN").execute(&mut writer).await.unwrap();
+    let answered: bool = sqlx::query_scalar("SELECT coord_notify($1, ARRAY['k/1'])")
+        .bind(&namespace)
+        .fetch_one(&mut writer)
+        .await
+        .unwrap();
+    assert!(answered);
+    let watching = tokio::spawn(async move {
+        let watch = watcher.changes().unwrap().watch("k/").await.unwrap();
+        (watcher, watch)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let returned_before_commit = watching.is_finished();
+    sqlx::query("COMMIT").execute(&mut writer).await.unwrap();
+    let (_watcher, mut watch) = watching.await.unwrap();
+    if returned_before_commit {
+        // The writer committed after the watch returned: the watch owes it a wake-up.
+        let woken =
+            tokio::time::timeout(coord_conformance::changes::WAKE_BOUND, watch.changed()).await;
+        assert!(
+            matches!(woken, Ok(Ok(()))),
+            "the watch returned while a writer that missed its lease was still open, \
+             and that writer's commit woke nobody"
+        );
+    }
 }
 
 // ---------------------------------------------------------------- single-key fast path
