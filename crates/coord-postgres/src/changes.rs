@@ -15,7 +15,9 @@
 //!   is left (checked every [`IDLE_CHECK`]).
 //! - **What can be lost.** Notifications sent while the listening connection
 //!   is down. sqlx reconnects and listens again by itself; the reconnect
-//!   wakes every watch (something may have been missed). If reconnecting
+//!   wakes every watch (something may have been missed) and counts the lease
+//!   as lapsed (a restarted server has emptied `coord_watch`), so it is
+//!   registered again within [`IDLE_CHECK`]. If reconnecting
 //!   fails, the watches fail and their waiters fall back to polling. An r2
 //!   `coord_txn` installed by an older client sends nothing.
 //! - **Only while watched** (schema r7). A listener holds a lease on its
@@ -149,7 +151,12 @@ impl Listener {
         let feed = ChangeFeed::new();
         let watch = feed.watch(prefix);
         let lease_holds_until = Arc::new(std::sync::Mutex::new(until));
-        tokio::spawn(listen(self.clone(), listener, feed.clone()));
+        tokio::spawn(listen(
+            self.clone(),
+            listener,
+            feed.clone(),
+            lease_holds_until.clone(),
+        ));
         tokio::spawn(close_when_idle(
             self.clone(),
             pool,
@@ -186,10 +193,10 @@ impl Lease {
     /// Renew when due. `false`: the renewal failed after the lease ran out,
     /// and the listener must end.
     async fn keep(&self, feed: &ChangeFeed, renewed: &mut Instant) -> bool {
-        if renewed.elapsed() < RENEW_EVERY {
+        let lapsed = Instant::now() >= *self.holds_until.lock().expect("lease poisoned");
+        if renewed.elapsed() < RENEW_EVERY && !lapsed {
             return true;
         }
-        let lapsed = Instant::now() >= *self.holds_until.lock().expect("lease poisoned");
         match renew_lease(&self.store, &self.namespace).await {
             Ok(until) => {
                 *renewed = Instant::now();
@@ -215,14 +222,26 @@ impl Lease {
     }
 }
 
-async fn listen(this: Arc<Listener>, mut listener: PgListener, feed: ChangeFeed) {
+async fn listen(
+    this: Arc<Listener>,
+    mut listener: PgListener,
+    feed: ChangeFeed,
+    lease_holds_until: Arc<std::sync::Mutex<Instant>>,
+) {
     loop {
         match listener.try_recv().await {
             Ok(Some(notification)) => {
                 feed.publish(Changed::from_payload(notification.payload(), '\n'))
             }
             // The connection was lost and made again: what was sent meanwhile is gone.
-            Ok(None) => feed.publish(Changed::Anything),
+            // The server may have restarted, and crash recovery empties
+            // `coord_watch`: count the lease as lapsed, so that it is
+            // registered again (and the writers that missed it waited out)
+            // before the next wake-up and before any new watch returns.
+            Ok(None) => {
+                *lease_holds_until.lock().expect("lease poisoned") = Instant::now();
+                feed.publish(Changed::Anything);
+            }
             // Closed when idle, or reconnecting failed: the watches fail (their waiters poll).
             Err(error) => {
                 if !matches!(error, sqlx::Error::PoolClosed) {

@@ -1328,6 +1328,61 @@ async fn a_first_watch_waits_for_writers_that_missed_its_lease() {
     }
 }
 
+/// The listening connection killed and its lease gone (what a server
+/// restart does: crash recovery empties `coord_watch`): the listener
+/// reconnects, registers its lease again, and writes notify again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnected_listener_registers_its_lease_again() {
+    let Some(base) = base_url() else { return };
+    let namespace = unique_namespace("pg_notify_reconnect");
+    let watcher = connect(&base, &namespace, PostgresOptions::default()).await;
+    let writer = connect(&base, &namespace, PostgresOptions::default()).await;
+    let mut admin = admin(&base).await;
+    let _watch = watcher.changes().unwrap().watch("").await.unwrap();
+    sqlx::query("DELETE FROM coord_watch WHERE ns = $1")
+        .bind(&namespace)
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+          WHERE query LIKE 'LISTEN %' || md5($1) || '%'",
+    )
+    .bind(&namespace)
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!(killed, 1, "the listener's connection");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let back: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM coord_watch WHERE ns = $1 AND until > clock_timestamp())",
+        )
+        .bind(&namespace)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        if back {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lease was not registered again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut listener = raw_listener(&base, &namespace).await;
+    let out = writer
+        .txn(&[], &[Mutation::put("after", b"1".to_vec())])
+        .await;
+    assert!(out.unwrap().applied);
+    let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("no notification after the listener came back")
+        .unwrap();
+    assert_eq!(note.payload(), "after");
+}
+
 // ---------------------------------------------------------------- single-key fast path
 
 /// A single-key txn (the fast path: one statement instead of `coord_txn`)
