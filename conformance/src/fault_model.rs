@@ -12,6 +12,8 @@
 //!   after the caller's next call is recognised as the caller's own;
 //! - [`late_commit_release`]: likewise for a release (never "lost");
 //! - [`late_commit_try_write`]: a read-write lock's write grant that lands late is the caller's;
+//! - [`late_commit_semaphore_line`]: a semaphore waiter whose place in line or grant lands late
+//!   gets one permit (or indeterminate) and leaves no place behind;
 //! - [`late_commit_campaign`]: an election win that lands late is the caller's, never "someone leads";
 //! - [`late_commit_board_claim`]: a claim is the caller's, never "already claimed";
 //! - [`late_commit_runner`]: the side effect runs once, never "contended" by itself;
@@ -32,7 +34,9 @@ use std::time::Duration;
 use coord_adapters::board::{Board, BoardAdapter, BoardError, TaskSpec};
 use coord_adapters::cas::CasOptions;
 use coord_adapters::election::{Election, ElectionError, GenericElection};
-use coord_adapters::lock::{GenericLock, Lock, LockError, LockOptions};
+use coord_adapters::lock::{
+    GenericLock, GenericSemaphore, Lock, LockError, LockOptions, Semaphore, WaitOptions,
+};
 use coord_adapters::rwlock::{GenericRwLock, RwLock};
 use coord_adapters::sideeffect::{
     Action, BackendFencedSink, EffectResult, Fence, FencedSink, Outcome, Runner, SideEffectAdapter,
@@ -96,6 +100,67 @@ pub async fn late_commit_try_lock(factory: BackendFactory) -> CheckResult {
                         "late commit ({after_calls}, warm {warm}): {e}"
                     )))
                 }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A waiting semaphore `acquire` whose writes (its place in line, then
+/// its grant) land late, one at a time: the waiter gets one permit, which
+/// the record holds, and no place of it is left in line; or it answers
+/// indeterminate. Never a timeout while the permit was free for it.
+pub async fn late_commit_semaphore_line(factory: BackendFactory) -> CheckResult {
+    for after_calls in LATE {
+        for nth in [1, 2] {
+            let (faulty, store) =
+                wrapped(&factory, "late_sem_line", u64::from(after_calls)).await?;
+            let holder = GenericSemaphore::new(store);
+            let waiter = GenericSemaphore::new(faulty.clone());
+            let what = format!("late commit ({after_calls}) of the waiter's write #{nth}");
+            let a = holder
+                .try_acquire("s", 1, TTL)
+                .await
+                .map_err(lock_failure)?
+                .ok_or_else(|| Failure::new("a free semaphore refused its first permit"))?;
+            faulty.nth(Target::WritingTxn, nth, Fault::LateCommit { after_calls });
+            let waiting = tokio::spawn(async move {
+                let wait = WaitOptions::with_timeout(Duration::from_secs(20))
+                    .with_backoff(Duration::from_millis(2), Duration::from_millis(20));
+                waiter.acquire("s", 1, TTL, &wait).await
+            });
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            holder.release(a).await.map_err(lock_failure)?;
+            let answer = waiting
+                .await
+                .map_err(|e| Failure::new(format!("{what}: the waiter panicked: {e}")))?;
+            faulty.flush().await;
+            let status = holder
+                .status("s")
+                .await
+                .map_err(lock_failure)?
+                .ok_or_else(|| Failure::new("the semaphore record is gone"))?;
+            match answer {
+                Ok(permit) => {
+                    let live: Vec<u64> = status
+                        .holders
+                        .iter()
+                        .filter(|h| h.live)
+                        .map(|h| h.fence)
+                        .collect();
+                    ensure!(
+                        live == [permit.fence()],
+                        "{what}: granted fence {}, but the record holds {live:?}",
+                        permit.fence()
+                    );
+                    ensure!(
+                        status.waiting == 0,
+                        "{what}: granted, yet {} place(s) stay in line",
+                        status.waiting
+                    );
+                }
+                Err(LockError::Store(e)) if e.is_indeterminate() => {}
+                Err(e) => return Err(Failure::new(format!("{what}: {e}"))),
             }
         }
     }
@@ -611,6 +676,7 @@ macro_rules! __fault_model_suite {
             late_commit_try_lock,
             late_commit_release,
             late_commit_try_write,
+            late_commit_semaphore_line,
             late_commit_campaign,
             late_commit_board_claim,
             late_commit_runner,

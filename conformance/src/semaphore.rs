@@ -15,7 +15,12 @@
 //! - [`release_frees_one`]: a release frees exactly one permit; renew extends the lease;
 //! - [`waiting_acquire`]: `acquire` gets a permit once one is released, and times out otherwise;
 //! - [`semaphore_bad_input`]: empty key, zero TTL, 0 permits and a permit count other than the
-//!   holders' are typed errors and change nothing.
+//!   holders' are typed errors and change nothing;
+//! - [`waiters_are_served_in_order`]: freed permits go to waiters in the order they began to
+//!   wait (the semaphore keeps a line: [`Semaphore::queued`]);
+//! - [`try_acquire_never_jumps_the_line`]: with a waiter in line, `try_acquire` is refused
+//!   even right after a release;
+//! - [`timed_out_waiter_leaves_the_line`]: a waiter that gives up leaves no place behind.
 
 use std::fmt;
 use std::future::Future;
@@ -354,6 +359,146 @@ pub async fn semaphore_bad_input(env: SemEnv) -> CheckResult {
     Ok(())
 }
 
+/// Waits long enough for anything but a lost wake-up, polling fast.
+fn patient() -> WaitOptions {
+    WaitOptions::with_timeout(Duration::from_secs(30))
+        .with_backoff(Duration::from_millis(2), Duration::from_millis(20))
+}
+
+/// Polls [`Semaphore::queued`] until `n` waiters stand in `key`'s line (10 s at most).
+async fn until_queued(sem: &Arc<dyn Semaphore>, key: &str, n: usize) -> CheckResult {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match sem.queued(key).await.ctx("queued")? {
+            None => return Err(Failure::new(
+                "the semaphore keeps no line: its waiting acquire is not first come, first served",
+            )),
+            Some(queued) if queued == n => return Ok(()),
+            Some(queued) => ensure!(
+                tokio::time::Instant::now() < deadline,
+                "{queued} waiters in line after 10 s, expected {n}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+type Waiting = tokio::task::JoinHandle<Result<Permit, LockError>>;
+
+/// A waiting `acquire` of one of `permits` permits of `key` by a new client.
+async fn start_waiting(
+    env: &SemEnv,
+    key: &str,
+    permits: u32,
+    wait: WaitOptions,
+) -> Result<Waiting, Failure> {
+    let sem = env.client().await?;
+    let key = key.to_owned();
+    Ok(tokio::spawn(async move {
+        sem.acquire(&key, permits, LONG, &wait).await
+    }))
+}
+
+/// Freed permits go to the waiters in the order they began to wait.
+pub async fn waiters_are_served_in_order(env: SemEnv) -> CheckResult {
+    let holder = env.client().await?;
+    let k = key("line");
+    let mut held = vec![
+        granted(holder.try_acquire(&k, 2, LONG).await, "permit a")?,
+        granted(holder.try_acquire(&k, 2, LONG).await, "permit b")?,
+    ];
+    let mut waiting: Vec<Option<Waiting>> = Vec::new();
+    for i in 0..4 {
+        waiting.push(Some(start_waiting(&env, &k, 2, patient()).await?));
+        until_queued(&holder, &k, i + 1).await?;
+    }
+    for turn in 0..4 {
+        // One permit free at a time: exactly the first in line may take it.
+        holder.release(held.remove(0)).await.ctx("release")?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let served = loop {
+            if let Some(i) = waiting
+                .iter()
+                .position(|w| w.as_ref().is_some_and(|w| w.is_finished()))
+            {
+                break i;
+            }
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "turn {turn}: no waiter got the freed permit within 20 s"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let permit = waiting[served]
+            .take()
+            .expect("finished")
+            .await
+            .ctx("waiter panicked")?
+            .ctx("waiting acquire")?;
+        ensure!(
+            served == turn,
+            "turn {turn}: the permit went to the waiter who came {} (0 = first)",
+            served
+        );
+        held.push(permit);
+    }
+    for permit in held {
+        holder.release(permit).await.ctx("release at the end")?;
+    }
+    Ok(())
+}
+
+/// With a waiter in line, `try_acquire` is refused, also right after a
+/// release: the freed permit is the waiter's.
+pub async fn try_acquire_never_jumps_the_line(env: SemEnv) -> CheckResult {
+    let holder = env.client().await?;
+    let other = env.client().await?;
+    let k = key("nojump");
+    let a = granted(holder.try_acquire(&k, 1, LONG).await, "permit a")?;
+    let waiter = start_waiting(&env, &k, 1, patient()).await?;
+    until_queued(&holder, &k, 1).await?;
+    holder.release(a).await.ctx("release")?;
+    // The waiter either holds the permit already or still stands in line.
+    refused(
+        other.try_acquire(&k, 1, LONG).await,
+        "try_acquire right after a release, with a waiter in line",
+    )?;
+    let p = waiter
+        .await
+        .ctx("waiter panicked")?
+        .ctx("the waiter's acquire")?;
+    refused(
+        other.try_acquire(&k, 1, LONG).await,
+        "try_acquire while the waiter holds it",
+    )?;
+    holder.release(p).await.ctx("release by another client")
+}
+
+/// A waiter that times out leaves the line: afterwards nobody stands in it
+/// and a freed permit is free for anyone.
+pub async fn timed_out_waiter_leaves_the_line(env: SemEnv) -> CheckResult {
+    let holder = env.client().await?;
+    let k = key("leaves");
+    let a = granted(holder.try_acquire(&k, 1, LONG).await, "permit a")?;
+    let short = WaitOptions::with_timeout(Duration::from_millis(300))
+        .with_backoff(Duration::from_millis(2), Duration::from_millis(20));
+    let timed_out = start_waiting(&env, &k, 1, short)
+        .await?
+        .await
+        .ctx("waiter panicked")?;
+    ensure!(
+        matches!(timed_out, Err(LockError::Timeout { .. })),
+        "a waiter while the permit is held: expected Timeout, got {timed_out:?}"
+    );
+    until_queued(&holder, &k, 0).await?;
+    holder.release(a).await.ctx("release")?;
+    let b = granted(
+        holder.try_acquire(&k, 1, LONG).await,
+        "try_acquire after the waiter gave up",
+    )?;
+    holder.release(b).await.ctx("release")
+}
+
 /// The semaphore suite's one list of cases (see [`crate::__suite!`]).
 #[doc(hidden)]
 #[macro_export]
@@ -368,6 +513,9 @@ macro_rules! __semaphore_suite {
             release_frees_one,
             waiting_acquire,
             semaphore_bad_input,
+            waiters_are_served_in_order,
+            try_acquire_never_jumps_the_line,
+            timed_out_waiter_leaves_the_line,
         }
     };
 }

@@ -251,6 +251,10 @@ struct SemBugs {
     expired_still_counted: bool,
     /// Permits reuse the last fence.
     fence_not_bumped: bool,
+    /// Waiting is not fair: no line (the trait's provided `acquire`).
+    no_line: bool,
+    /// Waiters stand in line, but `try_acquire` ignores them.
+    try_jumps_the_line: bool,
 }
 
 #[derive(Default)]
@@ -259,6 +263,8 @@ struct SemSlot {
     permits: u32,
     /// (token, expires_ms)
     holders: Vec<(String, u64)>,
+    /// Waiting calls' ids, first come first.
+    line: Vec<String>,
 }
 
 struct BuggySemaphore {
@@ -293,15 +299,15 @@ impl BuggySemaphore {
     fn counts(&self, expires: u64, now: u64) -> bool {
         self.bugs.expired_still_counted || expires > now
     }
-}
 
-#[async_trait]
-impl Semaphore for BuggySemaphore {
-    async fn try_acquire(
+    /// A permit of `slot` for the waiting call `waiter` (None: `try_acquire`)
+    /// if one is free for it.
+    fn take(
         &self,
         key: &str,
         permits: u32,
         ttl: Duration,
+        waiter: Option<&str>,
     ) -> Result<Option<Permit>, LockError> {
         validate_lock_input(key, ttl)?;
         if permits == 0 {
@@ -319,8 +325,20 @@ impl Semaphore for BuggySemaphore {
             )));
         }
         let limit = permits as usize + usize::from(self.bugs.off_by_one);
-        if slot.holders.len() >= limit {
+        let ahead = match waiter {
+            Some(id) => slot
+                .line
+                .iter()
+                .position(|w| w == id)
+                .unwrap_or(slot.line.len()),
+            None if self.bugs.try_jumps_the_line => 0,
+            None => slot.line.len(),
+        };
+        if slot.holders.len() + ahead >= limit {
             return Ok(None);
+        }
+        if let Some(id) = waiter {
+            slot.line.retain(|w| w != id);
         }
         if !self.bugs.fence_not_bumped || slot.fence == 0 {
             slot.fence += 1;
@@ -330,6 +348,61 @@ impl Semaphore for BuggySemaphore {
         let expires = now + ttl.as_millis() as u64;
         slot.holders.push((token.clone(), expires));
         Ok(Some(handle(key, &token, slot.fence, ttl, expires)))
+    }
+
+    fn line(&self, key: &str, change: impl FnOnce(&mut Vec<String>)) {
+        let mut slots = self.slots.lock().unwrap();
+        change(&mut slots.entry(key.to_owned()).or_default().line);
+    }
+}
+
+#[async_trait]
+impl Semaphore for BuggySemaphore {
+    async fn try_acquire(
+        &self,
+        key: &str,
+        permits: u32,
+        ttl: Duration,
+    ) -> Result<Option<Permit>, LockError> {
+        self.take(key, permits, ttl, None)
+    }
+
+    async fn queued(&self, key: &str) -> Result<Option<usize>, LockError> {
+        if self.bugs.no_line {
+            return Ok(None);
+        }
+        let slots = self.slots.lock().unwrap();
+        Ok(Some(slots.get(key).map_or(0, |slot| slot.line.len())))
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        permits: u32,
+        ttl: Duration,
+        wait: &WaitOptions,
+    ) -> Result<Permit, LockError> {
+        let started = tokio::time::Instant::now();
+        let id = mint_token();
+        let waiter = (!self.bugs.no_line).then_some(id.as_str());
+        if let Some(id) = waiter {
+            self.line(key, |line| line.push(id.to_owned()));
+        }
+        loop {
+            if let Some(permit) = self.take(key, permits, ttl, waiter)? {
+                return Ok(permit);
+            }
+            if started.elapsed() >= wait.timeout {
+                self.line(key, |line| line.retain(|w| *w != id));
+                return Err(LockError::Timeout {
+                    key: key.to_owned(),
+                    waited: started.elapsed(),
+                });
+            }
+            // Slow, so that the red of `try_jumps_the_line` does not depend
+            // on who is first after a release.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     async fn renew(&self, permit: &Permit) -> Result<(), LockError> {
@@ -401,7 +474,7 @@ async fn bug_free_doubles_pass_every_check() {
         }
     }
     type SemCheck = fn(SemEnv) -> coord_conformance::BoxFuture<'static, CheckResult>;
-    let sem: [(&str, SemCheck); 7] = [
+    let sem: [(&str, SemCheck); 10] = [
         ("permit_race", |e| Box::pin(sem_suite::permit_race(e))),
         ("never_more_than_n", |e| {
             Box::pin(sem_suite::never_more_than_n(e))
@@ -420,6 +493,15 @@ async fn bug_free_doubles_pass_every_check() {
         }),
         ("semaphore_bad_input", |e| {
             Box::pin(sem_suite::semaphore_bad_input(e))
+        }),
+        ("waiters_are_served_in_order", |e| {
+            Box::pin(sem_suite::waiters_are_served_in_order(e))
+        }),
+        ("try_acquire_never_jumps_the_line", |e| {
+            Box::pin(sem_suite::try_acquire_never_jumps_the_line(e))
+        }),
+        ("timed_out_waiter_leaves_the_line", |e| {
+            Box::pin(sem_suite::timed_out_waiter_leaves_the_line(e))
         }),
     ];
     assert_eq!(
@@ -537,6 +619,37 @@ async fn semaphore_suite_red_when_expired_permits_still_count() {
     must_fail(
         sem_suite::permits_come_back_after_ttl(BuggySemaphore::env(bugs)),
         "permits_come_back_after_ttl",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn semaphore_suite_red_without_a_line() {
+    let bugs = SemBugs {
+        no_line: true,
+        ..SemBugs::default()
+    };
+    must_fail(
+        sem_suite::waiters_are_served_in_order(BuggySemaphore::env(bugs)),
+        "waiters_are_served_in_order",
+    )
+    .await;
+    must_fail(
+        sem_suite::try_acquire_never_jumps_the_line(BuggySemaphore::env(bugs)),
+        "try_acquire_never_jumps_the_line",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn semaphore_suite_red_when_try_acquire_jumps_the_line() {
+    let bugs = SemBugs {
+        try_jumps_the_line: true,
+        ..SemBugs::default()
+    };
+    must_fail(
+        sem_suite::try_acquire_never_jumps_the_line(BuggySemaphore::env(bugs)),
+        "try_acquire_never_jumps_the_line",
     )
     .await;
 }

@@ -16,16 +16,27 @@
 //! - Every caller of one key must pass the same `permits`: a different
 //!   number while permits are held is [`LockError::Invalid`].
 //!
-//! Waiting ([`Semaphore::acquire`]) is **not fair**: it watches the key
-//! (change notifications when the store has them), tries, then sleeps until
-//! a change or the backoff (the fallback poll). A FIFO semaphore would need
-//! the ticket queue of [`super::FairLock`]; it is not built.
+//! The trait's provided [`Semaphore::acquire`] is **not fair**: it watches
+//! the key (change notifications when the store has them), tries, then
+//! sleeps until a change or the backoff (the fallback poll).
+//! [`GenericSemaphore`] overrides it with a **line** (first come, first
+//! served, like Curator's `InterProcessSemaphoreV2`): a waiting `acquire`
+//! takes a place at the end of the key's line, and a freed permit goes to
+//! the first waiters in line, as many as there are free permits. A waiter's
+//! place has a lease of the permit's TTL, renewed while it waits (from half
+//! of it on): one that gives up leaves the line at once; one that dies or
+//! pauses past its lease loses its place, blocking the line until then and
+//! never longer. [`Semaphore::try_acquire`] never jumps the line: it grants
+//! only while the free permits outnumber the live waiters. At most
+//! [`MAX_WAITERS`] places are kept per key; a waiter beyond them polls until
+//! a place is free.
 //!
 //! # Record
 //!
 //! `<prefix><key>` (prefix `sem/` by default) holds the fence counter, the
-//! number of permits and the permits currently granted (at most `permits`
-//! of them: expired ones are dropped by every write), so storage is bounded.
+//! number of permits, the permits currently granted (at most `permits` of
+//! them) and the line (at most [`MAX_WAITERS`] places); expired permits and
+//! places are dropped by every write, so storage is bounded.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -64,6 +75,13 @@ pub trait Semaphore: Send + Sync + std::fmt::Debug {
 
     /// Give the permit back. A stale permit gets [`LockError::Lost`].
     async fn release(&self, permit: Permit) -> Result<(), LockError>;
+
+    /// How many waiters stand in `key`'s line now (one read). `Ok(None)`:
+    /// this implementation keeps no line (the default; waiting is not fair).
+    async fn queued(&self, key: &str) -> Result<Option<usize>, LockError> {
+        let _ = key;
+        Ok(None)
+    }
 
     /// A watch on the key's record (default: none, waiters poll).
     async fn watch_key(&self, key: &str) -> Wake {
@@ -154,12 +172,32 @@ pub struct GenericSemaphore {
     prefix: String,
 }
 
+/// Places kept in one key's line (see the module docs).
+pub const MAX_WAITERS: usize = 64;
+
 #[derive(Serialize, Deserialize, Default)]
 struct SemRecord {
     fence: u64,
     permits: u32,
     holders: Vec<SemHolder>,
+    /// The line, first come first; absent in records of earlier versions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    waiters: Vec<SemWaiter>,
     nonce: String,
+}
+
+/// One place in a key's line: the waiting call's id and its place's lease.
+#[derive(Serialize, Deserialize, Clone)]
+struct SemWaiter {
+    id: String,
+    expires_ms: u64,
+}
+
+/// What one attempt of a waiting `acquire` got.
+enum Attempt {
+    Granted(Permit),
+    /// In line (or polling, when the line is full) until the next attempt.
+    Waiting,
 }
 
 #[derive(Serialize, Deserialize, Clone)]
@@ -182,6 +220,8 @@ pub struct SemaphoreStatus {
     pub permits: u32,
     /// The permits recorded (expired ones stay until the next write).
     pub holders: Vec<PermitStatus>,
+    /// How many waiters stand in line with a live place.
+    pub waiting: usize,
 }
 
 /// One permit in a [`SemaphoreStatus`].
@@ -285,7 +325,164 @@ impl GenericSemaphore {
                     live: h.expires_ms > now,
                 })
                 .collect(),
+            waiting: record.waiters.iter().filter(|w| w.expires_ms > now).count(),
         }))
+    }
+
+    /// One attempt of a waiting `acquire` by the waiter `id`: a permit if
+    /// `id` is among the first waiters in line for the free permits (or
+    /// there is room for everyone in line and it); otherwise its place in
+    /// line, taken or renewed when due.
+    async fn attempt(
+        &self,
+        key: &str,
+        permits: u32,
+        ttl: Duration,
+        id: &str,
+    ) -> Result<Attempt, LockError> {
+        let record_key = self.record_key(key);
+        let sent = Instant::now();
+        let now = self.clock.now_millis();
+        let expires_ms = now.saturating_add(millis(ttl));
+        let token = mint_token();
+        let keys = [record_key.clone()];
+        self.engine
+            .decide::<Result<Attempt, LockError>, LockError, _>(&keys, |view| {
+                let record = match Self::decode(view, &record_key) {
+                    Ok(record) => record,
+                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
+                };
+                let (mut holders, mut waiters) = match Self::live(&record, permits, now) {
+                    Ok(live) => live,
+                    Err(refused) => return Ok(Decision::Return(Err(refused))),
+                };
+                let free = (permits as usize).saturating_sub(holders.len());
+                let place = waiters.iter().position(|w| w.id == id);
+                let served = match place {
+                    Some(i) => i < free,
+                    None => waiters.len() < free,
+                };
+                if served {
+                    waiters.retain(|w| w.id != id);
+                    let fence = record.fence + 1;
+                    holders.push(SemHolder {
+                        token: token.clone(),
+                        fence,
+                        expires_ms,
+                    });
+                    let granted = SemRecord {
+                        fence,
+                        permits,
+                        holders,
+                        waiters,
+                        nonce: mint_token(),
+                    };
+                    return Ok(Decision::Commit {
+                        mutations: vec![Mutation::put(record_key.clone(), encode(&granted))],
+                        then: Ok(Attempt::Granted(
+                            Permit::new(
+                                key,
+                                token.clone(),
+                                fence,
+                                ttl,
+                                UNIX_EPOCH + Duration::from_millis(expires_ms),
+                            )
+                            .requested_at(sent),
+                        )),
+                    });
+                }
+                let renew_from = now.saturating_add(millis(ttl) / 2);
+                match place {
+                    // In line, with enough lease left: nothing to write.
+                    Some(i) if waiters[i].expires_ms > renew_from => {
+                        return Ok(Decision::Return(Ok(Attempt::Waiting)))
+                    }
+                    Some(i) => waiters[i].expires_ms = expires_ms,
+                    None if waiters.len() >= MAX_WAITERS => {
+                        return Ok(Decision::Return(Ok(Attempt::Waiting)))
+                    }
+                    None => waiters.push(SemWaiter {
+                        id: id.to_owned(),
+                        expires_ms,
+                    }),
+                }
+                let queued = SemRecord {
+                    holders,
+                    waiters,
+                    nonce: mint_token(),
+                    ..record
+                };
+                Ok(Decision::Commit {
+                    mutations: vec![Mutation::put(record_key.clone(), encode(&queued))],
+                    then: Ok(Attempt::Waiting),
+                })
+            })
+            .await?
+    }
+
+    /// The waiter `id` gives up: its place goes (nothing to do when it has none).
+    async fn leave(&self, key: &str, id: &str) -> Result<(), LockError> {
+        let record_key = self.record_key(key);
+        let now = self.clock.now_millis();
+        let keys = [record_key.clone()];
+        self.engine
+            .decide::<Result<(), LockError>, LockError, _>(&keys, |view| {
+                let record = match Self::decode(view, &record_key) {
+                    Ok(record) => record,
+                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
+                };
+                if !record.waiters.iter().any(|w| w.id == id) {
+                    return Ok(Decision::Return(Ok(())));
+                }
+                let left = SemRecord {
+                    holders: record
+                        .holders
+                        .iter()
+                        .filter(|h| h.expires_ms > now)
+                        .cloned()
+                        .collect(),
+                    waiters: record
+                        .waiters
+                        .iter()
+                        .filter(|w| w.expires_ms > now && w.id != id)
+                        .cloned()
+                        .collect(),
+                    nonce: mint_token(),
+                    ..record
+                };
+                Ok(Decision::Commit {
+                    mutations: vec![Mutation::put(record_key.clone(), encode(&left))],
+                    then: Ok(()),
+                })
+            })
+            .await?
+    }
+
+    /// The live permits and places of `record`, or why `permits` is refused.
+    fn live(
+        record: &SemRecord,
+        permits: u32,
+        now: u64,
+    ) -> Result<(Vec<SemHolder>, Vec<SemWaiter>), LockError> {
+        let holders: Vec<SemHolder> = record
+            .holders
+            .iter()
+            .filter(|h| h.expires_ms > now)
+            .cloned()
+            .collect();
+        if !holders.is_empty() && record.permits != permits {
+            return Err(LockError::Invalid(InvalidInput::Argument(format!(
+                "semaphore is held with {} permits, not {permits}",
+                record.permits
+            ))));
+        }
+        let waiters = record
+            .waiters
+            .iter()
+            .filter(|w| w.expires_ms > now)
+            .cloned()
+            .collect();
+        Ok((holders, waiters))
     }
 }
 
@@ -319,21 +516,12 @@ impl Semaphore for GenericSemaphore {
                     Ok(record) => record,
                     Err(e) => return Ok(Decision::Return(Err(e.into()))),
                 };
-                let mut live: Vec<SemHolder> = record
-                    .holders
-                    .iter()
-                    .filter(|h| h.expires_ms > now)
-                    .cloned()
-                    .collect();
-                if !live.is_empty() && record.permits != permits {
-                    return Ok(Decision::Return(Err(LockError::Invalid(
-                        InvalidInput::Argument(format!(
-                            "semaphore {key:?} is held with {} permits, not {permits}",
-                            record.permits
-                        )),
-                    ))));
-                }
-                if live.len() >= permits as usize {
+                let (mut live, waiters) = match Self::live(&record, permits, now) {
+                    Ok(live) => live,
+                    Err(refused) => return Ok(Decision::Return(Err(refused))),
+                };
+                // Never ahead of a live waiter in line.
+                if live.len() + waiters.len() >= permits as usize {
                     return Ok(Decision::Return(Ok(None)));
                 }
                 let fence = record.fence + 1;
@@ -346,6 +534,7 @@ impl Semaphore for GenericSemaphore {
                     fence,
                     permits,
                     holders: live,
+                    waiters,
                     nonce: mint_token(),
                 };
                 Ok(Decision::Commit {
@@ -455,6 +644,62 @@ impl Semaphore for GenericSemaphore {
 
     async fn watch_key(&self, key: &str) -> Wake {
         Wake::watch(self.engine.backend().as_ref(), &self.record_key(key)).await
+    }
+
+    async fn queued(&self, key: &str) -> Result<Option<usize>, LockError> {
+        Ok(Some(self.status(key).await?.map_or(0, |s| s.waiting)))
+    }
+
+    /// Waits in the key's line (see the module docs): watch, take a place,
+    /// then try again on every change, on the backoff (the fallback poll),
+    /// and before the place's lease needs renewing. A call that gives up
+    /// (timeout, error) leaves the line.
+    #[tracing::instrument(name = "semaphore.acquire", skip_all, fields(
+        key = %key, store = self.engine.backend().store_name(),
+    ))]
+    async fn acquire(
+        &self,
+        key: &str,
+        permits: u32,
+        ttl: Duration,
+        wait: &WaitOptions,
+    ) -> Result<Permit, LockError> {
+        validate_lock_input(key, ttl)?;
+        if permits == 0 {
+            return Err(LockError::Invalid(InvalidInput::Argument(
+                "a semaphore needs at least 1 permit".into(),
+            )));
+        }
+        let started = Instant::now();
+        let deadline = wait.deadline_from(started);
+        let mut wake = self.watch_key(key).await;
+        let id = mint_token();
+        let mut refusals = 0u32;
+        let outcome = loop {
+            match self.attempt(key, permits, ttl, &id).await {
+                Ok(Attempt::Granted(permit)) => break Ok(permit),
+                Ok(Attempt::Waiting) => {}
+                Err(e) => break Err(e),
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break Err(LockError::Timeout {
+                    key: key.to_owned(),
+                    waited: now - started,
+                });
+            }
+            refusals += 1;
+            // A third of the TTL at most: the place is renewed from half of it on.
+            let pause = wait.pause(refusals).min(ttl / 3);
+            wake.until((now + pause).min(deadline)).await;
+        };
+        if outcome.is_err() {
+            // Best effort: a place left behind runs out with its lease.
+            if let Err(error) = self.leave(key, &id).await {
+                tracing::debug!(%error, "a semaphore waiter could not leave the line");
+            }
+        }
+        outcome
     }
 }
 
