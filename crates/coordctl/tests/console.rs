@@ -417,8 +417,12 @@ fn check_api(server: &Server, seeded: &Seeded) {
     let semaphores = server.get("/api/semaphores").json();
     let pool = find(&semaphores["semaphores"], "key", "db-pool");
     assert_eq!(
-        (pool["permits"].as_u64(), pool["held"].as_u64()),
-        (Some(3), Some(2)),
+        (
+            pool["permits"].as_u64(),
+            pool["held"].as_u64(),
+            pool["waiting"].as_u64()
+        ),
+        (Some(3), Some(2), Some(0)),
         "{semaphores}"
     );
     let page = server.get("/locks");

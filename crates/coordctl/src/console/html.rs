@@ -341,20 +341,21 @@ the highest fence issued on each resource and the idempotency key holding it.",
                 holders.push('-');
             }
             format!(
-                "<tr><td class=\"key\">{}</td><td class=\"num\">{}</td><td class=\"num\">{} of {}</td><td>{holders}</td></tr>",
+                "<tr><td class=\"key\">{}</td><td class=\"num\">{}</td><td class=\"num\">{} of {}</td><td>{holders}</td><td class=\"num\">{}</td></tr>",
                 esc(&s.key),
                 s.fence,
                 s.held,
-                s.permits
+                s.permits,
+                s.waiting
             )
         })
         .collect();
     Section {
         title: "Semaphores",
         note: "Records <code>sem/&lt;key&gt;</code> of GenericSemaphore: each permit held, \
-with its own fence.",
+with its own fence, and the waiters in line.",
         id: "semaphores",
-        headers: &["Key", "Fence", "Permits held", "Holders"],
+        headers: &["Key", "Fence", "Permits held", "Holders", "Waiting in line"],
         empty: "No semaphores.",
         more: more_link(
             "/locks",

@@ -274,5 +274,35 @@ mod tests {
         assert_eq!(next.fence(), 2);
         let view = fair_locks(&stores, &Page::first(10)).await.unwrap();
         assert!(view.locks[0].waiting.is_empty());
+
+        // A semaphore waiter in line shows as `waiting` until it is served.
+        let only = sem.try_acquire("single", 1, ttl).await.unwrap().unwrap();
+        let in_line = sem.clone();
+        let queued = tokio::spawn(async move {
+            in_line
+                .acquire(
+                    "single",
+                    1,
+                    ttl,
+                    &WaitOptions::with_timeout(Duration::from_secs(30)),
+                )
+                .await
+        });
+        let waiting_in = |view: &SemaphoresView| {
+            view.semaphores
+                .iter()
+                .find(|s| s.key == "single")
+                .map_or(0, |s| s.waiting)
+        };
+        while waiting_in(&semaphores(&stores, &Page::first(10)).await.unwrap()) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        sem.release(only).await.unwrap();
+        let served = queued.await.unwrap().unwrap();
+        assert_eq!(
+            waiting_in(&semaphores(&stores, &Page::first(10)).await.unwrap()),
+            0
+        );
+        sem.release(served).await.unwrap();
     }
 }

@@ -1,5 +1,6 @@
 //! `GenericSemaphore` keys (`/api/semaphores`): the permits asked for, how
-//! many are held now, and each permit's fence and lease. No token is shown.
+//! many are held now, each permit's fence and lease, and how many waiters
+//! stand in line. No token is shown.
 
 use coord_backend::Error;
 use serde::Serialize;
@@ -25,6 +26,8 @@ pub(crate) struct SemaphoreView {
     /// How many permits are held now (live leases).
     pub(crate) held: usize,
     pub(crate) holders: Vec<PermitView>,
+    /// How many waiting acquires stand in line (live places).
+    pub(crate) waiting: usize,
 }
 
 /// The semaphores of one page.
@@ -61,6 +64,7 @@ pub(crate) async fn semaphores(stores: &Stores, page: &Page) -> Result<Semaphore
             fence: status.fence,
             permits: status.permits,
             holders,
+            waiting: status.waiting,
         });
     }
     Ok(SemaphoresView {
