@@ -244,6 +244,70 @@ fn encode(record: &SemRecord) -> Vec<u8> {
     serde_json::to_vec(record).expect("a semaphore record always serializes")
 }
 
+/// A new permit for `token` (`key`, its TTL, lease end and when it was
+/// requested) beside the live `holders` and `waiters` of `record`: the
+/// record to write and the permit, with the next fence.
+fn grant(
+    record: &SemRecord,
+    mut holders: Vec<SemHolder>,
+    waiters: Vec<SemWaiter>,
+    permits: u32,
+    token: &str,
+    (key, ttl, expires_ms, sent): (&str, Duration, u64, Instant),
+) -> (SemRecord, Permit) {
+    let fence = record.fence + 1;
+    holders.push(SemHolder {
+        token: token.to_owned(),
+        fence,
+        expires_ms,
+    });
+    let granted = SemRecord {
+        fence,
+        permits,
+        holders,
+        waiters,
+        nonce: mint_token(),
+    };
+    let permit = Permit::new(
+        key,
+        token.to_owned(),
+        fence,
+        ttl,
+        UNIX_EPOCH + Duration::from_millis(expires_ms),
+    )
+    .requested_at(sent);
+    (granted, permit)
+}
+
+/// The decision writing `record` under `record_key`, answering `then`.
+fn put<T>(record_key: &str, record: &SemRecord, then: T) -> Decision<T> {
+    Decision::Commit {
+        mutations: vec![Mutation::put(record_key.to_owned(), encode(record))],
+        then,
+    }
+}
+
+impl SemRecord {
+    /// This record's live permits and places, less the permit `token` and
+    /// the place `id`, with a fresh nonce: what a write that frees keeps.
+    fn pruned(self, now: u64, token: Option<&str>, id: Option<&str>) -> SemRecord {
+        SemRecord {
+            holders: self
+                .holders
+                .into_iter()
+                .filter(|h| h.expires_ms > now && Some(h.token.as_str()) != token)
+                .collect(),
+            waiters: self
+                .waiters
+                .into_iter()
+                .filter(|w| w.expires_ms > now && Some(w.id.as_str()) != id)
+                .collect(),
+            nonce: mint_token(),
+            ..self
+        }
+    }
+}
+
 impl GenericSemaphore {
     /// A semaphore over `backend` with default options (system clock, prefix `sem/`).
     pub fn new(backend: Arc<dyn Backend>) -> Self {
@@ -352,7 +416,7 @@ impl GenericSemaphore {
                     Ok(record) => record,
                     Err(e) => return Ok(Decision::Return(Err(e.into()))),
                 };
-                let (mut holders, mut waiters) = match Self::live(&record, permits, now) {
+                let (holders, mut waiters) = match Self::live(&record, permits, now) {
                     Ok(live) => live,
                     Err(refused) => return Ok(Decision::Return(Err(refused))),
                 };
@@ -364,32 +428,15 @@ impl GenericSemaphore {
                 };
                 if served {
                     waiters.retain(|w| w.id != id);
-                    let fence = record.fence + 1;
-                    holders.push(SemHolder {
-                        token: token.clone(),
-                        fence,
-                        expires_ms,
-                    });
-                    let granted = SemRecord {
-                        fence,
-                        permits,
+                    let (granted, permit) = grant(
+                        &record,
                         holders,
                         waiters,
-                        nonce: mint_token(),
-                    };
-                    return Ok(Decision::Commit {
-                        mutations: vec![Mutation::put(record_key.clone(), encode(&granted))],
-                        then: Ok(Attempt::Granted(
-                            Permit::new(
-                                key,
-                                token.clone(),
-                                fence,
-                                ttl,
-                                UNIX_EPOCH + Duration::from_millis(expires_ms),
-                            )
-                            .requested_at(sent),
-                        )),
-                    });
+                        permits,
+                        &token,
+                        (key, ttl, expires_ms, sent),
+                    );
+                    return Ok(put(&record_key, &granted, Ok(Attempt::Granted(permit))));
                 }
                 let renew_from = now.saturating_add(millis(ttl) / 2);
                 match place {
@@ -412,10 +459,7 @@ impl GenericSemaphore {
                     nonce: mint_token(),
                     ..record
                 };
-                Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(record_key.clone(), encode(&queued))],
-                    then: Ok(Attempt::Waiting),
-                })
+                Ok(put(&record_key, &queued, Ok(Attempt::Waiting)))
             })
             .await?
     }
@@ -434,26 +478,8 @@ impl GenericSemaphore {
                 if !record.waiters.iter().any(|w| w.id == id) {
                     return Ok(Decision::Return(Ok(())));
                 }
-                let left = SemRecord {
-                    holders: record
-                        .holders
-                        .iter()
-                        .filter(|h| h.expires_ms > now)
-                        .cloned()
-                        .collect(),
-                    waiters: record
-                        .waiters
-                        .iter()
-                        .filter(|w| w.expires_ms > now && w.id != id)
-                        .cloned()
-                        .collect(),
-                    nonce: mint_token(),
-                    ..record
-                };
-                Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(record_key.clone(), encode(&left))],
-                    then: Ok(()),
-                })
+                let left = record.pruned(now, None, Some(id));
+                Ok(put(&record_key, &left, Ok(())))
             })
             .await?
     }
@@ -516,7 +542,7 @@ impl Semaphore for GenericSemaphore {
                     Ok(record) => record,
                     Err(e) => return Ok(Decision::Return(Err(e.into()))),
                 };
-                let (mut live, waiters) = match Self::live(&record, permits, now) {
+                let (live, waiters) = match Self::live(&record, permits, now) {
                     Ok(live) => live,
                     Err(refused) => return Ok(Decision::Return(Err(refused))),
                 };
@@ -524,32 +550,15 @@ impl Semaphore for GenericSemaphore {
                 if live.len() + waiters.len() >= permits as usize {
                     return Ok(Decision::Return(Ok(None)));
                 }
-                let fence = record.fence + 1;
-                live.push(SemHolder {
-                    token: token.clone(),
-                    fence,
-                    expires_ms,
-                });
-                let granted = SemRecord {
-                    fence,
-                    permits,
-                    holders: live,
+                let (granted, permit) = grant(
+                    &record,
+                    live,
                     waiters,
-                    nonce: mint_token(),
-                };
-                Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(record_key.clone(), encode(&granted))],
-                    then: Ok(Some(
-                        Permit::new(
-                            key,
-                            token.clone(),
-                            fence,
-                            ttl,
-                            UNIX_EPOCH + Duration::from_millis(expires_ms),
-                        )
-                        .requested_at(sent),
-                    )),
-                })
+                    permits,
+                    &token,
+                    (key, ttl, expires_ms, sent),
+                );
+                Ok(put(&record_key, &granted, Ok(Some(permit))))
             })
             .await?;
         if let Ok(Some(permit)) = &answer {
@@ -594,10 +603,7 @@ impl Semaphore for GenericSemaphore {
                     nonce: mint_token(),
                     ..record
                 };
-                Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(record_key.clone(), encode(&renewed))],
-                    then: Ok(()),
-                })
+                Ok(put(&record_key, &renewed, Ok(())))
             })
             .await?;
         if let Err(error) = &renewed {
@@ -624,20 +630,8 @@ impl Semaphore for GenericSemaphore {
                     return Ok(Decision::Return(Err(Self::lost(&permit, reason))));
                 }
                 // The record stays, to keep the fence.
-                let released = SemRecord {
-                    holders: record
-                        .holders
-                        .iter()
-                        .filter(|h| h.expires_ms > now && h.token != permit.token())
-                        .cloned()
-                        .collect(),
-                    nonce: mint_token(),
-                    ..record
-                };
-                Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(record_key.clone(), encode(&released))],
-                    then: Ok(()),
-                })
+                let released = record.pruned(now, Some(permit.token()), None);
+                Ok(put(&record_key, &released, Ok(())))
             })
             .await?
     }
