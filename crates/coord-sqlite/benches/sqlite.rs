@@ -3,7 +3,7 @@
 //! (and one point `SELECT`) on a comparable table in the same kind of file
 //! (WAL, same `synchronous`, same busy timeout).
 //!
-//! `cargo bench -p coord-sqlite --bench primitives -- --warm-up-time 1 --measurement-time 3`
+//! `cargo bench -p coord-sqlite --bench sqlite -- --warm-up-time 1 --measurement-time 3`
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
