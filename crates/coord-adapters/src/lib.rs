@@ -30,7 +30,7 @@ pub mod token;
 pub mod wake;
 
 pub use board::{Board, BoardAdapter, BoardError};
-pub use cas::{CasEngine, CasOptions, CasStats, Decision, View};
+pub use cas::{CasEngine, CasOptions, CasStats, Decision, Nonce, Record, View};
 pub use lock::{
     FairLock, GenericLock, GenericSemaphore, Lock, LockError, LockExt, LockGuard, LockHandle,
     Semaphore,

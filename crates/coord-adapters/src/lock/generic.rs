@@ -4,54 +4,17 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use coord_backend::{Backend, Clock, Error, Mutation, SystemClock};
+use coord_backend::Backend;
 use serde::{Deserialize, Serialize};
 
 use super::{validate_lock_input, Lock, LockError, LockHandle, LostReason};
-use crate::cas::{CasEngine, CasOptions, CasStats, Decision, View};
+use crate::cas::{record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace};
 use crate::wake::Wake;
 use crate::{mint_token, telemetry};
 
-/// Options of a [`GenericLock`].
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct LockOptions {
-    /// Where expiry is read from (written into records and judged against).
-    pub clock: Arc<dyn Clock>,
-    /// Prefix of the lock records in the backend's namespace (default `lock/`).
-    pub key_prefix: String,
-    /// Tuning of the CAS loop.
-    pub cas: CasOptions,
-}
-
-impl Default for LockOptions {
-    fn default() -> Self {
-        LockOptions {
-            clock: Arc::new(SystemClock),
-            key_prefix: "lock/".to_owned(),
-            cas: CasOptions::default(),
-        }
-    }
-}
-
-impl LockOptions {
-    /// Judge expiry with `clock` (tests inject a `ManualClock`).
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    /// Keep lock records under another prefix (several lock spaces in one namespace).
-    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = prefix.into();
-        self
-    }
-
-    /// Tune the CAS loop.
-    pub fn with_cas(mut self, cas: CasOptions) -> Self {
-        self.cas = cas;
-        self
-    }
+record_options! {
+    /// Options of a [`GenericLock`].
+    pub struct LockOptions, prefix "lock/" {}
 }
 
 /// A [`Lock`] over any [`Backend`]: one record per key (`<prefix><key>`)
@@ -68,9 +31,7 @@ impl LockOptions {
 /// exclusive within one process only.
 #[derive(Clone, Debug)]
 pub struct GenericLock {
-    engine: CasEngine,
-    clock: Arc<dyn Clock>,
-    prefix: String,
+    space: RecordSpace,
 }
 
 /// What is stored under `<prefix><key>`.
@@ -82,7 +43,14 @@ struct LockRecord {
     holder: Option<Holder>,
     /// Fresh per write, so an indeterminate txn can be told apart from someone
     /// else's identical write (see the CAS engine).
-    nonce: String,
+    nonce: Nonce,
+}
+
+impl Record for LockRecord {
+    const KIND: &'static str = "a lock record";
+    fn nonce_mut(&mut self) -> &mut Nonce {
+        &mut self.nonce
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -118,32 +86,13 @@ impl GenericLock {
     /// A lock over `backend` with `options`.
     pub fn with_options(backend: Arc<dyn Backend>, options: LockOptions) -> Self {
         GenericLock {
-            engine: CasEngine::with_options(backend, options.cas),
-            clock: options.clock,
-            prefix: options.key_prefix,
+            space: options.space(backend),
         }
     }
 
     /// Store calls made so far (for tests and benchmarks).
     pub fn stats(&self) -> CasStats {
-        self.engine.stats()
-    }
-
-    fn record_key(&self, key: &str) -> String {
-        format!("{}{key}", self.prefix)
-    }
-
-    fn decode(view: &View, key: &str) -> Result<Option<LockRecord>, Error> {
-        view.value(key)
-            .map(|bytes| {
-                serde_json::from_slice::<LockRecord>(bytes)
-                    .map_err(|e| Error::malformed(key, format!("not a lock record: {e}")))
-            })
-            .transpose()
-    }
-
-    fn encode(record: &LockRecord) -> Vec<u8> {
-        serde_json::to_vec(record).expect("a lock record always serializes")
+        self.space.stats()
     }
 
     fn lost(handle: &LockHandle, reason: LostReason) -> LockError {
@@ -172,52 +121,43 @@ impl GenericLock {
     }
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 #[async_trait]
 impl Lock for GenericLock {
     #[tracing::instrument(name = "lock.try_lock", skip_all, fields(
-        key = %key, store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+        key = %key, store = self.space.engine().backend().store_name(), fence = tracing::field::Empty,
     ))]
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
         validate_lock_input(key, ttl)?;
-        let record_key = self.record_key(key);
+        let record_key = self.space.key(key);
         // Before the first attempt: the lease is counted from no later than its request.
         let sent = tokio::time::Instant::now();
-        let now = self.clock.now_millis();
-        let expires_ms = now.saturating_add(millis(ttl));
+        let now = self.space.now_millis();
+        let expires_ms = now.saturating_add(whole_millis(ttl));
         let token = mint_token();
         let keys = [record_key.clone()];
-        let answer = self
-            .engine
-            .decide::<Result<Option<LockHandle>, LockError>, LockError, _>(&keys, |view| {
-                // Errors go through `Return` so that the engine confirms them
-                // against the store: a remembered record may be stale.
-                let record = match Self::decode(view, &record_key) {
-                    Ok(record) => record,
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                };
+        let answer = self.space
+            .engine()
+            .decide(&keys, |view| {
+                let record = LockRecord::read(view, &record_key)?;
                 let fence = record.as_ref().map_or(0, |r| r.fence);
                 let held = record
                     .as_ref()
                     .and_then(|r| r.holder.as_ref())
                     .is_some_and(|h| h.expires_ms > now);
                 if held {
-                    return Ok(Decision::Return(Ok(None)));
+                    return Ok(Decision::Return(None));
                 }
-                let granted = LockRecord {
+                let mut granted = LockRecord {
                     fence: fence + 1,
                     holder: Some(Holder {
                         token: token.clone(),
                         expires_ms,
                     }),
-                    nonce: mint_token(),
+                    nonce: Nonce::default(),
                 };
                 Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(record_key.clone(), Self::encode(&granted))],
-                    then: Ok(Some(
+                    mutations: vec![granted.put(record_key.clone())],
+                    then: Some(
                         LockHandle::new(
                             key,
                             token.clone(),
@@ -226,10 +166,10 @@ impl Lock for GenericLock {
                             UNIX_EPOCH + Duration::from_millis(expires_ms),
                         )
                         .requested_at(sent),
-                    )),
+                    ),
                 })
             })
-            .await?;
+            .await;
         if let Ok(Some(handle)) = &answer {
             tracing::Span::current().record("fence", handle.fence());
             telemetry::lock_acquired();
@@ -238,44 +178,41 @@ impl Lock for GenericLock {
     }
 
     async fn watch_key(&self, key: &str) -> Wake {
-        Wake::watch(self.engine.backend().as_ref(), &self.record_key(key)).await
+        Wake::watch(self.space.engine().backend().as_ref(), &self.space.key(key)).await
     }
 
     #[tracing::instrument(name = "lock.renew", skip_all, fields(
-        key = %handle.key, store = self.engine.backend().store_name(), fence = handle.fence,
+        key = %handle.key, store = self.space.engine().backend().store_name(), fence = handle.fence,
     ))]
     async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
         validate_lock_input(&handle.key, handle.ttl)?;
-        let record_key = self.record_key(&handle.key);
-        let now = self.clock.now_millis();
+        let record_key = self.space.key(&handle.key);
+        let now = self.space.now_millis();
         let keys = [record_key.clone()];
-        let renewed = self
-            .engine
-            .decide::<Result<(), LockError>, LockError, _>(&keys, |view| {
-                let record = match Self::decode(view, &record_key) {
-                    Ok(record) => record,
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                };
+        let renewed = self.space
+            .engine()
+            .decide(&keys, |view| {
+                let record = LockRecord::read(view, &record_key)?;
                 if let Some(reason) = Self::why_not_held(handle, record.as_ref(), now) {
-                    return Ok(Decision::Return(Err(Self::lost(handle, reason))));
+                    return Err(Self::lost(handle, reason));
                 }
                 let record = record.expect("held implies a record");
                 let current = record.holder.as_ref().map_or(0, |h| h.expires_ms);
-                let renewed = LockRecord {
+                let mut renewed = LockRecord {
                     fence: record.fence,
                     holder: Some(Holder {
                         token: handle.token.clone(),
                         // A clock stepping back must not shorten a lease it already granted.
-                        expires_ms: now.saturating_add(millis(handle.ttl)).max(current),
+                        expires_ms: now.saturating_add(whole_millis(handle.ttl)).max(current),
                     }),
-                    nonce: mint_token(),
+                    nonce: Nonce::default(),
                 };
                 Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(record_key.clone(), Self::encode(&renewed))],
-                    then: Ok(()),
+                    mutations: vec![renewed.put(record_key.clone())],
+                    then: (),
                 })
             })
-            .await?;
+            .await;
         if let Err(error) = &renewed {
             telemetry::lock_lost_if(error);
         }
@@ -283,35 +220,32 @@ impl Lock for GenericLock {
     }
 
     #[tracing::instrument(name = "lock.release", skip_all, fields(
-        key = %handle.key, store = self.engine.backend().store_name(), fence = handle.fence,
+        key = %handle.key, store = self.space.engine().backend().store_name(), fence = handle.fence,
     ))]
     async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
         validate_lock_input(&handle.key, handle.ttl)?;
-        let record_key = self.record_key(&handle.key);
-        let now = self.clock.now_millis();
+        let record_key = self.space.key(&handle.key);
+        let now = self.space.now_millis();
         let keys = [record_key.clone()];
-        self.engine
-            .decide::<Result<(), LockError>, LockError, _>(&keys, |view| {
-                let record = match Self::decode(view, &record_key) {
-                    Ok(record) => record,
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                };
+        self.space.engine()
+            .decide(&keys, |view| {
+                let record = LockRecord::read(view, &record_key)?;
                 if let Some(reason) = Self::why_not_held(&handle, record.as_ref(), now) {
-                    return Ok(Decision::Return(Err(Self::lost(&handle, reason))));
+                    return Err(Self::lost(&handle, reason));
                 }
                 let record = record.expect("held implies a record");
                 // The record stays: its fence counter must survive the release.
-                let released = LockRecord {
+                let mut released = LockRecord {
                     fence: record.fence,
                     holder: None,
-                    nonce: mint_token(),
+                    nonce: Nonce::default(),
                 };
                 Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(record_key.clone(), Self::encode(&released))],
-                    then: Ok(()),
+                    mutations: vec![released.put(record_key.clone())],
+                    then: (),
                 })
             })
-            .await?
+            .await
     }
 }
 
@@ -335,24 +269,23 @@ pub struct LockStatus {
 impl GenericLock {
     /// The prefix of this lock's records in the backend's namespace (`lock/` by default).
     pub fn key_prefix(&self) -> &str {
-        &self.prefix
+        self.space.prefix()
     }
 
     /// What the store holds for `key`: one consistent read, for inspection
     /// only (never a basis for a decision). `Ok(None)`: never locked.
     pub async fn status(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
         validate_lock_input(key, Duration::from_millis(1))?;
-        let record_key = self.record_key(key);
-        let entries = self
-            .engine
+        let record_key = self.space.key(key);
+        let entries = self.space
+            .engine()
             .snapshot(std::slice::from_ref(&record_key))
             .await?;
         let Some(bytes) = entries.first().and_then(|e| e.value.as_deref()) else {
             return Ok(None);
         };
-        let record: LockRecord = serde_json::from_slice(bytes)
-            .map_err(|e| Error::malformed(&record_key, format!("not a lock record: {e}")))?;
-        let now = self.clock.now_millis();
+        let record = LockRecord::from_bytes(&record_key, bytes)?;
+        let now = self.space.now_millis();
         Ok(Some(LockStatus {
             key: key.to_owned(),
             fence: record.fence,
@@ -368,7 +301,7 @@ impl GenericLock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use coord_backend::{BackendExt, InvalidInput, ManualClock};
+    use coord_backend::{BackendExt, Error, InvalidInput, ManualClock};
     use coord_memory::SingleProcessMemoryBackend;
 
     fn lock_with_clock(backend: Arc<dyn Backend>, clock: Arc<ManualClock>) -> GenericLock {

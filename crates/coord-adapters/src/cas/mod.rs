@@ -54,6 +54,12 @@ use std::time::Duration;
 
 use coord_backend::{Assert, Backend, Entry, Error, InvalidInput, Mutation, TxnOutcome, Version};
 
+mod record;
+mod space;
+pub use record::{whole_millis, Nonce, Record};
+pub(crate) use space::record_options;
+pub use space::RecordSpace;
+
 /// Tuning of a [`CasEngine`].
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -117,6 +123,34 @@ pub enum Decision<T> {
     },
     /// The decision needs more keys (e.g. task dependencies): add them and decide again.
     Expand(Vec<String>),
+}
+
+impl<T> Decision<T> {
+    /// The same decision with its answer mapped by `f`.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Decision<U> {
+        match self {
+            Decision::Return(answer) => Decision::Return(f(answer)),
+            Decision::Commit { mutations, then } => Decision::Commit {
+                mutations,
+                then: f(then),
+            },
+            Decision::CommitWithUnasserted {
+                mutations,
+                unasserted,
+                then,
+            } => Decision::CommitWithUnasserted {
+                mutations,
+                unasserted,
+                then: f(then),
+            },
+            Decision::Expand(keys) => Decision::Expand(keys),
+        }
+    }
+
+    /// Write `mutations`, then answer `then` (a [`Decision::Commit`]).
+    pub fn commit(mutations: Vec<Mutation>, then: T) -> Self {
+        Decision::Commit { mutations, then }
+    }
 }
 
 /// The keys a decision sees, as of one read (or a best guess the txn will verify).
@@ -254,7 +288,13 @@ impl CasEngine {
     /// `decide` is called with a view of `keys` (plus any keys it asked for
     /// with [`Decision::Expand`]) and may be called several times: it must
     /// be a pure function of the view (and of values it captured, such as
-    /// the time and a minted token). Its own errors end the loop unchanged.
+    /// the time and a minted token).
+    ///
+    /// An error of `decide` is a **refusal**: an answer like
+    /// [`Decision::Return`], so it is confirmed against the store before it
+    /// is returned unless the view was one consistent read (a remembered
+    /// record may be stale; a refusal decided on it is decided again on the
+    /// truth). A decision refuses with `?` or `return Err(..)`.
     pub async fn decide<T, E, F>(&self, keys: &[String], mut decide: F) -> Result<T, E>
     where
         F: FnMut(&View) -> Result<Decision<T>, E>,
@@ -272,7 +312,11 @@ impl CasEngine {
         let mut rejections = 0u32;
         let mut expansions = 0u32;
         loop {
-            let (decision, unasserted) = match decide(&view)? {
+            let decided = match decide(&view) {
+                Ok(decision) => decision.map(Ok),
+                Err(refusal) => Decision::Return(Err(refusal)),
+            };
+            let (decision, unasserted) = match decided {
                 Decision::CommitWithUnasserted {
                     mutations,
                     unasserted,
@@ -308,11 +352,11 @@ impl CasEngine {
                         consistent = true;
                     }
                 }
-                Decision::Return(answer) if consistent => return Ok(answer),
+                Decision::Return(answer) if consistent => return answer,
                 Decision::Return(answer) => {
                     // Confirm the guessed view with an assert-only txn.
                     match self.commit(&mut view, &[]).await {
-                        Ok(true) => return Ok(answer),
+                        Ok(true) => return answer,
                         Ok(false) => {
                             consistent = true;
                             self.after_rejection(&mut rejections).await?;
@@ -341,14 +385,14 @@ impl CasEngine {
                         .chain(unasserted.into_iter().filter(|m| !view.contains(m.key())))
                         .collect();
                     match self.commit(&mut view, &mutations).await {
-                        Ok(true) => return Ok(then),
+                        Ok(true) => return then,
                         Ok(false) => {
                             consistent = true;
                             self.after_rejection(&mut rejections).await?;
                         }
                         Err(error) if error.is_indeterminate() => {
                             self.settle(&view.asserts(), &mutations, error).await?;
-                            return Ok(then);
+                            return then;
                         }
                         Err(error) => return Err(error.into()),
                     }

@@ -1,0 +1,125 @@
+//! Typed records: the one way an adapter keeps its state in a value.
+//!
+//! Every adapter stores JSON records and reads them back through
+//! [`Record`]: a malformed value becomes [`Error::Malformed`] naming the key
+//! and what was expected there, and every write goes through
+//! [`Record::put`], which stamps the record's [`Nonce`] afresh. The nonce is
+//! what lets the engine recognise its own bytes after a txn whose answer was
+//! lost (see the [engine's docs](super)): no two writes are byte-identical,
+//! even when they change nothing else.
+
+use std::time::Duration;
+
+use coord_backend::{Error, Mutation};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use super::View;
+use crate::mint_token;
+
+/// A per-write token inside a record (see the [module docs](self)). Its
+/// value means nothing but "this write"; [`Record::put`] replaces it.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Nonce(String);
+
+impl std::fmt::Debug for Nonce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Nonce(..)")
+    }
+}
+
+/// An adapter's record: JSON in the store, with a [`Nonce`] stamped on every write.
+pub trait Record: Serialize + DeserializeOwned {
+    /// What the record is, for the error a malformed value gets ("a lock record").
+    const KIND: &'static str;
+
+    /// The record's nonce, which [`Record::put`] stamps.
+    fn nonce_mut(&mut self) -> &mut Nonce;
+
+    /// The record stored under `key` in `view`; `None` when the key is missing.
+    fn read(view: &View, key: &str) -> Result<Option<Self>, Error> {
+        view.value(key)
+            .map(|bytes| Self::from_bytes(key, bytes))
+            .transpose()
+    }
+
+    /// The record in `bytes`, read from `key`.
+    fn from_bytes(key: &str, bytes: &[u8]) -> Result<Self, Error> {
+        serde_json::from_slice(bytes)
+            .map_err(|e| Error::malformed(key, format!("not {}: {e}", Self::KIND)))
+    }
+
+    /// The record's bytes as they are (no new nonce): for comparisons and tests.
+    fn to_bytes(&self) -> Vec<u8> {
+        // Plain structs with string keys: serializing cannot fail.
+        serde_json::to_vec(self)
+            .unwrap_or_else(|e| panic!("{} does not serialize: {e}", Self::KIND))
+    }
+
+    /// Stamp a fresh nonce and write the record under `key`.
+    fn put(&mut self, key: impl Into<String>) -> Mutation {
+        *self.nonce_mut() = Nonce(mint_token());
+        Mutation::put(key, self.to_bytes())
+    }
+}
+
+/// `d` in whole milliseconds, rounded up (a lease of 0.5 ms lasts 1 ms, not
+/// none) and saturating at `u64::MAX`: how every record stores a length of time.
+pub fn whole_millis(d: Duration) -> u64 {
+    let ms = d.as_millis();
+    let ms = if Duration::from_millis(ms as u64) < d {
+        ms + 1
+    } else {
+        ms
+    };
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Serialize, Deserialize)]
+    struct Probe {
+        n: u64,
+        nonce: Nonce,
+    }
+
+    impl Record for Probe {
+        const KIND: &'static str = "a probe record";
+        fn nonce_mut(&mut self) -> &mut Nonce {
+            &mut self.nonce
+        }
+    }
+
+    #[test]
+    fn every_put_stamps_a_new_nonce() {
+        let mut probe = Probe {
+            n: 1,
+            nonce: Nonce::default(),
+        };
+        let first = probe.put("k");
+        let second = probe.put("k");
+        assert_ne!(first, second, "two writes of the same record must differ");
+        let Mutation::Put { value, .. } = second else {
+            panic!("a put")
+        };
+        assert_eq!(Probe::from_bytes("k", &value).unwrap().n, 1);
+    }
+
+    #[test]
+    fn a_malformed_value_names_its_key_and_kind() {
+        let error = match Probe::from_bytes("p/x", b"{") {
+            Err(error) => error.to_string(),
+            Ok(_) => panic!("read a broken value"),
+        };
+        assert!(error.contains("p/x") && error.contains("a probe record"), "{error}");
+    }
+
+    #[test]
+    fn whole_millis_rounds_up_and_saturates() {
+        assert_eq!(whole_millis(Duration::from_micros(500)), 1);
+        assert_eq!(whole_millis(Duration::from_millis(7)), 7);
+        assert_eq!(whole_millis(Duration::MAX), u64::MAX);
+    }
+}

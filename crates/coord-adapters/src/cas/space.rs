@@ -1,0 +1,145 @@
+//! Where an adapter keeps its records, and the options every adapter shares.
+//!
+//! Each adapter (lock, fair lock, semaphore, read-write lock, election,
+//! board) decides through one [`CasEngine`], judges leases by one
+//! [`Clock`] and keeps its records under one key prefix: a [`RecordSpace`].
+//! Its options struct is made by `record_options!`, so `clock`,
+//! `key_prefix` and `cas` mean the same everywhere, with the same
+//! `with_*` setters.
+
+use std::sync::Arc;
+
+use coord_backend::{Backend, Clock};
+
+use super::{CasEngine, CasOptions, CasStats};
+
+/// An adapter's engine, clock and key prefix (see the [module docs](self)).
+#[derive(Clone, Debug)]
+pub struct RecordSpace {
+    engine: CasEngine,
+    clock: Arc<dyn Clock>,
+    prefix: String,
+}
+
+impl RecordSpace {
+    /// Records under `prefix` in `backend`, decided by an engine tuned by
+    /// `cas`, leases judged by `clock`.
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        cas: CasOptions,
+        clock: Arc<dyn Clock>,
+        prefix: String,
+    ) -> Self {
+        RecordSpace {
+            engine: CasEngine::with_options(backend, cas),
+            clock,
+            prefix,
+        }
+    }
+
+    /// The key of the record named `name`: `<prefix><name>`.
+    pub fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    /// The prefix of every record key.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The engine every decision goes through.
+    pub fn engine(&self) -> &CasEngine {
+        &self.engine
+    }
+
+    /// The backend under the engine.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        self.engine.backend()
+    }
+
+    /// The clock leases are written and judged by.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// Now, by [`RecordSpace::clock`], in milliseconds since the epoch.
+    pub fn now_millis(&self) -> u64 {
+        self.clock.now_millis()
+    }
+
+    /// Store calls made so far (for tests and benchmarks).
+    pub fn stats(&self) -> CasStats {
+        self.engine.stats()
+    }
+}
+
+/// An adapter's options struct: `clock`, `key_prefix` (default `$prefix`)
+/// and `cas`, then the adapter's own fields with their defaults; `Default`
+/// and the `with_clock`, `with_key_prefix` and `with_cas` setters.
+macro_rules! record_options {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident, prefix $prefix:literal {
+            $($(#[$field_meta:meta])* pub $field:ident: $ty:ty = $default:expr,)*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Debug)]
+        #[non_exhaustive]
+        pub struct $name {
+            /// Where expiry is read from (written into records and judged against).
+            pub clock: std::sync::Arc<dyn coord_backend::Clock>,
+            #[doc = concat!("Prefix of the records in the backend's namespace (default `", $prefix, "`): several can share one namespace under different prefixes.")]
+            pub key_prefix: String,
+            /// Tuning of the CAS loop.
+            pub cas: $crate::cas::CasOptions,
+            $($(#[$field_meta])* pub $field: $ty,)*
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                $name {
+                    clock: std::sync::Arc::new(coord_backend::SystemClock),
+                    key_prefix: $prefix.to_owned(),
+                    cas: $crate::cas::CasOptions::default(),
+                    $($field: $default,)*
+                }
+            }
+        }
+
+        impl $name {
+            /// Judge expiry with `clock` (tests inject a `ManualClock`).
+            pub fn with_clock(mut self, clock: std::sync::Arc<dyn coord_backend::Clock>) -> Self {
+                self.clock = clock;
+                self
+            }
+
+            /// Keep the records under another prefix.
+            pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+                self.key_prefix = prefix.into();
+                self
+            }
+
+            /// Tune the CAS loop.
+            pub fn with_cas(mut self, cas: $crate::cas::CasOptions) -> Self {
+                self.cas = cas;
+                self
+            }
+
+            /// The record space these options describe, over `backend`.
+            #[allow(dead_code)]
+            pub(crate) fn space(
+                &self,
+                backend: std::sync::Arc<dyn coord_backend::Backend>,
+            ) -> $crate::cas::RecordSpace {
+                $crate::cas::RecordSpace::new(
+                    backend,
+                    self.cas.clone(),
+                    self.clock.clone(),
+                    self.key_prefix.clone(),
+                )
+            }
+        }
+    };
+}
+pub(crate) use record_options;
