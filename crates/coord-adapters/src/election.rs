@@ -56,14 +56,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use coord_backend::{Backend, Clock, Error, InvalidInput, Mutation, SystemClock};
+use coord_backend::{Backend, Error, InvalidInput};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::cas::{CasEngine, CasOptions, CasStats, Decision, View};
+use crate::cas::{record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace};
 use crate::lock::LostReason;
 use crate::mint_token;
-use crate::rwlock::{fallback_pause, millis};
+use crate::rwlock::fallback_pause;
 use crate::wake::Wake;
 
 /// Errors of [`Election`] operations.
@@ -361,44 +361,16 @@ impl Observer {
     }
 }
 
-/// Options of a [`GenericElection`].
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct ElectionOptions {
-    /// Where expiry is read from.
-    pub clock: Arc<dyn Clock>,
-    /// Prefix of the records (default `election/`).
-    pub key_prefix: String,
-    /// Tuning of the CAS loop.
-    pub cas: CasOptions,
-    /// Longest sleep of a waiting call without a change notification (default 250 ms).
-    pub max_poll: Duration,
-}
-
-impl Default for ElectionOptions {
-    fn default() -> Self {
-        ElectionOptions {
-            clock: Arc::new(SystemClock),
-            key_prefix: "election/".to_owned(),
-            cas: CasOptions::default(),
-            max_poll: Duration::from_millis(250),
-        }
+record_options! {
+    /// Options of a [`GenericElection`].
+    pub struct ElectionOptions, prefix "election/" {
+        /// Longest sleep of a waiting call between two attempts when no change
+        /// notification wakes it (the fallback poll; default 250 ms).
+        pub max_poll: Duration = Duration::from_millis(250),
     }
 }
 
 impl ElectionOptions {
-    /// Judge expiry with `clock` (tests inject a `ManualClock`).
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    /// Keep records under another prefix.
-    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = prefix.into();
-        self
-    }
-
     /// The longest fallback sleep of a waiting call between two attempts.
     pub fn with_max_poll(mut self, max_poll: Duration) -> Self {
         self.max_poll = max_poll.max(Duration::from_millis(1));
@@ -414,7 +386,14 @@ struct ElectionRecord {
     /// The current leader, if any (its lease may have expired).
     leader: Option<LeaderRecord>,
     /// Fresh per write (see the CAS engine on indeterminate txns).
-    nonce: String,
+    nonce: Nonce,
+}
+
+impl Record for ElectionRecord {
+    const KIND: &'static str = "an election record";
+    fn nonce_mut(&mut self) -> &mut Nonce {
+        &mut self.nonce
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -437,9 +416,7 @@ impl Debug for ElectionRecord {
 /// An [`Election`] over any [`Backend`], decided through the [`CasEngine`].
 #[derive(Clone, Debug)]
 pub struct GenericElection {
-    engine: CasEngine,
-    clock: Arc<dyn Clock>,
-    prefix: String,
+    space: RecordSpace,
     max_poll: Duration,
 }
 
@@ -459,39 +436,22 @@ impl GenericElection {
     /// An election service over `backend` with `options`.
     pub fn with_options(backend: Arc<dyn Backend>, options: ElectionOptions) -> Self {
         GenericElection {
-            engine: CasEngine::with_options(backend, options.cas),
-            clock: options.clock,
-            prefix: options.key_prefix,
+            space: options.space(backend),
             max_poll: options.max_poll,
         }
     }
 
     /// The record prefix (`election/` by default).
     pub fn key_prefix(&self) -> &str {
-        &self.prefix
+        self.space.prefix()
     }
 
     /// Store calls made so far.
     pub fn stats(&self) -> CasStats {
-        self.engine.stats()
+        self.space.stats()
     }
 
-    fn record_key(&self, name: &str) -> String {
-        format!("{}{name}", self.prefix)
-    }
 
-    fn decode(view: &View, key: &str) -> Result<Option<ElectionRecord>, Error> {
-        view.value(key)
-            .map(|bytes| {
-                serde_json::from_slice::<ElectionRecord>(bytes)
-                    .map_err(|e| Error::malformed(key, format!("not an election record: {e}")))
-            })
-            .transpose()
-    }
-
-    fn encode(record: &ElectionRecord) -> Vec<u8> {
-        serde_json::to_vec(record).expect("an election record always serializes")
-    }
 
     fn live_leader(name: &str, record: &ElectionRecord, now: u64) -> Option<LeaderInfo> {
         record
@@ -515,21 +475,18 @@ impl GenericElection {
         change: Change<'_>,
     ) -> Result<(), ElectionError> {
         validate_election_input(&leadership.name, &leadership.candidate, leadership.ttl)?;
-        let record_key = self.record_key(&leadership.name);
-        let now = self.clock.now_millis();
+        let record_key = self.space.key(&leadership.name);
+        let now = self.space.now_millis();
         let keys = [record_key.clone()];
-        self.engine
-            .decide::<Result<(), ElectionError>, ElectionError, _>(&keys, |view| {
-                let record = match Self::decode(view, &record_key) {
-                    Ok(record) => record,
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                };
+        self.space.engine()
+            .decide(&keys, |view| {
+                let record = ElectionRecord::read(view, &record_key)?;
                 let lost = |reason| ElectionError::Lost {
                     name: leadership.name.clone(),
                     reason,
                 };
                 let Some(mut record) = record else {
-                    return Ok(Decision::Return(Err(lost(LostReason::NotHeld))));
+                    return Err(lost(LostReason::NotHeld));
                 };
                 let ours = record.term == leadership.term
                     && record
@@ -542,43 +499,35 @@ impl GenericElection {
                     } else {
                         LostReason::NotHeld
                     };
-                    return Ok(Decision::Return(Err(lost(reason))));
+                    return Err(lost(reason));
                 }
                 let leader = record.leader.as_mut().expect("ours implies a leader");
                 if leader.expires_ms <= now {
-                    return Ok(Decision::Return(Err(lost(LostReason::Expired))));
+                    return Err(lost(LostReason::Expired));
                 }
                 match &change {
                     Change::Renew => {
                         leader.expires_ms = now
-                            .saturating_add(millis(leadership.ttl))
+                            .saturating_add(whole_millis(leadership.ttl))
                             .max(leader.expires_ms);
                     }
                     Change::Proclaim(value) => leader.value = (*value).to_owned(),
                     Change::Resign => record.leader = None,
                 }
-                record.nonce = mint_token();
                 Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(record_key.clone(), Self::encode(&record))],
-                    then: Ok(()),
+                    mutations: vec![record.put(&record_key)],
+                    then: (),
                 })
             })
-            .await?
+            .await
     }
 
     async fn read_leader(&self, name: &str) -> Result<Option<LeaderInfo>, ElectionError> {
         validate_election_input(name, "-", Duration::from_millis(1))?;
-        let record_key = self.record_key(name);
-        let entries = self
-            .engine
-            .snapshot(std::slice::from_ref(&record_key))
-            .await?;
-        let Some(bytes) = entries.first().and_then(|e| e.value.as_deref()) else {
-            return Ok(None);
+        let Some(record) = self.space.inspect::<ElectionRecord>(name).await? else {
+        return Ok(None);
         };
-        let record: ElectionRecord = serde_json::from_slice(bytes)
-            .map_err(|e| Error::malformed(&record_key, format!("not an election record: {e}")))?;
-        Ok(Self::live_leader(name, &record, self.clock.now_millis()))
+        Ok(Self::live_leader(name, &record, self.space.now_millis()))
     }
 
     /// What the store holds for `name`, in one consistent read, for
@@ -586,20 +535,13 @@ impl GenericElection {
     /// live leader. `Ok(None)`: no record (never campaigned).
     pub async fn status(&self, name: &str) -> Result<Option<ElectionStatus>, ElectionError> {
         validate_election_input(name, "-", Duration::from_millis(1))?;
-        let record_key = self.record_key(name);
-        let entries = self
-            .engine
-            .snapshot(std::slice::from_ref(&record_key))
-            .await?;
-        let Some(bytes) = entries.first().and_then(|e| e.value.as_deref()) else {
-            return Ok(None);
+        let Some(record) = self.space.inspect::<ElectionRecord>(name).await? else {
+        return Ok(None);
         };
-        let record: ElectionRecord = serde_json::from_slice(bytes)
-            .map_err(|e| Error::malformed(&record_key, format!("not an election record: {e}")))?;
         Ok(Some(ElectionStatus {
             name: name.to_owned(),
             term: record.term,
-            leader: Self::live_leader(name, &record, self.clock.now_millis()),
+            leader: Self::live_leader(name, &record, self.space.now_millis()),
         }))
     }
 }
@@ -636,21 +578,18 @@ impl Election for GenericElection {
         ttl: Duration,
     ) -> Result<Option<Leadership>, ElectionError> {
         validate_election_input(name, candidate, ttl)?;
-        let record_key = self.record_key(name);
+        let record_key = self.space.key(name);
         let sent = Instant::now();
-        let now = self.clock.now_millis();
-        let expires_ms = now.saturating_add(millis(ttl));
+        let now = self.space.now_millis();
+        let expires_ms = now.saturating_add(whole_millis(ttl));
         let token = mint_token();
         let keys = [record_key.clone()];
-        let won = self
-            .engine
-            .decide::<Result<Option<Leadership>, ElectionError>, ElectionError, _>(&keys, |view| {
-                let mut record = match Self::decode(view, &record_key) {
-                    Ok(record) => record.unwrap_or_default(),
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                };
+        let won = self.space
+            .engine()
+            .decide(&keys, |view| {
+                let mut record = ElectionRecord::read(view, &record_key)?.unwrap_or_default();
                 if record.leader.as_ref().is_some_and(|l| l.expires_ms > now) {
-                    return Ok(Decision::Return(Ok(None)));
+                    return Ok(Decision::Return(None));
                 }
                 record.term += 1;
                 record.leader = Some(LeaderRecord {
@@ -659,7 +598,6 @@ impl Election for GenericElection {
                     value: value.to_owned(),
                     expires_ms,
                 });
-                record.nonce = mint_token();
                 let won = Leadership::new(
                     name,
                     candidate,
@@ -670,11 +608,11 @@ impl Election for GenericElection {
                 )
                 .requested_at(sent);
                 Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(record_key.clone(), Self::encode(&record))],
-                    then: Ok(Some(won)),
+                    mutations: vec![record.put(&record_key)],
+                    then: Some(won),
                 })
             })
-            .await?;
+            .await;
         if let Ok(Some(_)) = &won {
             crate::telemetry::election_won();
         }
@@ -693,7 +631,7 @@ impl Election for GenericElection {
         validate_election_input(name, candidate, ttl)?;
         let started = Instant::now();
         let deadline = started + timeout;
-        let mut wake = Wake::watch(self.engine.backend().as_ref(), &self.record_key(name)).await;
+        let mut wake = Wake::watch(self.space.engine().backend().as_ref(), &self.space.key(name)).await;
         let mut attempts = 0u32;
         loop {
             if let Some(won) = self.try_campaign(name, candidate, value, ttl).await? {
@@ -741,7 +679,7 @@ impl Election for GenericElection {
         validate_election_input(name, "-", Duration::from_millis(1))?;
         let started = Instant::now();
         let deadline = started + timeout;
-        let mut wake = Wake::watch(self.engine.backend().as_ref(), &self.record_key(name)).await;
+        let mut wake = Wake::watch(self.space.engine().backend().as_ref(), &self.space.key(name)).await;
         let mut attempts = 0u32;
         loop {
             let now_leader = self.read_leader(name).await?;

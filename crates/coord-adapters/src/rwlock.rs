@@ -65,11 +65,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use coord_backend::{Backend, Clock, Error, Mutation, SystemClock};
+use coord_backend::Backend;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::cas::{CasEngine, CasOptions, CasStats, Decision, View};
+use crate::cas::{record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace};
 use crate::lock::{validate_lock_input, LockError, LockHandle, LostReason};
 use crate::mint_token;
 use crate::wake::Wake;
@@ -212,45 +212,16 @@ pub struct RwStatus {
     pub queued_writers: usize,
 }
 
-/// Options of a [`GenericRwLock`].
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct RwLockOptions {
-    /// Where expiry is read from.
-    pub clock: Arc<dyn Clock>,
-    /// Prefix of the records (default `rwlock/`).
-    pub key_prefix: String,
-    /// Tuning of the CAS loop.
-    pub cas: CasOptions,
-    /// Longest sleep of a waiting call between two attempts when no change
-    /// notification wakes it (the fallback poll; default 250 ms).
-    pub max_poll: Duration,
-}
-
-impl Default for RwLockOptions {
-    fn default() -> Self {
-        RwLockOptions {
-            clock: Arc::new(SystemClock),
-            key_prefix: "rwlock/".to_owned(),
-            cas: CasOptions::default(),
-            max_poll: Duration::from_millis(250),
-        }
+record_options! {
+    /// Options of a [`GenericRwLock`].
+    pub struct RwLockOptions, prefix "rwlock/" {
+        /// Longest sleep of a waiting call between two attempts when no change
+        /// notification wakes it (the fallback poll; default 250 ms).
+        pub max_poll: Duration = Duration::from_millis(250),
     }
 }
 
 impl RwLockOptions {
-    /// Judge expiry with `clock` (tests inject a `ManualClock`).
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    /// Keep records under another prefix.
-    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = prefix.into();
-        self
-    }
-
     /// The longest fallback sleep of a waiting call between two attempts.
     pub fn with_max_poll(mut self, max_poll: Duration) -> Self {
         self.max_poll = max_poll.max(Duration::from_millis(1));
@@ -269,7 +240,14 @@ struct RwRecord {
     #[serde(default)]
     queue: Vec<Queued>,
     /// Fresh per write (see the CAS engine on indeterminate txns).
-    nonce: String,
+    nonce: Nonce,
+}
+
+impl Record for RwRecord {
+    const KIND: &'static str = "a read-write lock record";
+    fn nonce_mut(&mut self) -> &mut Nonce {
+        &mut self.nonce
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone)]
@@ -308,9 +286,7 @@ impl RwRecord {
 /// An [`RwLock`] over any [`Backend`], decided through the [`CasEngine`].
 #[derive(Clone, Debug)]
 pub struct GenericRwLock {
-    engine: CasEngine,
-    clock: Arc<dyn Clock>,
-    prefix: String,
+    space: RecordSpace,
     max_poll: Duration,
 }
 
@@ -318,10 +294,6 @@ pub struct GenericRwLock {
 enum Grant {
     Granted(RwHandle),
     Refused,
-}
-
-pub(crate) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The fallback pause of a waiting call after `attempts` refusals: 5 ms
@@ -342,40 +314,22 @@ impl GenericRwLock {
     /// A read-write lock over `backend` with `options`.
     pub fn with_options(backend: Arc<dyn Backend>, options: RwLockOptions) -> Self {
         GenericRwLock {
-            engine: CasEngine::with_options(backend, options.cas),
-            clock: options.clock,
-            prefix: options.key_prefix,
+            space: options.space(backend),
             max_poll: options.max_poll,
         }
     }
 
     /// The record prefix (`rwlock/` by default).
     pub fn key_prefix(&self) -> &str {
-        &self.prefix
+        self.space.prefix()
     }
 
     /// Store calls made so far.
     pub fn stats(&self) -> CasStats {
-        self.engine.stats()
+        self.space.stats()
     }
 
-    fn record_key(&self, key: &str) -> String {
-        format!("{}{key}", self.prefix)
-    }
 
-    fn decode(view: &View, key: &str) -> Result<Option<RwRecord>, Error> {
-        view.value(key)
-            .map(|bytes| {
-                serde_json::from_slice::<RwRecord>(bytes).map_err(|e| {
-                    Error::malformed(key, format!("not a read-write lock record: {e}"))
-                })
-            })
-            .transpose()
-    }
-
-    fn encode(record: &RwRecord) -> Vec<u8> {
-        serde_json::to_vec(record).expect("a read-write lock record always serializes")
-    }
 
     /// One grant decision. `queued`: the token of this caller's queue entry
     /// when it waits in `write` (a refused waiting writer joins or refreshes
@@ -388,18 +342,15 @@ impl GenericRwLock {
         queued: Option<&str>,
     ) -> Result<Grant, LockError> {
         validate_lock_input(key, ttl)?;
-        let record_key = self.record_key(key);
+        let record_key = self.space.key(key);
         let sent = Instant::now();
-        let now = self.clock.now_millis();
-        let expires_ms = now.saturating_add(millis(ttl));
+        let now = self.space.now_millis();
+        let expires_ms = now.saturating_add(whole_millis(ttl));
         let token = mint_token();
         let keys = [record_key.clone()];
-        self.engine
-            .decide::<Result<Grant, LockError>, LockError, _>(&keys, |view| {
-                let mut record = match Self::decode(view, &record_key) {
-                    Ok(record) => record.unwrap_or_default(),
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                };
+        self.space.engine()
+            .decide(&keys, |view| {
+                let mut record = RwRecord::read(view, &record_key)?.unwrap_or_default();
                 record.prune(now);
                 let first_in_queue = record.queue.first().map(|q| q.token.as_str());
                 let free = match mode {
@@ -414,12 +365,12 @@ impl GenericRwLock {
                 };
                 if !free {
                     let Some(waiter) = queued else {
-                        return Ok(Decision::Return(Ok(Grant::Refused)));
+                        return Ok(Decision::Return(Grant::Refused));
                     };
                     // Join the queue, or refresh an entry past half its lease.
                     match record.queue.iter_mut().find(|q| q.token == waiter) {
-                        Some(q) if q.expires_ms >= now.saturating_add(millis(ttl) / 2) => {
-                            return Ok(Decision::Return(Ok(Grant::Refused)));
+                        Some(q) if q.expires_ms >= now.saturating_add(whole_millis(ttl) / 2) => {
+                            return Ok(Decision::Return(Grant::Refused));
                         }
                         Some(q) => q.expires_ms = expires_ms,
                         None => record.queue.push(Queued {
@@ -427,10 +378,9 @@ impl GenericRwLock {
                             expires_ms,
                         }),
                     }
-                    record.nonce = mint_token();
                     return Ok(Decision::Commit {
-                        mutations: vec![Mutation::put(record_key.clone(), Self::encode(&record))],
-                        then: Ok(Grant::Refused),
+                        mutations: vec![record.put(&record_key)],
+                        then: Grant::Refused,
                     });
                 }
                 if let Some(waiter) = queued {
@@ -443,7 +393,6 @@ impl GenericRwLock {
                     fence: record.fence,
                     expires_ms,
                 });
-                record.nonce = mint_token();
                 let handle = LockHandle::new(
                     key,
                     token.clone(),
@@ -453,29 +402,28 @@ impl GenericRwLock {
                 )
                 .requested_at(sent);
                 Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(record_key.clone(), Self::encode(&record))],
-                    then: Ok(Grant::Granted(RwHandle::new(mode, handle))),
+                    mutations: vec![record.put(&record_key)],
+                    then: Grant::Granted(RwHandle::new(mode, handle)),
                 })
             })
-            .await?
+            .await
     }
 
     /// Leave the write queue (best effort: an entry left behind expires).
     async fn leave_queue(&self, key: &str, waiter: &str) -> Result<(), LockError> {
-        let record_key = self.record_key(key);
+        let record_key = self.space.key(key);
         let keys = [record_key.clone()];
-        self.engine
+        self.space.engine()
             .decide::<(), LockError, _>(&keys, |view| {
-                let Ok(Some(mut record)) = Self::decode(view, &record_key) else {
+                let Ok(Some(mut record)) = RwRecord::read(view, &record_key) else {
                     return Ok(Decision::Return(()));
                 };
                 if !record.queue.iter().any(|q| q.token == waiter) {
                     return Ok(Decision::Return(()));
                 }
                 record.queue.retain(|q| q.token != waiter);
-                record.nonce = mint_token();
                 Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(record_key.clone(), Self::encode(&record))],
+                    mutations: vec![record.put(&record_key)],
                     then: (),
                 })
             })
@@ -493,7 +441,7 @@ impl GenericRwLock {
         let started = Instant::now();
         let deadline = started + timeout;
         // Watch first, read second, wait third (see `Wake`).
-        let mut wake = Wake::watch(self.engine.backend().as_ref(), &self.record_key(key)).await;
+        let mut wake = Wake::watch(self.space.engine().backend().as_ref(), &self.space.key(key)).await;
         let waiter = (mode == RwMode::Write).then(mint_token);
         let mut attempts = 0u32;
         loop {
@@ -558,36 +506,32 @@ impl GenericRwLock {
     /// Renew (`Some(now)`) or release (`None`) the grant of `handle`.
     async fn change_holder(&self, handle: &RwHandle, renew: bool) -> Result<(), LockError> {
         validate_lock_input(handle.key(), handle.ttl())?;
-        let record_key = self.record_key(handle.key());
-        let now = self.clock.now_millis();
+        let record_key = self.space.key(handle.key());
+        let now = self.space.now_millis();
         let keys = [record_key.clone()];
-        self.engine
-            .decide::<Result<(), LockError>, LockError, _>(&keys, |view| {
-                let record = match Self::decode(view, &record_key) {
-                    Ok(record) => record,
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                };
+        self.space.engine()
+            .decide(&keys, |view| {
+                let record = RwRecord::read(view, &record_key)?;
                 if let Some(reason) = Self::why_not_held(handle, record.as_ref(), now) {
-                    return Ok(Decision::Return(Err(Self::lost(handle, reason))));
+                    return Err(Self::lost(handle, reason));
                 }
                 let mut record = record.expect("held implies a record");
                 let token = handle.lease.token();
                 if renew {
                     for h in record.holders.iter_mut().filter(|h| h.token == token) {
                         // A clock stepping back must not shorten a granted lease.
-                        h.expires_ms = now.saturating_add(millis(handle.ttl())).max(h.expires_ms);
+                        h.expires_ms = now.saturating_add(whole_millis(handle.ttl())).max(h.expires_ms);
                     }
                 } else {
                     record.holders.retain(|h| h.token != token);
                 }
                 record.prune(now);
-                record.nonce = mint_token();
                 Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(record_key.clone(), Self::encode(&record))],
-                    then: Ok(()),
+                    mutations: vec![record.put(&record_key)],
+                    then: (),
                 })
             })
-            .await?
+            .await
     }
 }
 
@@ -651,18 +595,10 @@ impl RwLock for GenericRwLock {
 
     async fn status(&self, key: &str) -> Result<Option<RwStatus>, LockError> {
         validate_lock_input(key, Duration::from_millis(1))?;
-        let record_key = self.record_key(key);
-        let entries = self
-            .engine
-            .snapshot(std::slice::from_ref(&record_key))
-            .await?;
-        let Some(bytes) = entries.first().and_then(|e| e.value.as_deref()) else {
-            return Ok(None);
+        let Some(record) = self.space.inspect::<RwRecord>(key).await? else {
+        return Ok(None);
         };
-        let record: RwRecord = serde_json::from_slice(bytes).map_err(|e| {
-            Error::malformed(&record_key, format!("not a read-write lock record: {e}"))
-        })?;
-        let now = self.clock.now_millis();
+        let now = self.space.now_millis();
         Ok(Some(RwStatus {
             key: key.to_owned(),
             fence: record.fence,

@@ -38,9 +38,12 @@ pub trait Record: Serialize + DeserializeOwned {
 
     /// The record stored under `key` in `view`; `None` when the key is missing.
     fn read(view: &View, key: &str) -> Result<Option<Self>, Error> {
-        view.value(key)
-            .map(|bytes| Self::from_bytes(key, bytes))
-            .transpose()
+        Self::from_value(key, view.value(key))
+    }
+
+    /// The record in an entry's value read from `key`; `None` when missing.
+    fn from_value(key: &str, value: Option<&[u8]>) -> Result<Option<Self>, Error> {
+        value.map(|bytes| Self::from_bytes(key, bytes)).transpose()
     }
 
     /// The record in `bytes`, read from `key`.

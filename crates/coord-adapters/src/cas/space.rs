@@ -9,9 +9,9 @@
 
 use std::sync::Arc;
 
-use coord_backend::{Backend, Clock};
+use coord_backend::{Backend, Clock, Error};
 
-use super::{CasEngine, CasOptions, CasStats};
+use super::{CasEngine, CasOptions, CasStats, Record};
 
 /// An adapter's engine, clock and key prefix (see the [module docs](self)).
 #[derive(Clone, Debug)]
@@ -65,6 +65,14 @@ impl RecordSpace {
     /// Now, by [`RecordSpace::clock`], in milliseconds since the epoch.
     pub fn now_millis(&self) -> u64 {
         self.clock.now_millis()
+    }
+
+    /// The record named `name`, by one consistent read: for inspection
+    /// (status pages, `coordctl`), never a basis for a decision. `None`: no record.
+    pub async fn inspect<R: Record>(&self, name: &str) -> Result<Option<R>, Error> {
+        let key = self.key(name);
+        let entries = self.engine.snapshot(std::slice::from_ref(&key)).await?;
+        R::from_value(&key, entries.first().and_then(|e| e.value.as_deref()))
     }
 
     /// Store calls made so far (for tests and benchmarks).

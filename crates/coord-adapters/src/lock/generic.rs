@@ -276,15 +276,9 @@ impl GenericLock {
     /// only (never a basis for a decision). `Ok(None)`: never locked.
     pub async fn status(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
         validate_lock_input(key, Duration::from_millis(1))?;
-        let record_key = self.space.key(key);
-        let entries = self.space
-            .engine()
-            .snapshot(std::slice::from_ref(&record_key))
-            .await?;
-        let Some(bytes) = entries.first().and_then(|e| e.value.as_deref()) else {
-            return Ok(None);
+        let Some(record) = self.space.inspect::<LockRecord>(key).await? else {
+        return Ok(None);
         };
-        let record = LockRecord::from_bytes(&record_key, bytes)?;
         let now = self.space.now_millis();
         Ok(Some(LockStatus {
             key: key.to_owned(),

@@ -42,12 +42,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use coord_backend::{Backend, Clock, Error, InvalidInput, Mutation, SystemClock};
+use coord_backend::{Backend, InvalidInput};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::{validate_lock_input, LockError, LockHandle, LostReason, WaitOptions};
-use crate::cas::{CasEngine, CasOptions, CasStats, Decision, View};
+use crate::cas::{record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace};
 use crate::wake::Wake;
 use crate::{mint_token, telemetry};
 
@@ -120,46 +120,9 @@ pub trait Semaphore: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// Options of a [`GenericSemaphore`].
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct SemaphoreOptions {
-    /// Where expiry is read from.
-    pub clock: Arc<dyn Clock>,
-    /// Prefix of the records in the backend's namespace (default `sem/`).
-    pub key_prefix: String,
-    /// Tuning of the CAS loop.
-    pub cas: CasOptions,
-}
-
-impl Default for SemaphoreOptions {
-    fn default() -> Self {
-        SemaphoreOptions {
-            clock: Arc::new(SystemClock),
-            key_prefix: "sem/".to_owned(),
-            cas: CasOptions::default(),
-        }
-    }
-}
-
-impl SemaphoreOptions {
-    /// Judge expiry with `clock` (tests inject a `ManualClock`).
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    /// Keep the records under another prefix.
-    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = prefix.into();
-        self
-    }
-
-    /// Tune the CAS loop.
-    pub fn with_cas(mut self, cas: CasOptions) -> Self {
-        self.cas = cas;
-        self
-    }
+record_options! {
+    /// Options of a [`GenericSemaphore`].
+    pub struct SemaphoreOptions, prefix "sem/" {}
 }
 
 /// A [`Semaphore`] over any [`Backend`]: one record per key, decided
@@ -167,9 +130,7 @@ impl SemaphoreOptions {
 /// one txn each once the engine has seen the key.
 #[derive(Clone, Debug)]
 pub struct GenericSemaphore {
-    engine: CasEngine,
-    clock: Arc<dyn Clock>,
-    prefix: String,
+    space: RecordSpace,
 }
 
 /// Places kept in one key's line (see the module docs).
@@ -183,7 +144,14 @@ struct SemRecord {
     /// The line, first come first; absent in records of earlier versions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     waiters: Vec<SemWaiter>,
-    nonce: String,
+    nonce: Nonce,
+}
+
+impl Record for SemRecord {
+    const KIND: &'static str = "a semaphore record";
+    fn nonce_mut(&mut self) -> &mut Nonce {
+        &mut self.nonce
+    }
 }
 
 /// One place in a key's line: the waiting call's id and its place's lease.
@@ -236,13 +204,6 @@ pub struct PermitStatus {
     pub live: bool,
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-fn encode(record: &SemRecord) -> Vec<u8> {
-    serde_json::to_vec(record).expect("a semaphore record always serializes")
-}
 
 /// A new permit for `token` (`key`, its TTL, lease end and when it was
 /// requested) beside the live `holders` and `waiters` of `record`: the
@@ -266,7 +227,7 @@ fn grant(
         permits,
         holders,
         waiters,
-        nonce: mint_token(),
+        nonce: Nonce::default(),
     };
     let permit = Permit::new(
         key,
@@ -280,11 +241,8 @@ fn grant(
 }
 
 /// The decision writing `record` under `record_key`, answering `then`.
-fn put<T>(record_key: &str, record: &SemRecord, then: T) -> Decision<T> {
-    Decision::Commit {
-        mutations: vec![Mutation::put(record_key.to_owned(), encode(record))],
-        then,
-    }
+fn put<T>(record_key: &str, mut record: SemRecord, then: T) -> Decision<T> {
+    Decision::commit(vec![record.put(record_key)], then)
 }
 
 impl SemRecord {
@@ -302,7 +260,7 @@ impl SemRecord {
                 .into_iter()
                 .filter(|w| w.expires_ms > now && Some(w.id.as_str()) != id)
                 .collect(),
-            nonce: mint_token(),
+            nonce: Nonce::default(),
             ..self
         }
     }
@@ -317,32 +275,18 @@ impl GenericSemaphore {
     /// A semaphore over `backend` with `options`.
     pub fn with_options(backend: Arc<dyn Backend>, options: SemaphoreOptions) -> Self {
         GenericSemaphore {
-            engine: CasEngine::with_options(backend, options.cas),
-            clock: options.clock,
-            prefix: options.key_prefix,
+            space: options.space(backend),
         }
     }
 
     /// Store calls made so far.
     pub fn stats(&self) -> CasStats {
-        self.engine.stats()
+        self.space.stats()
     }
 
     /// The prefix of this semaphore's records (`sem/` by default).
     pub fn key_prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    fn record_key(&self, key: &str) -> String {
-        format!("{}{key}", self.prefix)
-    }
-
-    fn decode(view: &View, key: &str) -> Result<SemRecord, Error> {
-        match view.value(key) {
-            None => Ok(SemRecord::default()),
-            Some(bytes) => serde_json::from_slice(bytes)
-                .map_err(|e| Error::malformed(key, format!("not a semaphore record: {e}"))),
-        }
+        self.space.prefix()
     }
 
     /// Why `permit` is not held in `record` (None = held, lease live).
@@ -365,17 +309,10 @@ impl GenericSemaphore {
     /// `Ok(None)`: never used.
     pub async fn status(&self, key: &str) -> Result<Option<SemaphoreStatus>, LockError> {
         validate_lock_input(key, Duration::from_millis(1))?;
-        let record_key = self.record_key(key);
-        let entries = self
-            .engine
-            .snapshot(std::slice::from_ref(&record_key))
-            .await?;
-        let Some(bytes) = entries.first().and_then(|e| e.value.as_deref()) else {
-            return Ok(None);
+        let Some(record) = self.space.inspect::<SemRecord>(key).await? else {
+        return Ok(None);
         };
-        let record: SemRecord = serde_json::from_slice(bytes)
-            .map_err(|e| Error::malformed(&record_key, format!("not a semaphore record: {e}")))?;
-        let now = self.clock.now_millis();
+        let now = self.space.now_millis();
         Ok(Some(SemaphoreStatus {
             key: key.to_owned(),
             fence: record.fence,
@@ -404,22 +341,16 @@ impl GenericSemaphore {
         ttl: Duration,
         id: &str,
     ) -> Result<Attempt, LockError> {
-        let record_key = self.record_key(key);
+        let record_key = self.space.key(key);
         let sent = Instant::now();
-        let now = self.clock.now_millis();
-        let expires_ms = now.saturating_add(millis(ttl));
+        let now = self.space.now_millis();
+        let expires_ms = now.saturating_add(whole_millis(ttl));
         let token = mint_token();
         let keys = [record_key.clone()];
-        self.engine
-            .decide::<Result<Attempt, LockError>, LockError, _>(&keys, |view| {
-                let record = match Self::decode(view, &record_key) {
-                    Ok(record) => record,
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                };
-                let (holders, mut waiters) = match Self::live(&record, permits, now) {
-                    Ok(live) => live,
-                    Err(refused) => return Ok(Decision::Return(Err(refused))),
-                };
+        self.space.engine()
+            .decide(&keys, |view| {
+                let record = SemRecord::read(view, &record_key)?.unwrap_or_default();
+                let (holders, mut waiters) = Self::live(&record, permits, now)?;
                 let free = (permits as usize).saturating_sub(holders.len());
                 let place = waiters.iter().position(|w| w.id == id);
                 let served = match place {
@@ -436,17 +367,17 @@ impl GenericSemaphore {
                         &token,
                         (key, ttl, expires_ms, sent),
                     );
-                    return Ok(put(&record_key, &granted, Ok(Attempt::Granted(permit))));
+                    return Ok(put(&record_key, granted, Attempt::Granted(permit)));
                 }
-                let renew_from = now.saturating_add(millis(ttl) / 2);
+                let renew_from = now.saturating_add(whole_millis(ttl) / 2);
                 match place {
                     // In line, with enough lease left: nothing to write.
                     Some(i) if waiters[i].expires_ms > renew_from => {
-                        return Ok(Decision::Return(Ok(Attempt::Waiting)))
+                        return Ok(Decision::Return(Attempt::Waiting))
                     }
                     Some(i) => waiters[i].expires_ms = expires_ms,
                     None if waiters.len() >= MAX_WAITERS => {
-                        return Ok(Decision::Return(Ok(Attempt::Waiting)))
+                        return Ok(Decision::Return(Attempt::Waiting))
                     }
                     None => waiters.push(SemWaiter {
                         id: id.to_owned(),
@@ -456,32 +387,29 @@ impl GenericSemaphore {
                 let queued = SemRecord {
                     holders,
                     waiters,
-                    nonce: mint_token(),
+                    nonce: Nonce::default(),
                     ..record
                 };
-                Ok(put(&record_key, &queued, Ok(Attempt::Waiting)))
+                Ok(put(&record_key, queued, Attempt::Waiting))
             })
-            .await?
+            .await
     }
 
     /// The waiter `id` gives up: its place goes (nothing to do when it has none).
     async fn leave(&self, key: &str, id: &str) -> Result<(), LockError> {
-        let record_key = self.record_key(key);
-        let now = self.clock.now_millis();
+        let record_key = self.space.key(key);
+        let now = self.space.now_millis();
         let keys = [record_key.clone()];
-        self.engine
-            .decide::<Result<(), LockError>, LockError, _>(&keys, |view| {
-                let record = match Self::decode(view, &record_key) {
-                    Ok(record) => record,
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                };
+        self.space.engine()
+            .decide(&keys, |view| {
+                let record = SemRecord::read(view, &record_key)?.unwrap_or_default();
                 if !record.waiters.iter().any(|w| w.id == id) {
-                    return Ok(Decision::Return(Ok(())));
+                    return Ok(Decision::Return(()));
                 }
                 let left = record.pruned(now, None, Some(id));
-                Ok(put(&record_key, &left, Ok(())))
+                Ok(put(&record_key, left, ()))
             })
-            .await?
+            .await
     }
 
     /// The live permits and places of `record`, or why `permits` is refused.
@@ -515,7 +443,7 @@ impl GenericSemaphore {
 #[async_trait]
 impl Semaphore for GenericSemaphore {
     #[tracing::instrument(name = "semaphore.try_acquire", skip_all, fields(
-        key = %key, store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+        key = %key, store = self.space.engine().backend().store_name(), fence = tracing::field::Empty,
     ))]
     async fn try_acquire(
         &self,
@@ -529,26 +457,20 @@ impl Semaphore for GenericSemaphore {
                 "a semaphore needs at least 1 permit".into(),
             )));
         }
-        let record_key = self.record_key(key);
+        let record_key = self.space.key(key);
         let sent = Instant::now();
-        let now = self.clock.now_millis();
-        let expires_ms = now.saturating_add(millis(ttl));
+        let now = self.space.now_millis();
+        let expires_ms = now.saturating_add(whole_millis(ttl));
         let token = mint_token();
         let keys = [record_key.clone()];
-        let answer = self
-            .engine
-            .decide::<Result<Option<Permit>, LockError>, LockError, _>(&keys, |view| {
-                let record = match Self::decode(view, &record_key) {
-                    Ok(record) => record,
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                };
-                let (live, waiters) = match Self::live(&record, permits, now) {
-                    Ok(live) => live,
-                    Err(refused) => return Ok(Decision::Return(Err(refused))),
-                };
+        let answer = self.space
+            .engine()
+            .decide(&keys, |view| {
+                let record = SemRecord::read(view, &record_key)?.unwrap_or_default();
+                let (live, waiters) = Self::live(&record, permits, now)?;
                 // Never ahead of a live waiter in line.
                 if live.len() + waiters.len() >= permits as usize {
-                    return Ok(Decision::Return(Ok(None)));
+                    return Ok(Decision::Return(None));
                 }
                 let (granted, permit) = grant(
                     &record,
@@ -558,9 +480,9 @@ impl Semaphore for GenericSemaphore {
                     &token,
                     (key, ttl, expires_ms, sent),
                 );
-                Ok(put(&record_key, &granted, Ok(Some(permit))))
+                Ok(put(&record_key, granted, Some(permit)))
             })
-            .await?;
+            .await;
         if let Ok(Some(permit)) = &answer {
             tracing::Span::current().record("fence", permit.fence());
         }
@@ -568,22 +490,19 @@ impl Semaphore for GenericSemaphore {
     }
 
     #[tracing::instrument(name = "semaphore.renew", skip_all, fields(
-        key = %permit.key(), store = self.engine.backend().store_name(), fence = permit.fence(),
+        key = %permit.key(), store = self.space.engine().backend().store_name(), fence = permit.fence(),
     ))]
     async fn renew(&self, permit: &Permit) -> Result<(), LockError> {
         validate_lock_input(permit.key(), permit.ttl())?;
-        let record_key = self.record_key(permit.key());
-        let now = self.clock.now_millis();
+        let record_key = self.space.key(permit.key());
+        let now = self.space.now_millis();
         let keys = [record_key.clone()];
-        let renewed = self
-            .engine
-            .decide::<Result<(), LockError>, LockError, _>(&keys, |view| {
-                let record = match Self::decode(view, &record_key) {
-                    Ok(record) => record,
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                };
+        let renewed = self.space
+            .engine()
+            .decide(&keys, |view| {
+                let record = SemRecord::read(view, &record_key)?.unwrap_or_default();
                 if let Some(reason) = Self::why_not_held(permit, &record, now) {
-                    return Ok(Decision::Return(Err(Self::lost(permit, reason))));
+                    return Err(Self::lost(permit, reason));
                 }
                 let holders = record
                     .holders
@@ -593,19 +512,19 @@ impl Semaphore for GenericSemaphore {
                         let mut h = h.clone();
                         if h.token == permit.token() {
                             h.expires_ms =
-                                now.saturating_add(millis(permit.ttl())).max(h.expires_ms);
+                                now.saturating_add(whole_millis(permit.ttl())).max(h.expires_ms);
                         }
                         h
                     })
                     .collect();
                 let renewed = SemRecord {
                     holders,
-                    nonce: mint_token(),
+                    nonce: Nonce::default(),
                     ..record
                 };
-                Ok(put(&record_key, &renewed, Ok(())))
+                Ok(put(&record_key, renewed, ()))
             })
-            .await?;
+            .await;
         if let Err(error) = &renewed {
             telemetry::lock_lost_if(error);
         }
@@ -613,31 +532,28 @@ impl Semaphore for GenericSemaphore {
     }
 
     #[tracing::instrument(name = "semaphore.release", skip_all, fields(
-        key = %permit.key(), store = self.engine.backend().store_name(), fence = permit.fence(),
+        key = %permit.key(), store = self.space.engine().backend().store_name(), fence = permit.fence(),
     ))]
     async fn release(&self, permit: Permit) -> Result<(), LockError> {
         validate_lock_input(permit.key(), permit.ttl())?;
-        let record_key = self.record_key(permit.key());
-        let now = self.clock.now_millis();
+        let record_key = self.space.key(permit.key());
+        let now = self.space.now_millis();
         let keys = [record_key.clone()];
-        self.engine
-            .decide::<Result<(), LockError>, LockError, _>(&keys, |view| {
-                let record = match Self::decode(view, &record_key) {
-                    Ok(record) => record,
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                };
+        self.space.engine()
+            .decide(&keys, |view| {
+                let record = SemRecord::read(view, &record_key)?.unwrap_or_default();
                 if let Some(reason) = Self::why_not_held(&permit, &record, now) {
-                    return Ok(Decision::Return(Err(Self::lost(&permit, reason))));
+                    return Err(Self::lost(&permit, reason));
                 }
                 // The record stays, to keep the fence.
                 let released = record.pruned(now, Some(permit.token()), None);
-                Ok(put(&record_key, &released, Ok(())))
+                Ok(put(&record_key, released, ()))
             })
-            .await?
+            .await
     }
 
     async fn watch_key(&self, key: &str) -> Wake {
-        Wake::watch(self.engine.backend().as_ref(), &self.record_key(key)).await
+        Wake::watch(self.space.engine().backend().as_ref(), &self.space.key(key)).await
     }
 
     async fn queued(&self, key: &str) -> Result<Option<usize>, LockError> {
@@ -649,7 +565,7 @@ impl Semaphore for GenericSemaphore {
     /// and before the place's lease needs renewing. A call that gives up
     /// (timeout, error) leaves the line.
     #[tracing::instrument(name = "semaphore.acquire", skip_all, fields(
-        key = %key, store = self.engine.backend().store_name(),
+        key = %key, store = self.space.engine().backend().store_name(),
     ))]
     async fn acquire(
         &self,

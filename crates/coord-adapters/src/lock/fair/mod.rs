@@ -53,11 +53,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use coord_backend::{Backend, Clock, Error, Mutation, SystemClock};
+use coord_backend::Backend;
 use tokio::time::Instant;
 
 use super::{validate_lock_input, Lock, LockError, LockHandle, WaitOptions};
-use crate::cas::{CasEngine, CasOptions, CasStats, Decision};
+use crate::cas::{record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace};
 use crate::wake::Wake;
 use crate::{mint_token, telemetry};
 
@@ -71,46 +71,9 @@ use records::*;
 /// more keys than a store accepts).
 const LOOKAHEAD: usize = 16;
 
-/// Options of a [`FairLock`].
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct FairLockOptions {
-    /// Where expiry is read from (holder leases and ticket leases).
-    pub clock: Arc<dyn Clock>,
-    /// Prefix of the records in the backend's namespace (default `fairlock/`).
-    pub key_prefix: String,
-    /// Tuning of the CAS loop.
-    pub cas: CasOptions,
-}
-
-impl Default for FairLockOptions {
-    fn default() -> Self {
-        FairLockOptions {
-            clock: Arc::new(SystemClock),
-            key_prefix: "fairlock/".to_owned(),
-            cas: CasOptions::default(),
-        }
-    }
-}
-
-impl FairLockOptions {
-    /// Judge expiry with `clock` (tests inject a `ManualClock`).
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    /// Keep the records under another prefix.
-    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = prefix.into();
-        self
-    }
-
-    /// Tune the CAS loop.
-    pub fn with_cas(mut self, cas: CasOptions) -> Self {
-        self.cas = cas;
-        self
-    }
+record_options! {
+    /// Options of a [`FairLock`].
+    pub struct FairLockOptions, prefix "fairlock/" {}
 }
 
 /// A fair (FIFO) [`Lock`] over any [`Backend`] (see the [module docs](self)).
@@ -120,9 +83,7 @@ impl FairLockOptions {
 /// [`super::LockGuard`] works with it like with any `Lock`.
 #[derive(Clone, Debug)]
 pub struct FairLock {
-    engine: CasEngine,
-    clock: Arc<dyn Clock>,
-    prefix: String,
+    space: RecordSpace,
 }
 
 /// What the store holds for one fair lock (see [`FairLock::status`]). Never
@@ -163,20 +124,18 @@ impl FairLock {
     /// A fair lock over `backend` with `options`.
     pub fn with_options(backend: Arc<dyn Backend>, options: FairLockOptions) -> Self {
         FairLock {
-            engine: CasEngine::with_options(backend, options.cas),
-            clock: options.clock,
-            prefix: options.key_prefix,
+            space: options.space(backend),
         }
     }
 
     /// Store calls made so far (for tests and benchmarks).
     pub fn stats(&self) -> CasStats {
-        self.engine.stats()
+        self.space.stats()
     }
 
     /// The prefix of this lock's records (`fairlock/` by default).
     pub fn key_prefix(&self) -> &str {
-        &self.prefix
+        self.space.prefix()
     }
 
     /// What the store holds for `key`: the holder's lease and the line, by
@@ -185,7 +144,7 @@ impl FairLock {
     pub async fn status(&self, key: &str) -> Result<Option<FairLockStatus>, LockError> {
         validate_lock_input(key, Duration::from_millis(1))?;
         let keys = self.both_keys(key);
-        let entries = self.engine.snapshot(&keys).await?;
+        let entries = self.space.engine().snapshot(&keys).await?;
         if entries.iter().all(|e| e.value.is_none()) {
             return Ok(None);
         }
@@ -197,21 +156,14 @@ impl FairLock {
         };
         let state: LockState = parse(&keys[0], value(&keys[0]))?;
         let line: LineState = parse(&keys[1], value(&keys[1]))?;
-        let now = self.clock.now_millis();
+        let now = self.space.now_millis();
         let mut tickets_status = Vec::new();
-        let limit = self.engine.backend().limits().max_keys_per_call.max(1);
+        let limit = self.space.engine().backend().limits().max_keys_per_call.max(1);
         for chunk in waiting(&line, state.served).chunks(limit) {
             let keys: Vec<String> = chunk.iter().map(|w| self.ticket_key(key, w.seq)).collect();
-            let tickets = self.engine.snapshot(&keys).await?;
+            let tickets = self.space.engine().snapshot(&keys).await?;
             for (w, entry) in chunk.iter().zip(tickets) {
-                let ticket: Option<TicketRecord> = entry
-                    .value
-                    .as_deref()
-                    .map(serde_json::from_slice)
-                    .transpose()
-                    .map_err(|e| {
-                        Error::malformed(&entry.key, format!("not a fair lock ticket: {e}"))
-                    })?;
+                let ticket = TicketRecord::from_value(&entry.key, entry.value.as_deref())?;
                 // The lease in the line until the first renewal writes the ticket.
                 let expires_ms = ticket
                     .filter(|t| t.token == w.token)
@@ -239,13 +191,13 @@ impl FairLock {
 #[async_trait]
 impl Lock for FairLock {
     #[tracing::instrument(name = "lock.try_lock", skip_all, fields(
-        key = %key, store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+        key = %key, store = self.space.engine().backend().store_name(), fence = tracing::field::Empty,
     ))]
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
         validate_lock_input(key, ttl)?;
         let keys = self.both_keys(key);
         let sent = Instant::now();
-        let now = self.clock.now_millis();
+        let now = self.space.now_millis();
         let token = mint_token();
         let newcomer = Newcomer {
             token: &token,
@@ -254,24 +206,20 @@ impl Lock for FairLock {
             sent,
         };
         loop {
-            let answer = self
-                .engine
-                .decide::<Result<Option<Option<LockHandle>>, LockError>, LockError, _>(
+            let answer = self.space
+                .engine()
+                .decide::<_, LockError, _>(
                     &keys,
                     |view| {
-                        let (state, line) = match self.decode(view, key) {
-                            Ok(records) => records,
-                            Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                        };
-                        let answer = |handle: Option<LockHandle>| Ok(handle.map(Some));
-                        match self.grant_if_free(view, key, (&state, &line), &newcomer, answer) {
-                            Err(e) => Ok(Decision::Return(Err(e.into()))),
-                            Ok(Ok(decision)) => Ok(decision),
-                            Ok(Err(_)) => Ok(Decision::Return(Ok(Some(None)))),
+                        let (state, line) = self.decode(view, key)?;
+                        let answer = |handle: Option<LockHandle>| handle.map(Some);
+                        match self.grant_if_free(view, key, (&state, &line), &newcomer, answer)? {
+                            Ok(decision) => Ok(decision),
+                            Err(_) => Ok(Decision::Return(Some(None))),
                         }
                     },
                 )
-                .await??;
+                .await?;
             // `None`: dead tickets were removed in a batch; decide again.
             if let Some(answer) = answer {
                 if let Some(handle) = &answer {
@@ -284,40 +232,37 @@ impl Lock for FairLock {
     }
 
     #[tracing::instrument(name = "lock.renew", skip_all, fields(
-        key = %handle.key(), store = self.engine.backend().store_name(), fence = handle.fence(),
+        key = %handle.key(), store = self.space.engine().backend().store_name(), fence = handle.fence(),
     ))]
     async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
         validate_lock_input(handle.key(), handle.ttl())?;
         let state_key = self.state_key(handle.key());
-        let now = self.clock.now_millis();
+        let now = self.space.now_millis();
         let keys = [state_key.clone()];
-        let renewed = self
-            .engine
-            .decide::<Result<(), LockError>, LockError, _>(&keys, |view| {
-                let state: LockState = match parse(&state_key, view.value(&state_key)) {
-                    Ok(state) => state,
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                };
+        let renewed = self.space
+            .engine()
+            .decide::<_, LockError, _>(&keys, |view| {
+                let state: LockState = parse(&state_key, view.value(&state_key))?;
                 if let Some(reason) = Self::why_not_held(handle, &state, now) {
-                    return Ok(Decision::Return(Err(Self::lost(handle, reason))));
+                    return Err(Self::lost(handle, reason));
                 }
                 let current = state.holder.as_ref().map_or(0, |h| h.expires_ms);
-                let renewed = LockState {
+                let mut renewed = LockState {
                     fence: state.fence,
                     served: state.served,
                     holder: Some(Holder {
                         token: handle.token().to_owned(),
                         // A clock stepping back must not shorten a granted lease.
-                        expires_ms: now.saturating_add(millis(handle.ttl())).max(current),
+                        expires_ms: now.saturating_add(whole_millis(handle.ttl())).max(current),
                     }),
-                    nonce: mint_token(),
+                    nonce: Nonce::default(),
                 };
                 Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(state_key.clone(), encode(&renewed))],
-                    then: Ok(()),
+                    mutations: vec![renewed.put(&state_key)],
+                    then: (),
                 })
             })
-            .await?;
+            .await;
         if let Err(error) = &renewed {
             telemetry::lock_lost_if(error);
         }
@@ -328,31 +273,27 @@ impl Lock for FairLock {
     /// (the next fence, the lease it asked for): the waiter is woken by the
     /// removal of its ticket and only reads to learn it holds the lock.
     #[tracing::instrument(name = "lock.release", skip_all, fields(
-        key = %handle.key(), store = self.engine.backend().store_name(), fence = handle.fence(),
+        key = %handle.key(), store = self.space.engine().backend().store_name(), fence = handle.fence(),
     ))]
     async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
         validate_lock_input(handle.key(), handle.ttl())?;
         let keys = self.both_keys(handle.key());
-        let now = self.clock.now_millis();
-        self.engine
-            .decide::<Result<(), LockError>, LockError, _>(&keys, |view| {
-                let (state, line) = match self.decode(view, handle.key()) {
-                    Ok(records) => records,
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                };
+        let now = self.space.now_millis();
+        self.space.engine()
+            .decide::<_, LockError, _>(&keys, |view| {
+                let (state, line) = self.decode(view, handle.key())?;
                 if let Some(reason) = Self::why_not_held(&handle, &state, now) {
-                    return Ok(Decision::Return(Err(Self::lost(&handle, reason))));
+                    return Err(Self::lost(&handle, reason));
                 }
                 // The lock record stays: its fence must survive.
                 Ok(self
-                    .hand_over(view, handle.key(), &state, &line, now)?
-                    .map_ok())
+                    .hand_over(view, handle.key(), &state, &line, now)?)
             })
-            .await?
+            .await
     }
 
     async fn watch_key(&self, key: &str) -> Wake {
-        Wake::watch(self.engine.backend().as_ref(), &self.watch_prefix(key)).await
+        Wake::watch(self.space.engine().backend().as_ref(), &self.watch_prefix(key)).await
     }
 
     /// Wait in line: watch the ticket, take it, then sleep until the holder
@@ -361,7 +302,7 @@ impl Lock for FairLock {
     /// the ticket every third of `ttl`. On timeout or error the ticket is
     /// removed (if that fails too, it expires within `ttl`).
     #[tracing::instrument(name = "lock.wait", skip_all, fields(
-        key = %key, store = self.engine.backend().store_name(),
+        key = %key, store = self.space.engine().backend().store_name(),
     ))]
     async fn wait_lock(
         &self,

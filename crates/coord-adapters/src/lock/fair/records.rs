@@ -10,9 +10,8 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::{FairLock, LOOKAHEAD};
-use crate::cas::{Decision, View};
+use crate::cas::{whole_millis, Decision, Nonce, Record, View};
 use crate::lock::{LockError, LockHandle, LostReason};
-use crate::mint_token;
 
 /// The lock record, `<prefix><key>/m`: the fence, the holder, and how far
 /// the line has been served. Written by grants, renewals and releases,
@@ -27,7 +26,7 @@ pub(super) struct LockState {
     /// skipped as dead): a grant moves the line on without writing it.
     pub(super) served: u64,
     /// Fresh per write (see the CAS engine on indeterminate txns).
-    pub(super) nonce: String,
+    pub(super) nonce: Nonce,
 }
 
 /// The line record, `<prefix><key>/n`: the ticket counter and the waiters.
@@ -42,7 +41,7 @@ pub(super) struct LineState {
     /// `served` have left (pruned by the next write that knows it).
     pub(super) queue: Vec<Waiter>,
     /// Fresh per write.
-    pub(super) nonce: String,
+    pub(super) nonce: Nonce,
 }
 
 /// One waiter in line: what a releaser needs to hand it the lock.
@@ -69,8 +68,22 @@ pub(super) struct Holder {
 pub(super) struct TicketRecord {
     pub(super) token: String,
     pub(super) expires_ms: u64,
-    pub(super) nonce: String,
+    pub(super) nonce: Nonce,
 }
+
+macro_rules! fair_record {
+    ($record:ty, $kind:literal) => {
+        impl Record for $record {
+            const KIND: &'static str = $kind;
+            fn nonce_mut(&mut self) -> &mut Nonce {
+                &mut self.nonce
+            }
+        }
+    };
+}
+fair_record!(LockState, "a fair lock record");
+fair_record!(LineState, "a fair lock line");
+fair_record!(TicketRecord, "a fair lock ticket");
 
 impl std::fmt::Debug for LockState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -103,23 +116,9 @@ pub(super) enum Head {
     NoneLive { dead: Vec<u64>, complete: bool },
 }
 
-pub(super) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-pub(super) fn encode<T: Serialize>(record: &T) -> Vec<u8> {
-    serde_json::to_vec(record).expect("a fair lock record always serializes")
-}
-
-pub(super) fn parse<T: serde::de::DeserializeOwned + Default>(
-    key: &str,
-    bytes: Option<&[u8]>,
-) -> Result<T, Error> {
-    match bytes {
-        None => Ok(T::default()),
-        Some(bytes) => serde_json::from_slice(bytes)
-            .map_err(|e| Error::malformed(key, format!("not a fair lock record: {e}"))),
-    }
+/// The record in `value` read from `key`, or a fresh one when it is missing.
+pub(super) fn parse<T: Record + Default>(key: &str, value: Option<&[u8]>) -> Result<T, Error> {
+    Ok(T::from_value(key, value)?.unwrap_or_default())
 }
 
 /// The waiters still in line: those after `served`.
@@ -137,7 +136,7 @@ pub(super) fn without(line: &LineState, served: u64, gone: &[u64]) -> LineState 
             .filter(|w| !gone.contains(&w.seq))
             .cloned()
             .collect(),
-        nonce: mint_token(),
+        nonce: Nonce::default(),
     }
 }
 
@@ -148,7 +147,7 @@ pub(super) fn granted(state: &LockState, holder: Holder, served: u64) -> LockSta
         fence: state.fence + 1,
         holder: Some(holder),
         served: state.served.max(served),
-        nonce: mint_token(),
+        nonce: Nonce::default(),
     }
 }
 
@@ -161,7 +160,7 @@ pub(super) fn skipped(state: &LockState, served: u64) -> LockState {
             expires_ms: h.expires_ms,
         }),
         served: state.served.max(served),
-        nonce: mint_token(),
+        nonce: Nonce::default(),
     }
 }
 
@@ -206,20 +205,20 @@ pub(super) struct Writes<'a> {
 
 impl FairLock {
     pub(super) fn state_key(&self, key: &str) -> String {
-        format!("{}{key}/m", self.prefix)
+        format!("{}{key}/m", self.space.prefix())
     }
 
     pub(super) fn line_key(&self, key: &str) -> String {
-        format!("{}{key}/n", self.prefix)
+        format!("{}{key}/n", self.space.prefix())
     }
 
     pub(super) fn ticket_key(&self, key: &str, seq: u64) -> String {
         // 20 digits: every u64, and the ticket keys sort in queue order.
-        format!("{}{key}/q/{seq:020}", self.prefix)
+        format!("{}{key}/q/{seq:020}", self.space.prefix())
     }
 
     pub(super) fn watch_prefix(&self, key: &str) -> String {
-        format!("{}{key}/", self.prefix)
+        format!("{}{key}/", self.space.prefix())
     }
 
     pub(super) fn both_keys(&self, key: &str) -> [String; 2] {
@@ -233,15 +232,6 @@ impl FairLock {
             parse(&state_key, view.value(&state_key))?,
             parse(&line_key, view.value(&line_key))?,
         ))
-    }
-
-    pub(super) fn decode_ticket(view: &View, key: &str) -> Result<Option<TicketRecord>, Error> {
-        view.value(key)
-            .map(|bytes| {
-                serde_json::from_slice(bytes)
-                    .map_err(|e| Error::malformed(key, format!("not a fair lock ticket: {e}")))
-            })
-            .transpose()
     }
 
     pub(super) fn lost(handle: &LockHandle, reason: LostReason) -> LockError {
@@ -290,7 +280,7 @@ impl FairLock {
             if w.expires_ms > now {
                 return Ok(Ok(Head::Live { index, dead }));
             }
-            match Self::decode_ticket(view, &self.ticket_key(key, w.seq))? {
+            match TicketRecord::read(view, &self.ticket_key(key, w.seq))? {
                 Some(t) if t.token == w.token && t.expires_ms > now => {
                     return Ok(Ok(Head::Live { index, dead }))
                 }
@@ -317,11 +307,11 @@ impl FairLock {
     ) -> Decision<T> {
         let mut mutations = Vec::new();
         let mut unasserted = Vec::new();
-        if let Some(state) = &writes.state {
-            mutations.push(Mutation::put(self.state_key(key), encode(state)));
+        if let Some(mut state) = writes.state {
+            mutations.push(state.put(self.state_key(key)));
         }
-        if let Some(line) = &writes.line {
-            mutations.push(Mutation::put(self.line_key(key), encode(line)));
+        if let Some(mut line) = writes.line {
+            mutations.push(line.put(self.line_key(key)));
         }
         for &seq in writes.gone {
             let ticket = self.ticket_key(key, seq);
@@ -395,7 +385,7 @@ impl FairLock {
             }) => return Ok(Ok(self.skip_dead(view, key, state, &dead, answer(None)))),
             Ok(Head::NoneLive { dead, .. }) => dead,
         };
-        let expires_ms = now.saturating_add(millis(ttl));
+        let expires_ms = now.saturating_add(whole_millis(ttl));
         let served = dead.last().copied().unwrap_or(0);
         let state = granted(
             state,
@@ -449,7 +439,7 @@ impl FairLock {
                     fence: state.fence,
                     holder: None,
                     served: state.served.max(dead.last().copied().unwrap_or(0)),
-                    nonce: mint_token(),
+                    nonce: Nonce::default(),
                 };
                 let writes = Writes {
                     line: Self::prune(line, state.served),
@@ -459,28 +449,5 @@ impl FairLock {
                 self.write(view, key, writes, ())
             }
         })
-    }
-}
-
-impl Decision<()> {
-    /// The same decision answering `Ok(())` (for a caller whose answer is a `Result`).
-    pub(super) fn map_ok<E>(self) -> Decision<Result<(), E>> {
-        match self {
-            Decision::Return(()) => Decision::Return(Ok(())),
-            Decision::Commit { mutations, then } => Decision::Commit {
-                mutations,
-                then: Ok(then),
-            },
-            Decision::CommitWithUnasserted {
-                mutations,
-                unasserted,
-                then,
-            } => Decision::CommitWithUnasserted {
-                mutations,
-                unasserted,
-                then: Ok(then),
-            },
-            Decision::Expand(keys) => Decision::Expand(keys),
-        }
     }
 }

@@ -4,12 +4,12 @@
 
 use std::time::Duration;
 
-use coord_backend::{Error, Mutation};
+use coord_backend::Error;
 use tokio::time::Instant;
 
 use super::records::*;
 use super::FairLock;
-use crate::cas::Decision;
+use crate::cas::{whole_millis, Decision, Nonce, Record};
 use crate::lock::{LockError, LockHandle, WaitOptions};
 use crate::mint_token;
 use crate::wake::Wake;
@@ -121,7 +121,7 @@ impl FairLock {
     /// last saw of the line): watched before joining the line.
     pub(super) fn predicted_seq(&self, key: &str) -> u64 {
         let line_key = self.line_key(key);
-        self.engine
+        self.space.engine()
             .cached(&line_key)
             .and_then(|entry| parse::<LineState>(&line_key, entry.value.as_deref()).ok())
             .map_or(1, |line| line.next_seq.max(1))
@@ -142,14 +142,14 @@ impl FairLock {
         queue.push(Waiter {
             seq,
             token: token.to_owned(),
-            ttl_ms: millis(ttl),
+            ttl_ms: whole_millis(ttl),
             expires_ms,
         });
         (
             LineState {
                 next_seq: seq + 1,
                 queue,
-                nonce: mint_token(),
+                nonce: Nonce::default(),
             },
             Ticket {
                 seq,
@@ -167,28 +167,24 @@ impl FairLock {
         let keys = self.both_keys(key);
         let token = mint_token();
         let sent = Instant::now();
-        let now = self.clock.now_millis();
-        let expires_ms = now.saturating_add(millis(ttl));
+        let now = self.space.now_millis();
+        let expires_ms = now.saturating_add(whole_millis(ttl));
         let newcomer = Newcomer {
             token: &token,
             ttl,
             now,
             sent,
         };
-        self.engine
+        self.space.engine()
             .with_retries(2, Duration::ZERO)
-            .decide::<Result<Joined, LockError>, LockError, _>(&keys, |view| {
-                let (state, line) = match self.decode(view, key) {
-                    Ok(records) => records,
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                };
+            .decide::<_, LockError, _>(&keys, |view| {
+                let (state, line) = self.decode(view, key)?;
                 let grant = self.grant_if_free(view, key, (&state, &line), &newcomer, |handle| {
-                    Ok(handle.map_or(Joined::Cleaned, Joined::Granted))
+                    handle.map_or(Joined::Cleaned, Joined::Granted)
                 });
-                let held = match grant {
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                    Ok(Ok(decision)) => return Ok(decision),
-                    Ok(Err(held)) => held,
+                let held = match grant? {
+                    Ok(decision) => return Ok(decision),
+                    Err(held) => held,
                 };
                 let line = without(&line, state.served, &[]);
                 let (line, ticket) = Self::joined(&line, &token, ttl, expires_ms, sent);
@@ -201,10 +197,10 @@ impl FairLock {
                     view,
                     key,
                     writes,
-                    Ok(Joined::Queued(ticket, Next::Wait(held))),
+                    Joined::Queued(ticket, Next::Wait(held)),
                 ))
             })
-            .await?
+            .await
     }
 
     /// Join the line through the line record alone (it never collides with
@@ -214,28 +210,25 @@ impl FairLock {
         let line_key = self.line_key(key);
         let token = mint_token();
         let sent = Instant::now();
-        let expires_ms = self.clock.now_millis().saturating_add(millis(ttl));
+        let expires_ms = self.space.now_millis().saturating_add(whole_millis(ttl));
         // No pause between tries: the holder's rejoin (fresh cache, one
         // round trip) would win every race against a waiter that pauses.
-        self.engine
-            .with_retries(self.engine.options().max_attempts, Duration::ZERO)
-            .decide::<Result<Ticket, LockError>, LockError, _>(
+        self.space.engine()
+            .with_retries(self.space.engine().options().max_attempts, Duration::ZERO)
+            .decide::<_, LockError, _>(
                 std::slice::from_ref(&line_key),
                 |view| {
-                    let line: LineState = match parse(&line_key, view.value(&line_key)) {
-                        Ok(line) => line,
-                        Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                    };
+                    let line: LineState = parse(&line_key, view.value(&line_key))?;
                     let (line, ticket) = Self::joined(&line, &token, ttl, expires_ms, sent);
                     let writes = Writes {
                         state: None,
                         line: Some(line),
                         gone: &[],
                     };
-                    Ok(self.write(view, key, writes, Ok(ticket)))
+                    Ok(self.write(view, key, writes, ticket))
                 },
             )
-            .await?
+            .await
     }
 
     /// Join the line: the fast way, else the slow one; every txn rejected
@@ -282,7 +275,7 @@ impl FairLock {
         wait: &WaitOptions,
         started: Instant,
     ) -> Result<Result<LockHandle, InLine>, LockError> {
-        let backend = self.engine.backend().as_ref();
+        let backend = self.space.engine().backend().as_ref();
         loop {
             let predicted = self.predicted_seq(key);
             let wake = Wake::watch(backend, &self.ticket_key(key, predicted)).await;
@@ -315,8 +308,8 @@ impl FairLock {
     ) -> Result<Attempt, LockError> {
         let keys = self.both_keys(key);
         let sent = Instant::now();
-        let now = self.clock.now_millis();
-        let entries = self.engine.snapshot(&keys).await?;
+        let now = self.space.now_millis();
+        let entries = self.space.engine().snapshot(&keys).await?;
         let value = |k: &str| {
             entries
                 .iter()
@@ -338,26 +331,22 @@ impl FairLock {
     ) -> Result<Attempt, LockError> {
         let keys = self.both_keys(key);
         let sent = Instant::now();
-        let now = self.clock.now_millis();
-        self.engine
-            .decide::<Result<Attempt, LockError>, LockError, _>(&keys, |view| {
-                let (state, line) = match self.decode(view, key) {
-                    Ok(records) => records,
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                };
+        let now = self.space.now_millis();
+        self.space.engine()
+            .decide::<_, LockError, _>(&keys, |view| {
+                let (state, line) = self.decode(view, key)?;
                 match Self::judge(key, (&state, &line), ticket, ttl, now, sent) {
                     Attempt::Try => {}
-                    other => return Ok(Decision::Return(Ok(other))),
+                    other => return Ok(Decision::Return(other)),
                 }
                 let queue = waiting(&line, state.served);
-                let head = match self.head(view, key, queue, now) {
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                    Ok(Err(unread)) => return Ok(Decision::Expand(unread)),
-                    Ok(Ok(head)) => head,
+                let head = match self.head(view, key, queue, now)? {
+                    Err(unread) => return Ok(Decision::Expand(unread)),
+                    Ok(head) => head,
                 };
                 Ok(match head {
                     Head::Live { index, mut dead } if queue[index].seq == ticket.seq => {
-                        let expires_ms = now.saturating_add(millis(ttl));
+                        let expires_ms = now.saturating_add(whole_millis(ttl));
                         let state = granted(
                             &state,
                             Holder {
@@ -374,17 +363,17 @@ impl FairLock {
                             state: Some(state),
                             gone: &dead,
                         };
-                        self.write(view, key, writes, Ok(Attempt::Granted(handle)))
+                        self.write(view, key, writes, Attempt::Granted(handle))
                     }
                     Head::Live { dead, .. } | Head::NoneLive { dead, .. } if !dead.is_empty() => {
-                        self.skip_dead(view, key, &state, &dead, Ok(Attempt::Cleaned))
+                        self.skip_dead(view, key, &state, &dead, Attempt::Cleaned)
                     }
                     // Someone live is ahead (it takes the lock), or this
                     // waiter is beyond the first waiters: wait and look again.
-                    _ => Decision::Return(Ok(Attempt::Wait(None))),
+                    _ => Decision::Return(Attempt::Wait(None)),
                 })
             })
-            .await?
+            .await
     }
 
     /// Extend the lease of a waiting ticket (writing its record). Asserts
@@ -401,39 +390,28 @@ impl FairLock {
         let [state_key, line_key] = self.both_keys(key);
         let keys = [state_key, line_key, my_key.clone()];
         let sent = Instant::now();
-        let now = self.clock.now_millis();
-        let expires_ms = now.saturating_add(millis(ttl));
-        let renewed = self
-            .engine
-            .with_retries(self.engine.options().max_attempts, Duration::ZERO)
-            .decide::<Result<bool, LockError>, LockError, _>(&keys, |view| {
-                let (state, line) = match self.decode(view, key) {
-                    Ok(records) => records,
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                };
+        let now = self.space.now_millis();
+        let expires_ms = now.saturating_add(whole_millis(ttl));
+        let renewed = self.space
+            .engine()
+            .with_retries(self.space.engine().options().max_attempts, Duration::ZERO)
+            .decide::<_, LockError, _>(&keys, |view| {
+                let (state, line) = self.decode(view, key)?;
                 match Self::judge(key, (&state, &line), ticket, ttl, now, sent) {
                     Attempt::Granted(_) | Attempt::Requeue => {
-                        return Ok(Decision::Return(Ok(false)))
+                        return Ok(Decision::Return(false))
                     }
                     _ => {}
                 }
-                let current = match Self::decode_ticket(view, &my_key) {
-                    Ok(current) => current.map_or(0, |t| t.expires_ms),
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
+                let current = TicketRecord::read(view, &my_key)?.map_or(0, |t| t.expires_ms);
+                let mut renewed = TicketRecord {
+                    token: ticket.token.clone(),
+                    expires_ms: expires_ms.max(current),
+                    nonce: Nonce::default(),
                 };
-                Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(
-                        my_key.clone(),
-                        encode(&TicketRecord {
-                            token: ticket.token.clone(),
-                            expires_ms: expires_ms.max(current),
-                            nonce: mint_token(),
-                        }),
-                    )],
-                    then: Ok(true),
-                })
+                Ok(Decision::commit(vec![renewed.put(&my_key)], true))
             })
-            .await??;
+            .await?;
         ticket.renew_at = sent + ttl / 3;
         Ok(renewed)
     }
@@ -442,25 +420,22 @@ impl FairLock {
     /// was handed to this waiter meanwhile, hand it on.
     pub(super) async fn abandon(&self, key: &str, ticket: &Ticket) -> Result<(), LockError> {
         let keys = self.both_keys(key);
-        let now = self.clock.now_millis();
-        self.engine
-            .decide::<Result<(), LockError>, LockError, _>(&keys, |view| {
-                let (state, line) = match self.decode(view, key) {
-                    Ok(records) => records,
-                    Err(e) => return Ok(Decision::Return(Err(e.into()))),
-                };
+        let now = self.space.now_millis();
+        self.space.engine()
+            .decide::<_, LockError, _>(&keys, |view| {
+                let (state, line) = self.decode(view, key)?;
                 if state
                     .holder
                     .as_ref()
                     .is_some_and(|h| h.token == ticket.token)
                 {
-                    return Ok(self.hand_over(view, key, &state, &line, now)?.map_ok());
+                    return Ok(self.hand_over(view, key, &state, &line, now)?);
                 }
                 if !waiting(&line, state.served)
                     .iter()
                     .any(|w| w.seq == ticket.seq)
                 {
-                    return Ok(Decision::Return(Ok(())));
+                    return Ok(Decision::Return(()));
                 }
                 let gone = [ticket.seq];
                 let writes = Writes {
@@ -468,14 +443,14 @@ impl FairLock {
                     line: Some(without(&line, state.served, &gone)),
                     gone: &gone,
                 };
-                Ok(self.write(view, key, writes, Ok(())))
+                Ok(self.write(view, key, writes, ()))
             })
-            .await?
+            .await
     }
 
     /// The local instant at which `expires_ms` (by the lock's clock) passes.
     pub(super) fn instant_of(&self, expires_ms: u64) -> Instant {
-        let left = expires_ms.saturating_sub(self.clock.now_millis());
+        let left = expires_ms.saturating_sub(self.space.now_millis());
         Instant::now() + Duration::from_millis(left.saturating_add(1))
     }
 
