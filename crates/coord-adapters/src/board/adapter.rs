@@ -5,58 +5,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use coord_backend::{Backend, Clock, Error, InvalidInput, Mutation, SystemClock};
+use coord_backend::{Backend, Error, InvalidInput, Mutation};
 
 use super::record::{at_millis, ClaimRecord, DoneRecord, TaskRecord};
 use super::{
     validate_claim, validate_spec, validate_task_id, validate_ttl, Board, BoardError, ClaimedTask,
     Task, TaskSpec,
 };
-use crate::cas::{CasEngine, CasOptions, CasStats, Decision, View};
+use crate::cas::{record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace, View};
 use crate::mint_token;
 use crate::retention::{PruneOptions, Pruned, Removal, RetentionIndex};
 
-/// Options of a [`BoardAdapter`].
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct BoardOptions {
-    /// Where expiry is read from (written into records and judged against).
-    pub clock: Arc<dyn Clock>,
-    /// Prefix of the board's records in the namespace (default `board/`):
-    /// several boards can share one namespace under different prefixes.
-    pub key_prefix: String,
-    /// Tuning of the CAS loop.
-    pub cas: CasOptions,
-}
-
-impl Default for BoardOptions {
-    fn default() -> Self {
-        BoardOptions {
-            clock: Arc::new(SystemClock),
-            key_prefix: "board/".to_owned(),
-            cas: CasOptions::default(),
-        }
-    }
-}
-
-impl BoardOptions {
-    /// Judge expiry with `clock` (tests inject a `ManualClock`).
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    /// Keep the board's records under another prefix.
-    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = prefix.into();
-        self
-    }
-
-    /// Tune the CAS loop.
-    pub fn with_cas(mut self, cas: CasOptions) -> Self {
-        self.cas = cas;
-        self
-    }
+record_options! {
+    /// Options of a [`BoardAdapter`].
+    pub struct BoardOptions, prefix "board/" {}
 }
 
 /// A [`Board`] over any [`Backend`]: one record per task
@@ -68,19 +30,13 @@ impl BoardOptions {
 /// (each wrong guess is a rejected txn that returns the truth).
 #[derive(Clone, Debug)]
 pub struct BoardAdapter {
-    engine: CasEngine,
-    clock: Arc<dyn Clock>,
-    prefix: String,
+    space: RecordSpace,
 }
 
 /// `Return(Err(..))`: refusals go through the engine so that a refusal
 /// decided from a remembered (possibly stale) record is confirmed first.
-fn refuse<T>(error: impl Into<BoardError>) -> Result<Decision<Result<T, BoardError>>, BoardError> {
-    Ok(Decision::Return(Err(error.into())))
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+fn refuse<T>(error: impl Into<BoardError>) -> Result<T, BoardError> {
+    Err(error.into())
 }
 
 impl BoardAdapter {
@@ -92,34 +48,32 @@ impl BoardAdapter {
     /// A board over `backend` with `options`.
     pub fn with_options(backend: Arc<dyn Backend>, options: BoardOptions) -> Self {
         BoardAdapter {
-            engine: CasEngine::with_options(backend, options.cas),
-            clock: options.clock,
-            prefix: options.key_prefix,
+            space: options.space(backend),
         }
     }
 
     /// Store calls made so far (for tests and benchmarks).
     pub fn stats(&self) -> CasStats {
-        self.engine.stats()
+        self.space.stats()
     }
 
     fn tasks_prefix(&self) -> String {
-        format!("{}task/", self.prefix)
+        format!("{}task/", self.space.prefix())
     }
 
     fn task_key(&self, id: &str) -> String {
-        format!("{}task/{id}", self.prefix)
+        format!("{}task/{id}", self.space.prefix())
     }
 
     /// Where completions are indexed by minute, for [`BoardAdapter::prune`].
     fn done_index(&self) -> RetentionIndex {
-        RetentionIndex::under(format!("{}done/", self.prefix))
+        RetentionIndex::under(format!("{}done/", self.space.prefix()))
     }
 
     /// The prefix of `dep`'s reverse-dependency entries. The id's length
     /// comes first, so the prefix of `a` is not a prefix of `a/b`'s.
     fn dependents_prefix(&self, dep: &str) -> String {
-        format!("{}rdep/{}:{dep}/", self.prefix, dep.len())
+        format!("{}rdep/{}:{dep}/", self.space.prefix(), dep.len())
     }
 
     /// The entry saying `id` depends on `dep`, which was not completed when
@@ -149,9 +103,9 @@ impl BoardAdapter {
         let keys: Vec<String> = std::iter::once(key.clone())
             .chain(spec.deps.iter().map(|d| self.task_key(d)))
             .collect();
-        let now = self.clock.now_millis();
-        self.engine
-            .decide::<Result<(), BoardError>, BoardError, _>(&keys, |view| {
+        let now = self.space.now_millis();
+        self.space.engine()
+            .decide::<(), BoardError, _>(&keys, |view| {
                 let record = match self.read(view, &spec.id) {
                     Ok(Some(record)) => record,
                     Ok(None) => {
@@ -183,8 +137,8 @@ impl BoardAdapter {
                 // Entries of dropped dependencies go as far as the call has
                 // room; one left behind only makes a later prune of that
                 // dependency look at this task and leave it as it is.
-                let room = self
-                    .engine
+                let room = self.space
+                    .engine()
                     .backend()
                     .limits()
                     .max_keys_per_call
@@ -197,23 +151,23 @@ impl BoardAdapter {
                         .take(room)
                         .map(|d| Mutation::delete(self.dependent_key(d, &spec.id))),
                 );
-                let redefined = TaskRecord {
+                let mut redefined = TaskRecord {
                     payload: spec.payload.clone(),
                     deps: spec.deps.clone(),
                     met,
                     claim: None,
-                    nonce: mint_token(),
+                    nonce: Nonce::default(),
                     ..record
                 };
                 // Entries are named by this task, whose record this txn
                 // rewrites (asserted).
                 Ok(Decision::CommitWithUnasserted {
-                    mutations: vec![Mutation::put(key.clone(), redefined.encode())],
+                    mutations: vec![redefined.put(&key)],
                     unasserted: entries,
-                    then: Ok(()),
+                    then: (),
                 })
             })
-            .await?
+            .await
     }
 
     /// Remove tasks completed more than `options.retention` ago (by this
@@ -232,9 +186,9 @@ impl BoardAdapter {
     /// the id had. Without pruning (the default) nothing is removed.
     pub async fn prune(&self, options: &PruneOptions) -> Result<Pruned, BoardError> {
         let index = self.done_index();
-        let now = self.clock.now_millis();
+        let now = self.space.now_millis();
         let pruned = crate::retention::prune(
-            &self.engine,
+            self.space.engine(),
             &index,
             now,
             options,
@@ -250,8 +204,8 @@ impl BoardAdapter {
     /// (`removed`: an upper bound of what it removes; `more`: the count
     /// stopped at `options.max_minutes` minutes of the index). Writes nothing.
     pub async fn prune_candidates(&self, options: &PruneOptions) -> Result<Pruned, BoardError> {
-        let now = self.clock.now_millis();
-        Ok(crate::retention::due(&self.engine, &self.done_index(), now, options).await?)
+        let now = self.space.now_millis();
+        Ok(crate::retention::due(self.space.engine(), &self.done_index(), now, options).await?)
     }
 
     /// Remove task `id` (indexed by `entry`) if it was completed by
@@ -265,8 +219,8 @@ impl BoardAdapter {
             More,
         }
         let key = self.task_key(id);
-        let per_txn = (self
-            .engine
+        let per_txn = (self.space
+            .engine()
             .backend()
             .limits()
             .max_keys_per_call
@@ -275,7 +229,7 @@ impl BoardAdapter {
         .max(1);
         let prefix = self.dependents_prefix(id);
         loop {
-            let waiting = self.engine.backend().keys(&prefix).await?;
+            let waiting = self.space.engine().backend().keys(&prefix).await?;
             let batch = &waiting[..waiting.len().min(per_txn)];
             let last = batch.len() == waiting.len();
             let mut keys = vec![key.clone(), entry.to_owned()];
@@ -283,8 +237,8 @@ impl BoardAdapter {
                 keys.push(waiter.clone());
                 keys.push(self.task_key(&waiter[prefix.len()..]));
             }
-            let step = self
-                .engine
+            let step = self.space
+                .engine()
                 .decide(&keys, |view| -> Result<Decision<Step>, Error> {
                     if view.value(entry).is_none() {
                         return Ok(Decision::Return(Step::Done(Removal::Gone)));
@@ -321,9 +275,8 @@ impl BoardAdapter {
                                 && !record.met.iter().any(|d| d == id);
                             if waits {
                                 record.met.push(id.to_owned());
-                                record.nonce = mint_token();
                                 mutations
-                                    .push(Mutation::put(self.task_key(dependent), record.encode()));
+                                    .push(record.put(self.task_key(dependent)));
                             }
                         }
                         mutations.push(Mutation::delete(waiter.as_str()));
@@ -357,7 +310,7 @@ impl BoardAdapter {
     /// the task and its dependencies): refuse a task the store could never
     /// add or claim, rather than storing half of it.
     fn check_fits(&self, spec: &TaskSpec) -> Result<(), BoardError> {
-        let max = self.engine.backend().limits().max_keys_per_call;
+        let max = self.space.engine().backend().limits().max_keys_per_call;
         let count = 1 + 2 * spec.deps.len();
         if count > max {
             return Err(BoardError::Invalid(InvalidInput::TooManyKeys {
@@ -421,7 +374,7 @@ fn normalize(mut spec: TaskSpec) -> Result<TaskSpec, BoardError> {
 #[async_trait]
 impl Board for BoardAdapter {
     #[tracing::instrument(name = "board.add", skip_all, fields(
-        key = %task.id, store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+        key = %task.id, store = self.space.engine().backend().store_name(), fence = tracing::field::Empty,
     ))]
     async fn add(&self, task: TaskSpec) -> Result<(), BoardError> {
         let spec = normalize(task)?;
@@ -434,12 +387,12 @@ impl Board for BoardAdapter {
         let keys: Vec<String> = std::iter::once(key.clone())
             .chain(spec.deps.iter().map(|d| self.task_key(d)))
             .collect();
-        self.engine
-            .decide::<Result<(), BoardError>, BoardError, _>(&keys, |view| {
+        self.space.engine()
+            .decide::<(), BoardError, _>(&keys, |view| {
                 match self.read(view, &spec.id) {
                     Ok(Some(existing)) => {
                         if existing.payload == spec.payload && existing.deps == spec.deps {
-                            Ok(Decision::Return(Ok(())))
+                            Ok(Decision::Return(()))
                         } else {
                             refuse(BoardError::AlreadyExists {
                                 id: spec.id.clone(),
@@ -452,7 +405,7 @@ impl Board for BoardAdapter {
                             Ok(settled) => settled,
                             Err(e) => return refuse(e),
                         };
-                        let record = TaskRecord {
+                        let mut record = TaskRecord {
                             id: spec.id.clone(),
                             payload: spec.payload.clone(),
                             deps: spec.deps.clone(),
@@ -460,34 +413,34 @@ impl Board for BoardAdapter {
                             generation: 0,
                             claim: None,
                             done: None,
-                            nonce: mint_token(),
+                            nonce: Nonce::default(),
                         };
                         // The entries are fresh by construction: named by this
                         // task, whose record this txn creates (asserted missing).
                         Ok(Decision::CommitWithUnasserted {
-                            mutations: vec![Mutation::put(key.clone(), record.encode())],
+                            mutations: vec![record.put(&key)],
                             unasserted: entries,
-                            then: Ok(()),
+                            then: (),
                         })
                     }
                     Err(e) => refuse(e),
                 }
             })
-            .await?
+            .await
     }
 
     #[tracing::instrument(name = "board.claim", skip_all, fields(
-        key = %id, store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+        key = %id, store = self.space.engine().backend().store_name(), fence = tracing::field::Empty,
     ))]
     async fn claim(&self, id: &str, agent: &str, ttl: Duration) -> Result<ClaimedTask, BoardError> {
         validate_claim(id, agent, ttl)?;
         let key = self.task_key(id);
-        let now = self.clock.now_millis();
-        let expires_ms = now.saturating_add(millis(ttl));
+        let now = self.space.now_millis();
+        let expires_ms = now.saturating_add(whole_millis(ttl));
         let token = mint_token();
-        let answer = self
-            .engine
-            .decide::<Result<ClaimedTask, BoardError>, BoardError, _>(
+        let answer = self.space
+            .engine()
+            .decide::<ClaimedTask, BoardError, _>(
                 std::slice::from_ref(&key),
                 |view| {
                     let record = match self.read(view, id) {
@@ -541,19 +494,19 @@ impl Board for BoardAdapter {
                     } else {
                         record.generation + 1
                     };
-                    let claimed = TaskRecord {
+                    let mut claimed = TaskRecord {
                         generation,
                         claim: Some(ClaimRecord {
                             agent: agent.to_owned(),
                             token: token.clone(),
                             expires_ms,
                         }),
-                        nonce: mint_token(),
+                        nonce: Nonce::default(),
                         ..record.clone()
                     };
                     Ok(Decision::Commit {
-                        mutations: vec![Mutation::put(key.clone(), claimed.encode())],
-                        then: Ok(ClaimedTask {
+                        mutations: vec![claimed.put(&key)],
+                        then: ClaimedTask {
                             id: id.to_owned(),
                             payload: record.payload,
                             deps: record.deps,
@@ -561,11 +514,11 @@ impl Board for BoardAdapter {
                             token: token.clone(),
                             generation,
                             expires_at: at_millis(expires_ms),
-                        }),
+                        },
                     })
                 },
             )
-            .await?;
+            .await;
         if let Ok(claimed) = &answer {
             tracing::Span::current().record("fence", claimed.generation);
         }
@@ -573,16 +526,16 @@ impl Board for BoardAdapter {
     }
 
     #[tracing::instrument(name = "board.renew", skip_all, fields(
-        key = %id, store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+        key = %id, store = self.space.engine().backend().store_name(), fence = tracing::field::Empty,
     ))]
     async fn renew(&self, id: &str, token: &str, ttl: Duration) -> Result<ClaimedTask, BoardError> {
         validate_task_id(id)?;
         validate_ttl(ttl)?;
         let key = self.task_key(id);
-        let now = self.clock.now_millis();
-        let answer = self
-            .engine
-            .decide::<Result<ClaimedTask, BoardError>, BoardError, _>(
+        let now = self.space.now_millis();
+        let answer = self.space
+            .engine()
+            .decide::<ClaimedTask, BoardError, _>(
                 std::slice::from_ref(&key),
                 |view| {
                     let record = match self.read(view, id) {
@@ -595,18 +548,18 @@ impl Board for BoardAdapter {
                     };
                     let claim = record.claim.clone().expect("checked: a live claim");
                     // A clock stepping back must not shorten a lease already granted.
-                    let expires_ms = now.saturating_add(millis(ttl)).max(claim.expires_ms);
-                    let renewed = TaskRecord {
+                    let expires_ms = now.saturating_add(whole_millis(ttl)).max(claim.expires_ms);
+                    let mut renewed = TaskRecord {
                         claim: Some(ClaimRecord {
                             expires_ms,
                             ..claim.clone()
                         }),
-                        nonce: mint_token(),
+                        nonce: Nonce::default(),
                         ..record.clone()
                     };
                     Ok(Decision::Commit {
-                        mutations: vec![Mutation::put(key.clone(), renewed.encode())],
-                        then: Ok(ClaimedTask {
+                        mutations: vec![renewed.put(&key)],
+                        then: ClaimedTask {
                             id: id.to_owned(),
                             payload: record.payload,
                             deps: record.deps,
@@ -614,11 +567,11 @@ impl Board for BoardAdapter {
                             token: token.to_owned(),
                             generation: record.generation,
                             expires_at: at_millis(expires_ms),
-                        }),
+                        },
                     })
                 },
             )
-            .await?;
+            .await;
         if let Ok(claimed) = &answer {
             tracing::Span::current().record("fence", claimed.generation);
         }
@@ -626,14 +579,14 @@ impl Board for BoardAdapter {
     }
 
     #[tracing::instrument(name = "board.release", skip_all, fields(
-        key = %id, store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+        key = %id, store = self.space.engine().backend().store_name(), fence = tracing::field::Empty,
     ))]
     async fn release(&self, id: &str, token: &str) -> Result<(), BoardError> {
         validate_task_id(id)?;
         let key = self.task_key(id);
-        let now = self.clock.now_millis();
-        self.engine
-            .decide::<Result<(), BoardError>, BoardError, _>(std::slice::from_ref(&key), |view| {
+        let now = self.space.now_millis();
+        self.space.engine()
+            .decide::<(), BoardError, _>(std::slice::from_ref(&key), |view| {
                 let record = match self.read(view, id) {
                     Ok(record) => record,
                     Err(e) => return refuse(e),
@@ -642,21 +595,21 @@ impl Board for BoardAdapter {
                     Ok(record) => record.clone(),
                     Err(e) => return refuse(e),
                 };
-                let released = TaskRecord {
+                let mut released = TaskRecord {
                     claim: None,
-                    nonce: mint_token(),
+                    nonce: Nonce::default(),
                     ..record
                 };
                 Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(key.clone(), released.encode())],
-                    then: Ok(()),
+                    mutations: vec![released.put(&key)],
+                    then: (),
                 })
             })
-            .await?
+            .await
     }
 
     #[tracing::instrument(name = "board.complete", skip_all, fields(
-        key = %id, store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+        key = %id, store = self.space.engine().backend().store_name(), fence = tracing::field::Empty,
     ))]
     async fn complete(&self, id: &str, token: &str, result: Vec<u8>) -> Result<(), BoardError> {
         validate_task_id(id)?;
@@ -668,9 +621,9 @@ impl Board for BoardAdapter {
         let key = self.task_key(id);
         let index = self.done_index();
         let keys = [key.clone(), index.cursor()];
-        let now = self.clock.now_millis();
-        self.engine
-            .decide::<Result<(), BoardError>, BoardError, _>(&keys, |view| {
+        let now = self.space.now_millis();
+        self.space.engine()
+            .decide::<(), BoardError, _>(&keys, |view| {
                 let record = match self.read(view, id) {
                     Ok(record) => record,
                     Err(e) => return refuse(e),
@@ -678,7 +631,7 @@ impl Board for BoardAdapter {
                 // A retry of the completion that already landed is a no-op.
                 if let Some(done) = record.as_ref().and_then(|r| r.done.as_ref()) {
                     if done.token == token && done.result == result {
-                        return Ok(Decision::Return(Ok(())));
+                        return Ok(Decision::Return(()));
                     }
                 }
                 let record = match self.holder_check(record.as_ref(), id, token, now) {
@@ -694,8 +647,8 @@ impl Board for BoardAdapter {
                 // entries go (nothing writes them again once it is completed).
                 // (A task stored before entries existed may list more
                 // dependencies than fit: it has no entries to delete.)
-                let budget = self
-                    .engine
+                let budget = self.space
+                    .engine()
                     .backend()
                     .limits()
                     .max_keys_per_call
@@ -709,7 +662,7 @@ impl Board for BoardAdapter {
                     .collect();
                 let (cursor, entry) = index.final_writes(view, now, id);
                 unasserted.push(entry);
-                let completed = TaskRecord {
+                let mut completed = TaskRecord {
                     claim: None,
                     done: Some(DoneRecord {
                         agent,
@@ -717,25 +670,25 @@ impl Board for BoardAdapter {
                         result: result.clone(),
                         at_ms: Some(now),
                     }),
-                    nonce: mint_token(),
+                    nonce: Nonce::default(),
                     ..record
                 };
-                let mut mutations = vec![Mutation::put(key.clone(), completed.encode())];
+                let mut mutations = vec![completed.put(&key)];
                 mutations.extend(cursor);
                 Ok(Decision::CommitWithUnasserted {
                     mutations,
                     unasserted,
-                    then: Ok(()),
+                    then: (),
                 })
             })
-            .await?
+            .await
     }
 
     async fn get(&self, id: &str) -> Result<Task, BoardError> {
         validate_task_id(id)?;
         let key = self.task_key(id);
-        let entries = self.engine.snapshot(std::slice::from_ref(&key)).await?;
-        let now = self.clock.now_millis();
+        let entries = self.space.engine().snapshot(std::slice::from_ref(&key)).await?;
+        let now = self.space.now_millis();
         match entries.first().and_then(|e| e.value.as_deref()) {
             Some(bytes) => Ok(TaskRecord::decode(&key, id, bytes)?.to_task(now)),
             None => Err(BoardError::NotFound { id: id.to_owned() }),
@@ -744,12 +697,12 @@ impl Board for BoardAdapter {
 
     async fn list(&self) -> Result<Vec<Task>, BoardError> {
         let prefix = self.tasks_prefix();
-        let keys = self.engine.backend().keys(&prefix).await?;
-        let per_call = self.engine.backend().limits().max_keys_per_call.max(1);
+        let keys = self.space.engine().backend().keys(&prefix).await?;
+        let per_call = self.space.engine().backend().limits().max_keys_per_call.max(1);
         let mut tasks = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(per_call) {
-            let entries = self.engine.snapshot(chunk).await?;
-            let now = self.clock.now_millis();
+            let entries = self.space.engine().snapshot(chunk).await?;
+            let now = self.space.now_millis();
             for entry in entries {
                 // Records are never deleted; a key listed but gone is skipped, not invented.
                 let Some(bytes) = entry.value.as_deref() else {

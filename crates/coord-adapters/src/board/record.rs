@@ -6,6 +6,7 @@ use coord_backend::Error;
 use serde::{Deserialize, Serialize};
 
 use super::{Task, TaskState};
+use crate::cas::{Nonce, Record};
 
 /// What is stored under `<prefix>task/<id>`. A record is only deleted by a
 /// prune, once completed: a task added again under its id starts its
@@ -29,7 +30,14 @@ pub(super) struct TaskRecord {
     pub(super) done: Option<DoneRecord>,
     /// Fresh per write, so an indeterminate txn can be told apart from
     /// someone else's identical write.
-    pub(super) nonce: String,
+    pub(super) nonce: Nonce,
+}
+
+impl Record for TaskRecord {
+    const KIND: &'static str = "a task record";
+    fn nonce_mut(&mut self) -> &mut Nonce {
+        &mut self.nonce
+    }
 }
 
 // No `Debug`: it holds a token or stored bytes; see coord_backend::redact.
@@ -59,9 +67,9 @@ pub(super) fn at_millis(ms: u64) -> SystemTime {
 }
 
 impl TaskRecord {
+    /// The record in `bytes`, read from `key`, which must be `id`'s.
     pub(super) fn decode(key: &str, id: &str, bytes: &[u8]) -> Result<Self, Error> {
-        let record: TaskRecord = serde_json::from_slice(bytes)
-            .map_err(|e| Error::malformed(key, format!("not a task record: {e}")))?;
+        let record = TaskRecord::from_bytes(key, bytes)?;
         if record.id != id {
             return Err(Error::malformed(
                 key,
@@ -69,10 +77,6 @@ impl TaskRecord {
             ));
         }
         Ok(record)
-    }
-
-    pub(super) fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("a task record always serializes")
     }
 
     /// The live claim at `now`, if any.
@@ -149,7 +153,7 @@ mod tests {
             generation: 3,
             claim: None,
             done: None,
-            nonce: "n".into(),
+            nonce: Nonce::default(),
         };
         let bytes = record.encode();
         assert!(String::from_utf8_lossy(&bytes).contains("\"00017f80ff\""));
