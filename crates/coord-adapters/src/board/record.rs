@@ -155,7 +155,7 @@ mod tests {
             done: None,
             nonce: Nonce::default(),
         };
-        let bytes = record.encode();
+        let bytes = record.to_bytes();
         assert!(String::from_utf8_lossy(&bytes).contains("\"00017f80ff\""));
         let back = TaskRecord::decode("k", "t", &bytes).unwrap();
         assert_eq!(back.payload, record.payload);

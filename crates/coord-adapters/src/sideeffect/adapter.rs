@@ -4,8 +4,8 @@
 //! Every method reads the records it decides on (`se/act/<key>`,
 //! `se/res/<resource>`) through [`CasEngine::decide`], so the txn asserts
 //! each of them: a decision commits only if nothing it read changed.
-//! Refusals are returned as answers of the decision (not as early errors),
-//! so a refusal derived from a stale cache is confirmed by the store first.
+//! Refusals are the decision's errors, which the engine confirms against
+//! the store first when they were decided on a remembered (maybe stale) record.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,23 +15,18 @@ use coord_backend::{Backend, Clock, Error, Mutation, SystemClock};
 
 use super::error::SideEffectError;
 use super::record::{
-    act_key, decode, encode, intent_is_live, lease_is_current, millis_to_time, open_key, res_key,
-    ttl_millis, ActRecord, Holder, KeyState, ResRecord, DONE_INDEX,
+    act_key, intent_is_live, lease_is_current, millis_to_time, open_key, res_key, ActRecord, Holder, KeyState, ResRecord, DONE_INDEX,
 };
 use super::store::SideEffectStore;
 use super::types::{
     Acquired, Action, EffectResult, Execution, Fence, KeyStatus, Lease, Outcome, ReconcileClaim,
     Resolution, ResourceStatus, RetrySafety,
 };
+use crate::cas::{whole_millis, Nonce, Record};
 use crate::{mint_token, CasEngine, Decision};
 
-/// What a decision answers: the call's own result (refusals included).
-pub(crate) type Answer<T> = Result<T, SideEffectError>;
-pub(crate) type Step<T> = Result<Decision<Answer<T>>, SideEffectError>;
-
-pub(crate) fn answer<T>(answer: Answer<T>) -> Step<T> {
-    Ok(Decision::Return(answer))
-}
+/// What a decision returns: what to write and answer, or a refusal.
+pub(crate) type Step<T> = Result<Decision<T>, SideEffectError>;
 
 /// The one [`SideEffectStore`] implementation, over any [`Backend`].
 ///
@@ -132,7 +127,7 @@ impl SideEffectAdapter {
     ) -> Result<crate::retention::Pruned, SideEffectError> {
         use crate::retention::{remove_if, Verdict};
         let judge = |view: &crate::cas::View, record: &str, cutoff_ms: u64| {
-            let act: Option<ActRecord> = decode(view, record)?;
+            let act = ActRecord::read(view, record)?;
             Ok(match act.map(|a| a.state) {
                 Some(KeyState::Completed { at_ms, .. }) if at_ms <= cutoff_ms => Verdict::Remove,
                 Some(KeyState::Completed { .. }) => Verdict::Keep,
@@ -195,7 +190,7 @@ impl SideEffectAdapter {
         if ttl.is_zero() {
             return Err(SideEffectError::InvalidAction("zero TTL".into()));
         }
-        Ok(ttl_millis(ttl))
+        Ok(whole_millis(ttl))
     }
 
     /// What the store holds for `key` (one consistent read; inspection only,
@@ -203,7 +198,7 @@ impl SideEffectAdapter {
     pub async fn key_status(&self, key: &str) -> Result<KeyStatus, SideEffectError> {
         let ak = act_key(key);
         let entries = self.engine.snapshot(std::slice::from_ref(&ak)).await?;
-        let act: Option<ActRecord> = super::record::decode_bytes(&ak, entries[0].value.as_deref())?;
+        let act = ActRecord::from_value(&ak, entries[0].value.as_deref())?;
         let Some(act) = act else {
             return Ok(KeyStatus::Idle);
         };
@@ -221,8 +216,7 @@ impl SideEffectAdapter {
             } => {
                 let rk = res_key(&resource);
                 let entries = self.engine.snapshot(std::slice::from_ref(&rk)).await?;
-                let res: Option<ResRecord> =
-                    super::record::decode_bytes(&rk, entries[0].value.as_deref())?;
+                let res = ResRecord::from_value(&rk, entries[0].value.as_deref())?;
                 KeyStatus::InFlight {
                     live: intent_is_live(&token, res.as_ref(), self.now()),
                     resource,
@@ -236,7 +230,7 @@ impl SideEffectAdapter {
     pub async fn resource_status(&self, resource: &str) -> Result<ResourceStatus, SideEffectError> {
         let rk = res_key(resource);
         let entries = self.engine.snapshot(std::slice::from_ref(&rk)).await?;
-        let res: Option<ResRecord> = super::record::decode_bytes(&rk, entries[0].value.as_deref())?;
+        let res = ResRecord::from_value(&rk, entries[0].value.as_deref())?;
         let now = self.now();
         Ok(match res {
             None => ResourceStatus {
@@ -267,22 +261,21 @@ impl SideEffectStore for SideEffectAdapter {
         let now = self.now();
         let expires_ms = now.saturating_add(ttl_ms);
         let token = mint_token();
-        let w = mint_token();
         let ak = act_key(&action.key);
         let rk = res_key(&action.resource);
         let decided = self
             .engine
             .decide(&[ak.clone(), rk.clone()], |view| -> Step<Acquired> {
-                let act: Option<ActRecord> = decode(view, &ak)?;
-                let res: Option<ResRecord> = decode(view, &rk)?;
+                let act = ActRecord::read(view, &ak)?;
+                let res = ResRecord::read(view, &rk)?;
                 // Key-level states outrank the resource: a done or unknown key
                 // must never be reported as merely "busy".
                 match act.as_ref().map(|a| &a.state) {
                     Some(KeyState::Completed { result, .. }) => {
-                        return answer(Ok(Acquired::replayed(EffectResult(result.clone()))));
+                        return Ok(Decision::Return(Acquired::replayed(EffectResult(result.clone()))));
                     }
                     Some(KeyState::Uncertain { .. }) => {
-                        return answer(Ok(Acquired::without_lease(Outcome::Uncertain)));
+                        return Ok(Decision::Return(Acquired::without_lease(Outcome::Uncertain)));
                     }
                     Some(KeyState::Intent {
                         resource,
@@ -294,9 +287,9 @@ impl SideEffectStore for SideEffectAdapter {
                         if !view.contains(&irk) {
                             return Ok(Decision::Expand(vec![irk]));
                         }
-                        let ires: Option<ResRecord> = decode(view, &irk)?;
+                        let ires = ResRecord::read(view, &irk)?;
                         if intent_is_live(intent_token, ires.as_ref(), now) {
-                            return answer(Ok(Acquired::without_lease(Outcome::Contended)));
+                            return Ok(Decision::Return(Acquired::without_lease(Outcome::Contended)));
                         }
                         // The holder died or released between grant and
                         // complete: it may have applied. Only an action the
@@ -305,29 +298,29 @@ impl SideEffectStore for SideEffectAdapter {
                         let regrant = *retry_safety == RetrySafety::Safe
                             && action.retry_safety == RetrySafety::Safe;
                         if !regrant {
-                            return answer(Ok(Acquired::without_lease(Outcome::Uncertain)));
+                            return Ok(Decision::Return(Acquired::without_lease(Outcome::Uncertain)));
                         }
                     }
                     Some(KeyState::Idle) | None => {}
                 }
                 if res.as_ref().and_then(|r| r.live_holder(now)).is_some() {
-                    return answer(Ok(Acquired::without_lease(Outcome::Contended)));
+                    return Ok(Decision::Return(Acquired::without_lease(Outcome::Contended)));
                 }
                 let fence = res
                     .as_ref()
                     .map_or(0, |r| r.fence)
                     .checked_add(1)
                     .ok_or_else(|| Error::malformed(rk.clone(), "fence counter exhausted"))?;
-                let new_res = ResRecord {
+                let mut new_res = ResRecord {
                     fence,
                     holder: Some(Holder {
                         key: action.key.clone(),
                         token: token.clone(),
                         expires_ms,
                     }),
-                    w: w.clone(),
+                    nonce: Nonce::default(),
                 };
-                let new_act = ActRecord {
+                let mut new_act = ActRecord {
                     state: KeyState::Intent {
                         resource: action.resource.clone(),
                         fence,
@@ -336,7 +329,7 @@ impl SideEffectStore for SideEffectAdapter {
                         since_ms: now,
                     },
                     reconcile: None,
-                    w: w.clone(),
+                    nonce: Nonce::default(),
                 };
                 let lease = Lease {
                     resource: action.resource.clone(),
@@ -347,14 +340,14 @@ impl SideEffectStore for SideEffectAdapter {
                 };
                 Ok(Decision::CommitWithUnasserted {
                     mutations: vec![
-                        Mutation::put(&rk, encode(&new_res)),
-                        Mutation::put(&ak, encode(&new_act)),
+                        new_res.put(&rk),
+                        new_act.put(&ak),
                     ],
                     unasserted: vec![Mutation::put(open_key(&action.key), Vec::new())],
-                    then: Ok(Acquired::applied(lease)),
+                    then: Acquired::applied(lease),
                 })
             })
-            .await?;
+            .await;
         if let Ok(acquired) = &decided {
             if let Some(lease) = &acquired.lease {
                 tracing::Span::current().record("fence", lease.fence.0);
@@ -382,7 +375,6 @@ impl SideEffectStore for SideEffectAdapter {
     ) -> Result<EffectResult, SideEffectError> {
         self.check_action(action)?;
         let now = self.now();
-        let w = mint_token();
         let ak = act_key(&action.key);
         let rk = res_key(&action.resource);
         let cursor = DONE_INDEX.cursor();
@@ -390,33 +382,32 @@ impl SideEffectStore for SideEffectAdapter {
             .decide(
                 &[ak.clone(), rk.clone(), cursor],
                 |view| -> Step<EffectResult> {
-                    let act: Option<ActRecord> = decode(view, &ak)?;
-                    let res: Option<ResRecord> = decode(view, &rk)?;
+                    let act = ActRecord::read(view, &ak)?;
+                    let res = ResRecord::read(view, &rk)?;
                     if let Some(KeyState::Completed { result, .. }) = act.as_ref().map(|a| &a.state)
                     {
                         // First result wins; nothing is written.
-                        return answer(Ok(EffectResult(result.clone())));
+                        return Ok(Decision::Return(EffectResult(result.clone())));
                     }
                     let Some(mut new_res) =
                         res.filter(|r| lease_is_current(Some(r), action, lease))
                     else {
-                        return answer(Err(SideEffectError::FenceStale));
+                        return Err(SideEffectError::FenceStale);
                     };
                     match act.map(|a| a.state) {
                         Some(KeyState::Uncertain { .. }) => {
-                            answer(Err(SideEffectError::OutcomeUnknown {
+                            Err(SideEffectError::OutcomeUnknown {
                                 reason:
                                     "the key is marked uncertain; only a resolution completes it"
                                         .into(),
                                 source: None,
-                            }))
+                            })
                         }
                         Some(KeyState::Intent { token, .. }) if token == lease.token => {
                             // The key is done: its lease has no purpose left, so
                             // it is freed in the same txn (saves the release round trip).
                             new_res.holder = None;
-                            new_res.w = w.clone();
-                            let new_act = ActRecord {
+                            let mut new_act = ActRecord {
                                 state: KeyState::Completed {
                                     result: result.0.clone(),
                                     fence: Some(lease.fence.0),
@@ -424,26 +415,26 @@ impl SideEffectStore for SideEffectAdapter {
                                     at_ms: now,
                                 },
                                 reconcile: None,
-                                w: w.clone(),
+                                nonce: Nonce::default(),
                             };
                             let (cursor, entry) = DONE_INDEX.final_writes(view, now, &action.key);
                             let mut mutations = vec![
-                                Mutation::put(&rk, encode(&new_res)),
-                                Mutation::put(&ak, encode(&new_act)),
+                                new_res.put(&rk),
+                                new_act.put(&ak),
                             ];
                             mutations.extend(cursor);
                             Ok(Decision::CommitWithUnasserted {
                                 mutations,
                                 unasserted: vec![entry, Mutation::delete(open_key(&action.key))],
-                                then: Ok(result.clone()),
+                                then: result.clone(),
                             })
                         }
                         // The attempt was abandoned or resolved meanwhile.
-                        _ => answer(Err(SideEffectError::FenceStale)),
+                        _ => Err(SideEffectError::FenceStale),
                     }
                 },
             )
-            .await?
+            .await
     }
 
     #[tracing::instrument(name = "sideeffect.release", skip_all, fields(
@@ -452,23 +443,21 @@ impl SideEffectStore for SideEffectAdapter {
     ))]
     async fn release(&self, action: &Action, lease: &Lease) -> Result<(), SideEffectError> {
         self.check_action(action)?;
-        let w = mint_token();
         let rk = res_key(&action.resource);
         self.engine
             .decide(std::slice::from_ref(&rk), |view| -> Step<()> {
-                let res: Option<ResRecord> = decode(view, &rk)?;
+                let res = ResRecord::read(view, &rk)?;
                 let Some(mut new_res) = res.filter(|r| lease_is_current(Some(r), action, lease))
                 else {
-                    return answer(Err(SideEffectError::FenceStale));
+                    return Err(SideEffectError::FenceStale);
                 };
                 new_res.holder = None;
-                new_res.w = w.clone();
                 Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(&rk, encode(&new_res))],
-                    then: Ok(()),
+                    mutations: vec![new_res.put(&rk)],
+                    then: (),
                 })
             })
-            .await?
+            .await
     }
 
     #[tracing::instrument(name = "sideeffect.renew", skip_all, fields(
@@ -485,13 +474,12 @@ impl SideEffectStore for SideEffectAdapter {
         let ttl_ms = Self::check_ttl(ttl)?;
         let now = self.now();
         let expires_ms = now.saturating_add(ttl_ms);
-        let w = mint_token();
         let ak = act_key(&action.key);
         let rk = res_key(&action.resource);
         self.engine
             .decide(&[ak.clone(), rk.clone()], |view| -> Step<Lease> {
-                let act: Option<ActRecord> = decode(view, &ak)?;
-                let res: Option<ResRecord> = decode(view, &rk)?;
+                let act = ActRecord::read(view, &ak)?;
+                let res = ResRecord::read(view, &rk)?;
                 let attempt_open = matches!(
                     act.map(|a| a.state),
                     Some(KeyState::Intent { token, .. }) if token == lease.token
@@ -502,20 +490,19 @@ impl SideEffectStore for SideEffectAdapter {
                 // Renewing an expired lease is a fake renew even if nobody
                 // took over yet: the holder may already have been judged dead.
                 let (Some(mut new_res), true) = (held, attempt_open) else {
-                    return answer(Err(SideEffectError::LeaseLost));
+                    return Err(SideEffectError::LeaseLost);
                 };
                 if let Some(holder) = new_res.holder.as_mut() {
                     holder.expires_ms = expires_ms;
                 }
-                new_res.w = w.clone();
                 let mut renewed = lease.clone();
                 renewed.expires_at = millis_to_time(expires_ms);
                 Ok(Decision::Commit {
-                    mutations: vec![Mutation::put(&rk, encode(&new_res))],
-                    then: Ok(renewed),
+                    mutations: vec![new_res.put(&rk)],
+                    then: renewed,
                 })
             })
-            .await?
+            .await
     }
 
     #[tracing::instrument(name = "sideeffect.mark_uncertain", skip_all, fields(
@@ -530,28 +517,27 @@ impl SideEffectStore for SideEffectAdapter {
     ) -> Result<(), SideEffectError> {
         self.check_action(action)?;
         let now = self.now();
-        let w = mint_token();
         let ak = act_key(&action.key);
         let rk = res_key(&action.resource);
         self.engine
             .decide(&[ak.clone(), rk.clone()], |view| -> Step<()> {
-                let act: Option<ActRecord> = decode(view, &ak)?;
-                let res: Option<ResRecord> = decode(view, &rk)?;
+                let act = ActRecord::read(view, &ak)?;
+                let res = ResRecord::read(view, &rk)?;
                 match act.as_ref().map(|a| &a.state) {
                     // Idempotent: already marked, nothing to write.
-                    Some(KeyState::Uncertain { .. }) => return answer(Ok(())),
+                    Some(KeyState::Uncertain { .. }) => return Ok(Decision::Return(())),
                     // Never turn a known result into an unknown one.
                     Some(KeyState::Completed { .. }) => {
-                        return answer(Err(SideEffectError::FenceStale))
+                        return Err(SideEffectError::FenceStale)
                     }
                     _ => {}
                 }
                 if !lease_is_current(res.as_ref(), action, lease) {
-                    return answer(Err(SideEffectError::FenceStale));
+                    return Err(SideEffectError::FenceStale);
                 }
                 // Marking and dropping the intent is one put of one record:
                 // if the txn fails, the intent is still there and still blocks.
-                let new_act = ActRecord {
+                let mut new_act = ActRecord {
                     state: KeyState::Uncertain {
                         resource: action.resource.clone(),
                         fence: Some(lease.fence.0),
@@ -559,17 +545,17 @@ impl SideEffectStore for SideEffectAdapter {
                         since_ms: now,
                     },
                     reconcile: None,
-                    w: w.clone(),
+                    nonce: Nonce::default(),
                 };
                 // The entry exists since the grant; written again for keys
                 // granted before the attention entries existed.
                 Ok(Decision::CommitWithUnasserted {
-                    mutations: vec![Mutation::put(&ak, encode(&new_act))],
+                    mutations: vec![new_act.put(&ak)],
                     unasserted: vec![Mutation::put(open_key(&action.key), Vec::new())],
-                    then: Ok(()),
+                    then: (),
                 })
             })
-            .await?
+            .await
     }
 
     #[tracing::instrument(name = "sideeffect.resolve_uncertain", skip_all, fields(
@@ -598,14 +584,13 @@ impl SideEffectStore for SideEffectAdapter {
         if lease.resource != action.resource {
             return Err(SideEffectError::FenceStale);
         }
-        let w = mint_token();
         let ak = act_key(&action.key);
         let rk = res_key(&action.resource);
         let decided = self
             .engine
             .decide(&[ak.clone(), rk.clone()], |view| -> Step<()> {
-                let act: Option<ActRecord> = decode(view, &ak)?;
-                let res: Option<ResRecord> = decode(view, &rk)?;
+                let act = ActRecord::read(view, &ak)?;
+                let res = ResRecord::read(view, &rk)?;
                 let own_intent = matches!(
                     act.as_ref().map(|a| &a.state),
                     Some(KeyState::Intent { token, .. }) if *token == lease.token
@@ -613,27 +598,26 @@ impl SideEffectStore for SideEffectAdapter {
                 if !own_intent {
                     // Completed, uncertain, or another attempt: dropping it
                     // would erase a fact (or someone else's attempt).
-                    return answer(Err(SideEffectError::FenceStale));
+                    return Err(SideEffectError::FenceStale);
                 }
-                let new_act = ActRecord {
+                let mut new_act = ActRecord {
                     state: KeyState::Idle,
                     reconcile: None,
-                    w: w.clone(),
+                    nonce: Nonce::default(),
                 };
-                let mut mutations = vec![Mutation::put(&ak, encode(&new_act))];
+                let mut mutations = vec![new_act.put(&ak)];
                 if let Some(mut new_res) = res.filter(|r| lease_is_current(Some(r), action, lease))
                 {
                     new_res.holder = None;
-                    new_res.w = w.clone();
-                    mutations.push(Mutation::put(&rk, encode(&new_res)));
+                    mutations.push(new_res.put(&rk));
                 }
                 Ok(Decision::CommitWithUnasserted {
                     mutations,
                     unasserted: vec![Mutation::delete(open_key(&action.key))],
-                    then: Ok(()),
+                    then: (),
                 })
             })
-            .await?;
+            .await;
         if decided.is_ok() {
             tracing::debug!(key = %action.key, fence = lease.fence.0, reason, "sideeffect abandon");
         }

@@ -8,11 +8,12 @@ use async_trait::async_trait;
 use coord_backend::{Backend, Mutation};
 use serde::{Deserialize, Serialize};
 
-use super::adapter::{answer, Step};
+use super::adapter::Step;
 use super::error::SideEffectError;
-use super::record::{decode, encode, sink_key};
+use super::record::sink_key;
 use super::types::Fence;
-use crate::{mint_token, CasEngine, Decision};
+use crate::cas::{Nonce, Record};
+use crate::{CasEngine, Decision};
 
 /// A downstream resource that refuses writes from stale holders.
 ///
@@ -55,7 +56,15 @@ pub trait FencedSink: Send + Sync + Debug {
 #[derive(Serialize, Deserialize)]
 struct SinkRecord {
     fence: u64,
-    w: String,
+    #[serde(alias = "w")]
+    nonce: Nonce,
+}
+
+impl Record for SinkRecord {
+    const KIND: &'static str = "a fenced sink record";
+    fn nonce_mut(&mut self) -> &mut Nonce {
+        &mut self.nonce
+    }
 }
 
 /// A [`FencedSink`] over the three primitives: the highest fence seen lives
@@ -106,8 +115,7 @@ impl BackendFencedSink {
     pub async fn highest_seen(&self, resource: &str) -> Result<Option<Fence>, SideEffectError> {
         let key = sink_key(resource);
         let entries = self.engine.snapshot(std::slice::from_ref(&key)).await?;
-        let record: Option<SinkRecord> =
-            super::record::decode_bytes(&key, entries[0].value.as_deref())?;
+        let record = SinkRecord::from_value(&key, entries[0].value.as_deref())?;
         Ok(record.map(|r| Fence(r.fence)))
     }
 }
@@ -137,28 +145,25 @@ impl FencedSink for BackendFencedSink {
         let fk = sink_key(resource);
         let mut keys = vec![fk.clone()];
         keys.extend(write.iter().map(|m| m.key().to_owned()));
-        // A fresh token in the fence record makes every commit distinguishable
+        // The fence record's nonce makes every commit distinguishable
         // (indeterminate txns), even when the data repeats.
-        let w = mint_token();
         self.engine
             .decide(&keys, |view| -> Step<()> {
-                let seen: Option<SinkRecord> = decode(view, &fk)?;
+                let seen = SinkRecord::read(view, &fk)?;
                 if seen.is_some_and(|s| presented.0 < s.fence) {
-                    return answer(Err(SideEffectError::FenceStale));
+                    return Err(SideEffectError::FenceStale);
                 }
                 let mut mutations = write.clone();
-                mutations.push(Mutation::put(
-                    &fk,
-                    encode(&SinkRecord {
-                        fence: presented.0,
-                        w: w.clone(),
-                    }),
-                ));
+                let mut fenced = SinkRecord {
+                    fence: presented.0,
+                    nonce: Nonce::default(),
+                };
+                mutations.push(fenced.put(&fk));
                 Ok(Decision::Commit {
                     mutations,
-                    then: Ok(()),
+                    then: (),
                 })
             })
-            .await?
+            .await
     }
 }

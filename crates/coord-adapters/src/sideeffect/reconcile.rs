@@ -12,14 +12,15 @@ use std::time::Duration;
 
 use coord_backend::Mutation;
 
-use super::adapter::{answer, Step};
+use super::adapter::Step;
 use super::error::SideEffectError;
 use super::record::{
-    act_key, decode, encode, intent_is_live, millis_to_time, open_key, res_key, ActRecord,
+    act_key, intent_is_live, millis_to_time, open_key, res_key, ActRecord,
     ClaimRecord, KeyState, ResRecord, DONE_INDEX,
 };
 use super::types::{Action, EffectResult, Execution, Outcome, ReconcileClaim, Resolution};
 use super::SideEffectAdapter;
+use crate::cas::{Nonce, Record};
 use crate::{mint_token, Decision, View};
 
 /// Whether the key in `act` awaits a resolution, or why not.
@@ -42,7 +43,7 @@ fn standing(view: &View, act: Option<&ActRecord>, now: u64) -> Result<Standing, 
             if !view.contains(&irk) {
                 return Err(Ok(Decision::Expand(vec![irk])));
             }
-            let ires: Option<ResRecord> = match decode(view, &irk) {
+            let ires = match ResRecord::read(view, &irk) {
                 Ok(r) => r,
                 Err(e) => return Err(Err(e.into())),
             };
@@ -74,34 +75,33 @@ impl SideEffectAdapter {
     ) -> Result<Execution, SideEffectError> {
         self.check_action(action)?;
         let now = self.now();
-        let w = mint_token();
         let ak = act_key(&action.key);
         let decided = self
             .engine()
             .decide(
                 &[ak.clone(), DONE_INDEX.cursor()],
                 |view| -> Step<Execution> {
-                    let act: Option<ActRecord> = decode(view, &ak)?;
+                    let act = ActRecord::read(view, &ak)?;
                     if let Some(holder) = holder {
                         let owns = act
                             .as_ref()
                             .and_then(|a| a.reconcile.as_ref())
                             .is_some_and(|c| c.holder == holder && c.expires_ms > now);
                         if !owns {
-                            return answer(Err(SideEffectError::ReconcileLost));
+                            return Err(SideEffectError::ReconcileLost);
                         }
                     }
                     match standing(view, act.as_ref(), now) {
                         Err(step) => return retype(step),
                         Ok(Standing::Completed(result)) => {
                             // First resolution (or completion) wins.
-                            return answer(Ok(Execution {
+                            return Ok(Decision::Return(Execution {
                                 outcome: Outcome::Replayed,
                                 result: Some(EffectResult(result)),
                             }));
                         }
                         Ok(Standing::NotUncertain) => {
-                            return answer(Err(SideEffectError::NotUncertain))
+                            return Err(SideEffectError::NotUncertain)
                         }
                         Ok(Standing::Uncertain) => {}
                     }
@@ -127,12 +127,12 @@ impl SideEffectAdapter {
                             },
                         )
                     };
-                    let new_act = ActRecord {
+                    let mut new_act = ActRecord {
                         state,
                         reconcile: None,
-                        w: w.clone(),
+                        nonce: Nonce::default(),
                     };
-                    let mut mutations = vec![Mutation::put(&ak, encode(&new_act))];
+                    let mut mutations = vec![new_act.put(&ak)];
                     // Resolved either way: the key needs no attention any more.
                     let mut unasserted = vec![Mutation::delete(open_key(&action.key))];
                     if resolution.applied {
@@ -143,11 +143,11 @@ impl SideEffectAdapter {
                     Ok(Decision::CommitWithUnasserted {
                         mutations,
                         unasserted,
-                        then: Ok(then),
+                        then: then,
                     })
                 },
             )
-            .await?;
+            .await;
         if decided.is_ok() {
             tracing::info!(
                 key = %action.key,
@@ -170,43 +170,41 @@ impl SideEffectAdapter {
         let now = self.now();
         let expires_ms = now.saturating_add(ttl_ms);
         let holder = mint_token();
-        let w = mint_token();
         let ak = act_key(&action.key);
         self.engine()
             .decide(
                 std::slice::from_ref(&ak),
                 |view| -> Step<Option<ReconcileClaim>> {
-                    let act: Option<ActRecord> = decode(view, &ak)?;
+                    let act = ActRecord::read(view, &ak)?;
                     match standing(view, act.as_ref(), now) {
                         Err(step) => return retype(step),
                         Ok(Standing::Uncertain) => {}
-                        Ok(_) => return answer(Err(SideEffectError::NotUncertain)),
+                        Ok(_) => return Err(SideEffectError::NotUncertain),
                     }
                     let Some(mut new_act) = act else {
-                        return answer(Err(SideEffectError::NotUncertain));
+                        return Err(SideEffectError::NotUncertain);
                     };
                     if new_act
                         .reconcile
                         .as_ref()
                         .is_some_and(|c| c.expires_ms > now)
                     {
-                        return answer(Ok(None));
+                        return Ok(Decision::Return(None));
                     }
                     new_act.reconcile = Some(ClaimRecord {
                         holder: holder.clone(),
                         expires_ms,
                     });
-                    new_act.w = w.clone();
                     Ok(Decision::Commit {
-                        mutations: vec![Mutation::put(&ak, encode(&new_act))],
-                        then: Ok(Some(ReconcileClaim {
+                        mutations: vec![new_act.put(&ak)],
+                        then: Some(ReconcileClaim {
                             key: action.key.clone(),
                             holder: holder.clone(),
                             expires_at: millis_to_time(expires_ms),
-                        })),
+                        }),
                     })
                 },
             )
-            .await?
+            .await
     }
 }

@@ -11,17 +11,17 @@
 //!   completed keys (written in the completing txn; see
 //!   [`crate::retention`]), which `SideEffectAdapter::prune` walks.
 //!
-//! Records are JSON; bytes are base64. Every record carries `w`, a token
-//! minted for that write, so the CAS engine can tell whether an
-//! indeterminate txn landed (no two writes are byte-identical).
+//! Records are JSON ([`Record`]); bytes are base64. Every record carries a
+//! [`Nonce`] stamped on each write, so the CAS engine can tell whether an
+//! indeterminate txn landed (no two writes are byte-identical). Records
+//! written before it was named `nonce` carry it as `w`.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use coord_backend::Error;
-use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use serde::{Deserialize, Serialize};
 
 use super::types::{Action, Lease, RetrySafety};
-use crate::View;
+use crate::cas::{Nonce, Record};
 
 pub(crate) const ACT_PREFIX: &str = "se/act/";
 pub(crate) const RES_PREFIX: &str = "se/res/";
@@ -61,7 +61,8 @@ pub(crate) struct ResRecord {
     pub(crate) fence: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) holder: Option<Holder>,
-    pub(crate) w: String,
+    #[serde(alias = "w")]
+    pub(crate) nonce: Nonce,
 }
 
 /// The current grant of a resource (its fence is [`ResRecord::fence`]).
@@ -119,7 +120,22 @@ pub(crate) struct ActRecord {
     pub(crate) state: KeyState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) reconcile: Option<ClaimRecord>,
-    pub(crate) w: String,
+    #[serde(alias = "w")]
+    pub(crate) nonce: Nonce,
+}
+
+impl Record for ActRecord {
+    const KIND: &'static str = "a side-effect key record";
+    fn nonce_mut(&mut self) -> &mut Nonce {
+        &mut self.nonce
+    }
+}
+
+impl Record for ResRecord {
+    const KIND: &'static str = "a side-effect resource record";
+    fn nonce_mut(&mut self) -> &mut Nonce {
+        &mut self.nonce
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -142,28 +158,6 @@ mod b64 {
             .decode(text.as_bytes())
             .map_err(serde::de::Error::custom)
     }
-}
-
-/// Decode the record at `key` in `view` (`None` when missing).
-pub(crate) fn decode<T: DeserializeOwned>(view: &View, key: &str) -> Result<Option<T>, Error> {
-    decode_bytes(key, view.value(key))
-}
-
-pub(crate) fn decode_bytes<T: DeserializeOwned>(
-    key: &str,
-    bytes: Option<&[u8]>,
-) -> Result<Option<T>, Error> {
-    match bytes {
-        None => Ok(None),
-        Some(bytes) => serde_json::from_slice(bytes)
-            .map(Some)
-            .map_err(|e| Error::malformed(key, format!("not a side-effect record: {e}"))),
-    }
-}
-
-pub(crate) fn encode<T: Serialize>(record: &T) -> Vec<u8> {
-    // Serializing these plain structs cannot fail (string keys, no maps of non-strings).
-    serde_json::to_vec(record).expect("side-effect records always serialize")
 }
 
 /// The three-way check: the lease is the current grant of its resource
@@ -190,13 +184,4 @@ pub(crate) fn millis_to_time(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
-/// A TTL in whole milliseconds, rounded up so a sub-millisecond TTL does not expire at once.
-pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
-    let ms = ttl.as_millis();
-    let ms = if Duration::from_millis(ms as u64) < ttl {
-        ms + 1
-    } else {
-        ms
-    };
-    u64::try_from(ms).unwrap_or(u64::MAX)
-}
+
