@@ -60,11 +60,13 @@ use coord_backend::{Backend, Error, InvalidInput};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::cas::{record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace};
+use crate::cas::{
+    record_kind, record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace,
+};
 use crate::lock::LostReason;
 use crate::mint_token;
 use crate::rwlock::fallback_pause;
-use crate::wake::Wake;
+use crate::wake::Deadline;
 
 /// Errors of [`Election`] operations.
 #[derive(Debug, thiserror::Error)]
@@ -366,15 +368,7 @@ record_options! {
     pub struct ElectionOptions, prefix "election/" {
         /// Longest sleep of a waiting call between two attempts when no change
         /// notification wakes it (the fallback poll; default 250 ms).
-        pub max_poll: Duration = Duration::from_millis(250),
-    }
-}
-
-impl ElectionOptions {
-    /// The longest fallback sleep of a waiting call between two attempts.
-    pub fn with_max_poll(mut self, max_poll: Duration) -> Self {
-        self.max_poll = max_poll.max(Duration::from_millis(1));
-        self
+        pub max_poll: Duration = Duration::from_millis(250), set by with_max_poll,
     }
 }
 
@@ -389,12 +383,7 @@ struct ElectionRecord {
     nonce: Nonce,
 }
 
-impl Record for ElectionRecord {
-    const KIND: &'static str = "an election record";
-    fn nonce_mut(&mut self) -> &mut Nonce {
-        &mut self.nonce
-    }
-}
+record_kind!(ElectionRecord, "an election record");
 
 #[derive(Serialize, Deserialize)]
 struct LeaderRecord {
@@ -451,8 +440,6 @@ impl GenericElection {
         self.space.stats()
     }
 
-
-
     fn live_leader(name: &str, record: &ElectionRecord, now: u64) -> Option<LeaderInfo> {
         record
             .leader
@@ -478,7 +465,8 @@ impl GenericElection {
         let record_key = self.space.key(&leadership.name);
         let now = self.space.now_millis();
         let keys = [record_key.clone()];
-        self.space.engine()
+        self.space
+            .engine()
             .decide(&keys, |view| {
                 let record = ElectionRecord::read(view, &record_key)?;
                 let lost = |reason| ElectionError::Lost {
@@ -525,7 +513,7 @@ impl GenericElection {
     async fn read_leader(&self, name: &str) -> Result<Option<LeaderInfo>, ElectionError> {
         validate_election_input(name, "-", Duration::from_millis(1))?;
         let Some(record) = self.space.inspect::<ElectionRecord>(name).await? else {
-        return Ok(None);
+            return Ok(None);
         };
         Ok(Self::live_leader(name, &record, self.space.now_millis()))
     }
@@ -536,7 +524,7 @@ impl GenericElection {
     pub async fn status(&self, name: &str) -> Result<Option<ElectionStatus>, ElectionError> {
         validate_election_input(name, "-", Duration::from_millis(1))?;
         let Some(record) = self.space.inspect::<ElectionRecord>(name).await? else {
-        return Ok(None);
+            return Ok(None);
         };
         Ok(Some(ElectionStatus {
             name: name.to_owned(),
@@ -584,7 +572,8 @@ impl Election for GenericElection {
         let expires_ms = now.saturating_add(whole_millis(ttl));
         let token = mint_token();
         let keys = [record_key.clone()];
-        let won = self.space
+        let won = self
+            .space
             .engine()
             .decide(&keys, |view| {
                 let mut record = ElectionRecord::read(view, &record_key)?.unwrap_or_default();
@@ -629,25 +618,18 @@ impl Election for GenericElection {
         timeout: Duration,
     ) -> Result<Leadership, ElectionError> {
         validate_election_input(name, candidate, ttl)?;
-        let started = Instant::now();
-        let deadline = started + timeout;
-        let mut wake = Wake::watch(self.space.engine().backend().as_ref(), &self.space.key(name)).await;
-        let mut attempts = 0u32;
-        loop {
-            if let Some(won) = self.try_campaign(name, candidate, value, ttl).await? {
-                return Ok(won);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(ElectionError::Timeout {
-                    name: name.to_owned(),
-                    waited: now - started,
-                });
-            }
-            attempts += 1;
-            wake.until((now + fallback_pause(attempts, self.max_poll)).min(deadline))
-                .await;
-        }
+        let deadline = Deadline::after(timeout);
+        let mut wake = self.space.watch(name).await;
+        wake.retry(
+            deadline,
+            |attempts| fallback_pause(attempts, self.max_poll),
+            || self.try_campaign(name, candidate, value, ttl),
+            |waited| ElectionError::Timeout {
+                name: name.to_owned(),
+                waited,
+            },
+        )
+        .await
     }
 
     #[tracing::instrument(name = "election.renew", skip_all, fields(name = %leadership.name, term = leadership.term))]
@@ -677,34 +659,29 @@ impl Election for GenericElection {
         timeout: Duration,
     ) -> Result<Option<LeaderInfo>, ElectionError> {
         validate_election_input(name, "-", Duration::from_millis(1))?;
-        let started = Instant::now();
-        let deadline = started + timeout;
-        let mut wake = Wake::watch(self.space.engine().backend().as_ref(), &self.space.key(name)).await;
-        let mut attempts = 0u32;
-        loop {
-            let now_leader = self.read_leader(name).await?;
-            // A renewal moves only the expiry: not a change worth reporting.
-            let same = match (&now_leader, last) {
-                (None, None) => true,
-                (Some(a), Some(b)) => {
-                    (a.term, &a.candidate, &a.value) == (b.term, &b.candidate, &b.value)
-                }
-                _ => false,
-            };
-            if !same {
-                return Ok(now_leader);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(ElectionError::Timeout {
-                    name: name.to_owned(),
-                    waited: now - started,
-                });
-            }
-            attempts += 1;
-            wake.until((now + fallback_pause(attempts, self.max_poll)).min(deadline))
-                .await;
-        }
+        let deadline = Deadline::after(timeout);
+        let mut wake = self.space.watch(name).await;
+        wake.retry(
+            deadline,
+            |attempts| fallback_pause(attempts, self.max_poll),
+            || async {
+                let now_leader = self.read_leader(name).await?;
+                // A renewal moves only the expiry: not a change worth reporting.
+                let same = match (&now_leader, last) {
+                    (None, None) => true,
+                    (Some(a), Some(b)) => {
+                        (a.term, &a.candidate, &a.value) == (b.term, &b.candidate, &b.value)
+                    }
+                    _ => false,
+                };
+                Ok((!same).then_some(now_leader))
+            },
+            |waited| ElectionError::Timeout {
+                name: name.to_owned(),
+                waited,
+            },
+        )
+        .await
     }
 }
 

@@ -69,10 +69,11 @@ use coord_backend::Backend;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::cas::{record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace};
+use crate::cas::{
+    record_kind, record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace,
+};
 use crate::lock::{validate_lock_input, LockError, LockHandle, LostReason};
 use crate::mint_token;
-use crate::wake::Wake;
 
 /// Whether a holder reads or writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -217,15 +218,7 @@ record_options! {
     pub struct RwLockOptions, prefix "rwlock/" {
         /// Longest sleep of a waiting call between two attempts when no change
         /// notification wakes it (the fallback poll; default 250 ms).
-        pub max_poll: Duration = Duration::from_millis(250),
-    }
-}
-
-impl RwLockOptions {
-    /// The longest fallback sleep of a waiting call between two attempts.
-    pub fn with_max_poll(mut self, max_poll: Duration) -> Self {
-        self.max_poll = max_poll.max(Duration::from_millis(1));
-        self
+        pub max_poll: Duration = Duration::from_millis(250), set by with_max_poll,
     }
 }
 
@@ -243,12 +236,7 @@ struct RwRecord {
     nonce: Nonce,
 }
 
-impl Record for RwRecord {
-    const KIND: &'static str = "a read-write lock record";
-    fn nonce_mut(&mut self) -> &mut Nonce {
-        &mut self.nonce
-    }
-}
+record_kind!(RwRecord, "a read-write lock record");
 
 #[derive(Serialize, Deserialize, Clone)]
 struct RwHolder {
@@ -301,7 +289,7 @@ enum Grant {
 pub(crate) fn fallback_pause(attempts: u32, max: Duration) -> Duration {
     let cap = Duration::from_millis(5)
         .saturating_mul(1u32 << attempts.min(16))
-        .min(max);
+        .min(max.max(Duration::from_millis(1)));
     cap / 2 + (cap / 2).mul_f64(crate::jitter::unit())
 }
 
@@ -329,8 +317,6 @@ impl GenericRwLock {
         self.space.stats()
     }
 
-
-
     /// One grant decision. `queued`: the token of this caller's queue entry
     /// when it waits in `write` (a refused waiting writer joins or refreshes
     /// the queue in the same txn).
@@ -348,7 +334,8 @@ impl GenericRwLock {
         let expires_ms = now.saturating_add(whole_millis(ttl));
         let token = mint_token();
         let keys = [record_key.clone()];
-        self.space.engine()
+        self.space
+            .engine()
             .decide(&keys, |view| {
                 let mut record = RwRecord::read(view, &record_key)?.unwrap_or_default();
                 record.prune(now);
@@ -413,7 +400,8 @@ impl GenericRwLock {
     async fn leave_queue(&self, key: &str, waiter: &str) -> Result<(), LockError> {
         let record_key = self.space.key(key);
         let keys = [record_key.clone()];
-        self.space.engine()
+        self.space
+            .engine()
             .decide::<(), LockError, _>(&keys, |view| {
                 let Ok(Some(mut record)) = RwRecord::read(view, &record_key) else {
                     return Ok(Decision::Return(()));
@@ -441,7 +429,7 @@ impl GenericRwLock {
         let started = Instant::now();
         let deadline = started + timeout;
         // Watch first, read second, wait third (see `Wake`).
-        let mut wake = Wake::watch(self.space.engine().backend().as_ref(), &self.space.key(key)).await;
+        let mut wake = self.space.watch(key).await;
         let waiter = (mode == RwMode::Write).then(mint_token);
         let mut attempts = 0u32;
         loop {
@@ -476,7 +464,7 @@ impl GenericRwLock {
             attempts += 1;
             // A queued writer refreshes its queue entry when it polls: poll
             // well inside its TTL so the entry never lapses while it waits.
-            let max = self.max_poll.min((ttl / 4).max(Duration::from_millis(1)));
+            let max = self.max_poll.min(ttl / 4).max(Duration::from_millis(1));
             wake.until((now + fallback_pause(attempts, max)).min(deadline))
                 .await;
         }
@@ -509,7 +497,8 @@ impl GenericRwLock {
         let record_key = self.space.key(handle.key());
         let now = self.space.now_millis();
         let keys = [record_key.clone()];
-        self.space.engine()
+        self.space
+            .engine()
             .decide(&keys, |view| {
                 let record = RwRecord::read(view, &record_key)?;
                 if let Some(reason) = Self::why_not_held(handle, record.as_ref(), now) {
@@ -520,7 +509,9 @@ impl GenericRwLock {
                 if renew {
                     for h in record.holders.iter_mut().filter(|h| h.token == token) {
                         // A clock stepping back must not shorten a granted lease.
-                        h.expires_ms = now.saturating_add(whole_millis(handle.ttl())).max(h.expires_ms);
+                        h.expires_ms = now
+                            .saturating_add(whole_millis(handle.ttl()))
+                            .max(h.expires_ms);
                     }
                 } else {
                     record.holders.retain(|h| h.token != token);
@@ -596,7 +587,7 @@ impl RwLock for GenericRwLock {
     async fn status(&self, key: &str) -> Result<Option<RwStatus>, LockError> {
         validate_lock_input(key, Duration::from_millis(1))?;
         let Some(record) = self.space.inspect::<RwRecord>(key).await? else {
-        return Ok(None);
+            return Ok(None);
         };
         let now = self.space.now_millis();
         Ok(Some(RwStatus {

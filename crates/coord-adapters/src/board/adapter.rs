@@ -12,7 +12,9 @@ use super::{
     validate_claim, validate_spec, validate_task_id, validate_ttl, Board, BoardError, ClaimedTask,
     Task, TaskSpec,
 };
-use crate::cas::{record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace, View};
+use crate::cas::{
+    record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace, View,
+};
 use crate::mint_token;
 use crate::retention::{PruneOptions, Pruned, Removal, RetentionIndex};
 
@@ -104,7 +106,8 @@ impl BoardAdapter {
             .chain(spec.deps.iter().map(|d| self.task_key(d)))
             .collect();
         let now = self.space.now_millis();
-        self.space.engine()
+        self.space
+            .engine()
             .decide::<(), BoardError, _>(&keys, |view| {
                 let record = match self.read(view, &spec.id) {
                     Ok(Some(record)) => record,
@@ -137,7 +140,8 @@ impl BoardAdapter {
                 // Entries of dropped dependencies go as far as the call has
                 // room; one left behind only makes a later prune of that
                 // dependency look at this task and leave it as it is.
-                let room = self.space
+                let room = self
+                    .space
                     .engine()
                     .backend()
                     .limits()
@@ -219,7 +223,8 @@ impl BoardAdapter {
             More,
         }
         let key = self.task_key(id);
-        let per_txn = (self.space
+        let per_txn = (self
+            .space
             .engine()
             .backend()
             .limits()
@@ -237,7 +242,8 @@ impl BoardAdapter {
                 keys.push(waiter.clone());
                 keys.push(self.task_key(&waiter[prefix.len()..]));
             }
-            let step = self.space
+            let step = self
+                .space
                 .engine()
                 .decide(&keys, |view| -> Result<Decision<Step>, Error> {
                     if view.value(entry).is_none() {
@@ -275,8 +281,7 @@ impl BoardAdapter {
                                 && !record.met.iter().any(|d| d == id);
                             if waits {
                                 record.met.push(id.to_owned());
-                                mutations
-                                    .push(record.put(self.task_key(dependent)));
+                                mutations.push(record.put(self.task_key(dependent)));
                             }
                         }
                         mutations.push(Mutation::delete(waiter.as_str()));
@@ -387,7 +392,8 @@ impl Board for BoardAdapter {
         let keys: Vec<String> = std::iter::once(key.clone())
             .chain(spec.deps.iter().map(|d| self.task_key(d)))
             .collect();
-        self.space.engine()
+        self.space
+            .engine()
             .decide::<(), BoardError, _>(&keys, |view| {
                 match self.read(view, &spec.id) {
                     Ok(Some(existing)) => {
@@ -438,86 +444,84 @@ impl Board for BoardAdapter {
         let now = self.space.now_millis();
         let expires_ms = now.saturating_add(whole_millis(ttl));
         let token = mint_token();
-        let answer = self.space
+        let answer = self
+            .space
             .engine()
-            .decide::<ClaimedTask, BoardError, _>(
-                std::slice::from_ref(&key),
-                |view| {
-                    let record = match self.read(view, id) {
-                        Ok(Some(record)) => record,
-                        Ok(None) => return refuse(BoardError::NotFound { id: id.to_owned() }),
+            .decide::<ClaimedTask, BoardError, _>(std::slice::from_ref(&key), |view| {
+                let record = match self.read(view, id) {
+                    Ok(Some(record)) => record,
+                    Ok(None) => return refuse(BoardError::NotFound { id: id.to_owned() }),
+                    Err(e) => return refuse(e),
+                };
+                if record.done.is_some() {
+                    return refuse(BoardError::Completed { id: id.to_owned() });
+                }
+                if let Some(claim) = record.live_claim(now) {
+                    return refuse(BoardError::AlreadyClaimed {
+                        id: id.to_owned(),
+                        agent: claim.agent.clone(),
+                        expires_at: at_millis(claim.expires_ms),
+                    });
+                }
+                // The dependency list lives in the record, so its keys are only
+                // known now. Whatever the list says in THIS view is read and
+                // asserted; if it changed since an earlier round, the new keys
+                // are added here (and stale extra keys are merely asserted too).
+                let unread: Vec<String> = record
+                    .deps
+                    .iter()
+                    .filter(|d| !record.met.contains(d))
+                    .map(|d| self.task_key(d))
+                    .filter(|k| !view.contains(k))
+                    .collect();
+                if !unread.is_empty() {
+                    return Ok(Decision::Expand(unread));
+                }
+                let mut pending = Vec::new();
+                for dep in record.deps.iter().filter(|d| !record.met.contains(d)) {
+                    match self.read(view, dep) {
+                        Ok(Some(d)) if d.done.is_some() => {}
+                        Ok(_) => pending.push(dep.clone()),
                         Err(e) => return refuse(e),
-                    };
-                    if record.done.is_some() {
-                        return refuse(BoardError::Completed { id: id.to_owned() });
                     }
-                    if let Some(claim) = record.live_claim(now) {
-                        return refuse(BoardError::AlreadyClaimed {
-                            id: id.to_owned(),
-                            agent: claim.agent.clone(),
-                            expires_at: at_millis(claim.expires_ms),
-                        });
-                    }
-                    // The dependency list lives in the record, so its keys are only
-                    // known now. Whatever the list says in THIS view is read and
-                    // asserted; if it changed since an earlier round, the new keys
-                    // are added here (and stale extra keys are merely asserted too).
-                    let unread: Vec<String> = record
-                        .deps
-                        .iter()
-                        .filter(|d| !record.met.contains(d))
-                        .map(|d| self.task_key(d))
-                        .filter(|k| !view.contains(k))
-                        .collect();
-                    if !unread.is_empty() {
-                        return Ok(Decision::Expand(unread));
-                    }
-                    let mut pending = Vec::new();
-                    for dep in record.deps.iter().filter(|d| !record.met.contains(d)) {
-                        match self.read(view, dep) {
-                            Ok(Some(d)) if d.done.is_some() => {}
-                            Ok(_) => pending.push(dep.clone()),
-                            Err(e) => return refuse(e),
-                        }
-                    }
-                    if !pending.is_empty() {
-                        return refuse(BoardError::DependenciesNotMet {
-                            id: id.to_owned(),
-                            pending,
-                        });
-                    }
-                    // A first claim takes the record's version: a record
-                    // added again after a prune has a version above every
-                    // version (so every generation) its earlier life had.
-                    let generation = if record.generation == 0 {
-                        view.version(&key).0.max(1)
-                    } else {
-                        record.generation + 1
-                    };
-                    let mut claimed = TaskRecord {
+                }
+                if !pending.is_empty() {
+                    return refuse(BoardError::DependenciesNotMet {
+                        id: id.to_owned(),
+                        pending,
+                    });
+                }
+                // A first claim takes the record's version: a record
+                // added again after a prune has a version above every
+                // version (so every generation) its earlier life had.
+                let generation = if record.generation == 0 {
+                    view.version(&key).0.max(1)
+                } else {
+                    record.generation + 1
+                };
+                let mut claimed = TaskRecord {
+                    generation,
+                    claim: Some(ClaimRecord {
+                        agent: agent.to_owned(),
+                        token: token.clone(),
+                        expires_ms,
+                    }),
+                    nonce: Nonce::default(),
+                    ..record.clone()
+                };
+                Ok(Decision::Commit {
+                    mutations: vec![claimed.put(&key)],
+                    then: ClaimedTask {
+                        id: id.to_owned(),
+                        payload: record.payload,
+                        deps: record.deps,
+                        agent: agent.to_owned(),
+                        token: token.clone(),
                         generation,
-                        claim: Some(ClaimRecord {
-                            agent: agent.to_owned(),
-                            token: token.clone(),
-                            expires_ms,
-                        }),
-                        nonce: Nonce::default(),
-                        ..record.clone()
-                    };
-                    Ok(Decision::Commit {
-                        mutations: vec![claimed.put(&key)],
-                        then: ClaimedTask {
-                            id: id.to_owned(),
-                            payload: record.payload,
-                            deps: record.deps,
-                            agent: agent.to_owned(),
-                            token: token.clone(),
-                            generation,
-                            expires_at: at_millis(expires_ms),
-                        },
-                    })
-                },
-            )
+                        expires_at: at_millis(expires_ms),
+                    },
+                })
+            })
             .await;
         if let Ok(claimed) = &answer {
             tracing::Span::current().record("fence", claimed.generation);
@@ -533,44 +537,42 @@ impl Board for BoardAdapter {
         validate_ttl(ttl)?;
         let key = self.task_key(id);
         let now = self.space.now_millis();
-        let answer = self.space
+        let answer = self
+            .space
             .engine()
-            .decide::<ClaimedTask, BoardError, _>(
-                std::slice::from_ref(&key),
-                |view| {
-                    let record = match self.read(view, id) {
-                        Ok(record) => record,
-                        Err(e) => return refuse(e),
-                    };
-                    let record = match self.holder_check(record.as_ref(), id, token, now) {
-                        Ok(record) => record.clone(),
-                        Err(e) => return refuse(e),
-                    };
-                    let claim = record.claim.clone().expect("checked: a live claim");
-                    // A clock stepping back must not shorten a lease already granted.
-                    let expires_ms = now.saturating_add(whole_millis(ttl)).max(claim.expires_ms);
-                    let mut renewed = TaskRecord {
-                        claim: Some(ClaimRecord {
-                            expires_ms,
-                            ..claim.clone()
-                        }),
-                        nonce: Nonce::default(),
-                        ..record.clone()
-                    };
-                    Ok(Decision::Commit {
-                        mutations: vec![renewed.put(&key)],
-                        then: ClaimedTask {
-                            id: id.to_owned(),
-                            payload: record.payload,
-                            deps: record.deps,
-                            agent: claim.agent,
-                            token: token.to_owned(),
-                            generation: record.generation,
-                            expires_at: at_millis(expires_ms),
-                        },
-                    })
-                },
-            )
+            .decide::<ClaimedTask, BoardError, _>(std::slice::from_ref(&key), |view| {
+                let record = match self.read(view, id) {
+                    Ok(record) => record,
+                    Err(e) => return refuse(e),
+                };
+                let record = match self.holder_check(record.as_ref(), id, token, now) {
+                    Ok(record) => record.clone(),
+                    Err(e) => return refuse(e),
+                };
+                let claim = record.claim.clone().expect("checked: a live claim");
+                // A clock stepping back must not shorten a lease already granted.
+                let expires_ms = now.saturating_add(whole_millis(ttl)).max(claim.expires_ms);
+                let mut renewed = TaskRecord {
+                    claim: Some(ClaimRecord {
+                        expires_ms,
+                        ..claim.clone()
+                    }),
+                    nonce: Nonce::default(),
+                    ..record.clone()
+                };
+                Ok(Decision::Commit {
+                    mutations: vec![renewed.put(&key)],
+                    then: ClaimedTask {
+                        id: id.to_owned(),
+                        payload: record.payload,
+                        deps: record.deps,
+                        agent: claim.agent,
+                        token: token.to_owned(),
+                        generation: record.generation,
+                        expires_at: at_millis(expires_ms),
+                    },
+                })
+            })
             .await;
         if let Ok(claimed) = &answer {
             tracing::Span::current().record("fence", claimed.generation);
@@ -585,7 +587,8 @@ impl Board for BoardAdapter {
         validate_task_id(id)?;
         let key = self.task_key(id);
         let now = self.space.now_millis();
-        self.space.engine()
+        self.space
+            .engine()
             .decide::<(), BoardError, _>(std::slice::from_ref(&key), |view| {
                 let record = match self.read(view, id) {
                     Ok(record) => record,
@@ -622,7 +625,8 @@ impl Board for BoardAdapter {
         let index = self.done_index();
         let keys = [key.clone(), index.cursor()];
         let now = self.space.now_millis();
-        self.space.engine()
+        self.space
+            .engine()
             .decide::<(), BoardError, _>(&keys, |view| {
                 let record = match self.read(view, id) {
                     Ok(record) => record,
@@ -647,7 +651,8 @@ impl Board for BoardAdapter {
                 // entries go (nothing writes them again once it is completed).
                 // (A task stored before entries existed may list more
                 // dependencies than fit: it has no entries to delete.)
-                let budget = self.space
+                let budget = self
+                    .space
                     .engine()
                     .backend()
                     .limits()
@@ -687,7 +692,11 @@ impl Board for BoardAdapter {
     async fn get(&self, id: &str) -> Result<Task, BoardError> {
         validate_task_id(id)?;
         let key = self.task_key(id);
-        let entries = self.space.engine().snapshot(std::slice::from_ref(&key)).await?;
+        let entries = self
+            .space
+            .engine()
+            .snapshot(std::slice::from_ref(&key))
+            .await?;
         let now = self.space.now_millis();
         match entries.first().and_then(|e| e.value.as_deref()) {
             Some(bytes) => Ok(TaskRecord::decode(&key, id, bytes)?.to_task(now)),
@@ -698,7 +707,13 @@ impl Board for BoardAdapter {
     async fn list(&self) -> Result<Vec<Task>, BoardError> {
         let prefix = self.tasks_prefix();
         let keys = self.space.engine().backend().keys(&prefix).await?;
-        let per_call = self.space.engine().backend().limits().max_keys_per_call.max(1);
+        let per_call = self
+            .space
+            .engine()
+            .backend()
+            .limits()
+            .max_keys_per_call
+            .max(1);
         let mut tasks = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(per_call) {
             let entries = self.space.engine().snapshot(chunk).await?;

@@ -6,7 +6,7 @@ use coord_backend::Error;
 use serde::{Deserialize, Serialize};
 
 use super::{Task, TaskState};
-use crate::cas::{Nonce, Record};
+use crate::cas::{record_kind, Nonce, Record};
 
 /// What is stored under `<prefix>task/<id>`. A record is only deleted by a
 /// prune, once completed: a task added again under its id starts its
@@ -33,12 +33,7 @@ pub(super) struct TaskRecord {
     pub(super) nonce: Nonce,
 }
 
-impl Record for TaskRecord {
-    const KIND: &'static str = "a task record";
-    fn nonce_mut(&mut self) -> &mut Nonce {
-        &mut self.nonce
-    }
-}
+record_kind!(TaskRecord, "a task record");
 
 // No `Debug`: it holds a token or stored bytes; see coord_backend::redact.
 #[derive(Clone, Serialize, Deserialize)]

@@ -56,6 +56,7 @@ use coord_backend::{Assert, Backend, Entry, Error, InvalidInput, Mutation, TxnOu
 
 mod record;
 mod space;
+pub(crate) use record::record_kind;
 pub use record::{whole_millis, Nonce, Record};
 pub(crate) use space::record_options;
 pub use space::RecordSpace;

@@ -66,6 +66,19 @@ pub trait Record: Serialize + DeserializeOwned {
     }
 }
 
+/// `impl Record for $record` whose nonce is its `nonce` field.
+macro_rules! record_kind {
+    ($record:ty, $kind:literal) => {
+        impl $crate::cas::Record for $record {
+            const KIND: &'static str = $kind;
+            fn nonce_mut(&mut self) -> &mut $crate::cas::Nonce {
+                &mut self.nonce
+            }
+        }
+    };
+}
+pub(crate) use record_kind;
+
 /// `d` in whole milliseconds, rounded up (a lease of 0.5 ms lasts 1 ms, not
 /// none) and saturating at `u64::MAX`: how every record stores a length of time.
 pub fn whole_millis(d: Duration) -> u64 {
@@ -116,7 +129,10 @@ mod tests {
             Err(error) => error.to_string(),
             Ok(_) => panic!("read a broken value"),
         };
-        assert!(error.contains("p/x") && error.contains("a probe record"), "{error}");
+        assert!(
+            error.contains("p/x") && error.contains("a probe record"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -75,6 +75,13 @@ impl RecordSpace {
         R::from_value(&key, entries.first().and_then(|e| e.value.as_deref()))
     }
 
+    /// A watch on the record named `name` (on every key under it, when the
+    /// adapter keeps several records per name), or polling without change
+    /// notifications.
+    pub async fn watch(&self, name: &str) -> crate::wake::Wake {
+        crate::wake::Wake::watch(self.backend().as_ref(), &self.key(name)).await
+    }
+
     /// Store calls made so far (for tests and benchmarks).
     pub fn stats(&self) -> CasStats {
         self.engine.stats()
@@ -82,13 +89,14 @@ impl RecordSpace {
 }
 
 /// An adapter's options struct: `clock`, `key_prefix` (default `$prefix`)
-/// and `cas`, then the adapter's own fields with their defaults; `Default`
-/// and the `with_clock`, `with_key_prefix` and `with_cas` setters.
+/// and `cas`, then the adapter's own fields with their defaults and
+/// setters; `Default` and the `with_clock`, `with_key_prefix` and
+/// `with_cas` setters.
 macro_rules! record_options {
     (
         $(#[$meta:meta])*
         pub struct $name:ident, prefix $prefix:literal {
-            $($(#[$field_meta:meta])* pub $field:ident: $ty:ty = $default:expr,)*
+            $($(#[$field_meta:meta])* pub $field:ident: $ty:ty = $default:expr, set by $setter:ident,)*
         }
     ) => {
         $(#[$meta])*
@@ -133,6 +141,14 @@ macro_rules! record_options {
                 self.cas = cas;
                 self
             }
+
+            $(
+                #[doc = concat!("Set `", stringify!($field), "` (see the field).")]
+                pub fn $setter(mut self, $field: $ty) -> Self {
+                    self.$field = $field;
+                    self
+                }
+            )*
 
             /// The record space these options describe, over `backend`.
             #[allow(dead_code)]

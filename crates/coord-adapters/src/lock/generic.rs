@@ -8,7 +8,9 @@ use coord_backend::Backend;
 use serde::{Deserialize, Serialize};
 
 use super::{validate_lock_input, Lock, LockError, LockHandle, LostReason};
-use crate::cas::{record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace};
+use crate::cas::{
+    record_kind, record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace,
+};
 use crate::wake::Wake;
 use crate::{mint_token, telemetry};
 
@@ -46,12 +48,7 @@ struct LockRecord {
     nonce: Nonce,
 }
 
-impl Record for LockRecord {
-    const KIND: &'static str = "a lock record";
-    fn nonce_mut(&mut self) -> &mut Nonce {
-        &mut self.nonce
-    }
-}
+record_kind!(LockRecord, "a lock record");
 
 #[derive(Serialize, Deserialize)]
 struct Holder {
@@ -135,7 +132,8 @@ impl Lock for GenericLock {
         let expires_ms = now.saturating_add(whole_millis(ttl));
         let token = mint_token();
         let keys = [record_key.clone()];
-        let answer = self.space
+        let answer = self
+            .space
             .engine()
             .decide(&keys, |view| {
                 let record = LockRecord::read(view, &record_key)?;
@@ -178,7 +176,7 @@ impl Lock for GenericLock {
     }
 
     async fn watch_key(&self, key: &str) -> Wake {
-        Wake::watch(self.space.engine().backend().as_ref(), &self.space.key(key)).await
+        self.space.watch(key).await
     }
 
     #[tracing::instrument(name = "lock.renew", skip_all, fields(
@@ -189,7 +187,8 @@ impl Lock for GenericLock {
         let record_key = self.space.key(&handle.key);
         let now = self.space.now_millis();
         let keys = [record_key.clone()];
-        let renewed = self.space
+        let renewed = self
+            .space
             .engine()
             .decide(&keys, |view| {
                 let record = LockRecord::read(view, &record_key)?;
@@ -227,7 +226,8 @@ impl Lock for GenericLock {
         let record_key = self.space.key(&handle.key);
         let now = self.space.now_millis();
         let keys = [record_key.clone()];
-        self.space.engine()
+        self.space
+            .engine()
             .decide(&keys, |view| {
                 let record = LockRecord::read(view, &record_key)?;
                 if let Some(reason) = Self::why_not_held(&handle, record.as_ref(), now) {
@@ -277,7 +277,7 @@ impl GenericLock {
     pub async fn status(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
         validate_lock_input(key, Duration::from_millis(1))?;
         let Some(record) = self.space.inspect::<LockRecord>(key).await? else {
-        return Ok(None);
+            return Ok(None);
         };
         let now = self.space.now_millis();
         Ok(Some(LockStatus {

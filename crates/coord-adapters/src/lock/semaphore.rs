@@ -47,8 +47,10 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::{validate_lock_input, LockError, LockHandle, LostReason, WaitOptions};
-use crate::cas::{record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace};
-use crate::wake::Wake;
+use crate::cas::{
+    record_kind, record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace,
+};
+use crate::wake::{Deadline, Wake};
 use crate::{mint_token, telemetry};
 
 /// A permit of a [`Semaphore`]: the same shape as a lock's handle (key,
@@ -99,24 +101,18 @@ pub trait Semaphore: Send + Sync + std::fmt::Debug {
         wait: &WaitOptions,
     ) -> Result<Permit, LockError> {
         validate_lock_input(key, ttl)?;
-        let started = Instant::now();
-        let deadline = wait.deadline_from(started);
+        let deadline = Deadline::after(wait.timeout);
         let mut wake = self.watch_key(key).await;
-        let mut refusals = 0u32;
-        loop {
-            if let Some(permit) = self.try_acquire(key, permits, ttl).await? {
-                return Ok(permit);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(LockError::Timeout {
-                    key: key.to_owned(),
-                    waited: now - started,
-                });
-            }
-            refusals += 1;
-            wake.until((now + wait.pause(refusals)).min(deadline)).await;
-        }
+        wake.retry(
+            deadline,
+            |refusals| wait.pause(refusals),
+            || self.try_acquire(key, permits, ttl),
+            |waited| LockError::Timeout {
+                key: key.to_owned(),
+                waited,
+            },
+        )
+        .await
     }
 }
 
@@ -147,12 +143,7 @@ struct SemRecord {
     nonce: Nonce,
 }
 
-impl Record for SemRecord {
-    const KIND: &'static str = "a semaphore record";
-    fn nonce_mut(&mut self) -> &mut Nonce {
-        &mut self.nonce
-    }
-}
+record_kind!(SemRecord, "a semaphore record");
 
 /// One place in a key's line: the waiting call's id and its place's lease.
 #[derive(Serialize, Deserialize, Clone)]
@@ -203,7 +194,6 @@ pub struct PermitStatus {
     /// Whether its lease is unexpired now.
     pub live: bool,
 }
-
 
 /// A new permit for `token` (`key`, its TTL, lease end and when it was
 /// requested) beside the live `holders` and `waiters` of `record`: the
@@ -310,7 +300,7 @@ impl GenericSemaphore {
     pub async fn status(&self, key: &str) -> Result<Option<SemaphoreStatus>, LockError> {
         validate_lock_input(key, Duration::from_millis(1))?;
         let Some(record) = self.space.inspect::<SemRecord>(key).await? else {
-        return Ok(None);
+            return Ok(None);
         };
         let now = self.space.now_millis();
         Ok(Some(SemaphoreStatus {
@@ -347,7 +337,8 @@ impl GenericSemaphore {
         let expires_ms = now.saturating_add(whole_millis(ttl));
         let token = mint_token();
         let keys = [record_key.clone()];
-        self.space.engine()
+        self.space
+            .engine()
             .decide(&keys, |view| {
                 let record = SemRecord::read(view, &record_key)?.unwrap_or_default();
                 let (holders, mut waiters) = Self::live(&record, permits, now)?;
@@ -400,7 +391,8 @@ impl GenericSemaphore {
         let record_key = self.space.key(key);
         let now = self.space.now_millis();
         let keys = [record_key.clone()];
-        self.space.engine()
+        self.space
+            .engine()
             .decide(&keys, |view| {
                 let record = SemRecord::read(view, &record_key)?.unwrap_or_default();
                 if !record.waiters.iter().any(|w| w.id == id) {
@@ -463,7 +455,8 @@ impl Semaphore for GenericSemaphore {
         let expires_ms = now.saturating_add(whole_millis(ttl));
         let token = mint_token();
         let keys = [record_key.clone()];
-        let answer = self.space
+        let answer = self
+            .space
             .engine()
             .decide(&keys, |view| {
                 let record = SemRecord::read(view, &record_key)?.unwrap_or_default();
@@ -497,7 +490,8 @@ impl Semaphore for GenericSemaphore {
         let record_key = self.space.key(permit.key());
         let now = self.space.now_millis();
         let keys = [record_key.clone()];
-        let renewed = self.space
+        let renewed = self
+            .space
             .engine()
             .decide(&keys, |view| {
                 let record = SemRecord::read(view, &record_key)?.unwrap_or_default();
@@ -511,8 +505,9 @@ impl Semaphore for GenericSemaphore {
                     .map(|h| {
                         let mut h = h.clone();
                         if h.token == permit.token() {
-                            h.expires_ms =
-                                now.saturating_add(whole_millis(permit.ttl())).max(h.expires_ms);
+                            h.expires_ms = now
+                                .saturating_add(whole_millis(permit.ttl()))
+                                .max(h.expires_ms);
                         }
                         h
                     })
@@ -539,7 +534,8 @@ impl Semaphore for GenericSemaphore {
         let record_key = self.space.key(permit.key());
         let now = self.space.now_millis();
         let keys = [record_key.clone()];
-        self.space.engine()
+        self.space
+            .engine()
             .decide(&keys, |view| {
                 let record = SemRecord::read(view, &record_key)?.unwrap_or_default();
                 if let Some(reason) = Self::why_not_held(&permit, &record, now) {
@@ -553,7 +549,7 @@ impl Semaphore for GenericSemaphore {
     }
 
     async fn watch_key(&self, key: &str) -> Wake {
-        Wake::watch(self.space.engine().backend().as_ref(), &self.space.key(key)).await
+        self.space.watch(key).await
     }
 
     async fn queued(&self, key: &str) -> Result<Option<usize>, LockError> {

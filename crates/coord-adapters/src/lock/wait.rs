@@ -6,6 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
+use crate::wake::Deadline;
+
 use super::{validate_lock_input, Lock, LockError, LockHandle};
 
 /// How [`LockExt::lock_with`] waits.
@@ -109,26 +111,19 @@ pub async fn retry_until_free<L: Lock + ?Sized>(
     wait: &WaitOptions,
 ) -> Result<LockHandle, LockError> {
     validate_lock_input(key, ttl)?;
-    let started = Instant::now();
-    let deadline = wait.deadline_from(started);
+    let deadline = Deadline::after(wait.timeout);
     // Subscribe before the first read: a release after it wakes us.
     let mut wake = lock.watch_key(key).await;
-    let mut refusals = 0u32;
-    loop {
-        if let Some(handle) = lock.try_lock(key, ttl).await? {
-            return Ok(handle);
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            return Err(LockError::Timeout {
-                key: key.to_owned(),
-                waited: now - started,
-            });
-        }
-        refusals += 1;
-        // The last attempt happens at the deadline, not a backoff after it.
-        wake.until((now + wait.pause(refusals)).min(deadline)).await;
-    }
+    wake.retry(
+        deadline,
+        |refusals| wait.pause(refusals),
+        || lock.try_lock(key, ttl),
+        |waited| LockError::Timeout {
+            key: key.to_owned(),
+            waited,
+        },
+    )
+    .await
 }
 
 impl<L: Lock + ?Sized> LockExt for L {}

@@ -15,7 +15,8 @@ use coord_backend::{Backend, Clock, Error, Mutation, SystemClock};
 
 use super::error::SideEffectError;
 use super::record::{
-    act_key, intent_is_live, lease_is_current, millis_to_time, open_key, res_key, ActRecord, Holder, KeyState, ResRecord, DONE_INDEX,
+    act_key, intent_is_live, lease_is_current, millis_to_time, open_key, res_key, ActRecord,
+    Holder, KeyState, ResRecord, DONE_INDEX,
 };
 use super::store::SideEffectStore;
 use super::types::{
@@ -272,10 +273,14 @@ impl SideEffectStore for SideEffectAdapter {
                 // must never be reported as merely "busy".
                 match act.as_ref().map(|a| &a.state) {
                     Some(KeyState::Completed { result, .. }) => {
-                        return Ok(Decision::Return(Acquired::replayed(EffectResult(result.clone()))));
+                        return Ok(Decision::Return(Acquired::replayed(EffectResult(
+                            result.clone(),
+                        ))));
                     }
                     Some(KeyState::Uncertain { .. }) => {
-                        return Ok(Decision::Return(Acquired::without_lease(Outcome::Uncertain)));
+                        return Ok(Decision::Return(Acquired::without_lease(
+                            Outcome::Uncertain,
+                        )));
                     }
                     Some(KeyState::Intent {
                         resource,
@@ -289,7 +294,9 @@ impl SideEffectStore for SideEffectAdapter {
                         }
                         let ires = ResRecord::read(view, &irk)?;
                         if intent_is_live(intent_token, ires.as_ref(), now) {
-                            return Ok(Decision::Return(Acquired::without_lease(Outcome::Contended)));
+                            return Ok(Decision::Return(Acquired::without_lease(
+                                Outcome::Contended,
+                            )));
                         }
                         // The holder died or released between grant and
                         // complete: it may have applied. Only an action the
@@ -298,13 +305,17 @@ impl SideEffectStore for SideEffectAdapter {
                         let regrant = *retry_safety == RetrySafety::Safe
                             && action.retry_safety == RetrySafety::Safe;
                         if !regrant {
-                            return Ok(Decision::Return(Acquired::without_lease(Outcome::Uncertain)));
+                            return Ok(Decision::Return(Acquired::without_lease(
+                                Outcome::Uncertain,
+                            )));
                         }
                     }
                     Some(KeyState::Idle) | None => {}
                 }
                 if res.as_ref().and_then(|r| r.live_holder(now)).is_some() {
-                    return Ok(Decision::Return(Acquired::without_lease(Outcome::Contended)));
+                    return Ok(Decision::Return(Acquired::without_lease(
+                        Outcome::Contended,
+                    )));
                 }
                 let fence = res
                     .as_ref()
@@ -339,10 +350,7 @@ impl SideEffectStore for SideEffectAdapter {
                     expires_at: millis_to_time(expires_ms),
                 };
                 Ok(Decision::CommitWithUnasserted {
-                    mutations: vec![
-                        new_res.put(&rk),
-                        new_act.put(&ak),
-                    ],
+                    mutations: vec![new_res.put(&rk), new_act.put(&ak)],
                     unasserted: vec![Mutation::put(open_key(&action.key), Vec::new())],
                     then: Acquired::applied(lease),
                 })
@@ -395,14 +403,11 @@ impl SideEffectStore for SideEffectAdapter {
                         return Err(SideEffectError::FenceStale);
                     };
                     match act.map(|a| a.state) {
-                        Some(KeyState::Uncertain { .. }) => {
-                            Err(SideEffectError::OutcomeUnknown {
-                                reason:
-                                    "the key is marked uncertain; only a resolution completes it"
-                                        .into(),
-                                source: None,
-                            })
-                        }
+                        Some(KeyState::Uncertain { .. }) => Err(SideEffectError::OutcomeUnknown {
+                            reason: "the key is marked uncertain; only a resolution completes it"
+                                .into(),
+                            source: None,
+                        }),
                         Some(KeyState::Intent { token, .. }) if token == lease.token => {
                             // The key is done: its lease has no purpose left, so
                             // it is freed in the same txn (saves the release round trip).
@@ -418,10 +423,7 @@ impl SideEffectStore for SideEffectAdapter {
                                 nonce: Nonce::default(),
                             };
                             let (cursor, entry) = DONE_INDEX.final_writes(view, now, &action.key);
-                            let mut mutations = vec![
-                                new_res.put(&rk),
-                                new_act.put(&ak),
-                            ];
+                            let mut mutations = vec![new_res.put(&rk), new_act.put(&ak)];
                             mutations.extend(cursor);
                             Ok(Decision::CommitWithUnasserted {
                                 mutations,
@@ -527,9 +529,7 @@ impl SideEffectStore for SideEffectAdapter {
                     // Idempotent: already marked, nothing to write.
                     Some(KeyState::Uncertain { .. }) => return Ok(Decision::Return(())),
                     // Never turn a known result into an unknown one.
-                    Some(KeyState::Completed { .. }) => {
-                        return Err(SideEffectError::FenceStale)
-                    }
+                    Some(KeyState::Completed { .. }) => return Err(SideEffectError::FenceStale),
                     _ => {}
                 }
                 if !lease_is_current(res.as_ref(), action, lease) {

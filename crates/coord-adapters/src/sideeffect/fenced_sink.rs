@@ -12,7 +12,7 @@ use super::adapter::Step;
 use super::error::SideEffectError;
 use super::record::sink_key;
 use super::types::Fence;
-use crate::cas::{Nonce, Record};
+use crate::cas::{record_kind, Nonce, Record};
 use crate::{CasEngine, Decision};
 
 /// A downstream resource that refuses writes from stale holders.
@@ -60,12 +60,7 @@ struct SinkRecord {
     nonce: Nonce,
 }
 
-impl Record for SinkRecord {
-    const KIND: &'static str = "a fenced sink record";
-    fn nonce_mut(&mut self) -> &mut Nonce {
-        &mut self.nonce
-    }
-}
+record_kind!(SinkRecord, "a fenced sink record");
 
 /// A [`FencedSink`] over the three primitives: the highest fence seen lives
 /// in `se/sink/<resource>`, and one txn asserts it and applies the data

@@ -15,8 +15,8 @@ use coord_backend::Mutation;
 use super::adapter::Step;
 use super::error::SideEffectError;
 use super::record::{
-    act_key, intent_is_live, millis_to_time, open_key, res_key, ActRecord,
-    ClaimRecord, KeyState, ResRecord, DONE_INDEX,
+    act_key, intent_is_live, millis_to_time, open_key, res_key, ActRecord, ClaimRecord, KeyState,
+    ResRecord, DONE_INDEX,
 };
 use super::types::{Action, EffectResult, Execution, Outcome, ReconcileClaim, Resolution};
 use super::SideEffectAdapter;
@@ -100,9 +100,7 @@ impl SideEffectAdapter {
                                 result: Some(EffectResult(result)),
                             }));
                         }
-                        Ok(Standing::NotUncertain) => {
-                            return Err(SideEffectError::NotUncertain)
-                        }
+                        Ok(Standing::NotUncertain) => return Err(SideEffectError::NotUncertain),
                         Ok(Standing::Uncertain) => {}
                     }
                     let (state, then) = if resolution.applied {

@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::types::{Action, Lease, RetrySafety};
-use crate::cas::{Nonce, Record};
+use crate::cas::{record_kind, Nonce};
 
 pub(crate) const ACT_PREFIX: &str = "se/act/";
 pub(crate) const RES_PREFIX: &str = "se/res/";
@@ -124,19 +124,9 @@ pub(crate) struct ActRecord {
     pub(crate) nonce: Nonce,
 }
 
-impl Record for ActRecord {
-    const KIND: &'static str = "a side-effect key record";
-    fn nonce_mut(&mut self) -> &mut Nonce {
-        &mut self.nonce
-    }
-}
+record_kind!(ActRecord, "a side-effect key record");
 
-impl Record for ResRecord {
-    const KIND: &'static str = "a side-effect resource record";
-    fn nonce_mut(&mut self) -> &mut Nonce {
-        &mut self.nonce
-    }
-}
+record_kind!(ResRecord, "a side-effect resource record");
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct ClaimRecord {
@@ -183,5 +173,3 @@ pub(crate) fn intent_is_live(token: &str, res: Option<&ResRecord>, now: u64) -> 
 pub(crate) fn millis_to_time(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
-
-

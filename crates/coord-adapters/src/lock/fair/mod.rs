@@ -158,7 +158,13 @@ impl FairLock {
         let line: LineState = parse(&keys[1], value(&keys[1]))?;
         let now = self.space.now_millis();
         let mut tickets_status = Vec::new();
-        let limit = self.space.engine().backend().limits().max_keys_per_call.max(1);
+        let limit = self
+            .space
+            .engine()
+            .backend()
+            .limits()
+            .max_keys_per_call
+            .max(1);
         for chunk in waiting(&line, state.served).chunks(limit) {
             let keys: Vec<String> = chunk.iter().map(|w| self.ticket_key(key, w.seq)).collect();
             let tickets = self.space.engine().snapshot(&keys).await?;
@@ -206,19 +212,17 @@ impl Lock for FairLock {
             sent,
         };
         loop {
-            let answer = self.space
+            let answer = self
+                .space
                 .engine()
-                .decide::<_, LockError, _>(
-                    &keys,
-                    |view| {
-                        let (state, line) = self.decode(view, key)?;
-                        let answer = |handle: Option<LockHandle>| handle.map(Some);
-                        match self.grant_if_free(view, key, (&state, &line), &newcomer, answer)? {
-                            Ok(decision) => Ok(decision),
-                            Err(_) => Ok(Decision::Return(Some(None))),
-                        }
-                    },
-                )
+                .decide::<_, LockError, _>(&keys, |view| {
+                    let (state, line) = self.decode(view, key)?;
+                    let answer = |handle: Option<LockHandle>| handle.map(Some);
+                    match self.grant_if_free(view, key, (&state, &line), &newcomer, answer)? {
+                        Ok(decision) => Ok(decision),
+                        Err(_) => Ok(Decision::Return(Some(None))),
+                    }
+                })
                 .await?;
             // `None`: dead tickets were removed in a batch; decide again.
             if let Some(answer) = answer {
@@ -239,7 +243,8 @@ impl Lock for FairLock {
         let state_key = self.state_key(handle.key());
         let now = self.space.now_millis();
         let keys = [state_key.clone()];
-        let renewed = self.space
+        let renewed = self
+            .space
             .engine()
             .decide::<_, LockError, _>(&keys, |view| {
                 let state: LockState = parse(&state_key, view.value(&state_key))?;
@@ -279,21 +284,22 @@ impl Lock for FairLock {
         validate_lock_input(handle.key(), handle.ttl())?;
         let keys = self.both_keys(handle.key());
         let now = self.space.now_millis();
-        self.space.engine()
+        self.space
+            .engine()
             .decide::<_, LockError, _>(&keys, |view| {
                 let (state, line) = self.decode(view, handle.key())?;
                 if let Some(reason) = Self::why_not_held(&handle, &state, now) {
                     return Err(Self::lost(&handle, reason));
                 }
                 // The lock record stays: its fence must survive.
-                Ok(self
-                    .hand_over(view, handle.key(), &state, &line, now)?)
+                Ok(self.hand_over(view, handle.key(), &state, &line, now)?)
             })
             .await
     }
 
     async fn watch_key(&self, key: &str) -> Wake {
-        Wake::watch(self.space.engine().backend().as_ref(), &self.watch_prefix(key)).await
+        // Every record of the key: the lock, the line and the tickets.
+        self.space.watch(&format!("{key}/")).await
     }
 
     /// Wait in line: watch the ticket, take it, then sleep until the holder

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::{FairLock, LOOKAHEAD};
-use crate::cas::{whole_millis, Decision, Nonce, Record, View};
+use crate::cas::{record_kind, whole_millis, Decision, Nonce, Record, View};
 use crate::lock::{LockError, LockHandle, LostReason};
 
 /// The lock record, `<prefix><key>/m`: the fence, the holder, and how far
@@ -71,19 +71,9 @@ pub(super) struct TicketRecord {
     pub(super) nonce: Nonce,
 }
 
-macro_rules! fair_record {
-    ($record:ty, $kind:literal) => {
-        impl Record for $record {
-            const KIND: &'static str = $kind;
-            fn nonce_mut(&mut self) -> &mut Nonce {
-                &mut self.nonce
-            }
-        }
-    };
-}
-fair_record!(LockState, "a fair lock record");
-fair_record!(LineState, "a fair lock line");
-fair_record!(TicketRecord, "a fair lock ticket");
+record_kind!(LockState, "a fair lock record");
+record_kind!(LineState, "a fair lock line");
+record_kind!(TicketRecord, "a fair lock ticket");
 
 impl std::fmt::Debug for LockState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -215,10 +205,6 @@ impl FairLock {
     pub(super) fn ticket_key(&self, key: &str, seq: u64) -> String {
         // 20 digits: every u64, and the ticket keys sort in queue order.
         format!("{}{key}/q/{seq:020}", self.space.prefix())
-    }
-
-    pub(super) fn watch_prefix(&self, key: &str) -> String {
-        format!("{}{key}/", self.space.prefix())
     }
 
     pub(super) fn both_keys(&self, key: &str) -> [String; 2] {

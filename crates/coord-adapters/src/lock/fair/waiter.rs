@@ -121,7 +121,8 @@ impl FairLock {
     /// last saw of the line): watched before joining the line.
     pub(super) fn predicted_seq(&self, key: &str) -> u64 {
         let line_key = self.line_key(key);
-        self.space.engine()
+        self.space
+            .engine()
             .cached(&line_key)
             .and_then(|entry| parse::<LineState>(&line_key, entry.value.as_deref()).ok())
             .map_or(1, |line| line.next_seq.max(1))
@@ -175,7 +176,8 @@ impl FairLock {
             now,
             sent,
         };
-        self.space.engine()
+        self.space
+            .engine()
             .with_retries(2, Duration::ZERO)
             .decide::<_, LockError, _>(&keys, |view| {
                 let (state, line) = self.decode(view, key)?;
@@ -193,12 +195,7 @@ impl FairLock {
                     line: Some(line),
                     gone: &[],
                 };
-                Ok(self.write(
-                    view,
-                    key,
-                    writes,
-                    Joined::Queued(ticket, Next::Wait(held)),
-                ))
+                Ok(self.write(view, key, writes, Joined::Queued(ticket, Next::Wait(held))))
             })
             .await
     }
@@ -213,21 +210,19 @@ impl FairLock {
         let expires_ms = self.space.now_millis().saturating_add(whole_millis(ttl));
         // No pause between tries: the holder's rejoin (fresh cache, one
         // round trip) would win every race against a waiter that pauses.
-        self.space.engine()
+        self.space
+            .engine()
             .with_retries(self.space.engine().options().max_attempts, Duration::ZERO)
-            .decide::<_, LockError, _>(
-                std::slice::from_ref(&line_key),
-                |view| {
-                    let line: LineState = parse(&line_key, view.value(&line_key))?;
-                    let (line, ticket) = Self::joined(&line, &token, ttl, expires_ms, sent);
-                    let writes = Writes {
-                        state: None,
-                        line: Some(line),
-                        gone: &[],
-                    };
-                    Ok(self.write(view, key, writes, ticket))
-                },
-            )
+            .decide::<_, LockError, _>(std::slice::from_ref(&line_key), |view| {
+                let line: LineState = parse(&line_key, view.value(&line_key))?;
+                let (line, ticket) = Self::joined(&line, &token, ttl, expires_ms, sent);
+                let writes = Writes {
+                    state: None,
+                    line: Some(line),
+                    gone: &[],
+                };
+                Ok(self.write(view, key, writes, ticket))
+            })
             .await
     }
 
@@ -332,7 +327,8 @@ impl FairLock {
         let keys = self.both_keys(key);
         let sent = Instant::now();
         let now = self.space.now_millis();
-        self.space.engine()
+        self.space
+            .engine()
             .decide::<_, LockError, _>(&keys, |view| {
                 let (state, line) = self.decode(view, key)?;
                 match Self::judge(key, (&state, &line), ticket, ttl, now, sent) {
@@ -392,15 +388,14 @@ impl FairLock {
         let sent = Instant::now();
         let now = self.space.now_millis();
         let expires_ms = now.saturating_add(whole_millis(ttl));
-        let renewed = self.space
+        let renewed = self
+            .space
             .engine()
             .with_retries(self.space.engine().options().max_attempts, Duration::ZERO)
             .decide::<_, LockError, _>(&keys, |view| {
                 let (state, line) = self.decode(view, key)?;
                 match Self::judge(key, (&state, &line), ticket, ttl, now, sent) {
-                    Attempt::Granted(_) | Attempt::Requeue => {
-                        return Ok(Decision::Return(false))
-                    }
+                    Attempt::Granted(_) | Attempt::Requeue => return Ok(Decision::Return(false)),
                     _ => {}
                 }
                 let current = TicketRecord::read(view, &my_key)?.map_or(0, |t| t.expires_ms);
@@ -421,7 +416,8 @@ impl FairLock {
     pub(super) async fn abandon(&self, key: &str, ticket: &Ticket) -> Result<(), LockError> {
         let keys = self.both_keys(key);
         let now = self.space.now_millis();
-        self.space.engine()
+        self.space
+            .engine()
             .decide::<_, LockError, _>(&keys, |view| {
                 let (state, line) = self.decode(view, key)?;
                 if state
