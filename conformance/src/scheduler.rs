@@ -97,6 +97,12 @@ impl SchedulerEnv {
 
 impl From<coord_scheduler::Error> for Failure {
     fn from(error: coord_scheduler::Error) -> Self {
+        Failure::new(format!("scheduler error: {error}"))
+    }
+}
+
+impl From<coord_scheduler::RunError> for Failure {
+    fn from(error: coord_scheduler::RunError) -> Self {
         Failure::new(format!("run store error: {error}"))
     }
 }
@@ -327,12 +333,12 @@ pub async fn heartbeat_ownership(env: &SchedulerEnv) -> CheckResult {
     );
     let stranger = b.heartbeat(job, T0, "tb", TTL).await;
     ensure!(
-        matches!(stranger, Err(coord_scheduler::Error::NotOwner { .. })),
+        matches!(stranger, Err(coord_scheduler::RunError::NotOwner { .. })),
         "a heartbeat with another token was not refused: {stranger:?}"
     );
     let nowhere = a.heartbeat(job, T0 + 1_000, "ta", TTL).await;
     ensure!(
-        matches!(nowhere, Err(coord_scheduler::Error::NotOwner { .. })),
+        matches!(nowhere, Err(coord_scheduler::RunError::NotOwner { .. })),
         "a heartbeat on an unclaimed slot was not refused: {nowhere:?}"
     );
     let active = b.active(job).await?;
@@ -411,7 +417,7 @@ pub async fn takeover_after_expiry(env: &SchedulerEnv) -> CheckResult {
         ("release", a.release(job, T0, "ta").await),
     ] {
         ensure!(
-            matches!(result, Err(coord_scheduler::Error::NotOwner { .. })),
+            matches!(result, Err(coord_scheduler::RunError::NotOwner { .. })),
             "the old holder's {what} after a takeover was not refused: {result:?}"
         );
     }
@@ -512,7 +518,7 @@ pub async fn finish_release_by_token(env: &SchedulerEnv) -> CheckResult {
         ),
     ] {
         ensure!(
-            matches!(result, Err(coord_scheduler::Error::NotOwner { .. })),
+            matches!(result, Err(coord_scheduler::RunError::NotOwner { .. })),
             "{what} with a token that does not own the run was not refused: {result:?}"
         );
     }
@@ -533,7 +539,7 @@ pub async fn finish_release_by_token(env: &SchedulerEnv) -> CheckResult {
     ensure!(
         matches!(
             finish_after_release,
-            Err(coord_scheduler::Error::NotOwner { .. })
+            Err(coord_scheduler::RunError::NotOwner { .. })
         ),
         "a released run could still be finished: {finish_after_release:?}"
     );
@@ -614,7 +620,7 @@ pub async fn manual_runs_not_deduplicated(env: &SchedulerEnv) -> CheckResult {
     b.record_manual(&ManualRun::new(job, T0, "m2", "b")).await?;
     let wrong = a.finish(job, T0, "m3", FinalStatus::Succeeded).await;
     ensure!(
-        matches!(wrong, Err(coord_scheduler::Error::NotOwner { .. })),
+        matches!(wrong, Err(coord_scheduler::RunError::NotOwner { .. })),
         "a manual run was finished with a foreign token: {wrong:?}"
     );
     a.finish(job, T0, "m1", FinalStatus::Succeeded).await?;

@@ -18,8 +18,8 @@ use coord_conformance::{factory, unique_namespace, BackendFactory, CheckResult};
 use coord_memory::SingleProcessMemoryBackend;
 use coord_scheduler::{
     handler, ActiveRun, Claim, ClaimRequest, Error, FinalStatus, Handler, Job, JobOptions, Lease,
-    LockingHint, ManualRun, RunRecord, RunStatus, RunStore, RunStoreOptions, Schedule, Scheduler,
-    SchedulerOptions, SkipReason, Slot, SlotStore, TickAction,
+    LockingHint, ManualRun, RunError, RunRecord, RunStatus, RunStore, RunStoreOptions, Schedule,
+    Scheduler, SchedulerOptions, SkipReason, Slot, SlotStore, TickAction,
 };
 
 fn memory() -> BackendFactory {
@@ -119,7 +119,7 @@ impl SlotStore for Broken {
             _ => self.inner.dedupe_window(),
         }
     }
-    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, Error> {
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, RunError> {
         let mut request = request.clone();
         match self.flaw {
             Flaw::FreshTokenPerClaim => request.token = coord_adapters::mint_token(),
@@ -139,7 +139,7 @@ impl SlotStore for Broken {
         slot: Slot,
         token: &str,
         ttl: Duration,
-    ) -> Result<Lease, Error> {
+    ) -> Result<Lease, RunError> {
         self.inner
             .heartbeat(job, slot, &self.token(job, slot, token), ttl)
             .await
@@ -150,20 +150,20 @@ impl SlotStore for Broken {
         slot: Slot,
         token: &str,
         status: FinalStatus,
-    ) -> Result<(), Error> {
+    ) -> Result<(), RunError> {
         self.inner
             .finish(job, slot, &self.token(job, slot, token), status)
             .await
     }
-    async fn release(&self, job: &str, slot: Slot, token: &str) -> Result<(), Error> {
+    async fn release(&self, job: &str, slot: Slot, token: &str) -> Result<(), RunError> {
         self.inner
             .release(job, slot, &self.token(job, slot, token))
             .await
     }
-    async fn active(&self, job: &str) -> Result<Vec<ActiveRun>, Error> {
+    async fn active(&self, job: &str) -> Result<Vec<ActiveRun>, RunError> {
         self.inner.active(job).await
     }
-    async fn record_manual(&self, run: &ManualRun) -> Result<(), Error> {
+    async fn record_manual(&self, run: &ManualRun) -> Result<(), RunError> {
         if self.flaw == Flaw::DedupesManual {
             let history = self.inner.history(&run.job, 1_000).await?;
             if history.iter().any(|r| r.manual && r.slot == run.slot) {
@@ -178,11 +178,11 @@ impl SlotStore for Broken {
         slot: Slot,
         instance: &str,
         reason: SkipReason,
-    ) -> Result<bool, Error> {
+    ) -> Result<bool, RunError> {
         let recorded = self.inner.record_skip(job, slot, instance, reason).await?;
         Ok(recorded || self.flaw == Flaw::SkipAlwaysRecorded)
     }
-    async fn history(&self, job: &str, limit: usize) -> Result<Vec<RunRecord>, Error> {
+    async fn history(&self, job: &str, limit: usize) -> Result<Vec<RunRecord>, RunError> {
         let mut all = self.inner.history(job, usize::MAX).await?;
         if self.flaw == Flaw::OldestFirst {
             all.reverse();

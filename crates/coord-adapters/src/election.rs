@@ -25,11 +25,11 @@
 //!
 //! # Boundary
 //!
-//! [`GenericElection`] decides through the [`CasEngine`] over any backend:
+//! [`GenericElection`] decides through the [`CasEngine`](crate::CasEngine) over any backend:
 //! one record per election (`<prefix><name>`, default `election/`) holds the
 //! term counter and the current leader. Expiry is judged with the adapter's
-//! [`Clock`] (same caveats as [`crate::lock`]). Waiting calls sleep through
-//! [`Wake`]: a store's change notifications when it has them, else a
+//! [`Clock`](coord_backend::Clock) (same caveats as [`crate::lock`]). Waiting calls sleep through
+//! [`Wake`](crate::wake::Wake): a store's change notifications when it has them, else a
 //! fallback poll.
 //!
 //! ```
@@ -402,7 +402,7 @@ impl Debug for ElectionRecord {
     }
 }
 
-/// An [`Election`] over any [`Backend`], decided through the [`CasEngine`].
+/// An [`Election`] over any [`Backend`], decided through the [`CasEngine`](crate::CasEngine).
 #[derive(Clone, Debug)]
 pub struct GenericElection {
     space: RecordSpace,

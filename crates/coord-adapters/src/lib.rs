@@ -12,6 +12,8 @@
 //! - [`rwlock`]: a read-write lock with leases, fences and writer preference.
 //! - [`election`]: leader election with a fencing term (campaign, proclaim, resign, observe).
 //! - [`board`]: a task board with dependencies and takeover generations.
+//! - [`runs`]: who runs a scheduled `(job, slot)`, decided once: the run
+//!   store the cluster-wide scheduler (`coord-scheduler`) claims through.
 //! - [`sideeffect`]: at-most-once side effects: the store adapter, the
 //!   [`Runner`], [`sideeffect::FencedSink`] and reconciliation.
 //! - [`telemetry`]: the names of the metrics the adapters emit (docs/operations.md).
@@ -23,6 +25,7 @@ pub mod jitter;
 pub mod lock;
 pub mod maintenance;
 pub mod retention;
+pub mod runs;
 pub mod rwlock;
 pub mod sideeffect;
 pub mod telemetry;

@@ -30,12 +30,12 @@
 //!
 //! # Boundary
 //!
-//! [`GenericRwLock`] decides through the [`CasEngine`] over any backend, so
+//! [`GenericRwLock`] decides through the [`CasEngine`](crate::CasEngine) over any backend, so
 //! it is exactly as atomic as the store. One record per key
 //! (`<prefix><key>`, default `rwlock/`) holds the fence counter, the live
 //! holders and the queued writers: its size is bounded by the number of live
 //! holders and waiters. The record is never deleted, so the fence survives.
-//! Expiry is judged with the adapter's [`Clock`], with the same caveat as
+//! Expiry is judged with the adapter's [`Clock`](coord_backend::Clock), with the same caveat as
 //! [`crate::lock`]: skewed clocks can end a lease early, the fence still
 //! orders holders.
 //!
@@ -271,7 +271,7 @@ impl RwRecord {
     }
 }
 
-/// An [`RwLock`] over any [`Backend`], decided through the [`CasEngine`].
+/// An [`RwLock`] over any [`Backend`], decided through the [`CasEngine`](crate::CasEngine).
 #[derive(Clone, Debug)]
 pub struct GenericRwLock {
     space: RecordSpace,

@@ -20,7 +20,7 @@
 //! lease_ttl = "30s"
 //! jitter = "2s"
 //! allow_overlap = false
-//! command = "echo report"      # run by `sh -c` via command_handler
+//! command = "echo report"      # run by `coordctl cron` with `sh -c`
 //! ```
 //!
 //! Durations are strings: `500ms`, `30s`, `5m`, `1h30m`, `2d`. Unknown keys
@@ -35,11 +35,8 @@ use coord_backend::StoreUrl;
 use serde::Deserialize;
 
 use crate::schedule::parse_duration;
-use crate::store::validate_job_name;
-use crate::{
-    handler, Handler, Job, JobOptions, LockingHint, RunContext, RunStoreOptions, Schedule,
-    SchedulerOptions,
-};
+use crate::validate_job_name;
+use crate::{Handler, Job, JobOptions, LockingHint, RunStoreOptions, Schedule, SchedulerOptions};
 
 /// Why a configuration was refused. Every variant names where.
 #[derive(Debug, thiserror::Error)]
@@ -64,9 +61,6 @@ pub enum ConfigError {
     /// Two jobs share a name.
     #[error("[[job]] {0:?} is defined twice")]
     DuplicateJob(String),
-    /// [`Config::command_jobs`] was asked for a job that has no `command`.
-    #[error("[[job]] {0:?} has no command")]
-    MissingCommand(String),
 }
 
 #[derive(Deserialize)]
@@ -152,7 +146,8 @@ pub struct JobConfig {
     pub schedule: Schedule,
     /// How it runs.
     pub options: JobOptions,
-    /// The shell command to run (see [`command_handler`]), if any.
+    /// The shell command to run, if any (`coordctl cron` runs it with `sh -c`;
+    /// a program using this crate picks its own handler with [`JobConfig::job`]).
     pub command: Option<String>,
 }
 
@@ -188,7 +183,7 @@ impl JobConfig {
 /// "#).unwrap();
 /// assert_eq!(config.store.as_ref().unwrap().url.scheme(), "sqlite");
 /// assert_eq!(config.jobs[0].options.hint, LockingHint::RequireGlobal);
-/// assert_eq!(config.command_jobs().unwrap().len(), 2);
+/// assert_eq!(config.jobs[1].command.as_deref(), Some("true"));
 /// ```
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -333,54 +328,6 @@ impl Config {
             jobs,
         })
     }
-
-    /// Every job as a [`Job`] running its `command` through
-    /// [`command_handler`]; refused when a job has no command.
-    pub fn command_jobs(&self) -> Result<Vec<Job>, ConfigError> {
-        self.jobs
-            .iter()
-            .map(|j| match &j.command {
-                Some(command) => Ok(j.job(command_handler(command.clone()))),
-                None => Err(ConfigError::MissingCommand(j.name.clone())),
-            })
-            .collect()
-    }
-}
-
-/// **Runs a shell command**: a handler that executes `sh -c COMMAND` and
-/// succeeds when it exits with status 0. Only for commands from trusted
-/// configuration (whoever writes the config runs code on every instance).
-///
-/// The child sees `COORD_JOB`, `COORD_SLOT_MS`, `COORD_INSTANCE` and
-/// `COORD_MANUAL` (`1` for `run_now`) in its environment; it is killed when
-/// the run times out or the scheduler shuts down.
-pub fn command_handler(command: impl Into<String>) -> Handler {
-    let command = command.into();
-    handler(move |ctx: RunContext| {
-        let command = command.clone();
-        async move {
-            let status = tokio::process::Command::new("sh")
-                .arg("-c")
-                .arg(&command)
-                .env("COORD_JOB", &ctx.job)
-                .env("COORD_SLOT_MS", ctx.slot.to_string())
-                .env("COORD_INSTANCE", &ctx.instance)
-                .env("COORD_MANUAL", if ctx.manual { "1" } else { "0" })
-                .kill_on_drop(true)
-                .status()
-                .await
-                .map_err(|e| format!("could not start `sh -c {command}`: {e}"))?;
-            if status.success() {
-                Ok(())
-            } else {
-                Err(match status.code() {
-                    Some(code) => format!("command exited with status {code}"),
-                    None => "command was killed by a signal".to_owned(),
-                }
-                .into())
-            }
-        }
-    })
 }
 
 #[cfg(test)]
@@ -428,7 +375,7 @@ mod tests {
         assert!(j.options.allow_overlap);
         assert_eq!(j.options.hint, LockingHint::PreferGlobal);
         assert_eq!(j.schedule.time_zone(), Some(chrono_tz::America::New_York));
-        assert!(matches!(c.command_jobs(), Err(ConfigError::MissingCommand(n)) if n == "nightly"));
+        assert!(c.jobs[0].command.is_none());
     }
 
     #[test]
@@ -449,19 +396,5 @@ mod tests {
             let err = Config::from_toml_str(text).expect_err(text).to_string();
             assert!(err.contains(needle), "{text:?}: {err}");
         }
-    }
-
-    #[tokio::test]
-    async fn command_handler_reports_exit_status() {
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        drop(tx);
-        let ctx =
-            |job: &str| RunContext::new(job.into(), 42, "me".into(), false, false, 0, rx.clone());
-        let ok =
-            command_handler("test \"$COORD_JOB:$COORD_SLOT_MS:$COORD_INSTANCE\" = \"j:42:me\"");
-        assert!(ok(ctx("j")).await.is_ok());
-        let bad = command_handler("exit 3");
-        let err = bad(ctx("j")).await.unwrap_err().to_string();
-        assert!(err.contains("status 3"), "{err}");
     }
 }

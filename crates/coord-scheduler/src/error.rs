@@ -82,6 +82,23 @@ pub enum Error {
     ShutDown,
 }
 
+impl From<coord_adapters::runs::RunError> for Error {
+    fn from(error: coord_adapters::runs::RunError) -> Self {
+        use coord_adapters::runs::RunError;
+        match error {
+            RunError::Store(e) => Error::Store(e),
+            RunError::NotOwner { job, slot } => Error::NotOwner { job, slot },
+            RunError::InvalidJobName(name) => Error::InvalidJobName(name),
+            RunError::InvalidArgument(what) => Error::InvalidArgument(what),
+            // `RunError` is non_exhaustive: a newer variant is still a store failure.
+            other => Error::Store(coord_backend::Error::Unavailable {
+                message: other.to_string(),
+                source: Some(Box::new(other)),
+            }),
+        }
+    }
+}
+
 impl Error {
     /// Whether this is [`Error::NotOwner`].
     pub fn is_not_owner(&self) -> bool {

@@ -61,20 +61,22 @@ mod error;
 mod job;
 mod schedule;
 mod scheduler;
-mod store;
 pub mod telemetry;
 
-pub use config::{command_handler, Config, ConfigError, JobConfig, SchedulerConfig, StoreConfig};
+pub use config::{Config, ConfigError, JobConfig, SchedulerConfig, StoreConfig};
+/// The run store lives with the other adapters; re-exported here, where
+/// the scheduler's users look for it.
+pub use coord_adapters::runs::{
+    validate_job_name, ActiveRun, Claim, ClaimOutcome, ClaimRequest, FinalStatus, Lease, ManualRun,
+    RunError, RunRecord, RunStatus, RunStore, RunStoreOptions, SkipReason, Slot, SlotStore,
+    Takeover,
+};
 pub use error::Error;
 pub use job::{
     handler, BoxFuture, Handler, HandlerResult, Job, JobOptions, LockingHint, RunContext,
 };
 pub use schedule::{jitter_for, parse_duration, parse_time_zone, Schedule};
 pub use scheduler::{ManualReport, Scheduler, SchedulerOptions, TickAction, TickEvent, TickReport};
-pub use store::{
-    validate_job_name, ActiveRun, Claim, ClaimOutcome, ClaimRequest, FinalStatus, Lease, ManualRun,
-    RunRecord, RunStatus, RunStore, RunStoreOptions, SkipReason, Slot, SlotStore, Takeover,
-};
 
 /// Re-exported so callers can name time zones without a direct dependency.
 pub use chrono_tz::Tz;

@@ -4,7 +4,7 @@
 //! # Contract
 //!
 //! - Every `[[job]]` of the config must have a `command`; it runs through
-//!   [`coord_scheduler::command_handler`] (`sh -c COMMAND`, with `COORD_JOB`,
+//!   [`crate::shell_jobs::command_handler`] (`sh -c COMMAND`, with `COORD_JOB`,
 //!   `COORD_SLOT_MS`, `COORD_INSTANCE`, `COORD_MANUAL` in its environment).
 //! - Any number of `coordctl cron` processes started on the same `[store]`
 //!   (and namespace) run each `(job, slot)` of a coordinated job once between
@@ -34,13 +34,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::shell_jobs::{command_handler, command_jobs};
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use coord_adapters::maintenance::MaintenanceOptions;
 use coord_backend::{Error, SystemClock};
 use coord_scheduler::{
-    command_handler, handler, validate_job_name, Config, Handler, LockingHint, RunContext,
-    RunStore, Scheduler, SlotStore, Tz,
+    handler, validate_job_name, Config, Handler, LockingHint, RunContext, RunStore, Scheduler,
+    SlotStore, Tz,
 };
 
 /// Arguments of `coordctl cron`.
@@ -105,8 +106,8 @@ fn config_error(path: &Path, e: impl std::fmt::Display) -> Error {
     Error::Config(format!("{}: {e}", path.display()))
 }
 
-fn scheduler_error(e: coord_scheduler::Error) -> Error {
-    match e {
+fn scheduler_error(e: impl Into<coord_scheduler::Error>) -> Error {
+    match e.into() {
         coord_scheduler::Error::Store(e) => e,
         other => Error::Config(other.to_string()),
     }
@@ -340,7 +341,7 @@ async fn daemon(
         return Err(config_error(path, "no [[job]] to run"));
     }
     // Refuses a job without a command, naming it.
-    config.command_jobs().map_err(|e| config_error(path, e))?;
+    command_jobs(&config).map_err(|e| config_error(path, e))?;
     let mut options = config.scheduler.options();
     if let Some(name) = instance {
         if name.is_empty() || name.len() > 128 {
@@ -613,7 +614,7 @@ mod tests {
         let config = Config::from_toml_str(include_str!("../../../examples/coord.toml")).unwrap();
         let store = config.store.as_ref().expect("a [store]");
         assert_eq!(store.url.scheme(), "sqlite");
-        assert_eq!(config.command_jobs().unwrap().len(), 3);
+        assert_eq!(command_jobs(&config).unwrap().len(), 3);
         let hints: Vec<_> = config.jobs.iter().map(|j| j.options.hint).collect();
         assert_eq!(
             hints,

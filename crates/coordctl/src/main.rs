@@ -11,6 +11,7 @@ mod gc;
 mod metrics;
 mod progress;
 mod scale;
+mod shell_jobs;
 mod sideeffect_cmd;
 mod views;
 

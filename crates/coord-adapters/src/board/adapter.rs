@@ -25,7 +25,7 @@ record_options! {
 
 /// A [`Board`] over any [`Backend`]: one record per task
 /// (`<prefix>task/<id>`) holding its payload, dependencies, generation,
-/// live claim and completion, decided through the [`CasEngine`].
+/// live claim and completion, decided through the [`CasEngine`](crate::CasEngine).
 ///
 /// A claim costs one txn once the engine has seen the task and its
 /// dependencies; a cold claim of a task with dependencies costs a few more

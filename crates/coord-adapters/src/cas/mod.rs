@@ -54,8 +54,8 @@ use std::time::Duration;
 
 use coord_backend::{Assert, Backend, Entry, Error, InvalidInput, Mutation, TxnOutcome, Version};
 
-mod record;
-mod space;
+pub mod record;
+pub mod space;
 pub(crate) use record::record_kind;
 pub use record::{whole_millis, Nonce, Record};
 pub(crate) use space::record_options;

@@ -1,7 +1,7 @@
 //! Typed records: the one way an adapter keeps its state in a value.
 //!
 //! Every adapter stores JSON records and reads them back through
-//! [`Record`]: a malformed value becomes [`Error::Malformed`] naming the key
+//! [`Record`]: a malformed value becomes [`Error::MalformedRecord`] naming the key
 //! and what was expected there, and every write goes through
 //! [`Record::put`], which stamps the record's [`Nonce`] afresh. The nonce is
 //! what lets the engine recognise its own bytes after a txn whose answer was

@@ -21,7 +21,7 @@ record_options! {
 
 /// A [`Lock`] over any [`Backend`]: one record per key (`<prefix><key>`)
 /// holding the fence counter and the current holder, decided through the
-/// [`CasEngine`].
+/// [`CasEngine`](crate::CasEngine).
 ///
 /// Costs, once the engine has seen the key: an uncontended `try_lock`,
 /// `renew` or `release` is one txn (one round trip). A `try_lock` that finds

@@ -122,7 +122,7 @@ record_options! {
 }
 
 /// A [`Semaphore`] over any [`Backend`]: one record per key, decided
-/// through the [`CasEngine`]. Uncontended acquire, renew and release cost
+/// through the [`CasEngine`](crate::CasEngine). Uncontended acquire, renew and release cost
 /// one txn each once the engine has seen the key.
 #[derive(Clone, Debug)]
 pub struct GenericSemaphore {

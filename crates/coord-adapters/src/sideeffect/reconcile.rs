@@ -141,7 +141,7 @@ impl SideEffectAdapter {
                     Ok(Decision::CommitWithUnasserted {
                         mutations,
                         unasserted,
-                        then: then,
+                        then,
                     })
                 },
             )

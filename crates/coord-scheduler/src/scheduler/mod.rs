@@ -80,9 +80,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::store::validate_job_name;
+use crate::validate_job_name;
 use crate::{
-    jitter_for, Error, FinalStatus, Job, LockingHint, ManualRun, RunContext, Slot, SlotStore,
+    jitter_for, Error, FinalStatus, Job, LockingHint, ManualRun, RunContext, RunError, Slot,
+    SlotStore,
 };
 
 mod options;
@@ -188,11 +189,11 @@ const TICK_CONCURRENCY: usize = 4;
 async fn bounded<T>(
     bound: Duration,
     what: &str,
-    call: impl Future<Output = Result<T, Error>>,
-) -> Result<T, Error> {
+    call: impl Future<Output = Result<T, RunError>>,
+) -> Result<T, RunError> {
     match tokio::time::timeout(bound, call).await {
         Ok(result) => result,
-        Err(_) => Err(Error::Store(coord_backend::Error::Indeterminate {
+        Err(_) => Err(RunError::Store(coord_backend::Error::Indeterminate {
             message: format!("{what}: no answer from the run store within {bound:?}"),
             source: None,
         })),

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::{bounded, millis, JobEntry, JobState, Scheduler};
 use crate::{
-    jitter_for, Claim, ClaimOutcome, ClaimRequest, Error, SkipReason, Slot, SlotStore, Takeover,
+    jitter_for, Claim, ClaimOutcome, ClaimRequest, RunError, SkipReason, Slot, SlotStore, Takeover,
     TickAction, TickEvent,
 };
 
@@ -333,7 +333,7 @@ impl Scheduler {
         slot: Slot,
         token: String,
         sent: Instant,
-        claim: Result<Claim, Error>,
+        claim: Result<Claim, RunError>,
     ) -> Option<Slot> {
         let entry = tick.entry;
         let name = entry.job.name.as_str();

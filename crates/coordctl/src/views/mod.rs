@@ -144,8 +144,8 @@ fn board_error(e: BoardError) -> Error {
     }
 }
 
-pub(crate) fn scheduler_error(e: coord_scheduler::Error) -> Error {
-    match e {
+pub(crate) fn scheduler_error(e: impl Into<coord_scheduler::Error>) -> Error {
+    match e.into() {
         coord_scheduler::Error::Store(e) => e,
         other => Error::Config(other.to_string()),
     }

@@ -58,19 +58,19 @@ async fn bad_input_is_refused_before_the_store() {
     for job in ["", "a/b", "ünïcode", &"x".repeat(129)] {
         let req = ClaimRequest::new(job, 1, "t", "a", ttl);
         assert!(
-            matches!(s.claim(&req).await, Err(Error::InvalidJobName(_))),
+            matches!(s.claim(&req).await, Err(RunError::InvalidJobName(_))),
             "{job:?}"
         );
     }
     let req = ClaimRequest::new("j", 1, "", "a", ttl);
     assert!(matches!(
         s.claim(&req).await,
-        Err(Error::InvalidArgument(_))
+        Err(RunError::InvalidArgument(_))
     ));
     let req = ClaimRequest::new("j", 1, "t", "a", Duration::ZERO);
     assert!(matches!(
         s.claim(&req).await,
-        Err(Error::InvalidArgument(_))
+        Err(RunError::InvalidArgument(_))
     ));
     assert!(s.engine().stats().round_trips() == 0);
     let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("unit").unwrap());

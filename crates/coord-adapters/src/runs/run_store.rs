@@ -6,18 +6,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::cas::{whole_millis, CasEngine, CasOptions, Record};
 use async_trait::async_trait;
-use coord_adapters::{CasEngine, CasOptions};
 use coord_backend::{Backend, Clock};
-use serde::de::DeserializeOwned;
 
 use super::decide;
 use super::records::{history_key, running_key, slot_prefix, History, RunningSet, SlotKeys};
+use super::RunError;
 use super::{
-    millis, validate_job_name, validate_label, ActiveRun, Claim, ClaimRequest, FinalStatus, Lease,
+    validate_job_name, validate_label, ActiveRun, Claim, ClaimRequest, FinalStatus, Lease,
     ManualRun, RunRecord, SkipReason, Slot, SlotStore,
 };
-use crate::Error;
 
 /// Claims forgotten per txn by `prune`: a long backlog is split so that no
 /// txn grows with it.
@@ -69,7 +68,7 @@ impl RunStoreOptions {
 /// use std::time::Duration;
 /// use coord_backend::{Backend, ManualClock};
 /// use coord_memory::SingleProcessMemoryBackend;
-/// use coord_scheduler::{ClaimRequest, FinalStatus, RunStore, RunStoreOptions, SlotStore};
+/// use coord_adapters::runs::{ClaimRequest, FinalStatus, RunStore, RunStoreOptions, SlotStore};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("doc").unwrap());
@@ -98,14 +97,14 @@ impl RunStore {
         backend: Arc<dyn Backend>,
         clock: Arc<dyn Clock>,
         options: RunStoreOptions,
-    ) -> Result<Self, Error> {
+    ) -> Result<Self, RunError> {
         if options.history_size == 0 {
-            return Err(Error::InvalidArgument(
+            return Err(RunError::InvalidArgument(
                 "history_size must be at least 1".into(),
             ));
         }
         if options.forget_claims_after == Some(Duration::ZERO) {
-            return Err(Error::InvalidArgument(
+            return Err(RunError::InvalidArgument(
                 "forget_claims_after must be positive (None = forever)".into(),
             ));
         }
@@ -126,20 +125,19 @@ impl RunStore {
         &self.engine
     }
 
-    fn owner_check(job: &str, token: &str) -> Result<(), Error> {
+    fn owner_check(job: &str, token: &str) -> Result<(), RunError> {
         validate_job_name(job)?;
         validate_label("token", token)
     }
 
     /// The record at `key` from one plain read (nothing to decide, so
     /// nothing to assert), or its default when there is none.
-    async fn read<T: DeserializeOwned + Default>(&self, key: &str) -> Result<T, Error> {
+    async fn read<T: Record + Default>(&self, key: &str) -> Result<T, RunError> {
         let entries = self.engine.snapshot(&[key.to_owned()]).await?;
-        match entries.first().and_then(|e| e.value.as_deref()) {
-            None => Ok(T::default()),
-            Some(bytes) => serde_json::from_slice(bytes)
-                .map_err(|e| coord_backend::Error::malformed(key, e.to_string()).into()),
-        }
+        Ok(
+            T::from_value(key, entries.first().and_then(|e| e.value.as_deref()))?
+                .unwrap_or_default(),
+        )
     }
 }
 
@@ -153,16 +151,18 @@ impl SlotStore for RunStore {
         key = %request.job, slot = request.slot, store = self.engine.backend().store_name(),
         takeovers = tracing::field::Empty,
     ))]
-    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, Error> {
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, RunError> {
         validate_job_name(&request.job)?;
         validate_label("token", &request.token)?;
         validate_label("instance", &request.instance)?;
         if request.lease_ttl.is_zero() {
-            return Err(Error::InvalidArgument("lease_ttl must be positive".into()));
+            return Err(RunError::InvalidArgument(
+                "lease_ttl must be positive".into(),
+            ));
         }
         let keys = SlotKeys::new(&request.job, request.slot);
         let now = self.clock.now_millis();
-        let lease_until = now.saturating_add(millis(request.lease_ttl));
+        let lease_until = now.saturating_add(whole_millis(request.lease_ttl));
         let history_size = self.options.history_size;
         let claim = self
             .engine
@@ -182,20 +182,21 @@ impl SlotStore for RunStore {
         slot: Slot,
         token: &str,
         ttl: Duration,
-    ) -> Result<Lease, Error> {
+    ) -> Result<Lease, RunError> {
         Self::owner_check(job, token)?;
         if ttl.is_zero() {
-            return Err(Error::InvalidArgument("lease ttl must be positive".into()));
+            return Err(RunError::InvalidArgument(
+                "lease ttl must be positive".into(),
+            ));
         }
         let running_key = running_key(job);
         let now = self.clock.now_millis();
-        let until = now.saturating_add(millis(ttl));
+        let until = now.saturating_add(whole_millis(ttl));
         self.engine
             .decide(std::slice::from_ref(&running_key), |view| {
-                decide::heartbeat(view, &running_key, slot, token, until)
+                decide::heartbeat(view, job, &running_key, slot, token, until)
             })
-            .await?
-            .or_not_owner(job, slot)
+            .await
     }
 
     async fn finish(
@@ -204,7 +205,7 @@ impl SlotStore for RunStore {
         slot: Slot,
         token: &str,
         status: FinalStatus,
-    ) -> Result<(), Error> {
+    ) -> Result<(), RunError> {
         Self::owner_check(job, token)?;
         let keys = SlotKeys::new(job, slot);
         let now = self.clock.now_millis();
@@ -213,11 +214,10 @@ impl SlotStore for RunStore {
             .decide(&keys.all(), |view| {
                 decide::finish(view, &keys, token, &status, now, history_size)
             })
-            .await?
-            .or_not_owner(job, slot)
+            .await
     }
 
-    async fn release(&self, job: &str, slot: Slot, token: &str) -> Result<(), Error> {
+    async fn release(&self, job: &str, slot: Slot, token: &str) -> Result<(), RunError> {
         Self::owner_check(job, token)?;
         let keys = SlotKeys::new(job, slot);
         let now = self.clock.now_millis();
@@ -226,11 +226,10 @@ impl SlotStore for RunStore {
             .decide(&keys.all(), |view| {
                 decide::release(view, &keys, token, now, history_size)
             })
-            .await?
-            .or_not_owner(job, slot)
+            .await
     }
 
-    async fn active(&self, job: &str) -> Result<Vec<ActiveRun>, Error> {
+    async fn active(&self, job: &str) -> Result<Vec<ActiveRun>, RunError> {
         validate_job_name(job)?;
         let running_key = running_key(job);
         let running: RunningSet = self.read(&running_key).await?;
@@ -248,7 +247,7 @@ impl SlotStore for RunStore {
             .collect())
     }
 
-    async fn record_manual(&self, run: &ManualRun) -> Result<(), Error> {
+    async fn record_manual(&self, run: &ManualRun) -> Result<(), RunError> {
         validate_job_name(&run.job)?;
         validate_label("token", &run.token)?;
         validate_label("instance", &run.instance)?;
@@ -268,7 +267,7 @@ impl SlotStore for RunStore {
         slot: Slot,
         instance: &str,
         reason: SkipReason,
-    ) -> Result<bool, Error> {
+    ) -> Result<bool, RunError> {
         validate_job_name(job)?;
         validate_label("instance", instance)?;
         let keys = SlotKeys::new(job, slot);
@@ -282,7 +281,7 @@ impl SlotStore for RunStore {
             .await
     }
 
-    async fn history(&self, job: &str, limit: usize) -> Result<Vec<RunRecord>, Error> {
+    async fn history(&self, job: &str, limit: usize) -> Result<Vec<RunRecord>, RunError> {
         validate_job_name(job)?;
         let history_key = history_key(job);
         let history: History = self.read(&history_key).await?;
@@ -303,13 +302,13 @@ impl SlotStore for RunStore {
             .collect())
     }
 
-    async fn prune(&self, job: &str) -> Result<usize, Error> {
+    async fn prune(&self, job: &str) -> Result<usize, RunError> {
         validate_job_name(job)?;
         let Some(window) = self.options.forget_claims_after else {
             return Ok(0);
         };
         let now = self.clock.now_millis();
-        let horizon = now.saturating_sub(millis(window));
+        let horizon = now.saturating_sub(whole_millis(window));
         let prefix = slot_prefix(job);
         let keys = self.engine.backend().keys(&prefix).await?;
         // Slot keys sort by slot (zero-padded): only the old ones can go.

@@ -4,36 +4,16 @@
 //! arguments and writes nothing itself: what it returns is committed, or
 //! answered, whole.
 
-use coord_adapters::{Decision, View};
+use crate::cas::{Decision, Nonce, Record, View};
 use coord_backend::Mutation;
 
 use super::records::{
-    decode, encode, History, HistoryEntry, RunningEntry, RunningSet, SlotKeys, SlotRecord,
-    SlotState,
+    History, HistoryEntry, RunningEntry, RunningSet, SlotKeys, SlotRecord, SlotState,
 };
+use super::RunError;
 use super::{
     Claim, ClaimOutcome, ClaimRequest, FinalStatus, Lease, ManualRun, RunStatus, SkipReason, Slot,
 };
-use crate::Error;
-
-/// Whether the asking token owns the run. A decision answers `No` without
-/// writing; the caller turns it into [`Error::NotOwner`].
-pub(super) enum Owned<T> {
-    Yes(T),
-    No,
-}
-
-impl<T> Owned<T> {
-    pub(super) fn or_not_owner(self, job: &str, slot: Slot) -> Result<T, Error> {
-        match self {
-            Owned::Yes(value) => Ok(value),
-            Owned::No => Err(Error::NotOwner {
-                job: job.to_owned(),
-                slot,
-            }),
-        }
-    }
-}
 
 /// Who runs `keys.slot`: reads all three keys of the slot, writes all three
 /// when the request wins.
@@ -44,7 +24,7 @@ pub(super) fn claim(
     now: u64,
     lease_until: u64,
     history_size: usize,
-) -> Result<Decision<Claim>, Error> {
+) -> Result<Decision<Claim>, RunError> {
     let slot = keys.slot;
     let (record, mut running, mut history) = keys.read(view)?;
     if slot < history.forgotten_below {
@@ -89,7 +69,7 @@ pub(super) fn claim(
                         },
                     );
                     Decision::Commit {
-                        mutations: vec![encode(&keys.running_key, &running)],
+                        mutations: vec![running.put(&keys.running_key)],
                         then: claim(lease_until),
                     }
                 }
@@ -140,13 +120,14 @@ pub(super) fn claim(
             }));
         }
     }
-    let new_record = SlotRecord {
+    let mut new_record = SlotRecord {
         token: request.token.clone(),
         instance: request.instance.clone(),
         state: SlotState::Running,
         started_ms: now,
         finished_ms: None,
         takeovers,
+        nonce: Nonce::default(),
     };
     running.runs.insert(
         slot,
@@ -172,7 +153,7 @@ pub(super) fn claim(
         history_size,
     );
     Ok(Decision::Commit {
-        mutations: keys.write(&new_record, &running, &history),
+        mutations: keys.write(&mut new_record, &mut running, &mut history),
         then: Claim {
             won: true,
             outcome: if takeovers > 0 {
@@ -190,23 +171,24 @@ pub(super) fn claim(
 /// Extend the lease of `slot` to `until`, for its owning token only.
 pub(super) fn heartbeat(
     view: &View,
+    job: &str,
     running_key: &str,
     slot: Slot,
     token: &str,
     until: u64,
-) -> Result<Decision<Owned<Lease>>, Error> {
-    let mut running: RunningSet = decode(view, running_key)?.unwrap_or_default();
+) -> Result<Decision<Lease>, RunError> {
+    let mut running = RunningSet::read(view, running_key)?.unwrap_or_default();
     match running.runs.get_mut(&slot) {
         Some(entry) if entry.token == token => {
             entry.lease_until_ms = until;
             Ok(Decision::Commit {
-                mutations: vec![encode(running_key, &running)],
-                then: Owned::Yes(Lease {
+                mutations: vec![running.put(running_key)],
+                then: Lease {
                     lease_until_ms: until,
-                }),
+                },
             })
         }
-        _ => Ok(Decision::Return(Owned::No)),
+        _ => Err(RunError::not_owner(job, slot)),
     }
 }
 
@@ -219,7 +201,7 @@ pub(super) fn finish(
     status: &FinalStatus,
     now: u64,
     history_size: usize,
-) -> Result<Decision<Owned<()>>, Error> {
+) -> Result<Decision<()>, RunError> {
     let slot = keys.slot;
     let (run_status, message) = match status {
         FinalStatus::Succeeded => (RunStatus::Succeeded, None),
@@ -229,7 +211,7 @@ pub(super) fn finish(
     let (record, mut running, mut history) = keys.read(view)?;
     match record {
         Some(r) if r.token == token && r.state == SlotState::Done => {
-            return Ok(Decision::Return(Owned::Yes(())));
+            return Ok(Decision::Return(()));
         }
         Some(mut r) if r.token == token && r.state == SlotState::Running => {
             r.state = SlotState::Done;
@@ -248,8 +230,8 @@ pub(super) fn finish(
             };
             history.upsert(entry, history_size);
             return Ok(Decision::Commit {
-                mutations: keys.write(&r, &running, &history),
-                then: Owned::Yes(()),
+                mutations: keys.write(&mut r, &mut running, &mut history),
+                then: (),
             });
         }
         _ => {}
@@ -260,17 +242,17 @@ pub(super) fn finish(
         .iter_mut()
         .find(|e| e.manual && e.slot == slot && e.token.as_deref() == Some(token));
     match manual {
-        Some(e) if e.status != RunStatus::Running => Ok(Decision::Return(Owned::Yes(()))),
+        Some(e) if e.status != RunStatus::Running => Ok(Decision::Return(())),
         Some(e) => {
             e.status = run_status;
             e.message = message.clone();
             e.finished_ms = Some(now);
             Ok(Decision::Commit {
-                mutations: vec![encode(&keys.history_key, &history)],
-                then: Owned::Yes(()),
+                mutations: vec![history.put(&keys.history_key)],
+                then: (),
             })
         }
-        None => Ok(Decision::Return(Owned::No)),
+        None => Err(RunError::not_owner(&keys.job, slot)),
     }
 }
 
@@ -281,13 +263,11 @@ pub(super) fn release(
     token: &str,
     now: u64,
     history_size: usize,
-) -> Result<Decision<Owned<()>>, Error> {
+) -> Result<Decision<()>, RunError> {
     let slot = keys.slot;
     let (record, mut running, mut history) = keys.read(view)?;
     match record {
-        Some(r) if r.token == token && r.state == SlotState::Released => {
-            Ok(Decision::Return(Owned::Yes(())))
-        }
+        Some(r) if r.token == token && r.state == SlotState::Released => Ok(Decision::Return(())),
         Some(mut r) if r.token == token && r.state == SlotState::Running => {
             r.state = SlotState::Released;
             r.finished_ms = Some(now);
@@ -307,11 +287,11 @@ pub(super) fn release(
                 history_size,
             );
             Ok(Decision::Commit {
-                mutations: keys.write(&r, &running, &history),
-                then: Owned::Yes(()),
+                mutations: keys.write(&mut r, &mut running, &mut history),
+                then: (),
             })
         }
-        _ => Ok(Decision::Return(Owned::No)),
+        _ => Err(RunError::not_owner(&keys.job, slot)),
     }
 }
 
@@ -322,8 +302,8 @@ pub(super) fn record_manual(
     run: &ManualRun,
     now: u64,
     history_size: usize,
-) -> Result<Decision<()>, Error> {
-    let mut history: History = decode(view, history_key)?.unwrap_or_default();
+) -> Result<Decision<()>, RunError> {
+    let mut history = History::read(view, history_key)?.unwrap_or_default();
     if history
         .runs
         .iter()
@@ -347,7 +327,7 @@ pub(super) fn record_manual(
         history_size,
     );
     Ok(Decision::Commit {
-        mutations: vec![encode(history_key, &history)],
+        mutations: vec![history.put(history_key)],
         then: (),
     })
 }
@@ -361,7 +341,7 @@ pub(super) fn record_skip(
     reason: SkipReason,
     now: u64,
     history_size: usize,
-) -> Result<Decision<bool>, Error> {
+) -> Result<Decision<bool>, RunError> {
     let SlotKeys {
         slot,
         slot_key,
@@ -372,7 +352,7 @@ pub(super) fn record_skip(
     if view.value(slot_key).is_some() {
         return Ok(Decision::Return(false));
     }
-    let mut history: History = decode(view, history_key)?.unwrap_or_default();
+    let mut history = History::read(view, history_key)?.unwrap_or_default();
     if history.scheduled_mut(slot).is_some() {
         return Ok(Decision::Return(false));
     }
@@ -395,7 +375,7 @@ pub(super) fn record_skip(
         history_size,
     );
     Ok(Decision::Commit {
-        mutations: vec![encode(history_key, &history)],
+        mutations: vec![history.put(history_key)],
         then: true,
     })
 }
@@ -408,11 +388,11 @@ pub(super) fn forget(
     prefix: &str,
     horizon: u64,
     history_key: &str,
-) -> Result<Decision<usize>, Error> {
+) -> Result<Decision<usize>, RunError> {
     let mut deletes = Vec::new();
     let mut below = 0;
     for key in batch {
-        let Some(record) = decode::<SlotRecord>(view, key)? else {
+        let Some(record) = SlotRecord::read(view, key)? else {
             continue;
         };
         // Remember a claim for the whole window after it ended,
@@ -430,9 +410,9 @@ pub(super) fn forget(
         return Ok(Decision::Return(0));
     }
     // Raise the floor in the same txn as the deletes.
-    let mut history: History = decode(view, history_key)?.unwrap_or_default();
+    let mut history = History::read(view, history_key)?.unwrap_or_default();
     history.forgotten_below = history.forgotten_below.max(below);
-    deletes.push(encode(history_key, &history));
+    deletes.push(history.put(history_key));
     Ok(Decision::Commit {
         mutations: deletes,
         then: n,

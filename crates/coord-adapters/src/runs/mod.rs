@@ -13,7 +13,7 @@
 //!   **taken over** by the next claimer; the record counts takeovers.
 //! - [`heartbeat`](SlotStore::heartbeat), [`finish`](SlotStore::finish) and
 //!   [`release`](SlotStore::release) act only with the owning token; anything
-//!   else is [`Error::NotOwner`] and changes nothing. An expired lease that
+//!   else is [`RunError::NotOwner`] and changes nothing. An expired lease that
 //!   nobody took over yet still belongs to its holder (expiry only opens the
 //!   door to a takeover).
 //! - [`history`](SlotStore::history) lists recent runs of a job from every
@@ -25,7 +25,7 @@
 //! # The implementation ([`RunStore`])
 //!
 //! Three keys per job, each decision a single
-//! [`CasEngine::decide`](coord_adapters::CasEngine::decide) call that
+//! [`CasEngine::decide`](crate::CasEngine::decide) call that
 //! asserts every key it read (never read-decide-write in separate calls):
 //!
 //! | key | holds |
@@ -54,15 +54,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::Error;
-
 mod decide;
+mod error;
 mod records;
 mod run_store;
 #[cfg(test)]
 mod tests;
 mod types;
 
+pub use error::RunError;
 pub use run_store::{RunStore, RunStoreOptions};
 pub use types::{
     ActiveRun, Claim, ClaimOutcome, ClaimRequest, FinalStatus, Lease, ManualRun, RunRecord,
@@ -83,7 +83,7 @@ pub trait SlotStore: Send + Sync + fmt::Debug {
     fn dedupe_window(&self) -> Option<Duration>;
 
     /// Decide, atomically, whether `request.token` runs `(job, slot)`.
-    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, Error>;
+    async fn claim(&self, request: &ClaimRequest) -> Result<Claim, RunError>;
 
     /// Extend the lease to now + `ttl`, only for the owning token.
     async fn heartbeat(
@@ -92,7 +92,7 @@ pub trait SlotStore: Send + Sync + fmt::Debug {
         slot: Slot,
         token: &str,
         ttl: Duration,
-    ) -> Result<Lease, Error>;
+    ) -> Result<Lease, RunError>;
 
     /// Mark the run finished, only for the owning token (idempotent for it).
     async fn finish(
@@ -101,16 +101,16 @@ pub trait SlotStore: Send + Sync + fmt::Debug {
         slot: Slot,
         token: &str,
         status: FinalStatus,
-    ) -> Result<(), Error>;
+    ) -> Result<(), RunError>;
 
     /// End the lease now so a backup can take over, only for the owning token.
-    async fn release(&self, job: &str, slot: Slot, token: &str) -> Result<(), Error>;
+    async fn release(&self, job: &str, slot: Slot, token: &str) -> Result<(), RunError>;
 
     /// The unfinished runs of `job` and whether each lease is live.
-    async fn active(&self, job: &str) -> Result<Vec<ActiveRun>, Error>;
+    async fn active(&self, job: &str) -> Result<Vec<ActiveRun>, RunError>;
 
     /// Record a manual run (no deduplication); finish it with [`SlotStore::finish`].
-    async fn record_manual(&self, run: &ManualRun) -> Result<(), Error>;
+    async fn record_manual(&self, run: &ManualRun) -> Result<(), RunError>;
 
     /// Record that `slot` was skipped, unless it was claimed or already
     /// recorded. Returns whether this call recorded it. A skip record does
@@ -121,23 +121,19 @@ pub trait SlotStore: Send + Sync + fmt::Debug {
         slot: Slot,
         instance: &str,
         reason: SkipReason,
-    ) -> Result<bool, Error>;
+    ) -> Result<bool, RunError>;
 
     /// Recent runs of `job` from every instance, newest slot first, at most `limit`.
-    async fn history(&self, job: &str, limit: usize) -> Result<Vec<RunRecord>, Error>;
+    async fn history(&self, job: &str, limit: usize) -> Result<Vec<RunRecord>, RunError>;
 
     /// Forget finished claims older than the dedupe window; returns how many.
-    async fn prune(&self, _job: &str) -> Result<usize, Error> {
+    async fn prune(&self, _job: &str) -> Result<usize, RunError> {
         Ok(0)
     }
 }
 
-pub(super) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 /// Check a job name: 1..=128 characters of `A-Z a-z 0-9 . _ : -`.
-pub fn validate_job_name(job: &str) -> Result<(), Error> {
+pub fn validate_job_name(job: &str) -> Result<(), RunError> {
     let ok = !job.is_empty()
         && job.len() <= MAX_NAME
         && job
@@ -146,13 +142,13 @@ pub fn validate_job_name(job: &str) -> Result<(), Error> {
     if ok {
         Ok(())
     } else {
-        Err(Error::InvalidJobName(job.to_owned()))
+        Err(RunError::InvalidJobName(job.to_owned()))
     }
 }
 
-pub(super) fn validate_label(what: &str, value: &str) -> Result<(), Error> {
+pub(super) fn validate_label(what: &str, value: &str) -> Result<(), RunError> {
     if value.is_empty() || value.len() > MAX_NAME || value.contains('\0') {
-        return Err(Error::InvalidArgument(format!(
+        return Err(RunError::InvalidArgument(format!(
             "{what} must be 1 to {MAX_NAME} bytes without NUL"
         )));
     }

@@ -17,7 +17,7 @@ pub struct ClaimRequest {
     pub job: String,
     /// The slot (scheduled instant, UTC ms).
     pub slot: Slot,
-    /// A random value unique to this attempt ([`coord_adapters::mint_token`]);
+    /// A random value unique to this attempt ([`crate::mint_token`]);
     /// sending the same token again is a retry of the same attempt.
     pub token: String,
     /// Who asks (shown in history and `active`).

@@ -4,14 +4,14 @@
 
 use std::collections::BTreeMap;
 
-use coord_adapters::View;
+use crate::cas::{record_kind, Nonce, Record, View};
 use coord_backend::Mutation;
-use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use serde::{Deserialize, Serialize};
 
+use super::RunError;
 #[cfg(doc)]
 use super::SlotStore;
 use super::{RunStatus, Slot};
-use crate::Error;
 
 const PREFIX: &str = "sched/";
 
@@ -38,6 +38,7 @@ pub(super) fn history_key(job: &str) -> String {
 
 /// The three keys a decision about one `(job, slot)` reads and writes.
 pub(super) struct SlotKeys {
+    pub(super) job: String,
     pub(super) slot: Slot,
     pub(super) slot_key: String,
     pub(super) running_key: String,
@@ -47,6 +48,7 @@ pub(super) struct SlotKeys {
 impl SlotKeys {
     pub(super) fn new(job: &str, slot: Slot) -> Self {
         SlotKeys {
+            job: job.to_owned(),
             slot,
             slot_key: slot_key(job, slot),
             running_key: running_key(job),
@@ -68,25 +70,25 @@ impl SlotKeys {
     pub(super) fn read(
         &self,
         view: &View,
-    ) -> Result<(Option<SlotRecord>, RunningSet, History), Error> {
+    ) -> Result<(Option<SlotRecord>, RunningSet, History), RunError> {
         Ok((
-            decode(view, &self.slot_key)?,
-            decode(view, &self.running_key)?.unwrap_or_default(),
-            decode(view, &self.history_key)?.unwrap_or_default(),
+            SlotRecord::read(view, &self.slot_key)?,
+            RunningSet::read(view, &self.running_key)?.unwrap_or_default(),
+            History::read(view, &self.history_key)?.unwrap_or_default(),
         ))
     }
 
     /// Writes of all three records.
     pub(super) fn write(
         &self,
-        record: &SlotRecord,
-        running: &RunningSet,
-        history: &History,
+        record: &mut SlotRecord,
+        running: &mut RunningSet,
+        history: &mut History,
     ) -> Vec<Mutation> {
         vec![
-            encode(&self.slot_key, record),
-            encode(&self.running_key, running),
-            encode(&self.history_key, history),
+            record.put(&self.slot_key),
+            running.put(&self.running_key),
+            history.put(&self.history_key),
         ]
     }
 }
@@ -110,6 +112,10 @@ pub(super) struct SlotRecord {
     pub(super) finished_ms: Option<u64>,
     #[serde(default)]
     pub(super) takeovers: u32,
+    /// Fresh per write (see the CAS engine on indeterminate txns);
+    /// absent in records written before it.
+    #[serde(default)]
+    pub(super) nonce: Nonce,
 }
 
 // No `Debug`: it holds tokens.
@@ -125,6 +131,10 @@ pub(super) struct RunningEntry {
 #[derive(Clone, Default, Serialize, Deserialize)]
 pub(super) struct RunningSet {
     pub(super) runs: BTreeMap<Slot, RunningEntry>,
+    /// Fresh per write (see the CAS engine on indeterminate txns);
+    /// absent in records written before it.
+    #[serde(default)]
+    pub(super) nonce: Nonce,
 }
 
 // No `Debug`: it holds tokens.
@@ -157,7 +167,15 @@ pub(super) struct History {
     /// claim and run a forgotten slot a second time.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub(super) forgotten_below: Slot,
+    /// Fresh per write (see the CAS engine on indeterminate txns);
+    /// absent in records written before it.
+    #[serde(default)]
+    pub(super) nonce: Nonce,
 }
+
+record_kind!(SlotRecord, "a run's slot record");
+record_kind!(RunningSet, "a job's running set");
+record_kind!(History, "a job's run history");
 
 fn is_zero(n: &Slot) -> bool {
     *n == 0
@@ -183,21 +201,4 @@ impl History {
         }
         self.runs.truncate(size);
     }
-}
-
-pub(super) fn decode<T: DeserializeOwned>(view: &View, key: &str) -> Result<Option<T>, Error> {
-    match view.value(key) {
-        None => Ok(None),
-        Some(bytes) => serde_json::from_slice(bytes)
-            .map(Some)
-            .map_err(|e| coord_backend::Error::malformed(key, e.to_string()).into()),
-    }
-}
-
-pub(super) fn encode<T: Serialize>(key: &str, value: &T) -> Mutation {
-    // Plain structs with string / integer map keys always serialize.
-    Mutation::put(
-        key,
-        serde_json::to_vec(value).expect("run records serialize"),
-    )
 }
