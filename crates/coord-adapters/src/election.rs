@@ -61,7 +61,8 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::cas::{
-    record_kind, record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace,
+    record_kind, record_options, whole_millis, CasStats, Decision, LeaseRecord, Nonce, Record,
+    RecordSpace,
 };
 use crate::lock::LostReason;
 use crate::mint_token;
@@ -388,9 +389,9 @@ record_kind!(ElectionRecord, "an election record");
 #[derive(Serialize, Deserialize)]
 struct LeaderRecord {
     candidate: String,
-    token: String,
     value: String,
-    expires_ms: u64,
+    #[serde(flatten)]
+    lease: LeaseRecord,
 }
 
 impl Debug for ElectionRecord {
@@ -444,14 +445,14 @@ impl GenericElection {
         record
             .leader
             .as_ref()
-            .filter(|l| l.expires_ms > now)
+            .filter(|l| l.lease.is_live(now))
             .map(|l| {
                 LeaderInfo::new(
                     name,
                     l.candidate.clone(),
                     l.value.clone(),
                     record.term,
-                    UNIX_EPOCH + Duration::from_millis(l.expires_ms),
+                    UNIX_EPOCH + Duration::from_millis(l.lease.expires_ms),
                 )
             })
     }
@@ -480,7 +481,7 @@ impl GenericElection {
                     && record
                         .leader
                         .as_ref()
-                        .is_some_and(|l| l.token == leadership.token);
+                        .is_some_and(|l| l.lease.token == leadership.token);
                 if !ours {
                     let reason = if record.term > leadership.term {
                         LostReason::TakenOver
@@ -490,14 +491,14 @@ impl GenericElection {
                     return Err(lost(reason));
                 }
                 let leader = record.leader.as_mut().expect("ours implies a leader");
-                if leader.expires_ms <= now {
+                if !leader.lease.is_live(now) {
                     return Err(lost(LostReason::Expired));
                 }
                 match &change {
                     Change::Renew => {
-                        leader.expires_ms = now
-                            .saturating_add(whole_millis(leadership.ttl))
-                            .max(leader.expires_ms);
+                        leader
+                            .lease
+                            .extend(now.saturating_add(whole_millis(leadership.ttl)));
                     }
                     Change::Proclaim(value) => leader.value = (*value).to_owned(),
                     Change::Resign => record.leader = None,
@@ -577,15 +578,14 @@ impl Election for GenericElection {
             .engine()
             .decide(&keys, |view| {
                 let mut record = ElectionRecord::read(view, &record_key)?.unwrap_or_default();
-                if record.leader.as_ref().is_some_and(|l| l.expires_ms > now) {
+                if record.leader.as_ref().is_some_and(|l| l.lease.is_live(now)) {
                     return Ok(Decision::Return(None));
                 }
                 record.term += 1;
                 record.leader = Some(LeaderRecord {
                     candidate: candidate.to_owned(),
-                    token: token.clone(),
                     value: value.to_owned(),
-                    expires_ms,
+                    lease: LeaseRecord::new(token.clone(), expires_ms),
                 });
                 let won = Leadership::new(
                     name,

@@ -70,7 +70,8 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::cas::{
-    record_kind, record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace,
+    record_kind, record_options, whole_millis, CasStats, Decision, LeaseRecord, Nonce, Record,
+    RecordSpace,
 };
 use crate::lock::{validate_lock_input, LockError, LockHandle, LostReason};
 use crate::mint_token;
@@ -240,10 +241,10 @@ record_kind!(RwRecord, "a read-write lock record");
 
 #[derive(Serialize, Deserialize, Clone)]
 struct RwHolder {
-    token: String,
     mode: RwMode,
     fence: u64,
-    expires_ms: u64,
+    #[serde(flatten)]
+    lease: LeaseRecord,
 }
 
 #[derive(Serialize, Deserialize, Clone)]
@@ -266,7 +267,7 @@ impl RwRecord {
     /// Drop expired holders and queue entries: the record stays bounded by
     /// the live ones.
     fn prune(&mut self, now: u64) {
-        self.holders.retain(|h| h.expires_ms > now);
+        self.holders.retain(|h| h.lease.is_live(now));
         self.queue.retain(|q| q.expires_ms > now);
     }
 }
@@ -375,10 +376,9 @@ impl GenericRwLock {
                 }
                 record.fence += 1;
                 record.holders.push(RwHolder {
-                    token: token.clone(),
                     mode,
                     fence: record.fence,
-                    expires_ms,
+                    lease: LeaseRecord::new(token.clone(), expires_ms),
                 });
                 let handle = LockHandle::new(
                     key,
@@ -475,10 +475,10 @@ impl GenericRwLock {
         let holder = record.and_then(|r| {
             r.holders
                 .iter()
-                .find(|h| h.token == handle.lease.token() && h.mode == handle.mode)
+                .find(|h| h.lease.token == handle.lease.token() && h.mode == handle.mode)
         });
         match holder {
-            Some(h) if h.expires_ms <= now => Some(LostReason::Expired),
+            Some(h) if !h.lease.is_live(now) => Some(LostReason::Expired),
             Some(_) => None,
             None => Some(LostReason::NotHeld),
         }
@@ -507,14 +507,12 @@ impl GenericRwLock {
                 let mut record = record.expect("held implies a record");
                 let token = handle.lease.token();
                 if renew {
-                    for h in record.holders.iter_mut().filter(|h| h.token == token) {
-                        // A clock stepping back must not shorten a granted lease.
-                        h.expires_ms = now
-                            .saturating_add(whole_millis(handle.ttl()))
-                            .max(h.expires_ms);
+                    for h in record.holders.iter_mut().filter(|h| h.lease.token == token) {
+                        h.lease
+                            .extend(now.saturating_add(whole_millis(handle.ttl())));
                     }
                 } else {
-                    record.holders.retain(|h| h.token != token);
+                    record.holders.retain(|h| h.lease.token != token);
                 }
                 record.prune(now);
                 Ok(Decision::Commit {
@@ -599,8 +597,8 @@ impl RwLock for GenericRwLock {
                 .map(|h| RwHolderStatus {
                     mode: h.mode,
                     fence: h.fence,
-                    expires_at: UNIX_EPOCH + Duration::from_millis(h.expires_ms),
-                    live: h.expires_ms > now,
+                    expires_at: UNIX_EPOCH + Duration::from_millis(h.lease.expires_ms),
+                    live: h.lease.is_live(now),
                 })
                 .collect(),
             queued_writers: record.queue.iter().filter(|q| q.expires_ms > now).count(),

@@ -13,7 +13,7 @@ use super::{
     Task, TaskSpec,
 };
 use crate::cas::{
-    record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace, View,
+    record_options, whole_millis, CasStats, Decision, LeaseRecord, Nonce, Record, RecordSpace, View,
 };
 use crate::mint_token;
 use crate::retention::{PruneOptions, Pruned, Removal, RetentionIndex};
@@ -127,7 +127,7 @@ impl BoardAdapter {
                     return refuse(BoardError::AlreadyClaimed {
                         id: spec.id.clone(),
                         agent: claim.agent.clone(),
-                        expires_at: at_millis(claim.expires_ms),
+                        expires_at: at_millis(claim.lease.expires_ms),
                     });
                 }
                 // A dependency met before stays met (its record may be
@@ -362,7 +362,7 @@ impl BoardAdapter {
             return Err(BoardError::Completed { id: id.to_owned() });
         }
         match record.live_claim(now) {
-            Some(claim) if claim.token == token => Ok(record),
+            Some(claim) if claim.lease.token == token => Ok(record),
             _ => Err(BoardError::LeaseLost { id: id.to_owned() }),
         }
     }
@@ -460,7 +460,7 @@ impl Board for BoardAdapter {
                     return refuse(BoardError::AlreadyClaimed {
                         id: id.to_owned(),
                         agent: claim.agent.clone(),
-                        expires_at: at_millis(claim.expires_ms),
+                        expires_at: at_millis(claim.lease.expires_ms),
                     });
                 }
                 // The dependency list lives in the record, so its keys are only
@@ -503,8 +503,7 @@ impl Board for BoardAdapter {
                     generation,
                     claim: Some(ClaimRecord {
                         agent: agent.to_owned(),
-                        token: token.clone(),
-                        expires_ms,
+                        lease: LeaseRecord::new(token.clone(), expires_ms),
                     }),
                     nonce: Nonce::default(),
                     ..record.clone()
@@ -551,10 +550,12 @@ impl Board for BoardAdapter {
                 };
                 let claim = record.claim.clone().expect("checked: a live claim");
                 // A clock stepping back must not shorten a lease already granted.
-                let expires_ms = now.saturating_add(whole_millis(ttl)).max(claim.expires_ms);
+                let mut lease = claim.lease.clone();
+                lease.extend(now.saturating_add(whole_millis(ttl)));
+                let expires_ms = lease.expires_ms;
                 let mut renewed = TaskRecord {
                     claim: Some(ClaimRecord {
-                        expires_ms,
+                        lease,
                         ..claim.clone()
                     }),
                     nonce: Nonce::default(),

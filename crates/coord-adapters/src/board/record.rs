@@ -6,7 +6,7 @@ use coord_backend::Error;
 use serde::{Deserialize, Serialize};
 
 use super::{Task, TaskState};
-use crate::cas::{record_kind, Nonce, Record};
+use crate::cas::{record_kind, LeaseRecord, Nonce, Record};
 
 /// What is stored under `<prefix>task/<id>`. A record is only deleted by a
 /// prune, once completed: a task added again under its id starts its
@@ -39,8 +39,9 @@ record_kind!(TaskRecord, "a task record");
 #[derive(Clone, Serialize, Deserialize)]
 pub(super) struct ClaimRecord {
     pub(super) agent: String,
-    pub(super) token: String,
-    pub(super) expires_ms: u64,
+    /// The claim's token and lease.
+    #[serde(flatten)]
+    pub(super) lease: LeaseRecord,
 }
 
 // No `Debug`: it holds a token or stored bytes; see coord_backend::redact.
@@ -76,7 +77,7 @@ impl TaskRecord {
 
     /// The live claim at `now`, if any.
     pub(super) fn live_claim(&self, now: u64) -> Option<&ClaimRecord> {
-        self.claim.as_ref().filter(|c| c.expires_ms > now)
+        self.claim.as_ref().filter(|c| c.lease.is_live(now))
     }
 
     pub(super) fn to_task(&self, now: u64) -> Task {
@@ -85,13 +86,13 @@ impl TaskRecord {
                 agent: done.agent.clone(),
                 result: done.result.clone(),
             },
-            (None, Some(c)) if c.expires_ms > now => TaskState::Claimed {
+            (None, Some(c)) if c.lease.is_live(now) => TaskState::Claimed {
                 agent: c.agent.clone(),
-                expires_at: at_millis(c.expires_ms),
+                expires_at: at_millis(c.lease.expires_ms),
             },
             (None, Some(c)) => TaskState::Expired {
                 agent: c.agent.clone(),
-                expired_at: at_millis(c.expires_ms),
+                expired_at: at_millis(c.lease.expires_ms),
             },
             (None, None) => TaskState::Open,
         };

@@ -57,7 +57,7 @@ use coord_backend::{Assert, Backend, Entry, Error, InvalidInput, Mutation, TxnOu
 pub mod record;
 pub mod space;
 pub(crate) use record::record_kind;
-pub use record::{whole_millis, Nonce, Record};
+pub use record::{whole_millis, LeaseRecord, Nonce, Record};
 pub(crate) use space::record_options;
 pub use space::RecordSpace;
 

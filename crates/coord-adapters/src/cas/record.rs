@@ -28,6 +28,52 @@ impl std::fmt::Debug for Nonce {
     }
 }
 
+/// A lease as every record keeps it: whose it is (a secret token) and when
+/// it ends, by the adapter's clock (ms since the epoch). Records with more to
+/// say about a holder embed it flattened, so its fields sit beside theirs.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    /// The grant's token: only its holder knows it.
+    pub token: String,
+    /// When the lease ends.
+    pub expires_ms: u64,
+}
+
+impl LeaseRecord {
+    /// The lease of `token` until `expires_ms`.
+    pub fn new(token: impl Into<String>, expires_ms: u64) -> Self {
+        LeaseRecord {
+            token: token.into(),
+            expires_ms,
+        }
+    }
+
+    /// Whether the lease is unexpired at `now`.
+    pub fn is_live(&self, now: u64) -> bool {
+        self.expires_ms > now
+    }
+
+    /// Whether `token`'s lease is unexpired at `now`.
+    pub fn is_held_by(&self, token: &str, now: u64) -> bool {
+        self.token == token && self.is_live(now)
+    }
+
+    /// Extend the lease to `until`, never shorten it (a clock stepping back
+    /// must not take back time it already granted).
+    pub fn extend(&mut self, until: u64) {
+        self.expires_ms = self.expires_ms.max(until);
+    }
+}
+
+impl std::fmt::Debug for LeaseRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseRecord")
+            .field("token", &coord_backend::redact::Hidden)
+            .field("expires_ms", &self.expires_ms)
+            .finish()
+    }
+}
+
 /// An adapter's record: JSON in the store, with a [`Nonce`] stamped on every write.
 pub trait Record: Serialize + DeserializeOwned {
     /// What the record is, for the error a malformed value gets ("a lock record").
@@ -133,6 +179,39 @@ mod tests {
             error.contains("p/x") && error.contains("a probe record"),
             "{error}"
         );
+    }
+
+    /// Records that embed a lease keep the layout they had before it was
+    /// shared: `token` and `expires_ms` beside the record's own fields.
+    #[test]
+    fn an_embedded_lease_keeps_the_stored_layout() {
+        #[derive(Serialize, Deserialize)]
+        struct Holder {
+            fence: u64,
+            #[serde(flatten)]
+            lease: LeaseRecord,
+        }
+        let old = br#"{"token":"t","fence":3,"expires_ms":9}"#;
+        let holder: Holder = serde_json::from_slice(old).unwrap();
+        assert_eq!((holder.fence, holder.lease.token.as_str()), (3, "t"));
+        assert!(holder.lease.is_live(8) && !holder.lease.is_live(9));
+        let written: serde_json::Value = serde_json::to_value(&holder).unwrap();
+        assert_eq!(
+            written,
+            serde_json::json!({"fence": 3, "token": "t", "expires_ms": 9})
+        );
+    }
+
+    #[test]
+    fn a_lease_is_extended_never_shortened() {
+        let mut lease = LeaseRecord::new("t", 100);
+        lease.extend(50);
+        assert_eq!(
+            lease.expires_ms, 100,
+            "a clock stepping back takes nothing back"
+        );
+        lease.extend(150);
+        assert!(lease.is_held_by("t", 149) && !lease.is_held_by("u", 149));
     }
 
     #[test]

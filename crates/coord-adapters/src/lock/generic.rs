@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{validate_lock_input, Lock, LockError, LockHandle, LostReason};
 use crate::cas::{
-    record_kind, record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace,
+    record_kind, record_options, whole_millis, CasStats, Decision, LeaseRecord, Nonce, Record,
+    RecordSpace,
 };
 use crate::wake::Wake;
 use crate::{mint_token, telemetry};
@@ -42,7 +43,7 @@ struct LockRecord {
     /// The fence of the latest grant (0 = never granted).
     fence: u64,
     /// The current holder, if any (its lease may have expired).
-    holder: Option<Holder>,
+    holder: Option<LeaseRecord>,
     /// Fresh per write, so an indeterminate txn can be told apart from someone
     /// else's identical write (see the CAS engine).
     nonce: Nonce,
@@ -50,27 +51,12 @@ struct LockRecord {
 
 record_kind!(LockRecord, "a lock record");
 
-#[derive(Serialize, Deserialize)]
-struct Holder {
-    token: String,
-    expires_ms: u64,
-}
-
 impl std::fmt::Debug for LockRecord {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockRecord")
             .field("fence", &self.fence)
             .field("holder", &self.holder)
             .finish_non_exhaustive()
-    }
-}
-
-impl std::fmt::Debug for Holder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Holder")
-            .field("token", &coord_backend::redact::Hidden)
-            .field("expires_ms", &self.expires_ms)
-            .finish()
     }
 }
 
@@ -108,13 +94,7 @@ impl GenericLock {
         let Some(record) = record else {
             return Some(LostReason::NotHeld);
         };
-        match &record.holder {
-            Some(h) if h.token == handle.token => {
-                (h.expires_ms <= now).then_some(LostReason::Expired)
-            }
-            _ if record.fence > handle.fence => Some(LostReason::TakenOver),
-            _ => Some(LostReason::NotHeld),
-        }
+        LostReason::judge(handle, record.holder.as_ref(), record.fence, now)
     }
 }
 
@@ -141,13 +121,13 @@ impl Lock for GenericLock {
                 let held = record
                     .as_ref()
                     .and_then(|r| r.holder.as_ref())
-                    .is_some_and(|h| h.expires_ms > now);
+                    .is_some_and(|h| h.is_live(now));
                 if held {
                     return Ok(Decision::Return(None));
                 }
                 let mut granted = LockRecord {
                     fence: fence + 1,
-                    holder: Some(Holder {
+                    holder: Some(LeaseRecord {
                         token: token.clone(),
                         expires_ms,
                     }),
@@ -195,17 +175,10 @@ impl Lock for GenericLock {
                 if let Some(reason) = Self::why_not_held(handle, record.as_ref(), now) {
                     return Err(Self::lost(handle, reason));
                 }
-                let record = record.expect("held implies a record");
-                let current = record.holder.as_ref().map_or(0, |h| h.expires_ms);
-                let mut renewed = LockRecord {
-                    fence: record.fence,
-                    holder: Some(Holder {
-                        token: handle.token.clone(),
-                        // A clock stepping back must not shorten a lease it already granted.
-                        expires_ms: now.saturating_add(whole_millis(handle.ttl)).max(current),
-                    }),
-                    nonce: Nonce::default(),
-                };
+                let mut renewed = record.expect("held implies a record");
+                if let Some(holder) = renewed.holder.as_mut() {
+                    holder.extend(now.saturating_add(whole_millis(handle.ttl)));
+                }
                 Ok(Decision::Commit {
                     mutations: vec![renewed.put(record_key.clone())],
                     then: (),
@@ -287,7 +260,7 @@ impl GenericLock {
                 .holder
                 .as_ref()
                 .map(|h| UNIX_EPOCH + Duration::from_millis(h.expires_ms)),
-            live: record.holder.as_ref().is_some_and(|h| h.expires_ms > now),
+            live: record.holder.as_ref().is_some_and(|h| h.is_live(now)),
         }))
     }
 }

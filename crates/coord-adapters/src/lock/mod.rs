@@ -242,6 +242,23 @@ pub enum LostReason {
     NotHeld,
 }
 
+impl LostReason {
+    /// Why `handle` does not hold a lock whose record says `holder` holds
+    /// it and `fence` is its latest grant (`None`: it holds a live lease).
+    pub(crate) fn judge(
+        handle: &LockHandle,
+        holder: Option<&crate::cas::LeaseRecord>,
+        fence: u64,
+        now: u64,
+    ) -> Option<LostReason> {
+        match holder {
+            Some(h) if h.token == handle.token => (!h.is_live(now)).then_some(LostReason::Expired),
+            _ if fence > handle.fence => Some(LostReason::TakenOver),
+            _ => Some(LostReason::NotHeld),
+        }
+    }
+}
+
 impl std::fmt::Display for LostReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

@@ -48,7 +48,8 @@ use tokio::time::Instant;
 
 use super::{validate_lock_input, LockError, LockHandle, LostReason, WaitOptions};
 use crate::cas::{
-    record_kind, record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace,
+    record_kind, record_options, whole_millis, CasStats, Decision, LeaseRecord, Nonce, Record,
+    RecordSpace,
 };
 use crate::wake::{Deadline, Wake};
 use crate::{mint_token, telemetry};
@@ -161,9 +162,9 @@ enum Attempt {
 
 #[derive(Serialize, Deserialize, Clone)]
 struct SemHolder {
-    token: String,
     fence: u64,
-    expires_ms: u64,
+    #[serde(flatten)]
+    lease: LeaseRecord,
 }
 
 /// What the store holds for one semaphore key (see
@@ -208,9 +209,8 @@ fn grant(
 ) -> (SemRecord, Permit) {
     let fence = record.fence + 1;
     holders.push(SemHolder {
-        token: token.to_owned(),
         fence,
-        expires_ms,
+        lease: LeaseRecord::new(token, expires_ms),
     });
     let granted = SemRecord {
         fence,
@@ -243,7 +243,7 @@ impl SemRecord {
             holders: self
                 .holders
                 .into_iter()
-                .filter(|h| h.expires_ms > now && Some(h.token.as_str()) != token)
+                .filter(|h| h.lease.is_live(now) && Some(h.lease.token.as_str()) != token)
                 .collect(),
             waiters: self
                 .waiters
@@ -281,8 +281,12 @@ impl GenericSemaphore {
 
     /// Why `permit` is not held in `record` (None = held, lease live).
     fn why_not_held(permit: &Permit, record: &SemRecord, now: u64) -> Option<LostReason> {
-        match record.holders.iter().find(|h| h.token == permit.token()) {
-            Some(h) if h.expires_ms > now => None,
+        match record
+            .holders
+            .iter()
+            .find(|h| h.lease.token == permit.token())
+        {
+            Some(h) if h.lease.is_live(now) => None,
             Some(_) => Some(LostReason::Expired),
             None => Some(LostReason::NotHeld),
         }
@@ -312,8 +316,8 @@ impl GenericSemaphore {
                 .iter()
                 .map(|h| PermitStatus {
                     fence: h.fence,
-                    expires_at: UNIX_EPOCH + Duration::from_millis(h.expires_ms),
-                    live: h.expires_ms > now,
+                    expires_at: UNIX_EPOCH + Duration::from_millis(h.lease.expires_ms),
+                    live: h.lease.is_live(now),
                 })
                 .collect(),
             waiting: record.waiters.iter().filter(|w| w.expires_ms > now).count(),
@@ -413,7 +417,7 @@ impl GenericSemaphore {
         let holders: Vec<SemHolder> = record
             .holders
             .iter()
-            .filter(|h| h.expires_ms > now)
+            .filter(|h| h.lease.is_live(now))
             .cloned()
             .collect();
         if !holders.is_empty() && record.permits != permits {
@@ -501,13 +505,12 @@ impl Semaphore for GenericSemaphore {
                 let holders = record
                     .holders
                     .iter()
-                    .filter(|h| h.expires_ms > now)
+                    .filter(|h| h.lease.is_live(now))
                     .map(|h| {
                         let mut h = h.clone();
-                        if h.token == permit.token() {
-                            h.expires_ms = now
-                                .saturating_add(whole_millis(permit.ttl()))
-                                .max(h.expires_ms);
+                        if h.lease.token == permit.token() {
+                            h.lease
+                                .extend(now.saturating_add(whole_millis(permit.ttl())));
                         }
                         h
                     })

@@ -23,7 +23,7 @@ use super::types::{
     Acquired, Action, EffectResult, Execution, Fence, KeyStatus, Lease, Outcome, ReconcileClaim,
     Resolution, ResourceStatus, RetrySafety,
 };
-use crate::cas::{whole_millis, Nonce, Record};
+use crate::cas::{whole_millis, LeaseRecord, Nonce, Record};
 use crate::{mint_token, CasEngine, Decision};
 
 /// What a decision returns: what to write and answer, or a refusal.
@@ -243,7 +243,10 @@ impl SideEffectAdapter {
             Some(res) => ResourceStatus {
                 highest_fence: Fence(res.fence),
                 live: res.live_holder(now).is_some(),
-                expires_at: res.holder.as_ref().map(|h| millis_to_time(h.expires_ms)),
+                expires_at: res
+                    .holder
+                    .as_ref()
+                    .map(|h| millis_to_time(h.lease.expires_ms)),
                 holder: res.holder.map(|h| h.key),
             },
         })
@@ -326,8 +329,7 @@ impl SideEffectStore for SideEffectAdapter {
                     fence,
                     holder: Some(Holder {
                         key: action.key.clone(),
-                        token: token.clone(),
-                        expires_ms,
+                        lease: LeaseRecord::new(token.clone(), expires_ms),
                     }),
                     nonce: Nonce::default(),
                 };
@@ -495,7 +497,7 @@ impl SideEffectStore for SideEffectAdapter {
                     return Err(SideEffectError::LeaseLost);
                 };
                 if let Some(holder) = new_res.holder.as_mut() {
-                    holder.expires_ms = expires_ms;
+                    holder.lease.expires_ms = expires_ms;
                 }
                 let mut renewed = lease.clone();
                 renewed.expires_at = millis_to_time(expires_ms);

@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::types::{Action, Lease, RetrySafety};
-use crate::cas::{record_kind, Nonce};
+use crate::cas::{record_kind, LeaseRecord, Nonce};
 
 pub(crate) const ACT_PREFIX: &str = "se/act/";
 pub(crate) const RES_PREFIX: &str = "se/res/";
@@ -71,15 +71,15 @@ pub(crate) struct ResRecord {
 pub(crate) struct Holder {
     /// The idempotency key the grant went to.
     pub(crate) key: String,
-    /// The grant's token.
-    pub(crate) token: String,
-    pub(crate) expires_ms: u64,
+    /// The grant's token and lease.
+    #[serde(flatten)]
+    pub(crate) lease: LeaseRecord,
 }
 
 impl ResRecord {
     /// The holder, if its lease is unexpired at `now`.
     pub(crate) fn live_holder(&self, now: u64) -> Option<&Holder> {
-        self.holder.as_ref().filter(|h| h.expires_ms > now)
+        self.holder.as_ref().filter(|h| h.lease.is_live(now))
     }
 }
 
@@ -160,14 +160,14 @@ pub(crate) fn lease_is_current(res: Option<&ResRecord>, action: &Action, lease: 
             r.fence == lease.fence.0
                 && r.holder
                     .as_ref()
-                    .is_some_and(|h| h.token == lease.token && h.key == action.key)
+                    .is_some_and(|h| h.lease.token == lease.token && h.key == action.key)
         })
 }
 
 /// Whether an intent's grant still holds its resource at `now`.
 pub(crate) fn intent_is_live(token: &str, res: Option<&ResRecord>, now: u64) -> bool {
     res.and_then(|r| r.live_holder(now))
-        .is_some_and(|h| h.token == token)
+        .is_some_and(|h| h.lease.token == token)
 }
 
 pub(crate) fn millis_to_time(ms: u64) -> SystemTime {

@@ -57,7 +57,7 @@ use coord_backend::Backend;
 use tokio::time::Instant;
 
 use super::{validate_lock_input, Lock, LockError, LockHandle, WaitOptions};
-use crate::cas::{record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace};
+use crate::cas::{record_options, whole_millis, CasStats, Decision, Record, RecordSpace};
 use crate::wake::Wake;
 use crate::{mint_token, telemetry};
 
@@ -188,7 +188,7 @@ impl FairLock {
                 .holder
                 .as_ref()
                 .map(|h| UNIX_EPOCH + Duration::from_millis(h.expires_ms)),
-            live: state.holder.as_ref().is_some_and(|h| h.expires_ms > now),
+            live: state.holder.as_ref().is_some_and(|h| h.is_live(now)),
             waiting: tickets_status,
         }))
     }
@@ -251,17 +251,10 @@ impl Lock for FairLock {
                 if let Some(reason) = Self::why_not_held(handle, &state, now) {
                     return Err(Self::lost(handle, reason));
                 }
-                let current = state.holder.as_ref().map_or(0, |h| h.expires_ms);
-                let mut renewed = LockState {
-                    fence: state.fence,
-                    served: state.served,
-                    holder: Some(Holder {
-                        token: handle.token().to_owned(),
-                        // A clock stepping back must not shorten a granted lease.
-                        expires_ms: now.saturating_add(whole_millis(handle.ttl())).max(current),
-                    }),
-                    nonce: Nonce::default(),
-                };
+                let mut renewed = state;
+                if let Some(holder) = renewed.holder.as_mut() {
+                    holder.extend(now.saturating_add(whole_millis(handle.ttl())));
+                }
                 Ok(Decision::Commit {
                     mutations: vec![renewed.put(&state_key)],
                     then: (),

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::{FairLock, LOOKAHEAD};
-use crate::cas::{record_kind, whole_millis, Decision, Nonce, Record, View};
+use crate::cas::{record_kind, whole_millis, Decision, LeaseRecord, Nonce, Record, View};
 use crate::lock::{LockError, LockHandle, LostReason};
 
 /// The lock record, `<prefix><key>/m`: the fence, the holder, and how far
@@ -57,11 +57,8 @@ pub(super) struct Waiter {
     pub(super) expires_ms: u64,
 }
 
-#[derive(Serialize, Deserialize)]
-pub(super) struct Holder {
-    pub(super) token: String,
-    pub(super) expires_ms: u64,
-}
+/// The holder's lease (the same record as every lock's).
+pub(super) type Holder = LeaseRecord;
 
 /// One waiter's ticket, `<prefix><key>/q/<seq>`.
 #[derive(Serialize, Deserialize)]
@@ -145,10 +142,7 @@ pub(super) fn granted(state: &LockState, holder: Holder, served: u64) -> LockSta
 pub(super) fn skipped(state: &LockState, served: u64) -> LockState {
     LockState {
         fence: state.fence,
-        holder: state.holder.as_ref().map(|h| Holder {
-            token: h.token.clone(),
-            expires_ms: h.expires_ms,
-        }),
+        holder: state.holder.clone(),
         served: state.served.max(served),
         nonce: Nonce::default(),
     }
@@ -232,13 +226,7 @@ impl FairLock {
         state: &LockState,
         now: u64,
     ) -> Option<LostReason> {
-        match &state.holder {
-            Some(h) if h.token == handle.token() => {
-                (h.expires_ms <= now).then_some(LostReason::Expired)
-            }
-            _ if state.fence > handle.fence() => Some(LostReason::TakenOver),
-            _ => Some(LostReason::NotHeld),
-        }
+        LostReason::judge(handle, state.holder.as_ref(), state.fence, now)
     }
 
     /// Judge the head of `queue`: a waiter is live by the lease recorded in
@@ -358,7 +346,7 @@ impl FairLock {
             now,
             sent,
         } = *newcomer;
-        if let Some(h) = state.holder.as_ref().filter(|h| h.expires_ms > now) {
+        if let Some(h) = state.holder.as_ref().filter(|h| h.is_live(now)) {
             return Ok(Err(Some(h.expires_ms)));
         }
         let dead = match self.head(view, key, waiting(line, state.served), now)? {

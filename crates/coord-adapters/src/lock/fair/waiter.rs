@@ -105,7 +105,7 @@ impl FairLock {
             // Served (skipped as dead) or removed: a number never comes back.
             return Attempt::Requeue;
         };
-        if let Some(h) = state.holder.as_ref().filter(|h| h.expires_ms > now) {
+        if let Some(h) = state.holder.as_ref().filter(|h| h.is_live(now)) {
             return Attempt::Wait(Some(h.expires_ms));
         }
         // Free (the holder's lease ran out, or a release found nobody live
