@@ -15,8 +15,8 @@ use coord_backend::{Backend, Clock, Error, Mutation, SystemClock};
 
 use super::error::SideEffectError;
 use super::record::{
-    act_key, intent_is_live, lease_is_current, millis_to_time, open_key, res_key, ActRecord,
-    Holder, KeyState, ResRecord, DONE_INDEX,
+    act_key, intent_is_live, lease_is_current, millis_to_time, open_key, res_key, standing,
+    ActRecord, Holder, KeyState, ResRecord, Standing, DONE_INDEX,
 };
 use super::store::SideEffectStore;
 use super::types::{
@@ -274,46 +274,27 @@ impl SideEffectStore for SideEffectAdapter {
                 let res = ResRecord::read(view, &rk)?;
                 // Key-level states outrank the resource: a done or unknown key
                 // must never be reported as merely "busy".
-                match act.as_ref().map(|a| &a.state) {
-                    Some(KeyState::Completed { result, .. }) => {
-                        return Ok(Decision::Return(Acquired::replayed(EffectResult(
-                            result.clone(),
-                        ))));
+                let refused = |outcome| Ok(Decision::Return(Acquired::without_lease(outcome)));
+                match standing(view, act.as_ref(), now)? {
+                    Err(resource) => return Ok(Decision::Expand(vec![resource])),
+                    Ok(Standing::Completed(result)) => {
+                        let result = EffectResult(result.to_vec());
+                        return Ok(Decision::Return(Acquired::replayed(result)));
                     }
-                    Some(KeyState::Uncertain { .. }) => {
-                        return Ok(Decision::Return(Acquired::without_lease(
-                            Outcome::Uncertain,
-                        )));
-                    }
-                    Some(KeyState::Intent {
-                        resource,
-                        token: intent_token,
-                        retry_safety,
-                        ..
-                    }) => {
-                        let irk = res_key(resource);
-                        if !view.contains(&irk) {
-                            return Ok(Decision::Expand(vec![irk]));
-                        }
-                        let ires = ResRecord::read(view, &irk)?;
-                        if intent_is_live(intent_token, ires.as_ref(), now) {
-                            return Ok(Decision::Return(Acquired::without_lease(
-                                Outcome::Contended,
-                            )));
-                        }
-                        // The holder died or released between grant and
-                        // complete: it may have applied. Only an action the
-                        // host declared retry-safe (at grant time AND now)
-                        // may be granted again.
-                        let regrant = *retry_safety == RetrySafety::Safe
+                    Ok(Standing::Uncertain) => return refused(Outcome::Uncertain),
+                    Ok(Standing::InFlight) => return refused(Outcome::Contended),
+                    // The holder died or released between grant and
+                    // complete: it may have applied. Only an action the
+                    // host declared retry-safe (at grant time AND now)
+                    // may be granted again.
+                    Ok(Standing::Abandoned { retry_safety }) => {
+                        let regrant = retry_safety == RetrySafety::Safe
                             && action.retry_safety == RetrySafety::Safe;
                         if !regrant {
-                            return Ok(Decision::Return(Acquired::without_lease(
-                                Outcome::Uncertain,
-                            )));
+                            return refused(Outcome::Uncertain);
                         }
                     }
-                    Some(KeyState::Idle) | None => {}
+                    Ok(Standing::Idle) => {}
                 }
                 if res.as_ref().and_then(|r| r.live_holder(now)).is_some() {
                     return Ok(Decision::Return(Acquired::without_lease(

@@ -15,56 +15,13 @@ use coord_backend::Mutation;
 use super::adapter::Step;
 use super::error::SideEffectError;
 use super::record::{
-    act_key, intent_is_live, millis_to_time, open_key, res_key, ActRecord, ClaimRecord, KeyState,
-    ResRecord, DONE_INDEX,
+    act_key, millis_to_time, open_key, standing, ActRecord, ClaimRecord, KeyState, Standing,
+    DONE_INDEX,
 };
 use super::types::{Action, EffectResult, Execution, Outcome, ReconcileClaim, Resolution};
 use super::SideEffectAdapter;
 use crate::cas::{Nonce, Record};
-use crate::{mint_token, Decision, View};
-
-/// Whether the key in `act` awaits a resolution, or why not.
-enum Standing {
-    Uncertain,
-    Completed(Vec<u8>),
-    NotUncertain,
-}
-
-/// Judge the key; `Err(step)` when the view must first be expanded.
-fn standing(view: &View, act: Option<&ActRecord>, now: u64) -> Result<Standing, Step<()>> {
-    match act.map(|a| &a.state) {
-        None | Some(KeyState::Idle) => Ok(Standing::NotUncertain),
-        Some(KeyState::Uncertain { .. }) => Ok(Standing::Uncertain),
-        Some(KeyState::Completed { result, .. }) => Ok(Standing::Completed(result.clone())),
-        Some(KeyState::Intent {
-            resource, token, ..
-        }) => {
-            let irk = res_key(resource);
-            if !view.contains(&irk) {
-                return Err(Ok(Decision::Expand(vec![irk])));
-            }
-            let ires = match ResRecord::read(view, &irk) {
-                Ok(r) => r,
-                Err(e) => return Err(Err(e.into())),
-            };
-            if intent_is_live(token, ires.as_ref(), now) {
-                // In flight: its holder may still complete it.
-                Ok(Standing::NotUncertain)
-            } else {
-                Ok(Standing::Uncertain)
-            }
-        }
-    }
-}
-
-/// Re-type an expansion (or decode error) step for another answer type.
-fn retype<T>(step: Step<()>) -> Step<T> {
-    match step {
-        Ok(Decision::Expand(keys)) => Ok(Decision::Expand(keys)),
-        Ok(_) => unreachable!("standing() only yields expansions"),
-        Err(e) => Err(e),
-    }
-}
+use crate::{mint_token, Decision};
 
 impl SideEffectAdapter {
     pub(crate) async fn resolve(
@@ -91,17 +48,17 @@ impl SideEffectAdapter {
                             return Err(SideEffectError::ReconcileLost);
                         }
                     }
-                    match standing(view, act.as_ref(), now) {
-                        Err(step) => return retype(step),
+                    match standing(view, act.as_ref(), now)? {
+                        Err(resource) => return Ok(Decision::Expand(vec![resource])),
                         Ok(Standing::Completed(result)) => {
                             // First resolution (or completion) wins.
                             return Ok(Decision::Return(Execution {
                                 outcome: Outcome::Replayed,
-                                result: Some(EffectResult(result)),
+                                result: Some(EffectResult(result.to_vec())),
                             }));
                         }
-                        Ok(Standing::NotUncertain) => return Err(SideEffectError::NotUncertain),
-                        Ok(Standing::Uncertain) => {}
+                        Ok(standing) if standing.is_uncertain() => {}
+                        Ok(_) => return Err(SideEffectError::NotUncertain),
                     }
                     let (state, then) = if resolution.applied {
                         (
@@ -174,9 +131,9 @@ impl SideEffectAdapter {
                 std::slice::from_ref(&ak),
                 |view| -> Step<Option<ReconcileClaim>> {
                     let act = ActRecord::read(view, &ak)?;
-                    match standing(view, act.as_ref(), now) {
-                        Err(step) => return retype(step),
-                        Ok(Standing::Uncertain) => {}
+                    match standing(view, act.as_ref(), now)? {
+                        Err(resource) => return Ok(Decision::Expand(vec![resource])),
+                        Ok(standing) if standing.is_uncertain() => {}
                         Ok(_) => return Err(SideEffectError::NotUncertain),
                     }
                     let Some(mut new_act) = act else {

@@ -21,7 +21,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::types::{Action, Lease, RetrySafety};
-use crate::cas::{record_kind, LeaseRecord, Nonce};
+use coord_backend::Error;
+
+use crate::cas::{record_kind, LeaseRecord, Nonce, Record, View};
 
 pub(crate) const ACT_PREFIX: &str = "se/act/";
 pub(crate) const RES_PREFIX: &str = "se/res/";
@@ -162,6 +164,63 @@ pub(crate) fn lease_is_current(res: Option<&ResRecord>, action: &Action, lease: 
                     .as_ref()
                     .is_some_and(|h| h.lease.token == lease.token && h.key == action.key)
         })
+}
+
+/// What a key's record says of it: THE judgement of whether a key is
+/// uncertain, made here once for `acquire`, reconciliation and resolution.
+pub(crate) enum Standing<'a> {
+    /// Never granted, or back to idle.
+    Idle,
+    /// Completed, with its stored result.
+    Completed(&'a [u8]),
+    /// Granted and its grant still holds the resource: it may still complete.
+    InFlight,
+    /// Granted, and its grant no longer holds the resource (expired or
+    /// released without completing): it may have applied. Only an action
+    /// declared retry-safe when granted (`retry_safety`) may run again.
+    Abandoned { retry_safety: RetrySafety },
+    /// Marked uncertain: only a resolution clears it.
+    Uncertain,
+}
+
+impl Standing<'_> {
+    /// Whether the key awaits a resolution (what a reconciler may claim).
+    pub(crate) fn is_uncertain(&self) -> bool {
+        matches!(self, Standing::Uncertain | Standing::Abandoned { .. })
+    }
+}
+
+/// Judge `act` (the record of a key, as `view` holds it) at `now`.
+/// `Ok(Err(key))`: the view must first hold `key` (the resource of an
+/// intent, whose grant decides between in flight and abandoned).
+pub(crate) fn standing<'a>(
+    view: &View,
+    act: Option<&'a ActRecord>,
+    now: u64,
+) -> Result<Result<Standing<'a>, String>, Error> {
+    Ok(Ok(match act.map(|a| &a.state) {
+        None | Some(KeyState::Idle) => Standing::Idle,
+        Some(KeyState::Uncertain { .. }) => Standing::Uncertain,
+        Some(KeyState::Completed { result, .. }) => Standing::Completed(result),
+        Some(KeyState::Intent {
+            resource,
+            token,
+            retry_safety,
+            ..
+        }) => {
+            let irk = res_key(resource);
+            if !view.contains(&irk) {
+                return Ok(Err(irk));
+            }
+            if intent_is_live(token, ResRecord::read(view, &irk)?.as_ref(), now) {
+                Standing::InFlight
+            } else {
+                Standing::Abandoned {
+                    retry_safety: *retry_safety,
+                }
+            }
+        }
+    }))
 }
 
 /// Whether an intent's grant still holds its resource at `now`.
