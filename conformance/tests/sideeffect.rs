@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use coord_adapters::sideeffect::{
-    async_trait, Acquired, Action, EffectResult, Execution, Fence, FencedSink, Lease, Outcome,
+    async_trait, Acquired, Action, EffectResult, Execution, Fence, FencedSink, Lease,
     ReconcileClaim, Resolution, SideEffectAdapter, SideEffectError, SideEffectStore,
 };
 use coord_backend::{Backend, BackendExt, Clock, Mutation};
@@ -73,11 +73,7 @@ impl SideEffectStore for Broken {
             if !action.resource.is_empty()
                 && self.inner.resource_status(&action.resource).await?.live
             {
-                return Ok(Acquired {
-                    outcome: Outcome::Contended,
-                    lease: None,
-                    result: None,
-                });
+                return Ok(Acquired::Contended);
             }
         }
         self.inner.acquire(action, ttl).await

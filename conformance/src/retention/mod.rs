@@ -132,12 +132,12 @@ pub async fn completed_keys_go_after_the_window(
     let busy = adapter
         .acquire(&Action::new("busy", "other"), Duration::from_secs(86_400))
         .await?;
-    ensure!(busy.outcome == Outcome::Applied, "busy was not granted");
+    ensure!(busy.outcome() == Outcome::Applied, "busy was not granted");
     // Uncertain: granted, then marked.
     let unsure = Action::new("unsure", "third");
     let granted = adapter.acquire(&unsure, TTL).await?;
     let lease = granted
-        .lease
+        .into_lease()
         .ok_or_else(|| Failure::new("unsure was not granted"))?;
     adapter.mark_uncertain(&unsure, &lease, "timeout").await?;
 
@@ -301,7 +301,7 @@ pub async fn attention_index_follows_state(
             let action = Action::new(key, resource);
             let acquired = adapter.acquire(&action, TTL).await?;
             let lease = acquired
-                .lease
+                .into_lease()
                 .ok_or_else(|| Failure::new(format!("{key} was not granted")))?;
             Ok::<_, Failure>((action, lease))
         }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_adapters::sideeffect::{Fence, Outcome, RetrySafety, SideEffectError};
+use coord_adapters::sideeffect::{Acquired, Fence, Outcome, RetrySafety, SideEffectError};
 use coord_backend::Clock;
 
 use super::helpers::{
@@ -87,11 +87,9 @@ pub async fn rule_02_one_atomic_step(fx: Fixture) -> CheckResult {
         let mut applied = Vec::new();
         for task in tasks {
             let acquired = join(task).await??;
-            match acquired.outcome {
-                Outcome::Applied => applied.push(acquired.lease),
-                Outcome::Contended => {
-                    ensure!(acquired.lease.is_none(), "Contended came with a lease")
-                }
+            match acquired {
+                Acquired::Applied(lease) => applied.push(Some(lease)),
+                Acquired::Contended => {}
                 other => {
                     return Err(Failure::new(format!(
                         "racing acquire on a fresh {} → {other:?}",

@@ -71,14 +71,14 @@ pub async fn rule_13_complete_stale_fence(fx: Fixture) -> CheckResult {
     );
     let seen = store.acquire(&a, TTL).await?;
     ensure!(
-        seen.outcome != Outcome::Replayed && seen.outcome != Outcome::Applied,
+        seen.outcome() != Outcome::Replayed && seen.outcome() != Outcome::Applied,
         "the stale complete was recorded: acquire → {seen:?}"
     );
     store.complete(&b, &lb, result("b")).await?;
     expect_replayed(&store, &b, "b", "the new holder's complete").await?;
     let seen = fx.store().await?.acquire(&a, TTL).await?;
     ensure!(
-        seen.outcome == Outcome::Uncertain,
+        seen.outcome() == Outcome::Uncertain,
         "the taken-over key reads {seen:?}, expected Uncertain"
     );
     Ok(())
@@ -319,7 +319,7 @@ pub async fn rule_21_renew_atomic(fx: Fixture) -> CheckResult {
             Err(SideEffectError::LeaseLost) => false,
             Err(other) => return Err(other.into()),
         };
-        let took_over = taken.outcome == Outcome::Applied;
+        let took_over = taken.outcome() == Outcome::Applied;
         ensure!(
             !(renew_ok && took_over),
             "round {round}: the renew succeeded AND another client took the resource over (two live holders)"

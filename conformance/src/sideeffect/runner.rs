@@ -182,10 +182,7 @@ pub async fn rule_39_runner_ownership_check(fx: Fixture) -> CheckResult {
                     // A slow prepare: the lease expires and another action takes the resource.
                     clock.advance(PAST_TTL);
                     let taken = rival.acquire(&b, TTL).await;
-                    if let Ok(Acquired {
-                        lease: Some(lease), ..
-                    }) = &taken
-                    {
+                    if let Ok(Acquired::Applied(lease)) = &taken {
                         *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease.clone());
                     }
                     Ok::<_, std::io::Error>(())

@@ -118,7 +118,7 @@ pub async fn rule_27_mark_uncertain_one_txn(fx: Fixture) -> CheckResult {
         let clean = fx.store().await?;
         let now = clean.acquire(&a, TTL).await?;
         ensure!(
-            matches!(now.outcome, Outcome::Contended | Outcome::Uncertain),
+            matches!(now.outcome(), Outcome::Contended | Outcome::Uncertain),
             "txn {nth} of mark_uncertain failed ({marked:?}): the key reads {now:?}"
         );
         fx.advance(PAST_TTL);

@@ -105,7 +105,7 @@ pub(super) async fn check(
             .acquire(&Action::new(key.clone(), "payments"), LOCK_TTL)
             .await;
         match state {
-            Ok(acquired) => match acquired.outcome {
+            Ok(acquired) => match acquired.outcome() {
                 Outcome::Uncertain if ran == 0 && errors == 0 => violations.push(format!(
                     "side effect {key} is uncertain, yet no run started and every caller got a definite answer"
                 )),

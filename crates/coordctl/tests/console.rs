@@ -124,7 +124,7 @@ fn seed(url: &str) -> Seeded {
                 .acquire(&action, TEN_MIN)
                 .await
                 .unwrap()
-                .lease
+                .into_lease()
                 .unwrap();
             effects
                 .mark_uncertain(&action, &lease, "payment gateway timed out after send")
@@ -136,21 +136,21 @@ fn seed(url: &str) -> Seeded {
             .acquire(&lost, Duration::from_millis(200))
             .await
             .unwrap()
-            .lease
+            .into_lease()
             .unwrap();
         let live = Action::new("ship-9", "warehouse");
         effects
             .acquire(&live, TEN_MIN)
             .await
             .unwrap()
-            .lease
+            .into_lease()
             .unwrap();
         let doneact = Action::new("mail-1", "smtp");
         let lease = effects
             .acquire(&doneact, TEN_MIN)
             .await
             .unwrap()
-            .lease
+            .into_lease()
             .unwrap();
         effects
             .complete(&doneact, &lease, b"secret-effect-result".to_vec().into())

@@ -20,8 +20,8 @@ use super::record::{
 };
 use super::store::SideEffectStore;
 use super::types::{
-    Acquired, Action, EffectResult, Execution, Fence, KeyStatus, Lease, Outcome, ReconcileClaim,
-    Resolution, ResourceStatus, RetrySafety,
+    Acquired, Action, EffectResult, Execution, Fence, KeyStatus, Lease, ReconcileClaim, Resolution,
+    ResourceStatus, RetrySafety,
 };
 use crate::cas::{whole_millis, LeaseRecord, Nonce, Record};
 use crate::{mint_token, CasEngine, Decision};
@@ -47,14 +47,14 @@ pub(crate) type Step<T> = Result<Decision<T>, SideEffectError>;
 /// let action = Action::new("order-1/email", "mailer");
 ///
 /// let acquired = store.acquire(&action, Duration::from_secs(30)).await?;
-/// assert_eq!(acquired.outcome, Outcome::Applied);
-/// let lease = acquired.lease.expect("a grant comes with a lease");
+/// assert_eq!(acquired.outcome(), Outcome::Applied);
+/// let lease = acquired.into_lease().expect("a grant comes with a lease");
 /// // ... send the e-mail, passing lease.fence downstream ...
 /// store.complete(&action, &lease, "sent".into()).await?;
 ///
 /// let again = store.acquire(&action, Duration::from_secs(30)).await?;
-/// assert_eq!(again.outcome, Outcome::Replayed);
-/// assert_eq!(again.result.unwrap().as_bytes(), b"sent");
+/// assert_eq!(again.outcome(), Outcome::Replayed);
+/// assert_eq!(again.result().unwrap().as_bytes(), b"sent");
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Debug)]
@@ -274,15 +274,15 @@ impl SideEffectStore for SideEffectAdapter {
                 let res = ResRecord::read(view, &rk)?;
                 // Key-level states outrank the resource: a done or unknown key
                 // must never be reported as merely "busy".
-                let refused = |outcome| Ok(Decision::Return(Acquired::without_lease(outcome)));
+                let refused = |acquired| Ok(Decision::Return(acquired));
                 match standing(view, act.as_ref(), now)? {
                     Err(resource) => return Ok(Decision::Expand(vec![resource])),
                     Ok(Standing::Completed(result)) => {
                         let result = EffectResult(result.to_vec());
-                        return Ok(Decision::Return(Acquired::replayed(result)));
+                        return Ok(Decision::Return(Acquired::Replayed(result)));
                     }
-                    Ok(Standing::Uncertain) => return refused(Outcome::Uncertain),
-                    Ok(Standing::InFlight) => return refused(Outcome::Contended),
+                    Ok(Standing::Uncertain) => return refused(Acquired::Uncertain),
+                    Ok(Standing::InFlight) => return refused(Acquired::Contended),
                     // The holder died or released between grant and
                     // complete: it may have applied. Only an action the
                     // host declared retry-safe (at grant time AND now)
@@ -291,15 +291,13 @@ impl SideEffectStore for SideEffectAdapter {
                         let regrant = retry_safety == RetrySafety::Safe
                             && action.retry_safety == RetrySafety::Safe;
                         if !regrant {
-                            return refused(Outcome::Uncertain);
+                            return refused(Acquired::Uncertain);
                         }
                     }
                     Ok(Standing::Idle) => {}
                 }
                 if res.as_ref().and_then(|r| r.live_holder(now)).is_some() {
-                    return Ok(Decision::Return(Acquired::without_lease(
-                        Outcome::Contended,
-                    )));
+                    return Ok(Decision::Return(Acquired::Contended));
                 }
                 let fence = res
                     .as_ref()
@@ -335,19 +333,19 @@ impl SideEffectStore for SideEffectAdapter {
                 Ok(Decision::CommitWithUnasserted {
                     mutations: vec![new_res.put(&rk), new_act.put(&ak)],
                     unasserted: vec![Mutation::put(open_key(&action.key), Vec::new())],
-                    then: Acquired::applied(lease),
+                    then: Acquired::Applied(lease),
                 })
             })
             .await;
         if let Ok(acquired) = &decided {
-            if let Some(lease) = &acquired.lease {
+            if let Some(lease) = acquired.lease() {
                 tracing::Span::current().record("fence", lease.fence.0);
             }
             tracing::debug!(
                 key = %action.key,
                 resource = %action.resource,
-                outcome = %acquired.outcome,
-                fence = acquired.lease.as_ref().map(|l| l.fence.0),
+                outcome = %acquired.outcome(),
+                fence = acquired.lease().map(|l| l.fence.0),
                 "sideeffect acquire"
             );
         }

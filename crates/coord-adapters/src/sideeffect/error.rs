@@ -51,12 +51,6 @@ pub enum SideEffectError {
         source: Option<BoxError>,
     },
 
-    /// A store answered with a combination the contract does not define (an
-    /// `Applied` without a lease, a `Replayed` without a result): nothing is
-    /// assumed.
-    #[error("the store returned an undefined outcome: {0}")]
-    UndefinedAnswer(String),
-
     /// The caller is not the current, unexpired reconciler of the key: nothing changed.
     #[error("reconcile lost: not the current reconciler of this key")]
     ReconcileLost,

@@ -10,7 +10,9 @@ use tracing::Instrument as _;
 
 use super::error::{BoxError, SideEffectError};
 use super::store::SideEffectStore;
-use super::types::{Action, EffectResult, Execution, Lease, Outcome, Resolution, RetrySafety};
+use super::types::{
+    Acquired, Action, EffectResult, Execution, Lease, Outcome, Resolution, RetrySafety,
+};
 
 /// Runs side effects through a [`SideEffectStore`] in the one safe order.
 ///
@@ -178,22 +180,18 @@ impl Runner {
     {
         let store = self.store()?;
         let acquired = store.acquire(action, ttl).await?;
-        tracing::debug!(step = "acquire", outcome = %acquired.outcome);
-        let lease = match acquired.outcome {
-            Outcome::Applied => acquired.lease.ok_or_else(|| {
-                SideEffectError::UndefinedAnswer("Applied without a lease".into())
-            })?,
-            Outcome::Replayed => {
-                let result = acquired.result.ok_or_else(|| {
-                    SideEffectError::UndefinedAnswer("Replayed without a result".into())
-                })?;
+        tracing::debug!(step = "acquire", outcome = %acquired.outcome());
+        let lease = match acquired {
+            Acquired::Applied(lease) => lease,
+            Acquired::Replayed(result) => {
                 tracing::info!(outcome = "replayed", "stored result returned, not applied");
                 return Ok(Execution {
                     outcome: Outcome::Replayed,
                     result: Some(result),
                 });
             }
-            outcome @ (Outcome::Contended | Outcome::Uncertain) => {
+            refused @ (Acquired::Contended | Acquired::Uncertain) => {
+                let outcome = refused.outcome();
                 tracing::info!(%outcome, "not applied");
                 return Ok(Execution {
                     outcome,

@@ -108,7 +108,12 @@ async fn status_reports_each_state() {
     let adapter = SideEffectAdapter::with_clock(memory("se-status"), clock.clone());
     let action = Action::new("k", "r");
     assert_eq!(adapter.key_status("k").await.unwrap(), KeyStatus::Idle);
-    let lease = adapter.acquire(&action, TTL).await.unwrap().lease.unwrap();
+    let lease = adapter
+        .acquire(&action, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
     assert_eq!(
         adapter.key_status("k").await.unwrap(),
         KeyStatus::InFlight {
@@ -152,7 +157,12 @@ async fn status_reports_each_state() {
 async fn results_survive_binary_bytes() {
     let adapter = SideEffectAdapter::new(memory("se-bytes"));
     let action = Action::new("k", "r");
-    let lease = adapter.acquire(&action, TTL).await.unwrap().lease.unwrap();
+    let lease = adapter
+        .acquire(&action, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
     let bytes: Vec<u8> = (0..=255).collect();
     adapter
         .complete(&action, &lease, EffectResult(bytes.clone()))
@@ -160,7 +170,7 @@ async fn results_survive_binary_bytes() {
         .unwrap();
     let fresh = SideEffectAdapter::new(adapter.engine().backend().clone());
     let again = fresh.acquire(&action, TTL).await.unwrap();
-    assert_eq!(again.result, Some(EffectResult(bytes)));
+    assert_eq!(again.result().cloned(), Some(EffectResult(bytes)));
 }
 
 #[tokio::test]
@@ -180,17 +190,22 @@ async fn an_intent_on_another_resource_is_judged_by_that_resource() {
     let adapter = SideEffectAdapter::with_clock(backend.clone(), clock.clone());
     let on_r1 = Action::new("k", "r1");
     let on_r2 = Action::new("k", "r2");
-    adapter.acquire(&on_r1, TTL).await.unwrap().lease.unwrap();
+    adapter
+        .acquire(&on_r1, TTL)
+        .await
+        .unwrap()
+        .into_lease()
+        .unwrap();
     // Same key, other resource: still in flight on r1 (read through an expansion).
     let fresh = SideEffectAdapter::with_clock(backend.clone(), clock.clone());
     assert_eq!(
-        fresh.acquire(&on_r2, TTL).await.unwrap().outcome,
+        fresh.acquire(&on_r2, TTL).await.unwrap().outcome(),
         Outcome::Contended
     );
     clock.advance(TTL);
     let fresh = SideEffectAdapter::with_clock(backend, clock);
     assert_eq!(
-        fresh.acquire(&on_r2, TTL).await.unwrap().outcome,
+        fresh.acquire(&on_r2, TTL).await.unwrap().outcome(),
         Outcome::Uncertain
     );
     // Nothing was granted on r2.

@@ -244,40 +244,54 @@ impl Resolution {
     }
 }
 
-/// The answer of `acquire`: an outcome, the lease when [`Outcome::Applied`],
-/// the stored result when [`Outcome::Replayed`].
+/// The answer of `acquire`. Each outcome carries exactly what goes with it:
+/// a lease only when granted, a result only when replayed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Acquired {
-    /// The decision.
-    pub outcome: Outcome,
-    /// The granted lease (only with [`Outcome::Applied`]).
-    pub lease: Option<Lease>,
-    /// The stored result, as it was stored (only with [`Outcome::Replayed`]).
-    pub result: Option<EffectResult>,
+pub enum Acquired {
+    /// Granted: apply the action, passing the lease's fence downstream, then
+    /// complete with its result ([`Outcome::Applied`]).
+    Applied(Lease),
+    /// Completed before: the stored result, as it was stored ([`Outcome::Replayed`]).
+    Replayed(EffectResult),
+    /// Another attempt holds the key or its resource now ([`Outcome::Contended`]).
+    Contended,
+    /// The key may have been applied and nobody knows: only a resolution
+    /// clears it ([`Outcome::Uncertain`]).
+    Uncertain,
 }
 
 impl Acquired {
-    pub(crate) fn applied(lease: Lease) -> Self {
-        Acquired {
-            outcome: Outcome::Applied,
-            lease: Some(lease),
-            result: None,
+    /// The outcome this answer stands for.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Acquired::Applied(_) => Outcome::Applied,
+            Acquired::Replayed(_) => Outcome::Replayed,
+            Acquired::Contended => Outcome::Contended,
+            Acquired::Uncertain => Outcome::Uncertain,
         }
     }
 
-    pub(crate) fn replayed(result: EffectResult) -> Self {
-        Acquired {
-            outcome: Outcome::Replayed,
-            lease: None,
-            result: Some(result),
+    /// The granted lease ([`Acquired::Applied`] only).
+    pub fn lease(&self) -> Option<&Lease> {
+        match self {
+            Acquired::Applied(lease) => Some(lease),
+            _ => None,
         }
     }
 
-    pub(crate) fn without_lease(outcome: Outcome) -> Self {
-        Acquired {
-            outcome,
-            lease: None,
-            result: None,
+    /// The granted lease, by value ([`Acquired::Applied`] only).
+    pub fn into_lease(self) -> Option<Lease> {
+        match self {
+            Acquired::Applied(lease) => Some(lease),
+            _ => None,
+        }
+    }
+
+    /// The stored result ([`Acquired::Replayed`] only).
+    pub fn result(&self) -> Option<&EffectResult> {
+        match self {
+            Acquired::Replayed(result) => Some(result),
+            _ => None,
         }
     }
 }
