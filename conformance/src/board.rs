@@ -21,7 +21,6 @@
 //!   claim's read and its commit is read again, and the new dependency is honoured.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,75 +31,23 @@ use coord_adapters::board::{
 use coord_adapters::lock::async_trait;
 use coord_backend::{Assert, Backend, Entry, Limits, ManualClock, Mutation, TxnOutcome};
 
+use crate::clients::{ClientEnv, ClientFactory, Ctx};
 use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
 
 /// Makes a new client of the board under test.
-pub type BoardFactory =
-    Arc<dyn Fn() -> BoxFuture<'static, Result<Arc<dyn Board>, BoardError>> + Send + Sync>;
+pub type BoardFactory = ClientFactory<dyn Board, BoardError>;
 
-/// Build a [`BoardFactory`] from an async closure.
-pub fn board_factory<F, Fut>(make: F) -> BoardFactory
-where
-    F: Fn() -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Arc<dyn Board>, BoardError>> + Send + 'static,
-{
-    Arc::new(move || Box::pin(make()))
-}
-
-/// What a board check runs against. The board must start empty.
-#[derive(Clone)]
-pub struct BoardEnv {
-    /// Makes clients of the board under test.
-    pub make: BoardFactory,
-    /// The clock every client judges expiry with; checks move it.
-    pub clock: Arc<ManualClock>,
-}
-
-impl fmt::Debug for BoardEnv {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BoardEnv")
-            .field("clock", &self.clock)
-            .finish_non_exhaustive()
-    }
-}
+/// What a board check runs against (see [`ClientEnv`]).
+pub type BoardEnv = ClientEnv<dyn Board, BoardError>;
 
 impl BoardEnv {
-    /// An environment for any board implementation.
-    pub fn new(make: BoardFactory, clock: Arc<ManualClock>) -> Self {
-        BoardEnv { make, clock }
-    }
-
-    /// [`BoardAdapter`]s over backends from `factory` (one fresh namespace
-    /// named after `label`), all judging expiry with one shared `ManualClock`.
+    /// [`BoardAdapter`]s over backends from `factory` (one fresh namespace named
+    /// after `label`), all judging expiry with one shared `ManualClock`.
     pub fn generic(factory: BackendFactory, label: &str) -> Self {
-        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
-        let namespace = unique_namespace(label);
-        let board_clock = clock.clone();
-        let make = board_factory(move || {
-            let factory = factory.clone();
-            let namespace = namespace.clone();
-            let clock = board_clock.clone();
-            async move {
-                let backend = factory(namespace).await?;
-                let options = BoardOptions::default().with_clock(clock);
-                Ok(Arc::new(BoardAdapter::with_options(backend, options)) as Arc<dyn Board>)
-            }
-        });
-        BoardEnv::new(make, clock)
-    }
-
-    async fn client(&self) -> Result<Arc<dyn Board>, Failure> {
-        (self.make)().await.ctx("making a board client")
-    }
-}
-
-trait Ctx<T> {
-    fn ctx(self, what: &str) -> Result<T, Failure>;
-}
-
-impl<T, E: fmt::Display> Ctx<T> for Result<T, E> {
-    fn ctx(self, what: &str) -> Result<T, Failure> {
-        self.map_err(|e| Failure::new(format!("{what}: {e}")))
+        Self::over_backends(factory, label, |backend, clock| {
+            let options = BoardOptions::default().with_clock(clock);
+            Arc::new(BoardAdapter::with_options(backend, options)) as Arc<dyn Board>
+        })
     }
 }
 

@@ -19,85 +19,30 @@
 //! - [`observe_sees_change`]: a waiting observer wakes for a new leader and for its resignation;
 //! - [`election_bad_input`]: empty name / candidate, zero TTL are typed errors.
 
-use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use coord_adapters::election::{
     Election, ElectionError, ElectionOptions, GenericElection, Leadership, Observer,
 };
-use coord_backend::ManualClock;
 
-use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+use crate::clients::{ClientEnv, ClientFactory, Ctx};
+use crate::{ensure, BackendFactory, BoxFuture, Case, CheckResult, Failure};
 
-/// Makes a new client of the election service under test.
-pub type ElectionFactory =
-    Arc<dyn Fn() -> BoxFuture<'static, Result<Arc<dyn Election>, ElectionError>> + Send + Sync>;
+/// Makes a new client of the election under test.
+pub type ElectionFactory = ClientFactory<dyn Election, ElectionError>;
 
-/// Build an [`ElectionFactory`] from an async closure.
-pub fn election_factory<F, Fut>(make: F) -> ElectionFactory
-where
-    F: Fn() -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Arc<dyn Election>, ElectionError>> + Send + 'static,
-{
-    Arc::new(move || Box::pin(make()))
-}
-
-/// What an election check runs against.
-#[derive(Clone)]
-pub struct ElectionEnv {
-    /// Makes clients of the election under test.
-    pub make: ElectionFactory,
-    /// The clock every client judges expiry with; checks move it.
-    pub clock: Arc<ManualClock>,
-}
-
-impl fmt::Debug for ElectionEnv {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ElectionEnv")
-            .field("clock", &self.clock)
-            .finish_non_exhaustive()
-    }
-}
+/// What a election check runs against (see [`ClientEnv`]).
+pub type ElectionEnv = ClientEnv<dyn Election, ElectionError>;
 
 impl ElectionEnv {
-    /// An environment for any implementation.
-    pub fn new(make: ElectionFactory, clock: Arc<ManualClock>) -> Self {
-        ElectionEnv { make, clock }
-    }
-
-    /// [`GenericElection`]s over backends from `factory` (one fresh
-    /// namespace named after `label`), all judging expiry with one shared `ManualClock`.
+    /// [`GenericElection`]s over backends from `factory` (one fresh namespace named
+    /// after `label`), all judging expiry with one shared `ManualClock`.
     pub fn generic(factory: BackendFactory, label: &str) -> Self {
-        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
-        let namespace = unique_namespace(label);
-        let el_clock = clock.clone();
-        let make = election_factory(move || {
-            let factory = factory.clone();
-            let namespace = namespace.clone();
-            let clock = el_clock.clone();
-            async move {
-                let backend = factory(namespace).await?;
-                let options = ElectionOptions::default().with_clock(clock);
-                Ok(Arc::new(GenericElection::with_options(backend, options)) as Arc<dyn Election>)
-            }
-        });
-        ElectionEnv::new(make, clock)
-    }
-
-    async fn client(&self) -> Result<Arc<dyn Election>, Failure> {
-        (self.make)().await.ctx("making an election client")
-    }
-}
-
-trait Ctx<T> {
-    fn ctx(self, what: &str) -> Result<T, Failure>;
-}
-
-impl<T, E: fmt::Display> Ctx<T> for Result<T, E> {
-    fn ctx(self, what: &str) -> Result<T, Failure> {
-        self.map_err(|e| Failure::new(format!("{what}: {e}")))
+        Self::over_backends(factory, label, |backend, clock| {
+            let options = ElectionOptions::default().with_clock(clock);
+            Arc::new(GenericElection::with_options(backend, options)) as Arc<dyn Election>
+        })
     }
 }
 

@@ -34,6 +34,7 @@ use coord_adapters::lock::{
 };
 use coord_backend::{InvalidInput, ManualClock};
 
+use crate::clients::Ctx;
 use crate::lock::{lock_factory, LockFactory};
 use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
 
@@ -133,16 +134,6 @@ impl FairEnv {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-    }
-}
-
-trait Ctx<T> {
-    fn ctx(self, what: &str) -> Result<T, Failure>;
-}
-
-impl<T, E: fmt::Display> Ctx<T> for Result<T, E> {
-    fn ctx(self, what: &str) -> Result<T, Failure> {
-        self.map_err(|e| Failure::new(format!("{what}: {e}")))
     }
 }
 

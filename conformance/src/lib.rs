@@ -27,6 +27,7 @@ mod harness;
 pub mod backend;
 pub mod board;
 pub mod changes;
+pub mod clients;
 pub mod election;
 pub mod fair_lock;
 pub mod fault;

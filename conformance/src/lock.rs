@@ -30,7 +30,6 @@
 //! Keys are random per run, so the suite can run against a persistent server.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,21 +40,15 @@ use coord_adapters::lock::{
 };
 use coord_backend::ManualClock;
 
+use crate::clients::{ClientFactory, Ctx};
 use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
 
 /// Makes a new client of the lock under test (each call: a separate client
 /// of the same lock service, as another process would hold).
-pub type LockFactory =
-    Arc<dyn Fn() -> BoxFuture<'static, Result<Arc<dyn Lock>, LockError>> + Send + Sync>;
+pub type LockFactory = ClientFactory<dyn Lock, LockError>;
 
 /// Build a [`LockFactory`] from an async closure.
-pub fn lock_factory<F, Fut>(make: F) -> LockFactory
-where
-    F: Fn() -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Arc<dyn Lock>, LockError>> + Send + 'static,
-{
-    Arc::new(move || Box::pin(make()))
-}
+pub use crate::clients::client_factory as lock_factory;
 
 /// How the checks make time pass for the lock under test.
 #[derive(Clone, Debug)]
@@ -170,16 +163,6 @@ pub struct LockCase {
 impl fmt::Debug for LockCase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "LockCase(lock::{})", self.name)
-    }
-}
-
-trait Ctx<T> {
-    fn ctx(self, what: &str) -> Result<T, Failure>;
-}
-
-impl<T, E: fmt::Display> Ctx<T> for Result<T, E> {
-    fn ctx(self, what: &str) -> Result<T, Failure> {
-        self.map_err(|e| Failure::new(format!("{what}: {e}")))
     }
 }
 

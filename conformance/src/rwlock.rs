@@ -23,85 +23,30 @@
 //! - [`holders_bounded`]: the record keeps only live holders (released and expired ones go);
 //! - [`rwlock_bad_input`]: empty key / zero TTL are typed errors.
 
-use std::fmt;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use coord_adapters::lock::LockError;
 use coord_adapters::rwlock::{GenericRwLock, RwHandle, RwLock, RwLockOptions, RwMode};
-use coord_backend::ManualClock;
 
-use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+use crate::clients::{ClientEnv, ClientFactory, Ctx};
+use crate::{ensure, BackendFactory, BoxFuture, Case, CheckResult, Failure};
 
 /// Makes a new client of the read-write lock under test.
-pub type RwFactory =
-    Arc<dyn Fn() -> BoxFuture<'static, Result<Arc<dyn RwLock>, LockError>> + Send + Sync>;
+pub type RwFactory = ClientFactory<dyn RwLock, LockError>;
 
-/// Build an [`RwFactory`] from an async closure.
-pub fn rw_factory<F, Fut>(make: F) -> RwFactory
-where
-    F: Fn() -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Arc<dyn RwLock>, LockError>> + Send + 'static,
-{
-    Arc::new(move || Box::pin(make()))
-}
-
-/// What an rwlock check runs against.
-#[derive(Clone)]
-pub struct RwEnv {
-    /// Makes clients of the lock under test.
-    pub make: RwFactory,
-    /// The clock every client judges expiry with; checks move it.
-    pub clock: Arc<ManualClock>,
-}
-
-impl fmt::Debug for RwEnv {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RwEnv")
-            .field("clock", &self.clock)
-            .finish_non_exhaustive()
-    }
-}
+/// What a read-write lock check runs against (see [`ClientEnv`]).
+pub type RwEnv = ClientEnv<dyn RwLock, LockError>;
 
 impl RwEnv {
-    /// An environment for any implementation.
-    pub fn new(make: RwFactory, clock: Arc<ManualClock>) -> Self {
-        RwEnv { make, clock }
-    }
-
-    /// [`GenericRwLock`]s over backends from `factory` (one fresh namespace
-    /// named after `label`), all judging expiry with one shared `ManualClock`.
+    /// [`GenericRwLock`]s over backends from `factory` (one fresh namespace named
+    /// after `label`), all judging expiry with one shared `ManualClock`.
     pub fn generic(factory: BackendFactory, label: &str) -> Self {
-        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
-        let namespace = unique_namespace(label);
-        let rw_clock = clock.clone();
-        let make = rw_factory(move || {
-            let factory = factory.clone();
-            let namespace = namespace.clone();
-            let clock = rw_clock.clone();
-            async move {
-                let backend = factory(namespace).await?;
-                let options = RwLockOptions::default().with_clock(clock);
-                Ok(Arc::new(GenericRwLock::with_options(backend, options)) as Arc<dyn RwLock>)
-            }
-        });
-        RwEnv::new(make, clock)
-    }
-
-    async fn client(&self) -> Result<Arc<dyn RwLock>, Failure> {
-        (self.make)().await.ctx("making a read-write lock client")
-    }
-}
-
-trait Ctx<T> {
-    fn ctx(self, what: &str) -> Result<T, Failure>;
-}
-
-impl<T, E: fmt::Display> Ctx<T> for Result<T, E> {
-    fn ctx(self, what: &str) -> Result<T, Failure> {
-        self.map_err(|e| Failure::new(format!("{what}: {e}")))
+        Self::over_backends(factory, label, |backend, clock| {
+            let options = RwLockOptions::default().with_clock(clock);
+            Arc::new(GenericRwLock::with_options(backend, options)) as Arc<dyn RwLock>
+        })
     }
 }
 

@@ -22,8 +22,6 @@
 //!   even right after a release;
 //! - [`timed_out_waiter_leaves_the_line`]: a waiter that gives up leaves no place behind.
 
-use std::fmt;
-use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,77 +29,24 @@ use std::time::Duration;
 use coord_adapters::lock::{
     GenericSemaphore, LockError, Permit, Semaphore, SemaphoreOptions, WaitOptions,
 };
-use coord_backend::ManualClock;
 
-use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+use crate::clients::{ClientEnv, ClientFactory, Ctx};
+use crate::{ensure, BackendFactory, Case, CheckResult, Failure};
 
 /// Makes a new client of the semaphore under test.
-pub type SemaphoreFactory =
-    Arc<dyn Fn() -> BoxFuture<'static, Result<Arc<dyn Semaphore>, LockError>> + Send + Sync>;
+pub type SemaphoreFactory = ClientFactory<dyn Semaphore, LockError>;
 
-/// Build a [`SemaphoreFactory`] from an async closure.
-pub fn semaphore_factory<F, Fut>(make: F) -> SemaphoreFactory
-where
-    F: Fn() -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Arc<dyn Semaphore>, LockError>> + Send + 'static,
-{
-    Arc::new(move || Box::pin(make()))
-}
-
-/// What a semaphore check runs against. It must start empty.
-#[derive(Clone)]
-pub struct SemEnv {
-    /// Makes clients of the semaphore under test.
-    pub make: SemaphoreFactory,
-    /// The clock the semaphore judges leases with; checks move it.
-    pub clock: Arc<ManualClock>,
-}
-
-impl fmt::Debug for SemEnv {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SemEnv")
-            .field("clock", &self.clock)
-            .finish_non_exhaustive()
-    }
-}
+/// What a semaphore check runs against (see [`ClientEnv`]).
+pub type SemEnv = ClientEnv<dyn Semaphore, LockError>;
 
 impl SemEnv {
-    /// An environment for any semaphore implementation.
-    pub fn new(make: SemaphoreFactory, clock: Arc<ManualClock>) -> Self {
-        SemEnv { make, clock }
-    }
-
-    /// [`GenericSemaphore`]s over backends from `factory` (one fresh
-    /// namespace named after `label`) sharing one `ManualClock`.
+    /// [`GenericSemaphore`]s over backends from `factory` (one fresh namespace named
+    /// after `label`), all judging expiry with one shared `ManualClock`.
     pub fn generic(factory: BackendFactory, label: &str) -> Self {
-        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
-        let namespace = unique_namespace(label);
-        let sem_clock = clock.clone();
-        let make = semaphore_factory(move || {
-            let (factory, namespace, clock) =
-                (factory.clone(), namespace.clone(), sem_clock.clone());
-            async move {
-                let backend = factory(namespace).await?;
-                let options = SemaphoreOptions::default().with_clock(clock);
-                Ok(Arc::new(GenericSemaphore::with_options(backend, options))
-                    as Arc<dyn Semaphore>)
-            }
-        });
-        SemEnv::new(make, clock)
-    }
-
-    async fn client(&self) -> Result<Arc<dyn Semaphore>, Failure> {
-        (self.make)().await.ctx("making a semaphore client")
-    }
-}
-
-trait Ctx<T> {
-    fn ctx(self, what: &str) -> Result<T, Failure>;
-}
-
-impl<T, E: fmt::Display> Ctx<T> for Result<T, E> {
-    fn ctx(self, what: &str) -> Result<T, Failure> {
-        self.map_err(|e| Failure::new(format!("{what}: {e}")))
+        Self::over_backends(factory, label, |backend, clock| {
+            let options = SemaphoreOptions::default().with_clock(clock);
+            Arc::new(GenericSemaphore::with_options(backend, options)) as Arc<dyn Semaphore>
+        })
     }
 }
 

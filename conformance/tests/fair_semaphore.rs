@@ -17,9 +17,10 @@ use coord_adapters::lock::{
 };
 use coord_adapters::mint_token;
 use coord_backend::{Backend, Clock, InvalidInput, ManualClock};
+use coord_conformance::clients::client_factory;
 use coord_conformance::fair_lock::{self as fair_suite, queue_probe, FairEnv};
 use coord_conformance::lock::lock_factory;
-use coord_conformance::semaphore::{self as sem_suite, semaphore_factory, SemEnv};
+use coord_conformance::semaphore::{self as sem_suite, SemEnv};
 use coord_conformance::{factory, BackendFactory, CheckResult};
 use coord_memory::SingleProcessMemoryBackend;
 
@@ -288,7 +289,7 @@ impl BuggySemaphore {
             bugs,
         });
         SemEnv::new(
-            semaphore_factory(move || {
+            client_factory(move || {
                 let sem = sem.clone();
                 async move { Ok(sem) }
             }),

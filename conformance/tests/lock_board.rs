@@ -20,7 +20,8 @@ use coord_adapters::lock::{
 };
 use coord_adapters::mint_token;
 use coord_backend::{Backend, Clock, ManualClock, Mutation, SystemClock};
-use coord_conformance::board::{self as board_suite, board_factory, BoardEnv};
+use coord_conformance::board::{self as board_suite, BoardEnv};
+use coord_conformance::clients::client_factory;
 use coord_conformance::lock::{self as lock_suite, lock_factory, LockEnv, TimeControl};
 use coord_conformance::{factory, unique_namespace, BackendFactory, CheckResult};
 use coord_memory::SingleProcessMemoryBackend;
@@ -351,7 +352,7 @@ impl BuggyBoard {
             bugs,
         });
         BoardEnv::new(
-            board_factory(move || {
+            client_factory(move || {
                 let board = board.clone();
                 async move { Ok(board) }
             }),

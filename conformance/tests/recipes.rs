@@ -17,8 +17,9 @@ use coord_adapters::lock::{async_trait, LockError, LockHandle};
 use coord_adapters::mint_token;
 use coord_adapters::rwlock::{GenericRwLock, RwHandle, RwLock, RwLockOptions, RwMode, RwStatus};
 use coord_backend::{Backend, ManualClock};
-use coord_conformance::election::{self as election_suite, election_factory, ElectionEnv};
-use coord_conformance::rwlock::{self as rwlock_suite, rw_factory, RwEnv};
+use coord_conformance::clients::client_factory;
+use coord_conformance::election::{self as election_suite, ElectionEnv};
+use coord_conformance::rwlock::{self as rwlock_suite, RwEnv};
 use coord_conformance::{factory, unique_namespace, BackendFactory, CheckResult};
 use coord_memory::SingleProcessMemoryBackend;
 
@@ -72,7 +73,7 @@ impl BuggyRw {
         let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
         let namespace = unique_namespace("buggy_rw");
         let rw_clock = clock.clone();
-        let make = rw_factory(move || {
+        let make = client_factory(move || {
             let backend = shared_memory(&namespace);
             let options = RwLockOptions::default().with_clock(rw_clock.clone());
             let inner = GenericRwLock::with_options(backend, options);
@@ -173,7 +174,7 @@ impl BuggyElection {
         let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
         let namespace = unique_namespace("buggy_election");
         let el_clock = clock.clone();
-        let make = election_factory(move || {
+        let make = client_factory(move || {
             let backend = shared_memory(&namespace);
             let options = ElectionOptions::default().with_clock(el_clock.clone());
             let inner = GenericElection::with_options(backend, options);
