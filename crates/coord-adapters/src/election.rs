@@ -107,6 +107,16 @@ impl ElectionError {
     }
 }
 
+impl crate::wake::WaitError for ElectionError {
+    /// Every txn of the attempt lost its race: a waiting call waits on.
+    fn is_contention(&self) -> bool {
+        matches!(
+            self,
+            ElectionError::Store(Error::ConflictRetriesExhausted { .. })
+        )
+    }
+}
+
 impl From<Error> for ElectionError {
     fn from(error: Error) -> Self {
         match error {

@@ -75,6 +75,7 @@ use crate::cas::{
 };
 use crate::lock::{validate_lock_input, LockError, LockHandle, LostReason};
 use crate::mint_token;
+use crate::wake::WaitError;
 
 /// Whether a holder reads or writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -440,6 +441,8 @@ impl GenericRwLock {
                     return Ok(handle);
                 }
                 Ok(Grant::Refused) => {}
+                // Contention (every txn lost its race) is no failure: wait on.
+                Err(error) if error.is_contention() => {}
                 Err(error) => {
                     if let Some(waiter) = &waiter {
                         let _ = self.leave_queue(key, waiter).await;
@@ -614,6 +617,37 @@ mod tests {
 
     fn rw(backend: Arc<dyn Backend>, clock: Arc<ManualClock>) -> GenericRwLock {
         GenericRwLock::with_options(backend, RwLockOptions::default().with_clock(clock))
+    }
+
+    /// An engine that gives up at the first rejected txn: every race lost
+    /// is `ConflictRetriesExhausted`, which a waiting call must wait through.
+    fn one_try() -> crate::cas::CasOptions {
+        let mut cas = crate::cas::CasOptions::default();
+        cas.max_attempts = 1;
+        cas
+    }
+
+    #[tokio::test]
+    async fn waiting_calls_wait_through_contention() {
+        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("rw").unwrap());
+        let holder = GenericRwLock::new(backend.clone());
+        let reader = holder
+            .try_read("k", Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        // Its cache has never seen the key: its first txn is rejected, and with
+        // one try that is contention, not an answer.
+        let writer =
+            GenericRwLock::with_options(backend, RwLockOptions::default().with_cas(one_try()));
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            holder.release(reader).await
+        });
+        let ttl = Duration::from_secs(30);
+        let written = writer.write("k", ttl, Duration::from_secs(20)).await;
+        assert!(written.is_ok(), "the writer gave up: {written:?}");
+        release.await.unwrap().unwrap();
     }
 
     #[tokio::test]

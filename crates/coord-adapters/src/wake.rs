@@ -73,6 +73,14 @@ impl Wake {
     }
 }
 
+/// What a waiting call keeps waiting through: contention (every txn of an
+/// attempt lost its race to other writers) is no failure of the store, so it
+/// counts as a refusal; any other error ends the wait.
+pub trait WaitError {
+    /// Whether the error is contention, not a failure.
+    fn is_contention(&self) -> bool;
+}
+
 /// When a waiting call started and when it gives up.
 #[derive(Clone, Copy, Debug)]
 pub struct Deadline {
@@ -97,8 +105,9 @@ impl Wake {
     /// The waiting loop of every recipe: `attempt` until it answers
     /// `Some`, sleeping after the n-th refusal until a change under this
     /// watch or `pause(n)`, whichever comes first. The last attempt happens
-    /// at the deadline, not a pause after it; then `timed_out(waited)`. An
-    /// error of `attempt` ends the wait at once (it is not contention).
+    /// at the deadline, not a pause after it; then `timed_out(waited)`.
+    /// Contention ([`WaitError::is_contention`]) is a refusal; any other
+    /// error of `attempt` ends the wait at once.
     pub async fn retry<T, E, Fut>(
         &mut self,
         deadline: Deadline,
@@ -107,12 +116,16 @@ impl Wake {
         timed_out: impl FnOnce(Duration) -> E,
     ) -> Result<T, E>
     where
+        E: WaitError,
         Fut: Future<Output = Result<Option<T>, E>>,
     {
         let mut refusals = 0u32;
         loop {
-            if let Some(answer) = attempt().await? {
-                return Ok(answer);
+            match attempt().await {
+                Ok(Some(answer)) => return Ok(answer),
+                Ok(None) => {}
+                Err(error) if error.is_contention() => {}
+                Err(error) => return Err(error),
             }
             let now = Instant::now();
             if now >= deadline.at {
@@ -138,33 +151,64 @@ mod tests {
         assert!(Instant::now() >= deadline);
     }
 
+    #[derive(Debug, PartialEq)]
+    enum Probe {
+        Busy,
+        Broken,
+        TimedOut(Duration),
+    }
+
+    impl WaitError for Probe {
+        fn is_contention(&self) -> bool {
+            *self == Probe::Busy
+        }
+    }
+
     #[tokio::test]
-    async fn retry_tries_until_an_answer_or_the_deadline() {
+    async fn retry_waits_through_refusals_and_contention_until_an_answer() {
         let mut wake = Wake::polling();
         let mut tries = 0;
-        let answer: Result<u32, String> = wake
+        let answer = wake
             .retry(
                 Deadline::after(Duration::from_secs(5)),
                 |_| Duration::from_millis(1),
                 || {
                     tries += 1;
                     let now = tries;
-                    async move { Ok((now == 3).then_some(now)) }
+                    async move {
+                        match now {
+                            1 => Ok(None),
+                            2 => Err(Probe::Busy),
+                            _ => Ok(Some(now)),
+                        }
+                    }
                 },
-                |_| "timed out".to_owned(),
+                Probe::TimedOut,
             )
             .await;
         assert_eq!(answer, Ok(3));
+    }
 
-        let deadline = Deadline::after(Duration::from_millis(30));
-        let never: Result<u32, Duration> = wake
+    #[tokio::test]
+    async fn retry_ends_on_a_failure_or_at_the_deadline() {
+        let mut wake = Wake::polling();
+        let pause = |_| Duration::from_millis(5);
+        let soon = Deadline::after(Duration::from_secs(5));
+        let broken: Result<u32, Probe> = wake
             .retry(
-                deadline,
-                |_| Duration::from_millis(5),
-                || async { Ok(None) },
-                |waited| waited,
+                soon,
+                pause,
+                || async { Err(Probe::Broken) },
+                Probe::TimedOut,
             )
             .await;
-        assert!(never.unwrap_err() >= Duration::from_millis(30));
+        assert_eq!(broken, Err(Probe::Broken));
+        let deadline = Deadline::after(Duration::from_millis(30));
+        let never: Result<u32, Probe> = wake
+            .retry(deadline, pause, || async { Ok(None) }, Probe::TimedOut)
+            .await;
+        assert!(
+            matches!(never, Err(Probe::TimedOut(waited)) if waited >= Duration::from_millis(30))
+        );
     }
 }

@@ -268,6 +268,7 @@ impl GenericLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cas::CasOptions;
     use coord_backend::{BackendExt, Error, InvalidInput, ManualClock};
     use coord_memory::SingleProcessMemoryBackend;
 
@@ -294,6 +295,32 @@ mod tests {
         let after = lock.stats();
         assert_eq!(after.round_trips() - warm.round_trips(), 3);
         assert_eq!(after.rejections, 0);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_lock_waits_through_contention() {
+        use crate::lock::LockExt;
+        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("lk").unwrap());
+        let holder = GenericLock::new(backend.clone());
+        let held = holder
+            .try_lock("k", Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        // A waiter that gives up at its first rejected txn: its cold cache
+        // guesses wrong, which is contention to wait through, not a failure.
+        let mut cas = CasOptions::default();
+        cas.max_attempts = 1;
+        let waiter = GenericLock::with_options(backend, LockOptions::default().with_cas(cas));
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            holder.release(held).await
+        });
+        let got = waiter
+            .lock("k", Duration::from_secs(30), Duration::from_secs(20))
+            .await;
+        assert!(got.is_ok(), "the waiter gave up: {got:?}");
+        release.await.unwrap().unwrap();
     }
 
     #[tokio::test]

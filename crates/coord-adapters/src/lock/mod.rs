@@ -307,6 +307,16 @@ impl LockError {
     }
 }
 
+impl crate::wake::WaitError for LockError {
+    /// Every txn of the attempt lost its race: a waiting call waits on.
+    fn is_contention(&self) -> bool {
+        matches!(
+            self,
+            LockError::Store(coord_backend::Error::ConflictRetriesExhausted { .. })
+        )
+    }
+}
+
 impl From<coord_backend::Error> for LockError {
     fn from(error: coord_backend::Error) -> Self {
         match error {

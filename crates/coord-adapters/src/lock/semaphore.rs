@@ -51,7 +51,7 @@ use crate::cas::{
     record_kind, record_options, whole_millis, CasStats, Decision, LeaseRecord, Nonce, Record,
     RecordSpace,
 };
-use crate::wake::{Deadline, Wake};
+use crate::wake::{Deadline, WaitError, Wake};
 use crate::{mint_token, telemetry};
 
 /// A permit of a [`Semaphore`]: the same shape as a lock's handle (key,
@@ -588,6 +588,8 @@ impl Semaphore for GenericSemaphore {
             match self.attempt(key, permits, ttl, &id).await {
                 Ok(Attempt::Granted(permit)) => break Ok(permit),
                 Ok(Attempt::Waiting) => {}
+                // Contention (every txn lost its race) is no failure: wait on.
+                Err(e) if e.is_contention() => {}
                 Err(e) => break Err(e),
             }
             let now = Instant::now();

@@ -78,8 +78,9 @@ impl WaitOptions {
 pub trait LockExt: Lock {
     /// Wait until `key` is free and take it for `ttl`, retrying with
     /// exponential backoff and jitter; give up with [`LockError::Timeout`]
-    /// after `timeout`. A store error ends the wait at once (it is not
-    /// contention: the caller should see it).
+    /// after `timeout`. Contention (an attempt whose every txn lost its
+    /// race) is waited through like a refusal; any other store error ends
+    /// the wait at once (the caller should see it).
     async fn lock(
         &self,
         key: &str,
