@@ -622,9 +622,10 @@ mod tests {
     /// An engine that gives up at the first rejected txn: every race lost
     /// is `ConflictRetriesExhausted`, which a waiting call must wait through.
     fn one_try() -> crate::cas::CasOptions {
-        let mut cas = crate::cas::CasOptions::default();
-        cas.max_attempts = 1;
-        cas
+        crate::cas::CasOptions {
+            max_attempts: 1,
+            ..crate::cas::CasOptions::default()
+        }
     }
 
     #[tokio::test]

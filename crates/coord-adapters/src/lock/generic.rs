@@ -309,8 +309,10 @@ mod tests {
             .unwrap();
         // A waiter that gives up at its first rejected txn: its cold cache
         // guesses wrong, which is contention to wait through, not a failure.
-        let mut cas = CasOptions::default();
-        cas.max_attempts = 1;
+        let cas = CasOptions {
+            max_attempts: 1,
+            ..CasOptions::default()
+        };
         let waiter = GenericLock::with_options(backend, LockOptions::default().with_cas(cas));
         let release = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
