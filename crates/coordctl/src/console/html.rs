@@ -163,13 +163,13 @@ pub(crate) fn overview(
 <div class=\"card\"><a href=\"/jobs\"><b>{}{}</b>jobs ({running} running)</a></div></div>\
 <p class=\"note\">Each card counts the first page of records only (a “+” means there are more). \
 Every page has its JSON twin under <code>/api/</code>.</p>",
-        plus(locks.truncated),
+        plus(locks.listing.truncated),
         tasks.tasks.len(),
-        plus(tasks.truncated),
+        plus(tasks.listing.truncated),
         effects.uncertain.len(),
         plus(effects.truncated),
         jobs.jobs.len(),
-        plus(jobs.truncated),
+        plus(jobs.listing.truncated),
     )
 }
 
@@ -235,7 +235,7 @@ pub(crate) fn locks(views: &LockViews<'_>, limit: usize) -> String {
                 esc(&l.key),
                 l.fence,
                 state_badge(l.state),
-                when(l.lease_expires_ms, locks.now_ms)
+                when(l.lease_expires_ms, locks.listing.now_ms)
             )
         })
         .collect();
@@ -249,7 +249,7 @@ The fence survives release; a free record keeps it for the next holder.",
         more: more_link(
             "/locks",
             "after",
-            locks.next_after.as_deref(),
+            locks.listing.next_after.as_deref(),
             &format!("&amp;limit={limit}"),
         ),
     }
@@ -265,7 +265,7 @@ The fence survives release; a free record keeps it for the next holder.",
                 r.highest_fence,
                 esc(r.holder.as_deref().unwrap_or("-")),
                 state_badge(r.state),
-                when(r.lease_expires_ms, resources.now_ms)
+                when(r.lease_expires_ms, resources.listing.now_ms)
             )
         })
         .collect();
@@ -285,7 +285,7 @@ the highest fence issued on each resource and the idempotency key holding it.",
         more: more_link(
             "/locks",
             "res_after",
-            resources.next_after.as_deref(),
+            resources.listing.next_after.as_deref(),
             &format!("&amp;limit={limit}"),
         ),
     }
@@ -302,7 +302,7 @@ the highest fence issued on each resource and the idempotency key holding it.",
                 esc(&l.key),
                 l.fence,
                 state_badge(l.state),
-                when(l.lease_expires_ms, fair.now_ms),
+                when(l.lease_expires_ms, fair.listing.now_ms),
                 l.waiting.len()
             )
         })
@@ -317,7 +317,7 @@ the highest fence issued on each resource and the idempotency key holding it.",
         more: more_link(
             "/locks",
             "fair_after",
-            fair.next_after.as_deref(),
+            fair.listing.next_after.as_deref(),
             &format!("&amp;limit={limit}"),
         ),
     }
@@ -334,7 +334,7 @@ the highest fence issued on each resource and the idempotency key holding it.",
                     "<div>fence {} {} {}</div>",
                     h.fence,
                     state_badge(if h.live { "live" } else { "expired" }),
-                    when(Some(h.lease_expires_ms), semaphores.now_ms)
+                    when(Some(h.lease_expires_ms), semaphores.listing.now_ms)
                 );
             }
             if holders.is_empty() {
@@ -360,7 +360,7 @@ with its own fence, and the waiters in line.",
         more: more_link(
             "/locks",
             "sem_after",
-            semaphores.next_after.as_deref(),
+            semaphores.listing.next_after.as_deref(),
             &format!("&amp;limit={limit}"),
         ),
     }
@@ -382,7 +382,7 @@ pub(crate) fn leaders(elections: &ElectionsView, rwlocks: &RwLocksView, limit: u
                 e.term,
                 esc(e.leader.as_deref().unwrap_or("-")),
                 state_badge(state),
-                when(e.lease_expires_ms, elections.now_ms)
+                when(e.lease_expires_ms, elections.listing.now_ms)
             )
         })
         .collect();
@@ -397,7 +397,7 @@ resignations). The value a leader announces is the application's and is not show
         more: more_link(
             "/leaders",
             "after",
-            elections.next_after.as_deref(),
+            elections.listing.next_after.as_deref(),
             &format!("&amp;limit={limit}"),
         ),
     }
@@ -415,7 +415,7 @@ resignations). The value a leader announces is the application's and is not show
                     esc(h.mode),
                     h.fence,
                     state_badge(h.state),
-                    when(Some(h.lease_expires_ms), rwlocks.now_ms)
+                    when(Some(h.lease_expires_ms), rwlocks.listing.now_ms)
                 );
             }
             if holders.is_empty() {
@@ -440,7 +440,7 @@ GenericRwLock: each holder with its mode and fence; queued writers hold new read
         more: more_link(
             "/leaders",
             "rw_after",
-            rwlocks.next_after.as_deref(),
+            rwlocks.listing.next_after.as_deref(),
             &format!("&amp;limit={limit}"),
         ),
     }
@@ -474,14 +474,14 @@ application's data and are not shown.</p>",
             state_badge(t.state),
             esc(t.agent.as_deref().unwrap_or("-")),
             t.generation,
-            when(t.lease_expires_ms, view.now_ms)
+            when(t.lease_expires_ms, view.listing.now_ms)
         );
     }
     out.push_str("</table>");
     out.push_str(&more_link(
         "/tasks",
         "after",
-        view.next_after.as_deref(),
+        view.listing.next_after.as_deref(),
         &format!("&amp;limit={limit}"),
     ));
     out
@@ -672,7 +672,7 @@ through a store; node_local jobs never touch it). Times in UTC.</p>",
                 "<p class=\"dim\">running slot {} on {}: lease until {} {}</p>",
                 esc(&fmt_time(a.slot_ms, None)),
                 esc(&a.instance),
-                when(Some(a.lease_until_ms), view.now_ms),
+                when(Some(a.lease_until_ms), view.listing.now_ms),
                 if a.live {
                     ""
                 } else {
@@ -685,7 +685,7 @@ through a store; node_local jobs never touch it). Times in UTC.</p>",
     out.push_str(&more_link(
         "/jobs",
         "after",
-        view.next_after.as_deref(),
+        view.listing.next_after.as_deref(),
         &format!("&amp;limit={limit}"),
     ));
     out

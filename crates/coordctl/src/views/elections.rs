@@ -6,7 +6,7 @@ use coord_adapters::election::{ElectionError, GenericElection};
 use coord_backend::Error;
 use serde::Serialize;
 
-use super::{list_names, ms, now_ms, Page, Stores};
+use super::{ms, read_page, Listing, Page, Stores};
 
 /// One election of `GenericElection` (`election/<name>`). The leader's
 /// announced value is the application's: not shown.
@@ -23,10 +23,8 @@ pub(crate) struct ElectionView {
 /// The elections of one page.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct ElectionsView {
-    pub(crate) namespace: String,
-    pub(crate) now_ms: u64,
-    pub(crate) truncated: bool,
-    pub(crate) next_after: Option<String>,
+    #[serde(flatten)]
+    pub(crate) listing: Listing,
     pub(crate) elections: Vec<ElectionView>,
 }
 
@@ -34,27 +32,24 @@ pub(crate) struct ElectionsView {
 pub(crate) async fn elections(stores: &Stores, page: &Page) -> Result<ElectionsView, Error> {
     let election = GenericElection::new(stores.backend.clone());
     let prefix = election.key_prefix().to_owned();
-    let (names, truncated, next_after) = list_names(&stores.backend, &prefix, Some(page)).await?;
-    let mut rows = Vec::with_capacity(names.len());
-    for name in names {
-        // A name listed but gone is skipped, not invented.
-        let Some(status) = election.status(&name).await.map_err(election_error)? else {
-            continue;
-        };
-        rows.push(ElectionView {
+    let (listing, statuses) = read_page(stores, &prefix, page, |name| {
+        let election = &election;
+        async move {
+            let status = election.status(&name).await.map_err(election_error)?;
+            Ok(status.map(|status| (name, status)))
+        }
+    })
+    .await?;
+    let elections = statuses
+        .into_iter()
+        .map(|(name, status)| ElectionView {
             name,
             term: status.term,
             lease_expires_ms: status.leader.as_ref().map(|l| ms(l.expires_at)),
             leader: status.leader.map(|l| l.candidate),
-        });
-    }
-    Ok(ElectionsView {
-        namespace: stores.backend.namespace().to_owned(),
-        now_ms: now_ms(),
-        truncated,
-        next_after,
-        elections: rows,
-    })
+        })
+        .collect();
+    Ok(ElectionsView { listing, elections })
 }
 
 fn election_error(e: ElectionError) -> Error {

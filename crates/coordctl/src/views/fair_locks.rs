@@ -5,7 +5,7 @@
 use coord_backend::Error;
 use serde::Serialize;
 
-use super::{list_names, lock_error, ms, now_ms, Page, Stores};
+use super::{list_names, lock_error, lock_state, ms, Listing, Page, Stores};
 
 /// `limit` names of `names` (sorted) after the cursor, with `(truncated, next_after)`.
 fn paged(names: Vec<String>, page: &Page) -> (Vec<String>, bool, Option<String>) {
@@ -44,10 +44,8 @@ pub(crate) struct FairLockView {
 /// The fair locks of one page.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct FairLocksView {
-    pub(crate) namespace: String,
-    pub(crate) now_ms: u64,
-    pub(crate) truncated: bool,
-    pub(crate) next_after: Option<String>,
+    #[serde(flatten)]
+    pub(crate) listing: Listing,
     pub(crate) locks: Vec<FairLockView>,
 }
 
@@ -75,11 +73,7 @@ pub(crate) async fn fair_locks(stores: &Stores, page: &Page) -> Result<FairLocks
             continue;
         };
         rows.push(FairLockView {
-            state: match (status.expires_at, status.live) {
-                (None, _) => "free",
-                (Some(_), true) => "held",
-                (Some(_), false) => "expired",
-            },
+            state: lock_state(status.expires_at, status.live),
             key: status.key,
             fence: status.fence,
             lease_expires_ms: status.expires_at.map(ms),
@@ -95,10 +89,7 @@ pub(crate) async fn fair_locks(stores: &Stores, page: &Page) -> Result<FairLocks
         });
     }
     Ok(FairLocksView {
-        namespace: stores.backend.namespace().to_owned(),
-        now_ms: now_ms(),
-        truncated,
-        next_after,
+        listing: Listing::of(stores, truncated, next_after),
         locks: rows,
     })
 }

@@ -6,7 +6,7 @@ use coord_backend::Error;
 use coord_scheduler::{ActiveRun, RunRecord, RunStatus, RunStore, SkipReason, SlotStore, Tz};
 use serde::Serialize;
 
-use super::{now_ms, scheduler_error, Page, Stores};
+use super::{scheduler_error, Listing, Page, Stores};
 
 /// The scheduler's records (`sched/<job>/…`, see coord-scheduler's store module).
 const SCHED_PREFIX: &str = "sched/";
@@ -69,10 +69,8 @@ pub(crate) struct JobView {
 /// The jobs of one page.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct JobsView {
-    pub(crate) namespace: String,
-    pub(crate) now_ms: u64,
-    pub(crate) truncated: bool,
-    pub(crate) next_after: Option<String>,
+    #[serde(flatten)]
+    pub(crate) listing: Listing,
     pub(crate) jobs: Vec<JobView>,
 }
 
@@ -170,10 +168,7 @@ pub(crate) async fn jobs(stores: &Stores, page: &Page, recent: usize) -> Result<
         });
     }
     Ok(JobsView {
-        namespace: stores.backend.namespace().to_owned(),
-        now_ms: now_ms(),
-        truncated,
-        next_after,
+        listing: Listing::of(stores, truncated, next_after),
         jobs,
     })
 }

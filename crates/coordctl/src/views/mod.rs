@@ -111,6 +111,59 @@ async fn list_names(
 }
 
 /// UTC milliseconds since the epoch (0 before it).
+/// Where a page of records came from, when it was read, and whether more
+/// follow: beside every listing view's rows (flattened into its JSON).
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct Listing {
+    pub(crate) namespace: String,
+    pub(crate) now_ms: u64,
+    pub(crate) truncated: bool,
+    pub(crate) next_after: Option<String>,
+}
+
+impl Listing {
+    /// A page of `stores`' namespace read now, cut (`truncated`) before
+    /// `next_after` when more follow.
+    pub(crate) fn of(stores: &Stores, truncated: bool, next_after: Option<String>) -> Listing {
+        Listing {
+            namespace: stores.backend.namespace().to_owned(),
+            now_ms: now_ms(),
+            truncated,
+            next_after,
+        }
+    }
+}
+
+/// The records of `page` under `prefix`, each read by `read` (`None`:
+/// listed but gone since, or not such a record: skipped, never invented),
+/// with the listing they came from.
+async fn read_page<S, Fut>(
+    stores: &Stores,
+    prefix: &str,
+    page: &Page,
+    read: impl Fn(String) -> Fut,
+) -> Result<(Listing, Vec<S>), Error>
+where
+    Fut: std::future::Future<Output = Result<Option<S>, Error>>,
+{
+    let (names, truncated, next_after) = list_names(&stores.backend, prefix, Some(page)).await?;
+    let mut rows = Vec::with_capacity(names.len());
+    for name in names {
+        rows.extend(read(name).await?);
+    }
+    Ok((Listing::of(stores, truncated, next_after), rows))
+}
+
+/// A lock's state as the views name it: `free` (nobody holds it), `held`
+/// (a live lease) or `expired` (a holder whose lease ran out).
+pub(crate) fn lock_state(expires_at: Option<SystemTime>, live: bool) -> &'static str {
+    match (expires_at, live) {
+        (None, _) => "free",
+        (Some(_), true) => "held",
+        (Some(_), false) => "expired",
+    }
+}
+
 pub(crate) fn ms(at: SystemTime) -> u64 {
     at.duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

@@ -6,7 +6,7 @@ use coord_adapters::rwlock::{GenericRwLock, RwLock, RwMode};
 use coord_backend::Error;
 use serde::Serialize;
 
-use super::{list_names, lock_error, ms, now_ms, Page, Stores};
+use super::{lock_error, ms, read_page, Listing, Page, Stores};
 
 /// One holder of a read-write lock (no token: it is a credential).
 #[derive(Clone, Debug, Serialize)]
@@ -35,10 +35,8 @@ pub(crate) struct RwLockView {
 /// The read-write lock records of one page.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct RwLocksView {
-    pub(crate) namespace: String,
-    pub(crate) now_ms: u64,
-    pub(crate) truncated: bool,
-    pub(crate) next_after: Option<String>,
+    #[serde(flatten)]
+    pub(crate) listing: Listing,
     pub(crate) rwlocks: Vec<RwLockView>,
 }
 
@@ -46,44 +44,41 @@ pub(crate) struct RwLocksView {
 pub(crate) async fn rwlocks(stores: &Stores, page: &Page) -> Result<RwLocksView, Error> {
     let rw = GenericRwLock::new(stores.backend.clone());
     let prefix = rw.key_prefix().to_owned();
-    let (keys, truncated, next_after) = list_names(&stores.backend, &prefix, Some(page)).await?;
-    let mut rows = Vec::with_capacity(keys.len());
-    for key in keys {
-        let Some(status) = rw.status(&key).await.map_err(lock_error)? else {
-            continue;
-        };
-        let live = |mode| status.holders.iter().any(|h| h.live && h.mode == mode);
-        rows.push(RwLockView {
-            state: if live(RwMode::Write) {
-                "write"
-            } else if live(RwMode::Read) {
-                "read"
-            } else {
-                "free"
-            },
-            holders: status
-                .holders
-                .iter()
-                .map(|h| RwHolderView {
-                    mode: match h.mode {
-                        RwMode::Read => "read",
-                        RwMode::Write => "write",
-                    },
-                    fence: h.fence,
-                    state: if h.live { "held" } else { "expired" },
-                    lease_expires_ms: ms(h.expires_at),
-                })
-                .collect(),
-            key: status.key,
-            fence: status.fence,
-            queued_writers: status.queued_writers,
-        });
-    }
-    Ok(RwLocksView {
-        namespace: stores.backend.namespace().to_owned(),
-        now_ms: now_ms(),
-        truncated,
-        next_after,
-        rwlocks: rows,
+    let (listing, statuses) = read_page(stores, &prefix, page, |key| {
+        let rw = &rw;
+        async move { rw.status(&key).await.map_err(lock_error) }
     })
+    .await?;
+    let rwlocks = statuses
+        .into_iter()
+        .map(|status| {
+            let live = |mode| status.holders.iter().any(|h| h.live && h.mode == mode);
+            RwLockView {
+                state: if live(RwMode::Write) {
+                    "write"
+                } else if live(RwMode::Read) {
+                    "read"
+                } else {
+                    "free"
+                },
+                holders: status
+                    .holders
+                    .iter()
+                    .map(|h| RwHolderView {
+                        mode: match h.mode {
+                            RwMode::Read => "read",
+                            RwMode::Write => "write",
+                        },
+                        fence: h.fence,
+                        state: if h.live { "held" } else { "expired" },
+                        lease_expires_ms: ms(h.expires_at),
+                    })
+                    .collect(),
+                key: status.key,
+                fence: status.fence,
+                queued_writers: status.queued_writers,
+            }
+        })
+        .collect();
+    Ok(RwLocksView { listing, rwlocks })
 }

@@ -5,7 +5,7 @@
 use coord_backend::Error;
 use serde::Serialize;
 
-use super::{list_names, lock_error, ms, now_ms, Page, Stores};
+use super::{lock_error, ms, read_page, Listing, Page, Stores};
 
 /// One permit of a semaphore (no token).
 #[derive(Clone, Debug, Serialize)]
@@ -33,45 +33,42 @@ pub(crate) struct SemaphoreView {
 /// The semaphores of one page.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct SemaphoresView {
-    pub(crate) namespace: String,
-    pub(crate) now_ms: u64,
-    pub(crate) truncated: bool,
-    pub(crate) next_after: Option<String>,
+    #[serde(flatten)]
+    pub(crate) listing: Listing,
     pub(crate) semaphores: Vec<SemaphoreView>,
 }
 
 /// The semaphores of `page` (records `sem/<key>`).
 pub(crate) async fn semaphores(stores: &Stores, page: &Page) -> Result<SemaphoresView, Error> {
     let prefix = stores.semaphores.key_prefix().to_owned();
-    let (keys, truncated, next_after) = list_names(&stores.backend, &prefix, Some(page)).await?;
-    let mut rows = Vec::with_capacity(keys.len());
-    for key in keys {
-        let Some(status) = stores.semaphores.status(&key).await.map_err(lock_error)? else {
-            continue;
-        };
-        let holders: Vec<PermitView> = status
-            .holders
-            .iter()
-            .map(|h| PermitView {
-                fence: h.fence,
-                live: h.live,
-                lease_expires_ms: ms(h.expires_at),
-            })
-            .collect();
-        rows.push(SemaphoreView {
-            held: holders.iter().filter(|h| h.live).count(),
-            key: status.key,
-            fence: status.fence,
-            permits: status.permits,
-            holders,
-            waiting: status.waiting,
-        });
-    }
+    let (listing, statuses) = read_page(stores, &prefix, page, |key| async move {
+        stores.semaphores.status(&key).await.map_err(lock_error)
+    })
+    .await?;
+    let semaphores = statuses
+        .into_iter()
+        .map(|status| {
+            let holders: Vec<PermitView> = status
+                .holders
+                .iter()
+                .map(|h| PermitView {
+                    fence: h.fence,
+                    live: h.live,
+                    lease_expires_ms: ms(h.expires_at),
+                })
+                .collect();
+            SemaphoreView {
+                held: holders.iter().filter(|h| h.live).count(),
+                key: status.key,
+                fence: status.fence,
+                permits: status.permits,
+                holders,
+                waiting: status.waiting,
+            }
+        })
+        .collect();
     Ok(SemaphoresView {
-        namespace: stores.backend.namespace().to_owned(),
-        now_ms: now_ms(),
-        truncated,
-        next_after,
-        semaphores: rows,
+        listing,
+        semaphores,
     })
 }

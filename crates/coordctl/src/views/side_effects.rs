@@ -9,7 +9,7 @@ use coord_adapters::sideeffect::KeyStatus;
 use coord_backend::Error;
 use serde::Serialize;
 
-use super::{list_names, ms, shorten, side_effect_error, Page, Stores};
+use super::{list_names, ms, shorten, side_effect_error, Listing, Page, Stores};
 
 /// Side-effect intents per idempotency key (the adapter's documented layout).
 pub(crate) const ACT_PREFIX: &str = "se/act/";
@@ -95,10 +95,8 @@ pub(crate) struct ResourceView {
 /// The side-effect resources of one page.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct ResourcesView {
-    pub(crate) namespace: String,
-    pub(crate) now_ms: u64,
-    pub(crate) truncated: bool,
-    pub(crate) next_after: Option<String>,
+    #[serde(flatten)]
+    pub(crate) listing: Listing,
     pub(crate) resources: Vec<ResourceView>,
 }
 
@@ -241,10 +239,10 @@ pub(crate) async fn resources(
         rows.push(resource_row(stores, name).await?);
     }
     Ok(ResourcesView {
-        namespace: stores.backend.namespace().to_owned(),
-        now_ms: ms(stores.effects.clock().now()),
-        truncated,
-        next_after,
+        listing: Listing {
+            now_ms: ms(stores.effects.clock().now()),
+            ..Listing::of(stores, truncated, next_after)
+        },
         resources: rows,
     })
 }

@@ -6,7 +6,7 @@ use coord_adapters::board::{Board, BoardError, TaskState};
 use coord_backend::Error;
 use serde::Serialize;
 
-use super::{board_error, list_names, ms, now_ms, Page, Stores};
+use super::{board_error, list_names, ms, Listing, Page, Stores};
 
 /// Task records of the default board (`BoardOptions::default`, prefix `board/`).
 const TASK_PREFIX: &str = "board/task/";
@@ -29,10 +29,8 @@ pub(crate) struct TaskView {
 /// The tasks of one page.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct TasksView {
-    pub(crate) namespace: String,
-    pub(crate) now_ms: u64,
-    pub(crate) truncated: bool,
-    pub(crate) next_after: Option<String>,
+    #[serde(flatten)]
+    pub(crate) listing: Listing,
     pub(crate) tasks: Vec<TaskView>,
 }
 
@@ -64,10 +62,7 @@ pub(crate) async fn tasks(stores: &Stores, page: &Page) -> Result<TasksView, Err
         });
     }
     Ok(TasksView {
-        namespace: stores.backend.namespace().to_owned(),
-        now_ms: now_ms(),
-        truncated,
-        next_after,
+        listing: Listing::of(stores, truncated, next_after),
         tasks: rows,
     })
 }
