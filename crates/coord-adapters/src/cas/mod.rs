@@ -35,6 +35,12 @@
 //! - the resend's own answer is lost again: back off and resend, at most
 //!   [`CasOptions::max_attempts`] times, then [`Error::Indeterminate`].
 //!
+//! **Refusals** are a decision's errors (`?` on a read, `return Err(..)`):
+//! answers like [`Decision::Return`], so a refusal decided on remembered
+//! entries is confirmed the same way before it is returned. Adapters build
+//! their records with [`Record`] and [`RecordSpace`] (see [`record`] and
+//! [`space`]).
+//!
 //! A decision that writes nothing is confirmed by an assert-only txn; when
 //! that confirmation fails, nothing was written either way, so the engine
 //! reads a fresh snapshot and decides again instead of reporting a doubt.
