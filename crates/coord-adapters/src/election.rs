@@ -61,11 +61,10 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::cas::{
-    record_kind, record_options, whole_millis, CasStats, Decision, LeaseRecord, Nonce, Record,
-    RecordSpace,
+    record_kind, record_options, whole_millis, CasStats, Decision, LeaseOffer, LeaseRecord, Nonce,
+    Record, RecordSpace,
 };
 use crate::lock::LostReason;
-use crate::mint_token;
 use crate::rwlock::fallback_pause;
 use crate::wake::Deadline;
 
@@ -578,10 +577,12 @@ impl Election for GenericElection {
     ) -> Result<Option<Leadership>, ElectionError> {
         validate_election_input(name, candidate, ttl)?;
         let record_key = self.space.key(name);
-        let sent = Instant::now();
-        let now = self.space.now_millis();
-        let expires_ms = now.saturating_add(whole_millis(ttl));
-        let token = mint_token();
+        let LeaseOffer {
+            sent,
+            now,
+            expires_ms,
+            token,
+        } = self.space.offer(ttl);
         let keys = [record_key.clone()];
         let won = self
             .space

@@ -70,8 +70,8 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::cas::{
-    record_kind, record_options, whole_millis, CasStats, Decision, LeaseRecord, Nonce, Record,
-    RecordSpace,
+    record_kind, record_options, whole_millis, CasStats, Decision, LeaseOffer, LeaseRecord, Nonce,
+    Record, RecordSpace,
 };
 use crate::lock::{validate_lock_input, LockError, LockHandle, LostReason};
 use crate::mint_token;
@@ -331,10 +331,12 @@ impl GenericRwLock {
     ) -> Result<Grant, LockError> {
         validate_lock_input(key, ttl)?;
         let record_key = self.space.key(key);
-        let sent = Instant::now();
-        let now = self.space.now_millis();
-        let expires_ms = now.saturating_add(whole_millis(ttl));
-        let token = mint_token();
+        let LeaseOffer {
+            sent,
+            now,
+            expires_ms,
+            token,
+        } = self.space.offer(ttl);
         let keys = [record_key.clone()];
         self.space
             .engine()

@@ -13,6 +13,17 @@ use coord_backend::{Backend, Clock, Error};
 
 use super::{CasEngine, CasOptions, CasStats, Record};
 
+/// What a grant fixes before its decision's first attempt (the engine may
+/// decide several times): when it was asked for, now by the space's clock,
+/// when the lease would end, and the grant's fresh token. Every attempt
+/// grants the same token, and the lease counts from no later than `sent`.
+pub(crate) struct LeaseOffer {
+    pub(crate) sent: tokio::time::Instant,
+    pub(crate) now: u64,
+    pub(crate) expires_ms: u64,
+    pub(crate) token: String,
+}
+
 /// An adapter's engine, clock and key prefix (see the [module docs](self)).
 #[derive(Clone, Debug)]
 pub struct RecordSpace {
@@ -80,6 +91,18 @@ impl RecordSpace {
     /// notifications.
     pub async fn watch(&self, name: &str) -> crate::wake::Wake {
         crate::wake::Wake::watch(self.backend().as_ref(), &self.key(name)).await
+    }
+
+    /// A lease of `ttl` offered now (see [`LeaseOffer`]).
+    pub(crate) fn offer(&self, ttl: std::time::Duration) -> LeaseOffer {
+        let sent = tokio::time::Instant::now();
+        let now = self.now_millis();
+        LeaseOffer {
+            sent,
+            now,
+            expires_ms: now.saturating_add(super::whole_millis(ttl)),
+            token: crate::mint_token(),
+        }
     }
 
     /// Store calls made so far (for tests and benchmarks).

@@ -9,11 +9,11 @@ use serde::{Deserialize, Serialize};
 
 use super::{validate_lock_input, Lock, LockError, LockHandle, LostReason};
 use crate::cas::{
-    record_kind, record_options, whole_millis, CasStats, Decision, LeaseRecord, Nonce, Record,
-    RecordSpace,
+    record_kind, record_options, whole_millis, CasStats, Decision, LeaseOffer, LeaseRecord, Nonce,
+    Record, RecordSpace,
 };
+use crate::telemetry;
 use crate::wake::Wake;
-use crate::{mint_token, telemetry};
 
 record_options! {
     /// Options of a [`GenericLock`].
@@ -106,11 +106,12 @@ impl Lock for GenericLock {
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
         validate_lock_input(key, ttl)?;
         let record_key = self.space.key(key);
-        // Before the first attempt: the lease is counted from no later than its request.
-        let sent = tokio::time::Instant::now();
-        let now = self.space.now_millis();
-        let expires_ms = now.saturating_add(whole_millis(ttl));
-        let token = mint_token();
+        let LeaseOffer {
+            sent,
+            now,
+            expires_ms,
+            token,
+        } = self.space.offer(ttl);
         let keys = [record_key.clone()];
         let answer = self
             .space

@@ -48,8 +48,8 @@ use tokio::time::Instant;
 
 use super::{validate_lock_input, LockError, LockHandle, LostReason, WaitOptions};
 use crate::cas::{
-    record_kind, record_options, whole_millis, CasStats, Decision, LeaseRecord, Nonce, Record,
-    RecordSpace,
+    record_kind, record_options, whole_millis, CasStats, Decision, LeaseOffer, LeaseRecord, Nonce,
+    Record, RecordSpace,
 };
 use crate::wake::{Deadline, WaitError, Wake};
 use crate::{mint_token, telemetry};
@@ -196,6 +196,16 @@ pub struct PermitStatus {
     pub live: bool,
 }
 
+/// A semaphore needs at least one permit.
+fn validate_permits(permits: u32) -> Result<(), LockError> {
+    if permits == 0 {
+        return Err(LockError::Invalid(InvalidInput::Argument(
+            "a semaphore needs at least 1 permit".into(),
+        )));
+    }
+    Ok(())
+}
+
 /// A new permit for `token` (`key`, its TTL, lease end and when it was
 /// requested) beside the live `holders` and `waiters` of `record`: the
 /// record to write and the permit, with the next fence.
@@ -336,10 +346,12 @@ impl GenericSemaphore {
         id: &str,
     ) -> Result<Attempt, LockError> {
         let record_key = self.space.key(key);
-        let sent = Instant::now();
-        let now = self.space.now_millis();
-        let expires_ms = now.saturating_add(whole_millis(ttl));
-        let token = mint_token();
+        let LeaseOffer {
+            sent,
+            now,
+            expires_ms,
+            token,
+        } = self.space.offer(ttl);
         let keys = [record_key.clone()];
         self.space
             .engine()
@@ -448,16 +460,14 @@ impl Semaphore for GenericSemaphore {
         ttl: Duration,
     ) -> Result<Option<Permit>, LockError> {
         validate_lock_input(key, ttl)?;
-        if permits == 0 {
-            return Err(LockError::Invalid(InvalidInput::Argument(
-                "a semaphore needs at least 1 permit".into(),
-            )));
-        }
+        validate_permits(permits)?;
         let record_key = self.space.key(key);
-        let sent = Instant::now();
-        let now = self.space.now_millis();
-        let expires_ms = now.saturating_add(whole_millis(ttl));
-        let token = mint_token();
+        let LeaseOffer {
+            sent,
+            now,
+            expires_ms,
+            token,
+        } = self.space.offer(ttl);
         let keys = [record_key.clone()];
         let answer = self
             .space
@@ -574,11 +584,7 @@ impl Semaphore for GenericSemaphore {
         wait: &WaitOptions,
     ) -> Result<Permit, LockError> {
         validate_lock_input(key, ttl)?;
-        if permits == 0 {
-            return Err(LockError::Invalid(InvalidInput::Argument(
-                "a semaphore needs at least 1 permit".into(),
-            )));
-        }
+        validate_permits(permits)?;
         let started = Instant::now();
         let deadline = wait.deadline_from(started);
         let mut wake = self.watch_key(key).await;

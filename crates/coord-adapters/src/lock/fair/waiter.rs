@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::records::*;
 use super::FairLock;
-use crate::cas::{whole_millis, Decision, Nonce, Record};
+use crate::cas::{whole_millis, Decision, LeaseOffer, Nonce, Record};
 use crate::lock::{LockError, LockHandle, WaitOptions};
 use crate::mint_token;
 use crate::wake::Wake;
@@ -166,10 +166,12 @@ impl FairLock {
     /// caller joins through the line record alone.
     pub(super) async fn join_fast(&self, key: &str, ttl: Duration) -> Result<Joined, LockError> {
         let keys = self.both_keys(key);
-        let token = mint_token();
-        let sent = Instant::now();
-        let now = self.space.now_millis();
-        let expires_ms = now.saturating_add(whole_millis(ttl));
+        let LeaseOffer {
+            sent,
+            now,
+            expires_ms,
+            token,
+        } = self.space.offer(ttl);
         let newcomer = Newcomer {
             token: &token,
             ttl,
