@@ -11,7 +11,7 @@
 //! - [`claim_race`]: of N agents racing to claim one task, exactly one wins;
 //! - [`unmet_dependencies_refused`]: a task whose dependencies are not all completed is not claimable;
 //! - [`claim_after_dependencies_complete`]: it is once they are (also completed by another client);
-//! - [`generation_increases_on_takeover`]: an expired claim is taken over with a higher generation;
+//! - [`fence_increases_on_takeover`]: an expired claim is taken over with a higher fence;
 //! - [`renew_checks_ownership`]: wrong token / expired → lease lost, nothing changed; renew extends;
 //! - [`release_and_complete_by_token`]: only the live claim's token releases or completes;
 //! - [`completed_not_claimable`]: a completed task stays completed;
@@ -120,8 +120,8 @@ pub async fn claim_race(env: BoardEnv) -> CheckResult {
         "the stored claim is not the winner's: {now:?}"
     );
     ensure!(
-        now.generation == won.generation,
-        "stored generation differs from the winner's"
+        now.fence == won.fence,
+        "stored fence differs from the winner's"
     );
     Ok(())
 }
@@ -206,10 +206,7 @@ pub async fn claim_after_dependencies_complete(env: BoardEnv) -> CheckResult {
         .claim("c", "me", TTL)
         .await
         .ctx("claim once a and b are completed")?;
-    ensure!(
-        c.generation >= 1,
-        "generation of a first claim must be at least 1"
-    );
+    ensure!(c.fence >= 1, "fence of a first claim must be at least 1");
     ensure!(
         c.deps == vec!["a".to_owned(), "b".to_owned()],
         "claimed task lost its deps: {c:?}"
@@ -217,9 +214,9 @@ pub async fn claim_after_dependencies_complete(env: BoardEnv) -> CheckResult {
     Ok(())
 }
 
-/// An expired claim is taken over with a strictly higher generation; the old
+/// An expired claim is taken over with a strictly higher fence; the old
 /// token is then worthless; a claim after release gets a higher one still.
-pub async fn generation_increases_on_takeover(env: BoardEnv) -> CheckResult {
+pub async fn fence_increases_on_takeover(env: BoardEnv) -> CheckResult {
     let (b1, b2) = (env.client().await?, env.client().await?);
     b1.add(task("t")).await.ctx("add")?;
     let short = Duration::from_secs(10);
@@ -235,10 +232,10 @@ pub async fn generation_increases_on_takeover(env: BoardEnv) -> CheckResult {
         .await
         .ctx("takeover of an expired claim")?;
     ensure!(
-        second.generation > first.generation,
-        "takeover generation {} not above {}",
-        second.generation,
-        first.generation
+        second.fence > first.fence,
+        "takeover fence {} not above {}",
+        second.fence,
+        first.fence
     );
     let before = b1.get("t").await.ctx("get")?;
     expect_err!(
@@ -263,10 +260,10 @@ pub async fn generation_increases_on_takeover(env: BoardEnv) -> CheckResult {
         .await
         .ctx("claim after release")?;
     ensure!(
-        third.generation > second.generation,
-        "generation after release {} not above {}",
-        third.generation,
-        second.generation
+        third.fence > second.fence,
+        "fence after release {} not above {}",
+        third.fence,
+        second.fence
     );
     Ok(())
 }
@@ -301,10 +298,7 @@ pub async fn renew_checks_ownership(env: BoardEnv) -> CheckResult {
         renewed.expires_at > claimed.expires_at,
         "renew did not move the expiry"
     );
-    ensure!(
-        renewed.generation == claimed.generation,
-        "renew changed the generation"
-    );
+    ensure!(renewed.fence == claimed.fence, "renew changed the fence");
     env.clock.advance(ttl * 2 / 3);
     expect_err!(
         other.claim("t", "other", ttl).await,
@@ -324,8 +318,8 @@ pub async fn renew_checks_ownership(env: BoardEnv) -> CheckResult {
         .await
         .ctx("takeover after expiry")?;
     ensure!(
-        taken.generation > claimed.generation,
-        "takeover generation did not increase"
+        taken.fence > claimed.fence,
+        "takeover fence did not increase"
     );
     Ok(())
 }
@@ -448,7 +442,7 @@ pub async fn list_shows_everything(env: BoardEnv) -> CheckResult {
     ensure!(ids == expected, "list shows {ids:?}, expected {expected:?}");
     for t in &listed {
         let ok = match t.id.as_str() {
-            "open" | "theirs" => t.state == TaskState::Open && t.generation == 0,
+            "open" | "theirs" => t.state == TaskState::Open && t.fence == 0,
             "claimed" => matches!(&t.state, TaskState::Claimed { agent, .. } if agent == "c"),
             "expired" => matches!(&t.state, TaskState::Expired { agent, .. } if agent == "e"),
             "done" => matches!(&t.state, TaskState::Completed { result, .. } if result == b"R"),
@@ -622,7 +616,7 @@ pub async fn dependency_change_reexpanded(factory: BackendFactory) -> CheckResul
     }
     let now = plain.get("t").await.ctx("get")?;
     ensure!(
-        now.state == TaskState::Open && now.generation == 0,
+        now.state == TaskState::Open && now.fence == 0,
         "the refused claim changed the task: {now:?}"
     );
     let b = plain.claim("b", "setup", TTL).await.ctx("claim b")?;
@@ -647,7 +641,7 @@ macro_rules! __board_suite {
             claim_race,
             unmet_dependencies_refused,
             claim_after_dependencies_complete,
-            generation_increases_on_takeover,
+            fence_increases_on_takeover,
             renew_checks_ownership,
             release_and_complete_by_token,
             completed_not_claimable,

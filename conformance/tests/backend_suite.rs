@@ -445,7 +445,7 @@ async fn reclaim_that_forgets_the_floor_is_caught() {
             "reclaim_is_bounded",
             "reclaim_races_create",
             // A task added again after a prune and a reclaim: its record
-            // restarts at v1, and so would its generations.
+            // restarts at v1, and so would its fences.
             "completed_tasks_go_after_the_window",
         ],
     )

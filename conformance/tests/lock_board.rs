@@ -320,7 +320,7 @@ struct BoardBugs {
     claim_ignores_deps: bool,
     renew_ignores_token: bool,
     release_ignores_token: bool,
-    generation_not_bumped: bool,
+    fence_not_bumped: bool,
     /// claim checks, pauses, then writes: not atomic.
     racy_claim: bool,
 }
@@ -328,7 +328,7 @@ struct BoardBugs {
 #[derive(Clone, Debug)]
 struct Rec {
     spec: TaskSpec,
-    generation: u64,
+    fence: u64,
     /// (agent, token, expires_ms)
     claim: Option<(String, String, u64)>,
     /// (agent, result)
@@ -381,7 +381,7 @@ impl BuggyBoard {
             id: rec.spec.id.clone(),
             payload: rec.spec.payload.clone(),
             deps: rec.spec.deps.clone(),
-            generation: rec.generation,
+            fence: rec.fence,
             state,
         }
     }
@@ -426,7 +426,7 @@ impl Board for BuggyBoard {
             None => {
                 let rec = Rec {
                     spec: task,
-                    generation: 0,
+                    fence: 0,
                     claim: None,
                     done: None,
                 };
@@ -484,8 +484,8 @@ impl Board for BuggyBoard {
         }
         let token = mint_token();
         let expires = now + ttl.as_millis() as u64;
-        if !self.bugs.generation_not_bumped || rec.generation == 0 {
-            rec.generation += 1;
+        if !self.bugs.fence_not_bumped || rec.fence == 0 {
+            rec.fence += 1;
         }
         rec.claim = Some((agent.to_owned(), token.clone(), expires));
         tasks.insert(id.to_owned(), rec.clone());
@@ -495,7 +495,7 @@ impl Board for BuggyBoard {
             deps: rec.spec.deps,
             agent: agent.to_owned(),
             token,
-            generation: rec.generation,
+            fence: rec.fence,
             expires_at: UNIX_EPOCH + Duration::from_millis(expires),
         })
     }
@@ -514,7 +514,7 @@ impl Board for BuggyBoard {
             deps: rec.spec.deps.clone(),
             agent,
             token: token.to_owned(),
-            generation: rec.generation,
+            fence: rec.fence,
             expires_at: UNIX_EPOCH + Duration::from_millis(expires),
         })
     }
@@ -566,8 +566,8 @@ async fn board_checks_pass(make: impl Fn() -> BoardEnv, what: &str) {
             board_suite::claim_after_dependencies_complete(make()).await,
         ),
         (
-            "generation_increases_on_takeover",
-            board_suite::generation_increases_on_takeover(make()).await,
+            "fence_increases_on_takeover",
+            board_suite::fence_increases_on_takeover(make()).await,
         ),
         (
             "renew_checks_ownership",
@@ -732,14 +732,14 @@ async fn board_suite_red_when_release_ignores_the_token() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn board_suite_red_when_the_generation_is_not_bumped() {
+async fn board_suite_red_when_the_fence_is_not_bumped() {
     let bugs = BoardBugs {
-        generation_not_bumped: true,
+        fence_not_bumped: true,
         ..BoardBugs::default()
     };
     must_fail(
-        board_suite::generation_increases_on_takeover(buggy_board(bugs)),
-        "generation_increases_on_takeover",
+        board_suite::fence_increases_on_takeover(buggy_board(bugs)),
+        "fence_increases_on_takeover",
     )
     .await;
 }

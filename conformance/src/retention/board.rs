@@ -4,7 +4,7 @@
 //! - [`completed_tasks_go_after_the_window`]: nothing goes inside the
 //!   window; after it only completed tasks go (open, held and expired ones
 //!   stay), and an id added again after its task went is claimed on a
-//!   generation above every generation it had, even once the store
+//!   fence above every fence it had, even once the store
 //!   reclaimed the deleted record's tombstone;
 //! - [`dependents_stay_claimable`]: tasks waiting on a pruned task (added
 //!   before or after it completed, more than fit in one txn) stay
@@ -78,11 +78,11 @@ impl Fixture {
     }
 }
 
-/// Claim and complete `id`; the claim's generation.
+/// Claim and complete `id`; the claim's fence.
 async fn run(board: &BoardAdapter, id: &str) -> Result<u64, Failure> {
     let claim = board.claim(id, "agent", TTL).await?;
     board.complete(id, &claim.token, b"done".to_vec()).await?;
-    Ok(claim.generation)
+    Ok(claim.fence)
 }
 
 async fn gone(board: &BoardAdapter, id: &str) -> Result<bool, Failure> {
@@ -94,7 +94,7 @@ async fn gone(board: &BoardAdapter, id: &str) -> Result<bool, Failure> {
 }
 
 /// Nothing goes inside the window; after it only completed tasks go; an id
-/// added again claims above every generation it had.
+/// added again claims above every fence it had.
 pub async fn completed_tasks_go_after_the_window(
     backends: BackendFactory,
     pruner: BoardPruner,
@@ -111,7 +111,7 @@ pub async fn completed_tasks_go_after_the_window(
             fx.clock.advance(Duration::from_secs(2));
             let second = board.claim(&id, "b", TTL).await?;
             board.release(&id, &second.token).await?;
-            highest = highest.max(first.generation).max(second.generation);
+            highest = highest.max(first.fence).max(second.fence);
         }
         highest = highest.max(run(&board, &id).await?);
     }
@@ -182,9 +182,9 @@ pub async fn completed_tasks_go_after_the_window(
     board.add(TaskSpec::new("old-0", b"p".to_vec())).await?;
     let again = board.claim("old-0", "a", TTL).await?;
     ensure!(
-        again.generation > highest,
-        "old-0 added again was claimed on generation {}, not above its earlier {highest}",
-        again.generation
+        again.fence > highest,
+        "old-0 added again was claimed on fence {}, not above its earlier {highest}",
+        again.fence
     );
     Ok(())
 }

@@ -216,8 +216,8 @@ pub(super) async fn board_actor(
                     .claims
                     .entry(id.clone())
                     .or_default()
-                    .push(task.generation);
-                log.event(who, format!("claimed {id} gen {}", task.generation));
+                    .push(task.fence);
+                log.event(who, format!("claimed {id} fence {}", task.fence));
                 tokio::time::sleep(Duration::from_millis(rng.random_range(100..2000))).await;
                 inst.wait_running().await;
                 let done = board

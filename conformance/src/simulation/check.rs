@@ -120,12 +120,12 @@ pub(super) async fn check(
             Err(e) => violations.push(format!("side effect {key} unreadable at the end: {e}")),
         }
     }
-    // Board: one successful completion per task, unique generations, the store agrees.
+    // Board: one successful completion per task, unique fences, the store agrees.
     for (id, claims) in &f.claims {
         let unique: BTreeSet<_> = claims.iter().collect();
         if unique.len() != claims.len() {
             violations.push(format!(
-                "task {id}: a claim generation was granted twice: {claims:?}"
+                "task {id}: a claim fence was granted twice: {claims:?}"
             ));
         }
     }

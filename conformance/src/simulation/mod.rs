@@ -49,7 +49,7 @@
 //! - side effect: each action's closure ran at most once, and every
 //!   `Applied`/`Replayed` answer carries the result of the run that happened;
 //! - board: at most one successful completion per task and life (a task
-//!   added again is a new life), claim generations unique per id across
+//!   added again is a new life), claim fences unique per id across
 //!   lives, a completed task's stored result is its completer's unless it
 //!   was pruned, a task vanishes only after a claim, and a task whose
 //!   dependency completed is claimable at the end, even once that
@@ -271,7 +271,7 @@ struct Facts {
     effects: BTreeMap<String, Vec<String>>,
     /// action key → results answered as Applied or Replayed.
     answered: BTreeMap<String, Vec<String>>,
-    /// task id → (worker, generation) of successful claims.
+    /// task id → (worker, fence) of successful claims.
     claims: BTreeMap<String, Vec<u64>>,
     /// `id@life` (the task's payload names its life) → workers whose
     /// completion was answered Ok.

@@ -11,7 +11,7 @@
 //!   waiting acquisition and a renewing [`LockGuard`].
 //! - [`rwlock`]: a read-write lock with leases, fences and writer preference.
 //! - [`election`]: leader election with a fencing term (campaign, proclaim, resign, observe).
-//! - [`board`]: a task board with dependencies and takeover generations.
+//! - [`board`]: a task board with dependencies and takeover fences.
 //! - [`runs`]: who runs a scheduled `(job, slot)`, decided once: the run
 //!   store the cluster-wide scheduler (`coord-scheduler`) claims through.
 //! - [`sideeffect`]: at-most-once side effects: the store adapter, the

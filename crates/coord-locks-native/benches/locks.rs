@@ -45,6 +45,7 @@ use coord_adapters::lock::{
 };
 use coord_adapters::mint_token;
 use coord_adapters::wake::Wake;
+use coord_adapters::CasStats;
 use coord_backend::{Backend, StoreUrl};
 use coord_locks_native::{PgAdvisoryLock, RedisLock};
 use criterion::Criterion;
@@ -100,8 +101,26 @@ fn generic(store: &'static str, backend: Arc<dyn Backend>) -> Subject {
 /// reports its engine's store round trips.
 struct Client {
     lock: Arc<Counting>,
-    /// The engine's store round trips so far (generic and fair locks).
-    round_trips: Option<Arc<dyn Fn() -> u64 + Send + Sync>>,
+    /// The engine's store calls so far (generic and fair locks).
+    stats: Option<Arc<dyn Fn() -> CasStats + Send + Sync>>,
+}
+
+/// `now - before`, counter by counter.
+fn since(now: CasStats, before: CasStats) -> CasStats {
+    CasStats {
+        snapshots: now.snapshots - before.snapshots,
+        txns: now.txns - before.txns,
+        rejections: now.rejections - before.rejections,
+    }
+}
+
+/// `a + b`, counter by counter.
+fn add(a: CasStats, b: CasStats) -> CasStats {
+    CasStats {
+        snapshots: a.snapshots + b.snapshots,
+        txns: a.txns + b.txns,
+        rejections: a.rejections + b.rejections,
+    }
 }
 
 /// A factory of lock clients for the contention table.
@@ -188,7 +207,7 @@ fn generic_contention(store: &'static str, backend: Arc<dyn Backend>) -> Content
         let lock = GenericLock::new(backend.clone());
         Client {
             lock: Arc::new(Counting::new(Arc::new(lock.clone()))),
-            round_trips: Some(Arc::new(move || lock.stats().round_trips())),
+            stats: Some(Arc::new(move || lock.stats())),
         }
     });
     ContentionSubject {
@@ -205,7 +224,7 @@ fn fair_contention(store: &'static str, backend: Arc<dyn Backend>) -> Contention
         let lock = FairLock::new(backend.clone());
         Client {
             lock: Arc::new(Counting::new(Arc::new(lock.clone())).waiting_inside()),
-            round_trips: Some(Arc::new(move || lock.stats().round_trips())),
+            stats: Some(Arc::new(move || lock.stats())),
         }
     });
     ContentionSubject {
@@ -227,7 +246,7 @@ fn native_contention(
         name,
         kind: ContentionKind::Lock(Arc::new(move || Client {
             lock: Arc::new(Counting::new(lock.clone())),
-            round_trips: None,
+            stats: None,
         })),
         default_wait: false,
     }
@@ -576,6 +595,8 @@ struct ContentionRow {
     min: u64,
     calls_per_acq: f64,
     round_trips_per_acq: Option<f64>,
+    /// Per acquisition: snapshots, txns, rejected txns (engine-counted subjects).
+    stats_per_acq: Option<(f64, f64, f64)>,
     handover_p50: Option<Duration>,
     handover_p99: Option<Duration>,
 }
@@ -626,7 +647,7 @@ async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
                 let key = key.clone();
                 let handover = handover.clone();
                 tasks.push(tokio::spawn(async move {
-                    let before = client.round_trips.as_ref().map(|f| f());
+                    let before = client.stats.as_ref().map(|f| f());
                     let mut acquired = 0u64;
                     loop {
                         let now = Instant::now();
@@ -651,11 +672,11 @@ async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
                         }
                     }
                     let calls = client.lock.calls.load(Ordering::Relaxed);
-                    let round_trips = client
-                        .round_trips
+                    let stats = client
+                        .stats
                         .as_ref()
-                        .map(|f| f() - before.unwrap_or(0));
-                    (acquired, calls, round_trips)
+                        .map(|f| since(f(), before.unwrap_or_default()));
+                    (acquired, calls, stats)
                 }));
             }
         }
@@ -681,7 +702,11 @@ async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
                         client.unlock(held.key().to_vec()).await.unwrap();
                     }
                     client.lease_revoke(lease).await.unwrap();
-                    (acquired, acquired * 2, Some(acquired * 2))
+                    let calls = CasStats {
+                        txns: acquired * 2,
+                        ..CasStats::default()
+                    };
+                    (acquired, acquired * 2, Some(calls))
                 }));
             }
         }
@@ -693,7 +718,10 @@ async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
     let elapsed = started.elapsed();
     let total: u64 = results.iter().map(|r| r.0).sum();
     let calls: u64 = results.iter().map(|r| r.1).sum();
-    let round_trips: Option<u64> = results.iter().map(|r| r.2).sum();
+    let stats: Option<CasStats> = results
+        .iter()
+        .map(|r| r.2)
+        .try_fold(CasStats::default(), |sum, s| Some(add(sum, s?)));
     let per = |n: u64| n as f64 / total.max(1) as f64;
     let mut samples = std::mem::take(&mut handover.lock().unwrap().samples);
     samples.sort_unstable();
@@ -705,8 +733,9 @@ async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
         min: results.iter().map(|r| r.0).min().unwrap_or(0),
         calls_per_acq: per(calls),
         // For the native Redis lock every call is one EVALSHA.
-        round_trips_per_acq: round_trips
-            .map(per)
+        stats_per_acq: stats.map(|s| (per(s.snapshots), per(s.txns), per(s.rejections))),
+        round_trips_per_acq: stats
+            .map(|s| per(s.round_trips()))
             .or((subject.name == "native RedisLock").then(|| per(calls))),
         handover_p50: percentile(&samples, 0.5),
         handover_p99: percentile(&samples, 0.99),
@@ -883,5 +912,17 @@ fn contention_table(rt: &tokio::runtime::Runtime, setup: &Setup, contention_time
             ms(row.handover_p50),
             ms(row.handover_p99),
         );
+    }
+    println!("\nstore round trips per acquisition, by kind (engine-counted subjects):");
+    for row in &rows {
+        if let (Some((snapshots, txns, rejected)), true) = (
+            row.stats_per_acq,
+            row.name.starts_with("fair") || row.name.starts_with("generic"),
+        ) {
+            println!(
+                "  {:<9} {:<34} snapshots {snapshots:.2}, txns {txns:.2} (rejected {rejected:.2})",
+                row.store, row.name
+            );
+        }
     }
 }

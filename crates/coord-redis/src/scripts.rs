@@ -86,24 +86,8 @@ pub(crate) const TXN: &str = concat!(
 local plen = tonumber(ARGV[1])
 local nasserts = tonumber(ARGV[2])
 local nmut = tonumber(ARGV[nasserts + 3])
+local base = nasserts + 3
 local dead = KEYS[#KEYS - 1]
-local floor = '0'
-if nmut > 0 then
-  for _, z in ipairs({KEYS[1], dead}) do
-    local t = redis.call('TYPE', z)['ok']
-    if t ~= 'zset' and t ~= 'none' then
-      return {'malformed', z, 'index is a ' .. t .. ', not a sorted set'}
-    end
-  end
-  local f = redis.pcall('GET', KEYS[#KEYS])
-  if type(f) == 'table' and f['err'] then return {'malformed', KEYS[#KEYS], f['err']} end
-  if f then
-    if not valid_version(f) or f == '9223372036854775807' then
-      return {'malformed', KEYS[#KEYS], 'floor is not a decimal integer in 0..2^63-1'}
-    end
-    floor = f
-  end
-end
 local vis = {}
 local val = {}
 local raw = {}
@@ -134,21 +118,46 @@ for i = 1, nasserts do
     return out
   end
 end
-local base = nasserts + 3
 -- HINCRBY fails at i64::MAX: refuse before the first write, not halfway.
+-- A put over a live record (a lock taken or released, a lease renewed)
+-- touches only its own hash; a write that creates a record or changes its
+-- liveness also needs the floor, the index and the tombstone set.
+local shared = false
 for m = 0, nmut - 1 do
   local pos = tonumber(ARGV[base + 1 + 3 * m])
   if raw[pos] == '9223372036854775807' then
     return {'malformed', KEYS[pos], 'version counter is exhausted (2^63 - 1)'}
   end
+  if not raw[pos] or vis[pos] == '0' or ARGV[base + 2 + 3 * m] ~= 'p' then
+    shared = true
+  end
 end
--- The floor and the tombstone set always exist once a namespace was
--- written (the set keeps the member '', which no key can be): a Cluster
--- slot being migrated answers TRYAGAIN to scripts naming a key it does
--- not hold, and both move with the rest of the slot.
-if nmut > 0 then
-  if not redis.call('GET', KEYS[#KEYS]) then redis.call('SET', KEYS[#KEYS], '0') end
-  redis.call('ZADD', dead, 0, '')
+local floor = '0'
+if shared then
+  local types = {}
+  for _, z in ipairs({KEYS[1], dead}) do
+    local t = redis.call('TYPE', z)['ok']
+    if t ~= 'zset' and t ~= 'none' then
+      return {'malformed', z, 'index is a ' .. t .. ', not a sorted set'}
+    end
+    types[z] = t
+  end
+  local f = redis.pcall('GET', KEYS[#KEYS])
+  if type(f) == 'table' and f['err'] then return {'malformed', KEYS[#KEYS], f['err']} end
+  if f then
+    if not valid_version(f) or f == '9223372036854775807' then
+      return {'malformed', KEYS[#KEYS], 'floor is not a decimal integer in 0..2^63-1'}
+    end
+    floor = f
+  end
+  -- The floor and the tombstone set always exist once a namespace was
+  -- written (the set keeps the member '', which no key can be): a Cluster
+  -- slot being migrated answers TRYAGAIN to scripts naming a key it does
+  -- not hold, and both move with the rest of the slot. A record that exists
+  -- was written by a txn that made them, so the fast path above may skip
+  -- this.
+  if not f then redis.call('SET', KEYS[#KEYS], '0') end
+  if types[dead] ~= 'zset' then redis.call('ZADD', dead, 0, '') end
 end
 for m = 0, nmut - 1 do
   local pos = tonumber(ARGV[base + 1 + 3 * m])

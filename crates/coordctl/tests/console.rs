@@ -458,7 +458,7 @@ fn check_api(server: &Server, seeded: &Seeded) {
         (fetch["state"].as_str(), fetch["agent"].as_str()),
         (Some("claimed"), Some("agent-1"))
     );
-    assert_eq!(fetch["generation"], 1);
+    assert_eq!(fetch["fence"], 1);
     assert_eq!(find(&tasks["tasks"], "id", "index")["deps"][0], "fetch");
     assert_eq!(
         find(&tasks["tasks"], "id", "done-task")["state"],

@@ -24,7 +24,7 @@ record_options! {
 }
 
 /// A [`Board`] over any [`Backend`]: one record per task
-/// (`<prefix>task/<id>`) holding its payload, dependencies, generation,
+/// (`<prefix>task/<id>`) holding its payload, dependencies, fence,
 /// live claim and completion, decided through the [`CasEngine`](crate::CasEngine).
 ///
 /// A claim costs one txn once the engine has seen the task and its
@@ -94,7 +94,7 @@ impl BoardAdapter {
 
     /// Replace the payload and dependencies of a task that is neither
     /// completed nor held by a live claim (an operator's repair of a wrong
-    /// topology). Its generation is kept; an expired claim is dropped.
+    /// topology). Its fence is kept; an expired claim is dropped.
     ///
     /// Claims racing this change are decided again on the new dependency
     /// list (their txn asserts the task record).
@@ -186,7 +186,7 @@ impl BoardAdapter {
     /// was pruned** waits for a task of that id, as a task naming a
     /// dependency that was never added does: add dependents within the
     /// retention. **An id added again after its task was pruned** is a new
-    /// task; its claims' generations still start above every generation
+    /// task; its claims' fences still start above every fence
     /// the id had. Without pruning (the default) nothing is removed.
     pub async fn prune(&self, options: &PruneOptions) -> Result<Pruned, BoardError> {
         let index = self.done_index();
@@ -416,7 +416,7 @@ impl Board for BoardAdapter {
                             payload: spec.payload.clone(),
                             deps: spec.deps.clone(),
                             met,
-                            generation: 0,
+                            fence: 0,
                             claim: None,
                             done: None,
                             nonce: Nonce::default(),
@@ -493,14 +493,14 @@ impl Board for BoardAdapter {
                 }
                 // A first claim takes the record's version: a record
                 // added again after a prune has a version above every
-                // version (so every generation) its earlier life had.
-                let generation = if record.generation == 0 {
+                // version (so every fence) its earlier life had.
+                let fence = if record.fence == 0 {
                     view.version(&key).0.max(1)
                 } else {
-                    record.generation + 1
+                    record.fence + 1
                 };
                 let mut claimed = TaskRecord {
-                    generation,
+                    fence,
                     claim: Some(ClaimRecord {
                         agent: agent.to_owned(),
                         lease: LeaseRecord::new(token.clone(), expires_ms),
@@ -516,14 +516,14 @@ impl Board for BoardAdapter {
                         deps: record.deps,
                         agent: agent.to_owned(),
                         token: token.clone(),
-                        generation,
+                        fence,
                         expires_at: at_millis(expires_ms),
                     },
                 })
             })
             .await;
         if let Ok(claimed) = &answer {
-            tracing::Span::current().record("fence", claimed.generation);
+            tracing::Span::current().record("fence", claimed.fence);
         }
         answer
     }
@@ -569,14 +569,14 @@ impl Board for BoardAdapter {
                         deps: record.deps,
                         agent: claim.agent,
                         token: token.to_owned(),
-                        generation: record.generation,
+                        fence: record.fence,
                         expires_at: at_millis(expires_ms),
                     },
                 })
             })
             .await;
         if let Ok(claimed) = &answer {
-            tracing::Span::current().record("fence", claimed.generation);
+            tracing::Span::current().record("fence", claimed.fence);
         }
         answer
     }
@@ -764,7 +764,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(board.stats().round_trips() - before.round_trips(), 1);
-        assert_eq!(b.generation, 1);
+        assert_eq!(b.fence, 1);
     }
 
     #[tokio::test]

@@ -10,7 +10,7 @@
 //! - [`Board::claim`] is one atomic step. It succeeds only when the task is
 //!   not completed, not held by a live claim, and **every dependency is
 //!   completed**; it mints a fresh random token and a takeover
-//!   **generation** strictly greater than every earlier claim of the task.
+//!   **fence** strictly greater than every earlier claim of the task.
 //!   A claim whose lease expired can be taken over by anyone.
 //! - [`Board::renew`] is an ownership check, not a heartbeat: a wrong token
 //!   or an expired lease gets [`BoardError::LeaseLost`] and nothing changes.
@@ -22,7 +22,7 @@
 //! - Completed tasks stay until [`BoardAdapter::prune`] removes those
 //!   completed longer ago than a retention (off unless called): tasks still
 //!   waiting on a removed task stay claimable, and an id added again is a
-//!   new task whose generations start above the old ones.
+//!   new task whose fences start above the old ones.
 //!
 //! # Boundary
 //!
@@ -55,7 +55,7 @@
 //! let fetch = board.claim("fetch", "agent-1", ttl).await?;
 //! board.complete("fetch", &fetch.token, b"42 rows".to_vec()).await?;
 //! let index = board.claim("index", "agent-2", ttl).await?;
-//! assert_eq!(index.generation, 1);
+//! assert_eq!(index.fence, 1);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # }).unwrap();
 //! ```
@@ -102,7 +102,7 @@ impl Debug for Task {
             .field("id", &self.id)
             .field("payload", &Bytes(&self.payload))
             .field("deps", &self.deps)
-            .field("generation", &self.generation)
+            .field("fence", &self.fence)
             .field("state", &self.state)
             .finish()
     }
@@ -161,8 +161,8 @@ pub struct Task {
     pub payload: Vec<u8>,
     /// Ids of the tasks it depends on.
     pub deps: Vec<String>,
-    /// The generation of the latest claim (0 = never claimed).
-    pub generation: u64,
+    /// The fence of the latest claim (0 = never claimed).
+    pub fence: u64,
     /// Its state, judged at the time of the read.
     pub state: TaskState,
 }
@@ -209,9 +209,9 @@ pub struct ClaimedTask {
     pub agent: String,
     /// The random token of this claim: a credential, not for logs.
     pub token: String,
-    /// The takeover generation: greater than that of every earlier claim of
+    /// The takeover fence: greater than that of every earlier claim of
     /// this task (use it as a fencing token downstream).
-    pub generation: u64,
+    pub fence: u64,
     /// When the lease runs out unless renewed.
     pub expires_at: SystemTime,
 }
@@ -222,7 +222,7 @@ impl Debug for ClaimedTask {
         f.debug_struct("ClaimedTask")
             .field("id", &self.id)
             .field("agent", &self.agent)
-            .field("generation", &self.generation)
+            .field("fence", &self.fence)
             .field("expires_at", &self.expires_at)
             .field("deps", &self.deps)
             .field("payload_len", &self.payload.len())
@@ -317,7 +317,7 @@ pub trait Board: Send + Sync + Debug {
     /// Extend the lease of the claim holding `token` to `ttl` from now.
     async fn renew(&self, id: &str, token: &str, ttl: Duration) -> Result<ClaimedTask, BoardError>;
 
-    /// Give the task back (it becomes claimable; its generation stays).
+    /// Give the task back (it becomes claimable; its fence stays).
     async fn release(&self, id: &str, token: &str) -> Result<(), BoardError>;
 
     /// Mark the task completed with `result`.
@@ -386,7 +386,7 @@ mod redaction_tests {
             id: "t1".into(),
             payload: b"SECRET-payload".to_vec(),
             deps: Vec::new(),
-            generation: 2,
+            fence: 2,
             state: TaskState::Completed {
                 agent: "a".into(),
                 result: b"SECRET-result".to_vec(),
@@ -398,7 +398,7 @@ mod redaction_tests {
             deps: Vec::new(),
             agent: "a".into(),
             token: "SECRET-token".into(),
-            generation: 2,
+            fence: 2,
             expires_at: SystemTime::UNIX_EPOCH,
         };
         for shown in [

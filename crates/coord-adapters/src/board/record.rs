@@ -1,4 +1,4 @@
-//! How a task is stored: one JSON record per task, state and generation included.
+//! How a task is stored: one JSON record per task, state and fence included.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -10,7 +10,7 @@ use crate::cas::{record_kind, LeaseRecord, Nonce, Record};
 
 /// What is stored under `<prefix>task/<id>`. A record is only deleted by a
 /// prune, once completed: a task added again under its id starts its
-/// generations above every version the record had (see the claim).
+/// fences above every version the record had (see the claim).
 // No `Debug`: it holds a token or stored bytes; see coord_backend::redact.
 #[derive(Clone, Serialize, Deserialize)]
 pub(super) struct TaskRecord {
@@ -24,8 +24,10 @@ pub(super) struct TaskRecord {
     /// read them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(super) met: Vec<String>,
-    /// Generation of the latest claim (0 = never claimed).
-    pub(super) generation: u64,
+    /// Fence of the latest claim (0 = never claimed). Stored under its
+    /// first name, so records written before the rename still read.
+    #[serde(rename = "generation")]
+    pub(super) fence: u64,
     pub(super) claim: Option<ClaimRecord>,
     pub(super) done: Option<DoneRecord>,
     /// Fresh per write, so an indeterminate txn can be told apart from
@@ -100,7 +102,7 @@ impl TaskRecord {
             id: self.id.clone(),
             payload: self.payload.clone(),
             deps: self.deps.clone(),
-            generation: self.generation,
+            fence: self.fence,
             state,
         }
     }
@@ -146,7 +148,7 @@ mod tests {
             payload: vec![0, 1, 0x7f, 0x80, 0xff],
             deps: vec![],
             met: vec![],
-            generation: 3,
+            fence: 3,
             claim: None,
             done: None,
             nonce: Nonce::default(),

@@ -459,7 +459,7 @@ application's data and are not shown.</p>",
         return out;
     }
     out.push_str(
-        "<table id=\"tasks\"><tr><th>Task</th><th>State</th><th>Agent</th><th>Generation</th><th>Lease</th><th>Depends on</th></tr>",
+        "<table id=\"tasks\"><tr><th>Task</th><th>State</th><th>Agent</th><th>Fence</th><th>Lease</th><th>Depends on</th></tr>",
     );
     for t in &view.tasks {
         let deps = if t.deps.is_empty() {
@@ -473,7 +473,7 @@ application's data and are not shown.</p>",
             esc(&t.id),
             state_badge(t.state),
             esc(t.agent.as_deref().unwrap_or("-")),
-            t.generation,
+            t.fence,
             when(t.lease_expires_ms, view.listing.now_ms)
         );
     }

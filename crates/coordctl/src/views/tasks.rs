@@ -21,8 +21,8 @@ pub(crate) struct TaskView {
     pub(crate) agent: Option<String>,
     /// When the claim's lease ends (claimed) or ended (expired), UTC ms.
     pub(crate) lease_expires_ms: Option<u64>,
-    /// The generation of the latest claim (0 = never claimed).
-    pub(crate) generation: u64,
+    /// The fence of the latest claim (0 = never claimed).
+    pub(crate) fence: u64,
     pub(crate) deps: Vec<String>,
 }
 
@@ -57,7 +57,7 @@ pub(crate) async fn tasks(stores: &Stores, page: &Page) -> Result<TasksView, Err
             state,
             agent,
             lease_expires_ms: lease.map(ms),
-            generation: task.generation,
+            fence: task.fence,
             deps: task.deps,
         });
     }
