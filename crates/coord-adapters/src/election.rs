@@ -61,8 +61,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::cas::{
-    record_kind, record_options, whole_millis, CasStats, Decision, LeaseOffer, LeaseRecord, Nonce,
-    Record, RecordSpace,
+    record_kind, record_options, whole_millis, CasStats, LeaseRecord, Nonce, RecordSpace, Verdict,
 };
 use crate::lock::LostReason;
 use crate::rwlock::fallback_pause;
@@ -472,13 +471,9 @@ impl GenericElection {
         change: Change<'_>,
     ) -> Result<(), ElectionError> {
         validate_election_input(&leadership.name, &leadership.candidate, leadership.ttl)?;
-        let record_key = self.space.key(&leadership.name);
         let now = self.space.now_millis();
-        let keys = [record_key.clone()];
         self.space
-            .engine()
-            .decide(&keys, |view| {
-                let record = ElectionRecord::read(view, &record_key)?;
+            .decide_record(&leadership.name, |record: Option<ElectionRecord>| {
                 let lost = |reason| ElectionError::Lost {
                     name: leadership.name.clone(),
                     reason,
@@ -512,10 +507,7 @@ impl GenericElection {
                     Change::Proclaim(value) => leader.value = (*value).to_owned(),
                     Change::Resign => record.leader = None,
                 }
-                Ok(Decision::Commit {
-                    mutations: vec![record.put(&record_key)],
-                    then: (),
-                })
+                Ok(Verdict::Write(record, ()))
             })
             .await
     }
@@ -576,41 +568,34 @@ impl Election for GenericElection {
         ttl: Duration,
     ) -> Result<Option<Leadership>, ElectionError> {
         validate_election_input(name, candidate, ttl)?;
-        let record_key = self.space.key(name);
-        let LeaseOffer {
-            sent,
-            now,
-            expires_ms,
-            token,
-        } = self.space.offer(ttl);
-        let keys = [record_key.clone()];
+        let offer = self.space.offer(ttl);
         let won = self
             .space
-            .engine()
-            .decide(&keys, |view| {
-                let mut record = ElectionRecord::read(view, &record_key)?.unwrap_or_default();
-                if record.leader.as_ref().is_some_and(|l| l.lease.is_live(now)) {
-                    return Ok(Decision::Return(None));
+            .decide_record(name, |record: Option<ElectionRecord>| {
+                let mut record = record.unwrap_or_default();
+                if record
+                    .leader
+                    .as_ref()
+                    .is_some_and(|l| l.lease.is_live(offer.now))
+                {
+                    return Ok(Verdict::Keep(None));
                 }
                 record.term += 1;
                 record.leader = Some(LeaderRecord {
                     candidate: candidate.to_owned(),
                     value: value.to_owned(),
-                    lease: LeaseRecord::new(token.clone(), expires_ms),
+                    lease: LeaseRecord::new(offer.token.clone(), offer.expires_ms),
                 });
                 let won = Leadership::new(
                     name,
                     candidate,
-                    token.clone(),
+                    offer.token.clone(),
                     record.term,
                     ttl,
-                    UNIX_EPOCH + Duration::from_millis(expires_ms),
+                    UNIX_EPOCH + Duration::from_millis(offer.expires_ms),
                 )
-                .requested_at(sent);
-                Ok(Decision::Commit {
-                    mutations: vec![record.put(&record_key)],
-                    then: Some(won),
-                })
+                .requested_at(offer.sent);
+                Ok(Verdict::Write(record, Some(won)))
             })
             .await;
         if let Ok(Some(_)) = &won {

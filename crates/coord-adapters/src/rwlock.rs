@@ -70,8 +70,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::cas::{
-    record_kind, record_options, whole_millis, CasStats, Decision, LeaseOffer, LeaseRecord, Nonce,
-    Record, RecordSpace,
+    record_kind, record_options, whole_millis, CasStats, LeaseRecord, Nonce, RecordSpace, Verdict,
 };
 use crate::lock::{validate_lock_input, LockError, LockHandle, LostReason};
 use crate::mint_token;
@@ -330,19 +329,11 @@ impl GenericRwLock {
         queued: Option<&str>,
     ) -> Result<Grant, LockError> {
         validate_lock_input(key, ttl)?;
-        let record_key = self.space.key(key);
-        let LeaseOffer {
-            sent,
-            now,
-            expires_ms,
-            token,
-        } = self.space.offer(ttl);
-        let keys = [record_key.clone()];
+        let offer = self.space.offer(ttl);
         self.space
-            .engine()
-            .decide(&keys, |view| {
-                let mut record = RwRecord::read(view, &record_key)?.unwrap_or_default();
-                record.prune(now);
+            .decide_record(key, |record: Option<RwRecord>| {
+                let mut record = record.unwrap_or_default();
+                record.prune(offer.now);
                 let first_in_queue = record.queue.first().map(|q| q.token.as_str());
                 let free = match mode {
                     RwMode::Read => {
@@ -356,23 +347,22 @@ impl GenericRwLock {
                 };
                 if !free {
                     let Some(waiter) = queued else {
-                        return Ok(Decision::Return(Grant::Refused));
+                        return Ok(Verdict::Keep(Grant::Refused));
                     };
                     // Join the queue, or refresh an entry past half its lease.
                     match record.queue.iter_mut().find(|q| q.token == waiter) {
-                        Some(q) if q.expires_ms >= now.saturating_add(whole_millis(ttl) / 2) => {
-                            return Ok(Decision::Return(Grant::Refused));
+                        Some(q)
+                            if q.expires_ms >= offer.now.saturating_add(whole_millis(ttl) / 2) =>
+                        {
+                            return Ok(Verdict::Keep(Grant::Refused));
                         }
-                        Some(q) => q.expires_ms = expires_ms,
+                        Some(q) => q.expires_ms = offer.expires_ms,
                         None => record.queue.push(Queued {
                             token: waiter.to_owned(),
-                            expires_ms,
+                            expires_ms: offer.expires_ms,
                         }),
                     }
-                    return Ok(Decision::Commit {
-                        mutations: vec![record.put(&record_key)],
-                        then: Grant::Refused,
-                    });
+                    return Ok(Verdict::Write(record, Grant::Refused));
                 }
                 if let Some(waiter) = queued {
                     record.queue.retain(|q| q.token != waiter);
@@ -381,42 +371,36 @@ impl GenericRwLock {
                 record.holders.push(RwHolder {
                     mode,
                     fence: record.fence,
-                    lease: LeaseRecord::new(token.clone(), expires_ms),
+                    lease: LeaseRecord::new(offer.token.clone(), offer.expires_ms),
                 });
                 let handle = LockHandle::new(
                     key,
-                    token.clone(),
+                    offer.token.clone(),
                     record.fence,
                     ttl,
-                    UNIX_EPOCH + Duration::from_millis(expires_ms),
+                    UNIX_EPOCH + Duration::from_millis(offer.expires_ms),
                 )
-                .requested_at(sent);
-                Ok(Decision::Commit {
-                    mutations: vec![record.put(&record_key)],
-                    then: Grant::Granted(RwHandle::new(mode, handle)),
-                })
+                .requested_at(offer.sent);
+                Ok(Verdict::Write(
+                    record,
+                    Grant::Granted(RwHandle::new(mode, handle)),
+                ))
             })
             .await
     }
 
     /// Leave the write queue (best effort: an entry left behind expires).
     async fn leave_queue(&self, key: &str, waiter: &str) -> Result<(), LockError> {
-        let record_key = self.space.key(key);
-        let keys = [record_key.clone()];
         self.space
-            .engine()
-            .decide::<(), LockError, _>(&keys, |view| {
-                let Ok(Some(mut record)) = RwRecord::read(view, &record_key) else {
-                    return Ok(Decision::Return(()));
+            .decide_record(key, |record: Option<RwRecord>| {
+                let Some(mut record) = record else {
+                    return Ok(Verdict::Keep(()));
                 };
                 if !record.queue.iter().any(|q| q.token == waiter) {
-                    return Ok(Decision::Return(()));
+                    return Ok(Verdict::Keep(()));
                 }
                 record.queue.retain(|q| q.token != waiter);
-                Ok(Decision::Commit {
-                    mutations: vec![record.put(&record_key)],
-                    then: (),
-                })
+                Ok(Verdict::Write(record, ()))
             })
             .await
     }
@@ -499,13 +483,9 @@ impl GenericRwLock {
     /// Renew (`Some(now)`) or release (`None`) the grant of `handle`.
     async fn change_holder(&self, handle: &RwHandle, renew: bool) -> Result<(), LockError> {
         validate_lock_input(handle.key(), handle.ttl())?;
-        let record_key = self.space.key(handle.key());
         let now = self.space.now_millis();
-        let keys = [record_key.clone()];
         self.space
-            .engine()
-            .decide(&keys, |view| {
-                let record = RwRecord::read(view, &record_key)?;
+            .decide_record(handle.key(), |record: Option<RwRecord>| {
                 if let Some(reason) = Self::why_not_held(handle, record.as_ref(), now) {
                     return Err(Self::lost(handle, reason));
                 }
@@ -520,10 +500,7 @@ impl GenericRwLock {
                     record.holders.retain(|h| h.lease.token != token);
                 }
                 record.prune(now);
-                Ok(Decision::Commit {
-                    mutations: vec![record.put(&record_key)],
-                    then: (),
-                })
+                Ok(Verdict::Write(record, ()))
             })
             .await
     }

@@ -65,8 +65,8 @@ pub mod space;
 pub(crate) use record::record_kind;
 pub use record::{whole_millis, LeaseRecord, Nonce, Record};
 pub(crate) use space::record_options;
-pub(crate) use space::LeaseOffer;
 pub use space::RecordSpace;
+pub(crate) use space::Verdict;
 
 /// Tuning of a [`CasEngine`].
 #[derive(Clone, Debug)]

@@ -11,7 +11,15 @@ use std::sync::Arc;
 
 use coord_backend::{Backend, Clock, Error};
 
-use super::{CasEngine, CasOptions, CasStats, Record};
+use super::{CasEngine, CasOptions, CasStats, Decision, Record};
+
+/// What a decision over one record does (see [`RecordSpace::decide_record`]).
+pub(crate) enum Verdict<R, T> {
+    /// Answer, writing nothing (confirmed like [`Decision::Return`]).
+    Keep(T),
+    /// Write the record (stamped with a fresh nonce), then answer.
+    Write(R, T),
+}
 
 /// What a grant fixes before its decision's first attempt (the engine may
 /// decide several times): when it was asked for, now by the space's clock,
@@ -46,6 +54,34 @@ impl RecordSpace {
             clock,
             prefix,
         }
+    }
+
+    /// Decide over the one record of `name` (`<prefix><name>`): `decide`
+    /// gets it as the view holds it (`None`: missing) and keeps or rewrites
+    /// it; an `Err` is a refusal, confirmed like every answer decided on a
+    /// remembered view (see [`CasEngine::decide`]).
+    pub(crate) async fn decide_record<R, T, E>(
+        &self,
+        name: &str,
+        mut decide: impl FnMut(Option<R>) -> Result<Verdict<R, T>, E>,
+    ) -> Result<T, E>
+    where
+        R: Record,
+        E: From<Error>,
+    {
+        let record_key = self.key(name);
+        let keys = [record_key.clone()];
+        self.engine
+            .decide(&keys, |view| {
+                Ok(match decide(R::read(view, &record_key)?)? {
+                    Verdict::Keep(answer) => Decision::Return(answer),
+                    Verdict::Write(mut record, then) => Decision::Commit {
+                        mutations: vec![record.put(record_key.clone())],
+                        then,
+                    },
+                })
+            })
+            .await
     }
 
     /// The key of the record named `name`: `<prefix><name>`.

@@ -9,8 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{validate_lock_input, Lock, LockError, LockHandle, LostReason};
 use crate::cas::{
-    record_kind, record_options, whole_millis, CasStats, Decision, LeaseOffer, LeaseRecord, Nonce,
-    Record, RecordSpace,
+    record_kind, record_options, whole_millis, CasStats, LeaseRecord, Nonce, RecordSpace, Verdict,
 };
 use crate::telemetry;
 use crate::wake::Wake;
@@ -105,48 +104,39 @@ impl Lock for GenericLock {
     ))]
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
         validate_lock_input(key, ttl)?;
-        let record_key = self.space.key(key);
-        let LeaseOffer {
-            sent,
-            now,
-            expires_ms,
-            token,
-        } = self.space.offer(ttl);
-        let keys = [record_key.clone()];
+        let offer = self.space.offer(ttl);
         let answer = self
             .space
-            .engine()
-            .decide(&keys, |view| {
-                let record = LockRecord::read(view, &record_key)?;
+            .decide_record(key, |record: Option<LockRecord>| {
                 let fence = record.as_ref().map_or(0, |r| r.fence);
                 let held = record
                     .as_ref()
                     .and_then(|r| r.holder.as_ref())
-                    .is_some_and(|h| h.is_live(now));
+                    .is_some_and(|h| h.is_live(offer.now));
                 if held {
-                    return Ok(Decision::Return(None));
+                    return Ok(Verdict::Keep(None));
                 }
-                let mut granted = LockRecord {
+                let granted = LockRecord {
                     fence: fence + 1,
                     holder: Some(LeaseRecord {
-                        token: token.clone(),
-                        expires_ms,
+                        token: offer.token.clone(),
+                        expires_ms: offer.expires_ms,
                     }),
                     nonce: Nonce::default(),
                 };
-                Ok(Decision::Commit {
-                    mutations: vec![granted.put(record_key.clone())],
-                    then: Some(
+                Ok(Verdict::Write(
+                    granted,
+                    Some(
                         LockHandle::new(
                             key,
-                            token.clone(),
+                            offer.token.clone(),
                             fence + 1,
                             ttl,
-                            UNIX_EPOCH + Duration::from_millis(expires_ms),
+                            UNIX_EPOCH + Duration::from_millis(offer.expires_ms),
                         )
-                        .requested_at(sent),
+                        .requested_at(offer.sent),
                     ),
-                })
+                ))
             })
             .await;
         if let Ok(Some(handle)) = &answer {
@@ -165,14 +155,10 @@ impl Lock for GenericLock {
     ))]
     async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
         validate_lock_input(&handle.key, handle.ttl)?;
-        let record_key = self.space.key(&handle.key);
         let now = self.space.now_millis();
-        let keys = [record_key.clone()];
         let renewed = self
             .space
-            .engine()
-            .decide(&keys, |view| {
-                let record = LockRecord::read(view, &record_key)?;
+            .decide_record(&handle.key, |record: Option<LockRecord>| {
                 if let Some(reason) = Self::why_not_held(handle, record.as_ref(), now) {
                     return Err(Self::lost(handle, reason));
                 }
@@ -180,10 +166,7 @@ impl Lock for GenericLock {
                 if let Some(holder) = renewed.holder.as_mut() {
                     holder.extend(now.saturating_add(whole_millis(handle.ttl)));
                 }
-                Ok(Decision::Commit {
-                    mutations: vec![renewed.put(record_key.clone())],
-                    then: (),
-                })
+                Ok(Verdict::Write(renewed, ()))
             })
             .await;
         if let Err(error) = &renewed {
@@ -197,27 +180,20 @@ impl Lock for GenericLock {
     ))]
     async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
         validate_lock_input(&handle.key, handle.ttl)?;
-        let record_key = self.space.key(&handle.key);
         let now = self.space.now_millis();
-        let keys = [record_key.clone()];
         self.space
-            .engine()
-            .decide(&keys, |view| {
-                let record = LockRecord::read(view, &record_key)?;
+            .decide_record(&handle.key, |record: Option<LockRecord>| {
                 if let Some(reason) = Self::why_not_held(&handle, record.as_ref(), now) {
                     return Err(Self::lost(&handle, reason));
                 }
                 let record = record.expect("held implies a record");
                 // The record stays: its fence counter must survive the release.
-                let mut released = LockRecord {
+                let released = LockRecord {
                     fence: record.fence,
                     holder: None,
                     nonce: Nonce::default(),
                 };
-                Ok(Decision::Commit {
-                    mutations: vec![released.put(record_key.clone())],
-                    then: (),
-                })
+                Ok(Verdict::Write(released, ()))
             })
             .await
     }

@@ -48,8 +48,7 @@ use tokio::time::Instant;
 
 use super::{validate_lock_input, LockError, LockHandle, LostReason, WaitOptions};
 use crate::cas::{
-    record_kind, record_options, whole_millis, CasStats, Decision, LeaseOffer, LeaseRecord, Nonce,
-    Record, RecordSpace,
+    record_kind, record_options, whole_millis, CasStats, LeaseRecord, Nonce, RecordSpace, Verdict,
 };
 use crate::wake::{Deadline, WaitError, Wake};
 use crate::{mint_token, telemetry};
@@ -240,11 +239,6 @@ fn grant(
     (granted, permit)
 }
 
-/// The decision writing `record` under `record_key`, answering `then`.
-fn put<T>(record_key: &str, mut record: SemRecord, then: T) -> Decision<T> {
-    Decision::commit(vec![record.put(record_key)], then)
-}
-
 impl SemRecord {
     /// This record's live permits and places, less the permit `token` and
     /// the place `id`, with a fresh nonce: what a write that frees keeps.
@@ -345,19 +339,11 @@ impl GenericSemaphore {
         ttl: Duration,
         id: &str,
     ) -> Result<Attempt, LockError> {
-        let record_key = self.space.key(key);
-        let LeaseOffer {
-            sent,
-            now,
-            expires_ms,
-            token,
-        } = self.space.offer(ttl);
-        let keys = [record_key.clone()];
+        let offer = self.space.offer(ttl);
         self.space
-            .engine()
-            .decide(&keys, |view| {
-                let record = SemRecord::read(view, &record_key)?.unwrap_or_default();
-                let (holders, mut waiters) = Self::live(&record, permits, now)?;
+            .decide_record(key, |record: Option<SemRecord>| {
+                let record = record.unwrap_or_default();
+                let (holders, mut waiters) = Self::live(&record, permits, offer.now)?;
                 let free = (permits as usize).saturating_sub(holders.len());
                 let place = waiters.iter().position(|w| w.id == id);
                 let served = match place {
@@ -371,24 +357,24 @@ impl GenericSemaphore {
                         holders,
                         waiters,
                         permits,
-                        &token,
-                        (key, ttl, expires_ms, sent),
+                        &offer.token,
+                        (key, ttl, offer.expires_ms, offer.sent),
                     );
-                    return Ok(put(&record_key, granted, Attempt::Granted(permit)));
+                    return Ok(Verdict::Write(granted, Attempt::Granted(permit)));
                 }
-                let renew_from = now.saturating_add(whole_millis(ttl) / 2);
+                let renew_from = offer.now.saturating_add(whole_millis(ttl) / 2);
                 match place {
                     // In line, with enough lease left: nothing to write.
                     Some(i) if waiters[i].expires_ms > renew_from => {
-                        return Ok(Decision::Return(Attempt::Waiting))
+                        return Ok(Verdict::Keep(Attempt::Waiting))
                     }
-                    Some(i) => waiters[i].expires_ms = expires_ms,
+                    Some(i) => waiters[i].expires_ms = offer.expires_ms,
                     None if waiters.len() >= MAX_WAITERS => {
-                        return Ok(Decision::Return(Attempt::Waiting))
+                        return Ok(Verdict::Keep(Attempt::Waiting))
                     }
                     None => waiters.push(SemWaiter {
                         id: id.to_owned(),
-                        expires_ms,
+                        expires_ms: offer.expires_ms,
                     }),
                 }
                 let queued = SemRecord {
@@ -397,25 +383,22 @@ impl GenericSemaphore {
                     nonce: Nonce::default(),
                     ..record
                 };
-                Ok(put(&record_key, queued, Attempt::Waiting))
+                Ok(Verdict::Write(queued, Attempt::Waiting))
             })
             .await
     }
 
     /// The waiter `id` gives up: its place goes (nothing to do when it has none).
     async fn leave(&self, key: &str, id: &str) -> Result<(), LockError> {
-        let record_key = self.space.key(key);
         let now = self.space.now_millis();
-        let keys = [record_key.clone()];
         self.space
-            .engine()
-            .decide(&keys, |view| {
-                let record = SemRecord::read(view, &record_key)?.unwrap_or_default();
+            .decide_record(key, |record: Option<SemRecord>| {
+                let record = record.unwrap_or_default();
                 if !record.waiters.iter().any(|w| w.id == id) {
-                    return Ok(Decision::Return(()));
+                    return Ok(Verdict::Keep(()));
                 }
                 let left = record.pruned(now, None, Some(id));
-                Ok(put(&record_key, left, ()))
+                Ok(Verdict::Write(left, ()))
             })
             .await
     }
@@ -461,33 +444,25 @@ impl Semaphore for GenericSemaphore {
     ) -> Result<Option<Permit>, LockError> {
         validate_lock_input(key, ttl)?;
         validate_permits(permits)?;
-        let record_key = self.space.key(key);
-        let LeaseOffer {
-            sent,
-            now,
-            expires_ms,
-            token,
-        } = self.space.offer(ttl);
-        let keys = [record_key.clone()];
+        let offer = self.space.offer(ttl);
         let answer = self
             .space
-            .engine()
-            .decide(&keys, |view| {
-                let record = SemRecord::read(view, &record_key)?.unwrap_or_default();
-                let (live, waiters) = Self::live(&record, permits, now)?;
+            .decide_record(key, |record: Option<SemRecord>| {
+                let record = record.unwrap_or_default();
+                let (live, waiters) = Self::live(&record, permits, offer.now)?;
                 // Never ahead of a live waiter in line.
                 if live.len() + waiters.len() >= permits as usize {
-                    return Ok(Decision::Return(None));
+                    return Ok(Verdict::Keep(None));
                 }
                 let (granted, permit) = grant(
                     &record,
                     live,
                     waiters,
                     permits,
-                    &token,
-                    (key, ttl, expires_ms, sent),
+                    &offer.token,
+                    (key, ttl, offer.expires_ms, offer.sent),
                 );
-                Ok(put(&record_key, granted, Some(permit)))
+                Ok(Verdict::Write(granted, Some(permit)))
             })
             .await;
         if let Ok(Some(permit)) = &answer {
@@ -501,14 +476,11 @@ impl Semaphore for GenericSemaphore {
     ))]
     async fn renew(&self, permit: &Permit) -> Result<(), LockError> {
         validate_lock_input(permit.key(), permit.ttl())?;
-        let record_key = self.space.key(permit.key());
         let now = self.space.now_millis();
-        let keys = [record_key.clone()];
         let renewed = self
             .space
-            .engine()
-            .decide(&keys, |view| {
-                let record = SemRecord::read(view, &record_key)?.unwrap_or_default();
+            .decide_record(permit.key(), |record: Option<SemRecord>| {
+                let record = record.unwrap_or_default();
                 if let Some(reason) = Self::why_not_held(permit, &record, now) {
                     return Err(Self::lost(permit, reason));
                 }
@@ -530,7 +502,7 @@ impl Semaphore for GenericSemaphore {
                     nonce: Nonce::default(),
                     ..record
                 };
-                Ok(put(&record_key, renewed, ()))
+                Ok(Verdict::Write(renewed, ()))
             })
             .await;
         if let Err(error) = &renewed {
@@ -544,19 +516,16 @@ impl Semaphore for GenericSemaphore {
     ))]
     async fn release(&self, permit: Permit) -> Result<(), LockError> {
         validate_lock_input(permit.key(), permit.ttl())?;
-        let record_key = self.space.key(permit.key());
         let now = self.space.now_millis();
-        let keys = [record_key.clone()];
         self.space
-            .engine()
-            .decide(&keys, |view| {
-                let record = SemRecord::read(view, &record_key)?.unwrap_or_default();
+            .decide_record(permit.key(), |record: Option<SemRecord>| {
+                let record = record.unwrap_or_default();
                 if let Some(reason) = Self::why_not_held(&permit, &record, now) {
                     return Err(Self::lost(&permit, reason));
                 }
                 // The record stays, to keep the fence.
                 let released = record.pruned(now, Some(permit.token()), None);
-                Ok(put(&record_key, released, ()))
+                Ok(Verdict::Write(released, ()))
             })
             .await
     }

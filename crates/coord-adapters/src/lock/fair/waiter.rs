@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::records::*;
 use super::FairLock;
-use crate::cas::{whole_millis, Decision, LeaseOffer, Nonce, Record};
+use crate::cas::{whole_millis, Decision, Nonce, Record};
 use crate::lock::{LockError, LockHandle, WaitOptions};
 use crate::mint_token;
 use crate::wake::Wake;
@@ -166,17 +166,12 @@ impl FairLock {
     /// caller joins through the line record alone.
     pub(super) async fn join_fast(&self, key: &str, ttl: Duration) -> Result<Joined, LockError> {
         let keys = self.both_keys(key);
-        let LeaseOffer {
-            sent,
-            now,
-            expires_ms,
-            token,
-        } = self.space.offer(ttl);
+        let offer = self.space.offer(ttl);
         let newcomer = Newcomer {
-            token: &token,
+            token: &offer.token,
             ttl,
-            now,
-            sent,
+            now: offer.now,
+            sent: offer.sent,
         };
         self.space
             .engine()
@@ -191,7 +186,8 @@ impl FairLock {
                     Err(held) => held,
                 };
                 let line = without(&line, state.served, &[]);
-                let (line, ticket) = Self::joined(&line, &token, ttl, expires_ms, sent);
+                let (line, ticket) =
+                    Self::joined(&line, &offer.token, ttl, offer.expires_ms, offer.sent);
                 let writes = Writes {
                     state: None,
                     line: Some(line),
