@@ -967,7 +967,7 @@ async fn locking_hints_with_a_broken_store_and_without_a_store() {
     // run_now of a coordinated job refuses when the store cannot record it.
     assert!(matches!(
         with_down.run_now("required").await,
-        Err(Error::Store(_))
+        Err(Error::Runs(RunError::Store(_)))
     ));
 
     // Without a store: RequireGlobal is refused, PreferGlobal runs locally.
@@ -1044,7 +1044,7 @@ async fn add_job_refusals_are_typed() {
     assert!(matches!(
         a.scheduler
             .add_job(Job::new("no/slash", s.clone(), h.clone())),
-        Err(Error::InvalidJobName(_))
+        Err(Error::Runs(RunError::InvalidJobName(_)))
     ));
     let zero = JobOptions::default().lease_ttl(Duration::ZERO);
     assert!(matches!(

@@ -1,35 +1,21 @@
 use std::time::Duration;
 
-/// Errors of the run store and of the scheduler runtime.
+use coord_adapters::runs::RunError;
+
+/// Errors of the scheduler runtime.
 ///
-/// Variants name what the caller does next: retry later or page someone
-/// ([`Error::Store`]), stop acting as the owner of a run ([`Error::NotOwner`]),
-/// fix the job or the call (everything else). Losing a claim is **not** an
-/// error: it is a [`crate::Claim`] with `won = false`.
+/// Variants name what the caller does next: retry later or page someone,
+/// or stop acting as the owner of a run (both [`Error::Runs`], a call of
+/// the run store that failed: [`RunError`] says which), or fix the job or
+/// the call (everything else). Losing a claim is **not** an error: it is a
+/// [`crate::Claim`] with `won = false`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The store failed (unreachable, indeterminate, malformed record,
-    /// too much contention). Nothing is known to have changed unless the
-    /// inner error says so.
-    #[error("run store: {0}")]
-    Store(#[from] coord_backend::Error),
-
-    /// The token does not own this run: it never did, the run was finished
-    /// or released, or another instance took the slot over after the lease
-    /// expired. Stop acting as the owner; nothing was changed.
-    #[error("token does not own run {job:?} slot {slot} (finished, released or taken over)")]
-    NotOwner {
-        /// The job.
-        job: String,
-        /// The slot (scheduled instant, UTC milliseconds).
-        slot: u64,
-    },
-
-    /// A job name the store cannot key safely (empty, too long, or with a
-    /// character outside `A-Z a-z 0-9 . _ : -`).
-    #[error("invalid job name {0:?}: use 1 to 128 characters of A-Z a-z 0-9 . _ : -")]
-    InvalidJobName(String),
+    /// A run-store call failed: the store itself, a run this instance does
+    /// not own (any more), or a job name the store cannot key.
+    #[error(transparent)]
+    Runs(#[from] RunError),
 
     /// A schedule could not be understood.
     #[error("invalid schedule {schedule:?}: {reason}")]
@@ -82,26 +68,23 @@ pub enum Error {
     ShutDown,
 }
 
-impl From<coord_adapters::runs::RunError> for Error {
-    fn from(error: coord_adapters::runs::RunError) -> Self {
-        use coord_adapters::runs::RunError;
-        match error {
-            RunError::Store(e) => Error::Store(e),
-            RunError::NotOwner { job, slot } => Error::NotOwner { job, slot },
-            RunError::InvalidJobName(name) => Error::InvalidJobName(name),
-            RunError::InvalidArgument(what) => Error::InvalidArgument(what),
-            // `RunError` is non_exhaustive: a newer variant is still a store failure.
-            other => Error::Store(coord_backend::Error::Unavailable {
-                message: other.to_string(),
-                source: Some(Box::new(other)),
-            }),
-        }
+impl From<coord_backend::Error> for Error {
+    fn from(error: coord_backend::Error) -> Self {
+        Error::Runs(RunError::Store(error))
     }
 }
 
 impl Error {
-    /// Whether this is [`Error::NotOwner`].
+    /// Whether this is [`RunError::NotOwner`]: stop acting as the owner of the run.
     pub fn is_not_owner(&self) -> bool {
-        matches!(self, Error::NotOwner { .. })
+        matches!(self, Error::Runs(error) if error.is_not_owner())
+    }
+
+    /// The store's error, when the run store failed at the store.
+    pub fn store_error(self) -> Result<coord_backend::Error, Error> {
+        match self {
+            Error::Runs(RunError::Store(error)) => Ok(error),
+            other => Err(other),
+        }
     }
 }

@@ -35,6 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::shell_jobs::{command_handler, command_jobs};
+use crate::views::scheduler_error;
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use coord_adapters::maintenance::MaintenanceOptions;
@@ -104,13 +105,6 @@ struct HistoryArgs {
 
 fn config_error(path: &Path, e: impl std::fmt::Display) -> Error {
     Error::Config(format!("{}: {e}", path.display()))
-}
-
-fn scheduler_error(e: impl Into<coord_scheduler::Error>) -> Error {
-    match e.into() {
-        coord_scheduler::Error::Store(e) => e,
-        other => Error::Config(other.to_string()),
-    }
 }
 
 /// `coordctl cron [history JOB]`.

@@ -198,10 +198,9 @@ fn board_error(e: BoardError) -> Error {
 }
 
 pub(crate) fn scheduler_error(e: impl Into<coord_scheduler::Error>) -> Error {
-    match e.into() {
-        coord_scheduler::Error::Store(e) => e,
-        other => Error::Config(other.to_string()),
-    }
+    e.into()
+        .store_error()
+        .unwrap_or_else(|other| Error::Config(other.to_string()))
 }
 
 /// The adapters over one store that the views read through.
