@@ -29,7 +29,8 @@
 //! Subjects: memory and SQLite (generic only), Redis (generic, native
 //! `RedisLock`, raw `SET NX PX` + `EVALSHA` compare-and-delete), etcd
 //! (generic, etcd's lock RPC: `Lock` + `Unlock` under a lease granted once
-//! per client), PostgreSQL (generic, native `PgAdvisoryLock` (sessions reused
+//! per client, raw: two `Txn`s putting a key if its version is the last
+//! one written), PostgreSQL (generic, native `PgAdvisoryLock` (sessions reused
 //! across acquisitions), the same with `max_idle(0)` (a connection per
 //! acquisition), raw `pg_try_advisory_lock` + `pg_advisory_unlock` on one
 //! connection).
@@ -332,7 +333,9 @@ async fn etcd_subjects(setup: &mut Setup, endpoints: &str) {
 
     let list: Vec<String> = endpoints.split(',').map(|e| e.trim().to_owned()).collect();
     let client = etcd_client::Client::connect(&list, None).await.unwrap();
-    let lease = client.clone().lease_grant(60, None).await.unwrap().id();
+    // Outlives every part of the run (nothing keeps it alive; the run's
+    // namespace is never used again).
+    let lease = client.clone().lease_grant(3600, None).await.unwrap().id();
     let name = format!("{ns}/rpc-cycle");
     let rpc = client.clone();
     setup.subjects.push(Subject {
@@ -352,6 +355,36 @@ async fn etcd_subjects(setup: &mut Setup, endpoints: &str) {
             })
         }),
         round_trips: RoundTrips::ByConstruction("2 (Lock, Unlock)"),
+    });
+    // The floor of any lock over etcd's txn: take (put if the version is
+    // the last one seen) and release (the same), one value like the
+    // generic lock's, on the Lock RPC's client.
+    let raw_key = format!("{ns}/raw-cycle").into_bytes();
+    let raw = client.clone();
+    let seen = Arc::new(AtomicU64::new(0));
+    setup.subjects.push(Subject {
+        store: "etcd",
+        name: "raw txn put-if-version x2",
+        cycle: Arc::new(move || {
+            let (mut raw, key, seen) = (raw.clone(), raw_key.clone(), seen.clone());
+            Box::pin(async move {
+                for _ in 0..2 {
+                    let version = seen.load(Ordering::Relaxed) as i64;
+                    let value = format!("{{\"fence\":{version},\"token\":\"{}\"}}", mint_token());
+                    let txn = etcd_client::Txn::new()
+                        .when([etcd_client::Compare::version(
+                            key.clone(),
+                            etcd_client::CompareOp::Equal,
+                            version,
+                        )])
+                        .and_then([etcd_client::TxnOp::put(key.clone(), value, None)]);
+                    let reply = raw.txn(txn).await.unwrap();
+                    assert!(reply.succeeded(), "nobody else writes this key");
+                    seen.store(version as u64 + 1, Ordering::Relaxed);
+                }
+            })
+        }),
+        round_trips: RoundTrips::ByConstruction("2 (Txn, Txn)"),
     });
     setup
         .contention
@@ -840,6 +873,18 @@ fn uncontended(rt: &tokio::runtime::Runtime, setup: &Setup, time: Duration) {
         rate("etcd", "generic"),
         rate("etcd", "etcd Lock"),
         "target < 1.00x",
+    );
+    ratio(
+        "raw etcd txn put-if-version x2 / etcd Lock RPC + Unlock",
+        rate("etcd", "raw txn"),
+        rate("etcd", "etcd Lock"),
+        "what any lock over two txns costs",
+    );
+    ratio(
+        "generic etcd cycle time / raw etcd txn put-if-version x2",
+        rate("etcd", "generic"),
+        rate("etcd", "raw txn"),
+        "floor",
     );
     ratio(
         "generic PostgreSQL cycle time / raw advisory lock + unlock",
