@@ -35,12 +35,6 @@ pub struct BoardAdapter {
     space: RecordSpace,
 }
 
-/// `Return(Err(..))`: refusals go through the engine so that a refusal
-/// decided from a remembered (possibly stale) record is confirmed first.
-fn refuse<T>(error: impl Into<BoardError>) -> Result<T, BoardError> {
-    Err(error.into())
-}
-
 impl BoardAdapter {
     /// A board over `backend` with default options (system clock, prefix `board/`).
     pub fn new(backend: Arc<dyn Backend>) -> Self {
@@ -109,22 +103,18 @@ impl BoardAdapter {
         self.space
             .engine()
             .decide::<(), BoardError, _>(&keys, |view| {
-                let record = match self.read(view, &spec.id) {
-                    Ok(Some(record)) => record,
-                    Ok(None) => {
-                        return refuse(BoardError::NotFound {
-                            id: spec.id.clone(),
-                        })
-                    }
-                    Err(e) => return refuse(e),
+                let Some(record) = self.read(view, &spec.id)? else {
+                    return Err(BoardError::NotFound {
+                        id: spec.id.clone(),
+                    });
                 };
                 if record.done.is_some() {
-                    return refuse(BoardError::Completed {
+                    return Err(BoardError::Completed {
                         id: spec.id.clone(),
                     });
                 }
                 if let Some(claim) = record.live_claim(now) {
-                    return refuse(BoardError::AlreadyClaimed {
+                    return Err(BoardError::AlreadyClaimed {
                         id: spec.id.clone(),
                         agent: claim.agent.clone(),
                         expires_at: at_millis(claim.lease.expires_ms),
@@ -133,10 +123,7 @@ impl BoardAdapter {
                 // A dependency met before stays met (its record may be
                 // pruned); the new ones are settled as `add` does.
                 let (met, mut entries) =
-                    match self.settle_deps(view, &spec.id, &spec.deps, &record.met) {
-                        Ok(settled) => settled,
-                        Err(e) => return refuse(e),
-                    };
+                    self.settle_deps(view, &spec.id, &spec.deps, &record.met)?;
                 // Entries of dropped dependencies go as far as the call has
                 // room; one left behind only makes a later prune of that
                 // dependency look at this task and leave it as it is.
@@ -400,17 +387,13 @@ impl Board for BoardAdapter {
                         if existing.payload == spec.payload && existing.deps == spec.deps {
                             Ok(Decision::Return(()))
                         } else {
-                            refuse(BoardError::AlreadyExists {
+                            Err(BoardError::AlreadyExists {
                                 id: spec.id.clone(),
                             })
                         }
                     }
                     Ok(None) => {
-                        let (met, entries) = match self.settle_deps(view, &spec.id, &spec.deps, &[])
-                        {
-                            Ok(settled) => settled,
-                            Err(e) => return refuse(e),
-                        };
+                        let (met, entries) = self.settle_deps(view, &spec.id, &spec.deps, &[])?;
                         let mut record = TaskRecord {
                             id: spec.id.clone(),
                             payload: spec.payload.clone(),
@@ -429,7 +412,7 @@ impl Board for BoardAdapter {
                             then: (),
                         })
                     }
-                    Err(e) => refuse(e),
+                    Err(e) => Err(e.into()),
                 }
             })
             .await
@@ -448,16 +431,14 @@ impl Board for BoardAdapter {
             .space
             .engine()
             .decide::<ClaimedTask, BoardError, _>(std::slice::from_ref(&key), |view| {
-                let record = match self.read(view, id) {
-                    Ok(Some(record)) => record,
-                    Ok(None) => return refuse(BoardError::NotFound { id: id.to_owned() }),
-                    Err(e) => return refuse(e),
+                let Some(record) = self.read(view, id)? else {
+                    return Err(BoardError::NotFound { id: id.to_owned() });
                 };
                 if record.done.is_some() {
-                    return refuse(BoardError::Completed { id: id.to_owned() });
+                    return Err(BoardError::Completed { id: id.to_owned() });
                 }
                 if let Some(claim) = record.live_claim(now) {
-                    return refuse(BoardError::AlreadyClaimed {
+                    return Err(BoardError::AlreadyClaimed {
                         id: id.to_owned(),
                         agent: claim.agent.clone(),
                         expires_at: at_millis(claim.lease.expires_ms),
@@ -479,14 +460,13 @@ impl Board for BoardAdapter {
                 }
                 let mut pending = Vec::new();
                 for dep in record.deps.iter().filter(|d| !record.met.contains(d)) {
-                    match self.read(view, dep) {
-                        Ok(Some(d)) if d.done.is_some() => {}
-                        Ok(_) => pending.push(dep.clone()),
-                        Err(e) => return refuse(e),
+                    match self.read(view, dep)? {
+                        Some(d) if d.done.is_some() => {}
+                        _ => pending.push(dep.clone()),
                     }
                 }
                 if !pending.is_empty() {
-                    return refuse(BoardError::DependenciesNotMet {
+                    return Err(BoardError::DependenciesNotMet {
                         id: id.to_owned(),
                         pending,
                     });
@@ -540,14 +520,8 @@ impl Board for BoardAdapter {
             .space
             .engine()
             .decide::<ClaimedTask, BoardError, _>(std::slice::from_ref(&key), |view| {
-                let record = match self.read(view, id) {
-                    Ok(record) => record,
-                    Err(e) => return refuse(e),
-                };
-                let record = match self.holder_check(record.as_ref(), id, token, now) {
-                    Ok(record) => record.clone(),
-                    Err(e) => return refuse(e),
-                };
+                let record = self.read(view, id)?;
+                let record = self.holder_check(record.as_ref(), id, token, now)?.clone();
                 let claim = record.claim.clone().expect("checked: a live claim");
                 // A clock stepping back must not shorten a lease already granted.
                 let mut lease = claim.lease.clone();
@@ -591,14 +565,8 @@ impl Board for BoardAdapter {
         self.space
             .engine()
             .decide::<(), BoardError, _>(std::slice::from_ref(&key), |view| {
-                let record = match self.read(view, id) {
-                    Ok(record) => record,
-                    Err(e) => return refuse(e),
-                };
-                let record = match self.holder_check(record.as_ref(), id, token, now) {
-                    Ok(record) => record.clone(),
-                    Err(e) => return refuse(e),
-                };
+                let record = self.read(view, id)?;
+                let record = self.holder_check(record.as_ref(), id, token, now)?.clone();
                 let mut released = TaskRecord {
                     claim: None,
                     nonce: Nonce::default(),
@@ -629,20 +597,14 @@ impl Board for BoardAdapter {
         self.space
             .engine()
             .decide::<(), BoardError, _>(&keys, |view| {
-                let record = match self.read(view, id) {
-                    Ok(record) => record,
-                    Err(e) => return refuse(e),
-                };
+                let record = self.read(view, id)?;
                 // A retry of the completion that already landed is a no-op.
                 if let Some(done) = record.as_ref().and_then(|r| r.done.as_ref()) {
                     if done.token == token && done.result == result {
                         return Ok(Decision::Return(()));
                     }
                 }
-                let record = match self.holder_check(record.as_ref(), id, token, now) {
-                    Ok(record) => record.clone(),
-                    Err(e) => return refuse(e),
-                };
+                let record = self.holder_check(record.as_ref(), id, token, now)?.clone();
                 let agent = record
                     .claim
                     .as_ref()
