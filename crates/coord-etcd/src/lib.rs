@@ -552,14 +552,42 @@ impl Backend for EtcdBackend {
     }
 
     async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        self.scan(prefix, "keys", |kv| {
+            let version = kv.version();
+            let (etcd_key, value) = kv.into_key_value();
+            let key = self.decode_key(&etcd_key)?;
+            if value.as_slice() == TOMBSTONE {
+                // Also a hint for a later "create if missing".
+                self.learn(&etcd_key, &Stored::Tombstone(version));
+            } else {
+                out.push(key);
+            }
+            Ok(true)
+        })
+        .await?;
+        Ok(out)
+    }
+}
+
+impl EtcdBackend {
+    /// Every etcd key of the namespace under `prefix`, with its value, page
+    /// by page at the revision of the first page (one consistent listing),
+    /// to `visit` until it answers `false`. `Ok(true)`: the scan reached
+    /// the end of the range.
+    pub(crate) async fn scan(
+        &self,
+        prefix: &str,
+        what: &str,
+        mut visit: impl FnMut(KeyValue) -> Result<bool>,
+    ) -> Result<bool> {
         let start = self.etcd_key(prefix);
         let end = prefix_range_end(&start);
-        // Values come along (to drop tombstones): keep each page's answer
+        // Values come along (to tell tombstones): keep each page's answer
         // well below the decoding limit.
         let page = (2 << 20) / (self.limits.max_value_bytes + 2048).max(1);
         let page = page.clamp(16, 1000) as i64;
-        let mut out = Vec::new();
-        let mut from = start.clone();
+        let mut from = start;
         let mut revision = 0;
         loop {
             let mut options = GetOptions::new().with_range(end.clone()).with_limit(page);
@@ -568,7 +596,7 @@ impl Backend for EtcdBackend {
             }
             let mut kv = self.kv.clone();
             let mut response = self
-                .call("keys", Call::Read, kv.get(from.clone(), Some(options)))
+                .call(what, Call::Read, kv.get(from.clone(), Some(options)))
                 .await?;
             if revision == 0 {
                 revision = response.header().map(|h| h.revision()).unwrap_or(0);
@@ -577,29 +605,20 @@ impl Backend for EtcdBackend {
             let kvs: Vec<KeyValue> = response.take_kvs();
             let last = kvs.last().map(|kv| kv.key().to_vec());
             for kv in kvs {
-                let version = kv.version();
-                let (etcd_key, value) = kv.into_key_value();
-                let key = self.decode_key(&etcd_key)?;
-                if value.as_slice() == TOMBSTONE {
-                    // Also a hint for a later "create if missing".
-                    self.learn(&etcd_key, &Stored::Tombstone(version));
-                    continue;
+                if !visit(kv)? {
+                    return Ok(false);
                 }
-                out.push(key);
             }
             match last {
                 Some(mut last) if more => {
                     last.push(0);
                     from = last;
                 }
-                _ => break,
+                _ => return Ok(true),
             }
         }
-        Ok(out)
     }
-}
 
-impl EtcdBackend {
     fn decode_key(&self, etcd_key: &[u8]) -> Result<String> {
         let relative = etcd_key.strip_prefix(&*self.prefix).ok_or_else(|| {
             Error::malformed(

@@ -3,11 +3,11 @@
 //! version is ever handed out twice).
 
 use coord_backend::{Error, ReclaimOptions, Reclaimed, Result};
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use crate::errors::Call;
 use crate::layout::{Mode, MARKER_CLEAN, MARKER_DIRTY, TOMBSTONE};
-use crate::{prefix_range_end, EtcdBackend};
+use crate::EtcdBackend;
 
 /// A reclaim changes nothing a reader can see: whatever became of a call
 /// whose answer was lost, trying again later is right.
@@ -101,44 +101,16 @@ impl EtcdBackend {
     /// revision)`, read page by page at one revision; `true` when the scan
     /// reached the end of the namespace.
     async fn find_tombstones(&self, max: usize) -> Result<(Vec<(Vec<u8>, i64)>, bool)> {
-        let start = self.etcd_key("");
-        let end = prefix_range_end(&start);
-        let page = (2 << 20) / (self.limits.max_value_bytes + 2048).max(1);
-        let page = page.clamp(16, 1000) as i64;
         let mut found = Vec::new();
-        let mut from = start;
-        let mut revision = 0;
-        loop {
-            let mut options = GetOptions::new().with_range(end.clone()).with_limit(page);
-            if revision > 0 {
-                options = options.with_revision(revision);
-            }
-            let mut kv = self.kv.clone();
-            let mut response = self
-                .call("reclaim", Call::Read, kv.get(from.clone(), Some(options)))
-                .await?;
-            if revision == 0 {
-                revision = response.header().map(|h| h.revision()).unwrap_or(0);
-            }
-            let more = response.more();
-            let kvs = response.take_kvs();
-            let last = kvs.last().map(|kv| kv.key().to_vec());
-            for kv in kvs {
+        let complete = self
+            .scan("", "reclaim", |kv| {
                 if kv.value() == TOMBSTONE {
                     found.push((kv.key().to_vec(), kv.mod_revision()));
-                    if found.len() >= max {
-                        return Ok((found, false));
-                    }
                 }
-            }
-            match last {
-                Some(mut last) if more => {
-                    last.push(0);
-                    from = last;
-                }
-                _ => return Ok((found, true)),
-            }
-        }
+                Ok(found.len() < max)
+            })
+            .await?;
+        Ok((found, complete))
     }
 
     /// Delete each tombstone that was not written since the scan (one txn;
