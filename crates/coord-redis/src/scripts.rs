@@ -20,16 +20,29 @@
 //!
 //! Replies start with a tag: `ok` / `applied` / `rejected` / `malformed`.
 
-/// Lua: is `v` a version this crate can have written? `HINCRBY` only makes
-/// canonical decimals (no sign, no leading zero) up to `i64::MAX`; a string
-/// of 19 digits compares like its number.
-macro_rules! valid_version_lua {
+/// Lua the scripts share: `valid_version(v)`, whether `v` is a version
+/// this crate can have written (`HINCRBY` only makes canonical decimals, no
+/// sign, no leading zero, up to `i64::MAX`; a string of 19 digits compares
+/// like its number), and `read_record(key)`, a record hash's version field
+/// and value, the version checked.
+macro_rules! record_lua {
     () => {
         r#"
 local function valid_version(v)
   if v == '0' then return true end
   if not string.match(v, '^[1-9]%d*$') then return false end
   return #v < 19 or (#v == 19 and v <= '9223372036854775807')
+end
+-- The version field and value of the record hash `key` (each nil when
+-- absent): `true, v, d`, or `false, <malformed reply>`.
+local function read_record(key)
+  local r = redis.pcall('HMGET', key, 'v', 'd')
+  if r['err'] then return false, {'malformed', key, r['err']} end
+  local v = r[1]
+  if v and not valid_version(v) then
+    return false, {'malformed', key, 'version field is not a decimal integer in 0..2^63'}
+  end
+  return true, v, r[2]
 end
 "#
     };
@@ -40,16 +53,12 @@ end
 /// missing or tombstone) and its value (nil when missing), or
 /// `malformed, <record key>, <reason>`.
 pub(crate) const SNAPSHOT: &str = concat!(
-    valid_version_lua!(),
+    record_lua!(),
     r#"
 local out = {'ok'}
 for i = 1, #KEYS do
-  local r = redis.pcall('HMGET', KEYS[i], 'v', 'd')
-  if r['err'] then return {'malformed', KEYS[i], r['err']} end
-  local v, d = r[1], r[2]
-  if v and not valid_version(v) then
-    return {'malformed', KEYS[i], 'version field is not a decimal integer in 0..2^63'}
-  end
+  local ok, v, d = read_record(KEYS[i])
+  if not ok then return v end
   if d then
     if not v then
       return {'malformed', KEYS[i], 'value without a version field'}
@@ -81,7 +90,7 @@ return out
 /// Reply: `applied`; or `rejected` then version/value pairs of the asserted
 /// keys (as in SNAPSHOT); or `malformed, <record key>, <reason>`.
 pub(crate) const TXN: &str = concat!(
-    valid_version_lua!(),
+    record_lua!(),
     r#"
 local plen = tonumber(ARGV[1])
 local nasserts = tonumber(ARGV[2])
@@ -92,12 +101,8 @@ local vis = {}
 local val = {}
 local raw = {}
 for i = 2, #KEYS - 2 do
-  local r = redis.pcall('HMGET', KEYS[i], 'v', 'd')
-  if r['err'] then return {'malformed', KEYS[i], r['err']} end
-  local v, d = r[1], r[2]
-  if v and not valid_version(v) then
-    return {'malformed', KEYS[i], 'version field is not a decimal integer in 0..2^63'}
-  end
+  local ok, v, d = read_record(KEYS[i])
+  if not ok then return v end
   raw[i] = v
   if d then
     if not v then return {'malformed', KEYS[i], 'value without a version field'} end
@@ -220,7 +225,7 @@ return r
 /// Reply: `ok`, the number removed, `1` if tombstones are left else `0`;
 /// or `malformed, <key>, <reason>`.
 pub(crate) const RECLAIM: &str = concat!(
-    valid_version_lua!(),
+    record_lua!(),
     r#"
 local plen = tonumber(ARGV[1])
 local floor = redis.pcall('GET', KEYS[2])
@@ -232,12 +237,8 @@ local gone = {}
 local stale = {}
 local top = floor or '0'
 for i = 3, #KEYS do
-  local r = redis.pcall('HMGET', KEYS[i], 'v', 'd')
-  if r['err'] then return {'malformed', KEYS[i], r['err']} end
-  local v, d = r[1], r[2]
-  if v and not valid_version(v) then
-    return {'malformed', KEYS[i], 'version field is not a decimal integer in 0..2^63'}
-  end
+  local ok, v, d = read_record(KEYS[i])
+  if not ok then return v end
   if v and not d then
     gone[#gone + 1] = KEYS[i]
     -- Canonical decimals: a longer one is larger; equal lengths compare as text.
