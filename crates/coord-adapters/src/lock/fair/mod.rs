@@ -143,19 +143,9 @@ impl FairLock {
     /// inspection only, never a basis for a decision. `Ok(None)`: never used.
     pub async fn status(&self, key: &str) -> Result<Option<FairLockStatus>, LockError> {
         validate_lock_input(key, Duration::from_millis(1))?;
-        let keys = self.both_keys(key);
-        let entries = self.space.engine().snapshot(&keys).await?;
-        if entries.iter().all(|e| e.value.is_none()) {
+        let Some((state, line)) = self.read_both(key).await? else {
             return Ok(None);
-        }
-        let value = |k: &str| {
-            entries
-                .iter()
-                .find(|e| e.key == k)
-                .and_then(|e| e.value.as_deref())
         };
-        let state: LockState = parse(&keys[0], value(&keys[0]))?;
-        let line: LineState = parse(&keys[1], value(&keys[1]))?;
         let now = self.space.now_millis();
         let mut tickets_status = Vec::new();
         let limit = self

@@ -205,6 +205,29 @@ impl FairLock {
         [self.state_key(key), self.line_key(key)]
     }
 
+    /// The lock state and the line of `key`, as one consistent read (one
+    /// snapshot). `None`: neither record exists.
+    pub(super) async fn read_both(
+        &self,
+        key: &str,
+    ) -> Result<Option<(LockState, LineState)>, Error> {
+        let keys = self.both_keys(key);
+        let entries = self.space.engine().snapshot(&keys).await?;
+        if entries.iter().all(|e| e.value.is_none()) {
+            return Ok(None);
+        }
+        let value = |k: &str| {
+            entries
+                .iter()
+                .find(|e| e.key == k)
+                .and_then(|e| e.value.as_deref())
+        };
+        Ok(Some((
+            parse(&keys[0], value(&keys[0]))?,
+            parse(&keys[1], value(&keys[1]))?,
+        )))
+    }
+
     /// The lock state and the line as `view` holds them.
     pub(super) fn decode(&self, view: &View, key: &str) -> Result<(LockState, LineState), Error> {
         let (state_key, line_key) = (self.state_key(key), self.line_key(key));

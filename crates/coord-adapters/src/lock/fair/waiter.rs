@@ -299,18 +299,9 @@ impl FairLock {
         ticket: &Ticket,
         ttl: Duration,
     ) -> Result<Attempt, LockError> {
-        let keys = self.both_keys(key);
         let sent = Instant::now();
         let now = self.space.now_millis();
-        let entries = self.space.engine().snapshot(&keys).await?;
-        let value = |k: &str| {
-            entries
-                .iter()
-                .find(|e| e.key == k)
-                .and_then(|e| e.value.as_deref())
-        };
-        let state: LockState = parse(&keys[0], value(&keys[0]))?;
-        let line: LineState = parse(&keys[1], value(&keys[1]))?;
+        let (state, line) = self.read_both(key).await?.unwrap_or_default();
         Ok(Self::judge(key, (&state, &line), ticket, ttl, now, sent))
     }
 
