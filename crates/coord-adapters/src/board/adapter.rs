@@ -129,10 +129,7 @@ impl BoardAdapter {
                 // dependency look at this task and leave it as it is.
                 let room = self
                     .space
-                    .engine()
-                    .backend()
-                    .limits()
-                    .max_keys_per_call
+                    .keys_per_call()
                     .saturating_sub(keys.len() + entries.len());
                 entries.extend(
                     record
@@ -210,15 +207,7 @@ impl BoardAdapter {
             More,
         }
         let key = self.task_key(id);
-        let per_txn = (self
-            .space
-            .engine()
-            .backend()
-            .limits()
-            .max_keys_per_call
-            .saturating_sub(2)
-            / 2)
-        .max(1);
+        let per_txn = (self.space.keys_per_call().saturating_sub(2) / 2).max(1);
         let prefix = self.dependents_prefix(id);
         loop {
             let waiting = self.space.engine().backend().keys(&prefix).await?;
@@ -302,7 +291,7 @@ impl BoardAdapter {
     /// the task and its dependencies): refuse a task the store could never
     /// add or claim, rather than storing half of it.
     fn check_fits(&self, spec: &TaskSpec) -> Result<(), BoardError> {
-        let max = self.space.engine().backend().limits().max_keys_per_call;
+        let max = self.space.keys_per_call();
         let count = 1 + 2 * spec.deps.len();
         if count > max {
             return Err(BoardError::Invalid(InvalidInput::TooManyKeys {
@@ -614,13 +603,7 @@ impl Board for BoardAdapter {
                 // entries go (nothing writes them again once it is completed).
                 // (A task stored before entries existed may list more
                 // dependencies than fit: it has no entries to delete.)
-                let budget = self
-                    .space
-                    .engine()
-                    .backend()
-                    .limits()
-                    .max_keys_per_call
-                    .saturating_sub(3);
+                let budget = self.space.keys_per_call().saturating_sub(3);
                 let mut unasserted: Vec<Mutation> = record
                     .deps
                     .iter()
@@ -670,13 +653,7 @@ impl Board for BoardAdapter {
     async fn list(&self) -> Result<Vec<Task>, BoardError> {
         let prefix = self.tasks_prefix();
         let keys = self.space.engine().backend().keys(&prefix).await?;
-        let per_call = self
-            .space
-            .engine()
-            .backend()
-            .limits()
-            .max_keys_per_call
-            .max(1);
+        let per_call = self.space.keys_per_call().max(1);
         let mut tasks = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(per_call) {
             let entries = self.space.engine().snapshot(chunk).await?;

@@ -104,6 +104,12 @@ impl RecordSpace {
         self.engine.backend()
     }
 
+    /// How many keys one store call may name (the backend's
+    /// `max_keys_per_call`).
+    pub fn keys_per_call(&self) -> usize {
+        self.engine.backend().limits().max_keys_per_call
+    }
+
     /// The clock leases are written and judged by.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock

@@ -148,13 +148,7 @@ impl FairLock {
         };
         let now = self.space.now_millis();
         let mut tickets_status = Vec::new();
-        let limit = self
-            .space
-            .engine()
-            .backend()
-            .limits()
-            .max_keys_per_call
-            .max(1);
+        let limit = self.space.keys_per_call().max(1);
         for chunk in waiting(&line, state.served).chunks(limit) {
             let keys: Vec<String> = chunk.iter().map(|w| self.ticket_key(key, w.seq)).collect();
             let tickets = self.space.engine().snapshot(&keys).await?;
