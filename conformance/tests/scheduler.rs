@@ -1044,7 +1044,7 @@ async fn add_job_refusals_are_typed() {
     assert!(matches!(
         a.scheduler
             .add_job(Job::new("no/slash", s.clone(), h.clone())),
-        Err(Error::Runs(RunError::InvalidJobName(_)))
+        Err(Error::InvalidJobName(_))
     ));
     let zero = JobOptions::default().lease_ttl(Duration::ZERO);
     assert!(matches!(

@@ -7,15 +7,23 @@ use coord_adapters::runs::RunError;
 /// Variants name what the caller does next: retry later or page someone,
 /// or stop acting as the owner of a run (both [`Error::Runs`], a call of
 /// the run store that failed: [`RunError`] says which), or fix the job or
-/// the call (everything else). Losing a claim is **not** an error: it is a
+/// the call (everything else). A caller's mistake is said one way whoever
+/// caught it: the run store's [`RunError::InvalidJobName`] and
+/// [`RunError::InvalidArgument`] arrive as [`Error::InvalidJobName`] and
+/// [`Error::InvalidArgument`]. Losing a claim is **not** an error: it is a
 /// [`crate::Claim`] with `won = false`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A run-store call failed: the store itself, a run this instance does
-    /// not own (any more), or a job name the store cannot key.
+    /// A run-store call failed at the store, or for a run this instance
+    /// does not own (any more).
     #[error(transparent)]
-    Runs(#[from] RunError),
+    Runs(RunError),
+
+    /// A job name the store cannot key safely (empty, too long, or with a
+    /// character outside `A-Z a-z 0-9 . _ : -`).
+    #[error("invalid job name {0:?}: use 1 to 128 characters of A-Z a-z 0-9 . _ : -")]
+    InvalidJobName(String),
 
     /// A schedule could not be understood.
     #[error("invalid schedule {schedule:?}: {reason}")]
@@ -68,6 +76,16 @@ pub enum Error {
     ShutDown,
 }
 
+impl From<RunError> for Error {
+    fn from(error: RunError) -> Self {
+        match error {
+            RunError::InvalidJobName(name) => Error::InvalidJobName(name),
+            RunError::InvalidArgument(reason) => Error::InvalidArgument(reason),
+            other => Error::Runs(other),
+        }
+    }
+}
+
 impl From<coord_backend::Error> for Error {
     fn from(error: coord_backend::Error) -> Self {
         Error::Runs(RunError::Store(error))
@@ -86,5 +104,28 @@ impl Error {
             Error::Runs(RunError::Store(error)) => Ok(error),
             other => Err(other),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_callers_mistake_is_said_one_way_whoever_caught_it() {
+        let from_store = |e: RunError| -> Error { e.into() };
+        assert!(matches!(
+            from_store(RunError::InvalidArgument("zero lease".into())),
+            Error::InvalidArgument(_)
+        ));
+        assert!(matches!(
+            from_store(RunError::InvalidJobName("a/b".into())),
+            Error::InvalidJobName(_)
+        ));
+        let not_owner = from_store(RunError::NotOwner {
+            job: "j".into(),
+            slot: 1,
+        });
+        assert!(not_owner.is_not_owner(), "{not_owner:?}");
     }
 }
