@@ -13,8 +13,11 @@
 //! 2. a cycle table, subjects interleaved round robin (cycles/s, store round trips per
 //!    cycle: counted from `GenericLock::stats()` for the generic lock, by
 //!    construction for the others), with the ratios the design targets;
-//! 3. a contention table: 32 tasks on one key for `COORD_CONTENTION_SECS`
-//!    (default 2) per subject, each waiting with `LockExt::lock_with`
+//! 3. a contention table: 32 tasks on one key, counted over
+//!    `COORD_CONTENTION_SECS` (default 2) per subject after a warm-up of a
+//!    quarter of that (all 32 start at once; the crowd settles in line
+//!    first), with the waiting calls still open at the end served, not
+//!    timed out (see `contend`), each waiting with `LockExt::lock_with`
 //!    (backoff 1 ms doubling to 16 ms); etcd's lock RPC waits on the server;
 //!    the fair lock (`FairLock`, FIFO tickets) waits in line with the
 //!    default `WaitOptions` (the release hands it over and wakes the next
@@ -630,6 +633,9 @@ struct ContentionRow {
     round_trips_per_acq: Option<f64>,
     /// Per acquisition: snapshots, txns, rejected txns (engine-counted subjects).
     stats_per_acq: Option<(f64, f64, f64)>,
+    /// Store round trips per acquisition over the whole run: the warm-up
+    /// (every task joining at once) and the drain included.
+    whole_run_round_trips_per_acq: Option<f64>,
     handover_p50: Option<Duration>,
     handover_p99: Option<Duration>,
 }
@@ -665,111 +671,172 @@ fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
 
 const TASKS: usize = 32;
 
+/// Reads one contending client's counters from outside its task: lock
+/// calls so far, and store round trips when they are counted.
+struct Meter {
+    calls: Arc<dyn Fn() -> u64 + Send + Sync>,
+    stats: Option<Arc<dyn Fn() -> CasStats + Send + Sync>>,
+}
+
+/// Every client's counters at one instant.
+type Reading = Vec<(u64, Option<CasStats>)>;
+
+fn read_meters(meters: &[Meter]) -> Reading {
+    meters
+        .iter()
+        .map(|m| ((m.calls)(), m.stats.as_ref().map(|f| f())))
+        .collect()
+}
+
+/// Lock calls and round trips between two readings, summed over the clients
+/// (`None` when the round trips of some client are not counted).
+fn between(from: &Reading, to: &Reading) -> (u64, Option<CasStats>) {
+    let calls = from.iter().zip(to).map(|(f, t)| t.0 - f.0).sum();
+    let stats = from
+        .iter()
+        .zip(to)
+        .try_fold(CasStats::default(), |sum, (f, t)| {
+            Some(add(sum, since(t.1?, f.1?)))
+        });
+    (calls, stats)
+}
+
+/// One contention run of `subject`: 32 tasks on one key. Every task starts
+/// at once; a warm-up of a quarter of `time` lets that first crowd settle
+/// in line, then a window of `time` is measured: the acquisitions made in
+/// it, and every client's lock calls and store round trips between its
+/// edges (read from outside the tasks, so a task that never acquires still
+/// counts its tries). When the window closes no task asks again, and a call
+/// already waiting is served (the line drains) rather than timed out, as
+/// etcd's Lock RPC is: 32 waiters giving up at the same instant would
+/// measure the give-up path, not contention. Whole-run figures (warm-up
+/// and drain included) are kept beside.
 async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
+    const DRAIN: Duration = Duration::from_secs(60);
     let key = format!("contended-{}", &mint_token()[..12]);
     let started = Instant::now();
-    let deadline = started + time;
-    // (acquisitions, lock calls, store round trips if counted)
+    let window_start = started + time / 4;
+    let deadline = window_start + time;
+    let in_window = move |now: Instant| now >= window_start && now < deadline;
     let mut tasks = Vec::new();
+    let mut meters = Vec::new();
     let handover = Arc::new(std::sync::Mutex::new(Handover::default()));
+    // Notes an acquisition: whether it falls in the window (then it is a
+    // hand-over sample too).
+    let acquired = move |handover: &std::sync::Mutex<Handover>| {
+        let counted = in_window(Instant::now());
+        if counted {
+            Handover::acquired(handover);
+            Handover::releasing(handover);
+        }
+        counted
+    };
     match &subject.kind {
         ContentionKind::Lock(make) => {
             let default_wait = subject.default_wait;
             for _ in 0..TASKS {
                 let client = make();
+                let counting = client.lock.clone();
+                meters.push(Meter {
+                    calls: Arc::new(move || counting.calls.load(Ordering::Relaxed)),
+                    stats: client.stats.clone(),
+                });
                 let key = key.clone();
                 let handover = handover.clone();
                 tasks.push(tokio::spawn(async move {
-                    let before = client.stats.as_ref().map(|f| f());
-                    let mut acquired = 0u64;
-                    loop {
-                        let now = Instant::now();
-                        if now >= deadline {
-                            break;
-                        }
+                    let (mut counted, mut all) = (0u64, 0u64);
+                    while Instant::now() < deadline {
+                        let wait = WaitOptions::with_timeout(deadline + DRAIN - Instant::now());
                         let wait = if default_wait {
-                            WaitOptions::with_timeout(deadline - now)
+                            wait
                         } else {
-                            WaitOptions::with_timeout(deadline - now)
-                                .with_backoff(Duration::from_millis(1), Duration::from_millis(16))
+                            wait.with_backoff(Duration::from_millis(1), Duration::from_millis(16))
                         };
-                        match client.lock.lock_with(&key, TTL, &wait).await {
-                            Ok(handle) => {
-                                Handover::acquired(&handover);
-                                acquired += 1;
-                                Handover::releasing(&handover);
-                                client.lock.release(handle).await.unwrap();
-                            }
-                            Err(LockError::Timeout { .. }) => break,
-                            Err(e) => panic!("{}: {e}", key),
-                        }
+                        let handle = client
+                            .lock
+                            .lock_with(&key, TTL, &wait)
+                            .await
+                            .unwrap_or_else(|e| panic!("{key}: {e}"));
+                        all += 1;
+                        counted += u64::from(acquired(&handover));
+                        client.lock.release(handle).await.unwrap();
                     }
-                    let calls = client.lock.calls.load(Ordering::Relaxed);
-                    let stats = client
-                        .stats
-                        .as_ref()
-                        .map(|f| since(f(), before.unwrap_or_default()));
-                    (acquired, calls, stats)
+                    (counted, all)
                 }));
             }
         }
         ContentionKind::EtcdRpc(client) => {
             for _ in 0..TASKS {
                 let mut client = (**client).clone();
+                let rpcs = Arc::new(AtomicU64::new(0));
+                let (calls, txns) = (rpcs.clone(), rpcs.clone());
+                // Lock and Unlock: one round trip each.
+                meters.push(Meter {
+                    calls: Arc::new(move || calls.load(Ordering::Relaxed)),
+                    stats: Some(Arc::new(move || CasStats {
+                        txns: txns.load(Ordering::Relaxed),
+                        ..CasStats::default()
+                    })),
+                });
                 let name = key.clone();
                 let handover = handover.clone();
                 tasks.push(tokio::spawn(async move {
                     // One lease per client: two lock calls under one lease
                     // would both "own" the same lock key.
-                    let lease = client.lease_grant(60, None).await.unwrap().id();
+                    let lease = client.lease_grant(3_600, None).await.unwrap().id();
                     let options = etcd_client::LockOptions::new().with_lease(lease);
-                    let mut acquired = 0u64;
+                    let (mut counted, mut all) = (0u64, 0u64);
                     while Instant::now() < deadline {
                         let held = client
                             .lock(name.as_bytes(), Some(options.clone()))
                             .await
                             .unwrap();
-                        Handover::acquired(&handover);
-                        acquired += 1;
-                        Handover::releasing(&handover);
+                        rpcs.fetch_add(1, Ordering::Relaxed);
+                        all += 1;
+                        counted += u64::from(acquired(&handover));
                         client.unlock(held.key().to_vec()).await.unwrap();
+                        rpcs.fetch_add(1, Ordering::Relaxed);
                     }
                     client.lease_revoke(lease).await.unwrap();
-                    let calls = CasStats {
-                        txns: acquired * 2,
-                        ..CasStats::default()
-                    };
-                    (acquired, acquired * 2, Some(calls))
+                    (counted, all)
                 }));
             }
         }
     }
-    let mut results = Vec::new();
+    let start_reading = read_meters(&meters);
+    tokio::time::sleep_until(window_start.into()).await;
+    let window_opened = read_meters(&meters);
+    tokio::time::sleep_until(deadline.into()).await;
+    let window_closed = read_meters(&meters);
+    let mut tallies = Vec::new();
     for task in tasks {
-        results.push(task.await.unwrap());
+        tallies.push(task.await.unwrap());
     }
-    let elapsed = started.elapsed();
-    let total: u64 = results.iter().map(|r| r.0).sum();
-    let calls: u64 = results.iter().map(|r| r.1).sum();
-    let stats: Option<CasStats> = results
-        .iter()
-        .map(|r| r.2)
-        .try_fold(CasStats::default(), |sum, s| Some(add(sum, s?)));
+    let end_reading = read_meters(&meters);
+    let total: u64 = tallies.iter().map(|t| t.0).sum();
+    let all_total: u64 = tallies.iter().map(|t| t.1).sum();
+    let (calls, stats) = between(&window_opened, &window_closed);
+    let (all_calls, all_stats) = between(&start_reading, &end_reading);
     let per = |n: u64| n as f64 / total.max(1) as f64;
     let mut samples = std::mem::take(&mut handover.lock().unwrap().samples);
     samples.sort_unstable();
+    // For the native Redis lock every call is one EVALSHA.
+    let native_redis = subject.name == "native RedisLock";
     ContentionRow {
         store: subject.store,
         name: subject.name,
-        per_sec: total as f64 / elapsed.as_secs_f64(),
-        max: results.iter().map(|r| r.0).max().unwrap_or(0),
-        min: results.iter().map(|r| r.0).min().unwrap_or(0),
+        per_sec: total as f64 / time.as_secs_f64(),
+        max: tallies.iter().map(|t| t.0).max().unwrap_or(0),
+        min: tallies.iter().map(|t| t.0).min().unwrap_or(0),
         calls_per_acq: per(calls),
-        // For the native Redis lock every call is one EVALSHA.
         stats_per_acq: stats.map(|s| (per(s.snapshots), per(s.txns), per(s.rejections))),
         round_trips_per_acq: stats
             .map(|s| per(s.round_trips()))
-            .or((subject.name == "native RedisLock").then(|| per(calls))),
+            .or(native_redis.then(|| per(calls))),
+        whole_run_round_trips_per_acq: all_stats
+            .map(|s| s.round_trips())
+            .or(native_redis.then_some(all_calls))
+            .map(|n| n as f64 / all_total.max(1) as f64),
         handover_p50: percentile(&samples, 0.5),
         handover_p99: percentile(&samples, 0.99),
     }
@@ -916,9 +983,11 @@ fn contention_table(rt: &tokio::runtime::Runtime, setup: &Setup, contention_time
         rows
     });
     println!(
-        "\ncontention: {TASKS} tasks on one key, {:.1} s per subject, waiting with backoff 1..16 ms \
+        "\ncontention: {TASKS} tasks on one key, counted over {:.1} s per subject after a warm-up of \
+         {:.1} s (waiting calls at the end are served, not timed out), waiting with backoff 1..16 ms \
          (etcd Lock RPC: the server queues waiters):",
-        contention_time.as_secs_f64()
+        contention_time.as_secs_f64(),
+        contention_time.as_secs_f64() / 4.0
     );
     println!(
         "| {:<9} | {:<34} | {:>10} | {:>8} | {:>8} | {:>7} | {:>14} | {:>21} | {:>11} | {:>11} |",
@@ -964,8 +1033,12 @@ fn contention_table(rt: &tokio::runtime::Runtime, setup: &Setup, contention_time
             row.stats_per_acq,
             row.name.starts_with("fair") || row.name.starts_with("generic"),
         ) {
+            let whole = row
+                .whole_run_round_trips_per_acq
+                .map_or("n/a".to_owned(), |r| format!("{r:.2}"));
             println!(
-                "  {:<9} {:<34} snapshots {snapshots:.2}, txns {txns:.2} (rejected {rejected:.2})",
+                "  {:<9} {:<34} snapshots {snapshots:.2}, txns {txns:.2} (rejected {rejected:.2}); \
+                 whole run (warm-up and drain included) {whole}",
                 row.store, row.name
             );
         }
