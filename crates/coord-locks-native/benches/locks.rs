@@ -681,6 +681,16 @@ struct Meter {
 /// Every client's counters at one instant.
 type Reading = Vec<(u64, Option<CasStats>)>;
 
+impl Meter {
+    fn of(client: &Client) -> Meter {
+        let counting = client.lock.clone();
+        Meter {
+            calls: Arc::new(move || counting.calls.load(Ordering::Relaxed)),
+            stats: client.stats.clone(),
+        }
+    }
+}
+
 fn read_meters(meters: &[Meter]) -> Reading {
     meters
         .iter()
@@ -736,11 +746,7 @@ async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
             let default_wait = subject.default_wait;
             for _ in 0..TASKS {
                 let client = make();
-                let counting = client.lock.clone();
-                meters.push(Meter {
-                    calls: Arc::new(move || counting.calls.load(Ordering::Relaxed)),
-                    stats: client.stats.clone(),
-                });
+                meters.push(Meter::of(&client));
                 let key = key.clone();
                 let handover = handover.clone();
                 tasks.push(tokio::spawn(async move {
@@ -840,6 +846,44 @@ async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
         handover_p50: percentile(&samples, 0.5),
         handover_p99: percentile(&samples, 0.99),
     }
+}
+
+/// A crowd: 32 clients of `subject` ask for a fresh key at the same
+/// instant, and each holds it once. Store round trips per acquisition, and
+/// how long until the last one had held it (`None`: not engine-counted).
+async fn crowd(subject: &ContentionSubject) -> Option<(f64, Duration)> {
+    let ContentionKind::Lock(make) = &subject.kind else {
+        return None;
+    };
+    let key = format!("crowd-{}", &mint_token()[..12]);
+    let clients: Vec<Client> = (0..TASKS).map(|_| make()).collect();
+    let meters: Vec<Meter> = clients.iter().map(Meter::of).collect();
+    let before = read_meters(&meters);
+    let gate = Arc::new(tokio::sync::Barrier::new(TASKS));
+    let started = Instant::now();
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|client| {
+            let (key, gate, default_wait) = (key.clone(), gate.clone(), subject.default_wait);
+            tokio::spawn(async move {
+                gate.wait().await;
+                let wait = WaitOptions::with_timeout(Duration::from_secs(60));
+                let wait = if default_wait {
+                    wait
+                } else {
+                    wait.with_backoff(Duration::from_millis(1), Duration::from_millis(16))
+                };
+                let handle = client.lock.lock_with(&key, TTL, &wait).await.unwrap();
+                client.lock.release(handle).await.unwrap();
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    let (_, stats) = between(&before, &read_meters(&meters));
+    stats.map(|s| (s.round_trips() as f64 / TASKS as f64, elapsed))
 }
 
 fn main() {
@@ -982,6 +1026,15 @@ fn contention_table(rt: &tokio::runtime::Runtime, setup: &Setup, contention_time
         }
         rows
     });
+    let crowds: Vec<_> = rt.block_on(async {
+        let mut crowds = Vec::new();
+        for subject in &setup.contention {
+            if let Some(crowd) = crowd(subject).await {
+                crowds.push((subject.store, subject.name, crowd));
+            }
+        }
+        crowds
+    });
     println!(
         "\ncontention: {TASKS} tasks on one key, counted over {:.1} s per subject after a warm-up of \
          {:.1} s (waiting calls at the end are served, not timed out), waiting with backoff 1..16 ms \
@@ -1042,5 +1095,16 @@ fn contention_table(rt: &tokio::runtime::Runtime, setup: &Setup, contention_time
                 row.store, row.name
             );
         }
+    }
+    println!(
+        "\ncrowd: {TASKS} clients ask for a fresh key at the same instant, each holds it once \
+         (engine-counted subjects):"
+    );
+    for (store, name, (round_trips, elapsed)) in &crowds {
+        println!(
+            "  {store:<9} {name:<34} store round trips per acquisition {round_trips:.2}, \
+             all served in {:.1} ms",
+            elapsed.as_secs_f64() * 1e3
+        );
     }
 }

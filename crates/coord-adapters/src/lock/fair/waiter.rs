@@ -14,6 +14,11 @@ use crate::lock::{LockError, LockHandle, WaitOptions};
 use crate::mint_token;
 use crate::wake::Wake;
 
+/// Tries of one round of joining through the line record alone: the first
+/// may carry a view gone stale during a pause, the others the values their
+/// rejection returned.
+const JOIN_TRIES: u32 = 3;
+
 /// A ticket this client holds while it waits.
 pub(super) struct Ticket {
     pub(super) seq: u64,
@@ -206,11 +211,13 @@ impl FairLock {
         let token = mint_token();
         let sent = Instant::now();
         let expires_ms = self.space.now_millis().saturating_add(whole_millis(ttl));
-        // No pause between tries: the holder's rejoin (fresh cache, one
-        // round trip) would win every race against a waiter that pauses.
+        // No pause between the tries of a round: each carries the values
+        // the rejection before it returned, so it loses only to a join
+        // landing in between; after a pause the holder's rejoin (fresh
+        // cache, one round trip) would win every race.
         self.space
             .engine()
-            .with_retries(self.space.engine().options().max_attempts, Duration::ZERO)
+            .with_retries(JOIN_TRIES, Duration::ZERO)
             .decide::<_, LockError, _>(std::slice::from_ref(&line_key), |view| {
                 let line: LineState = parse(&line_key, view.value(&line_key))?;
                 let (line, ticket) = Self::joined(&line, &token, ttl, expires_ms, sent);
@@ -224,9 +231,14 @@ impl FairLock {
             .await
     }
 
-    /// Join the line: the fast way, else the slow one; every txn rejected
-    /// on the slow way (other waiters joining; none applied) is retried
-    /// after a pause until the deadline, then [`LockError::Timeout`].
+    /// Join the line: the fast way, else the slow one, in rounds of
+    /// [`JOIN_TRIES`] tries without a pause. A round whose every try lost
+    /// (other waiters joining; none applied) is followed by a jittered pause
+    /// over a window that starts at the round's own length and doubles each
+    /// round, up to the longest pause of `wait`, until the deadline, then
+    /// [`LockError::Timeout`]. Only one joiner wins each
+    /// try, so a crowd arriving at once (a fleet starting) would otherwise
+    /// cost one rejected txn per joiner per winner: the pauses spread it out.
     pub(super) async fn join(
         &self,
         key: &str,
@@ -239,8 +251,9 @@ impl FairLock {
             other => return other,
         }
         let deadline = wait.deadline_from(started);
-        let mut refusals = 0u32;
+        let mut rounds = 0u32;
         loop {
+            let round_started = Instant::now();
             match self.join_slow(key, ttl).await {
                 Err(LockError::Store(Error::ConflictRetriesExhausted { .. })) => {
                     let now = Instant::now();
@@ -250,8 +263,15 @@ impl FairLock {
                             waited: now - started,
                         });
                     }
-                    refusals += 1;
-                    tokio::time::sleep_until((now + wait.pause(refusals)).min(deadline)).await;
+                    // A uniform draw over a window that starts at what a
+                    // round costs on this store and doubles each round: the
+                    // crowd spreads until about one joiner arrives per try.
+                    let window = (now - round_started)
+                        .saturating_mul(1 << rounds.min(16))
+                        .min(wait.pause(u32::MAX));
+                    rounds += 1;
+                    let pause = window.mul_f64(crate::jitter::unit());
+                    tokio::time::sleep_until((now + pause).min(deadline)).await;
                 }
                 other => return other.map(|ticket| Joined::Queued(ticket, Next::Look)),
             }
