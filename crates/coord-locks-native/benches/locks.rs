@@ -577,7 +577,29 @@ struct CycleRow {
     store: &'static str,
     name: &'static str,
     per_sec: f64,
+    /// Cycles per second in each round of the interleaving.
+    round_rates: Vec<f64>,
     round_trips: String,
+}
+
+/// The time ratio of `a` to `b` (b's rate over a's) round by round: the
+/// median and the range. A burst of load that hits one subject's slice
+/// moves one round, not the median.
+fn round_ratios(a: &CycleRow, b: &CycleRow) -> (f64, f64, f64) {
+    let mut ratios: Vec<f64> = a
+        .round_rates
+        .iter()
+        .zip(&b.round_rates)
+        .map(|(a, b)| b / a)
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    let n = ratios.len();
+    let median = if n % 2 == 1 {
+        ratios[n / 2]
+    } else {
+        (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0
+    };
+    (median, ratios[0], ratios[n - 1])
 }
 
 /// Measure every subject for `time` in total, interleaved in short slices
@@ -595,14 +617,19 @@ async fn measure_cycles(subjects: &[Subject], time: Duration) -> Vec<CycleRow> {
         .collect();
     let mut cycles = vec![0u64; subjects.len()];
     let mut spent = vec![Duration::ZERO; subjects.len()];
+    let mut round_rates = vec![Vec::new(); subjects.len()];
     for _ in 0..ROUNDS {
         for (i, subject) in subjects.iter().enumerate() {
             let started = Instant::now();
+            let mut done = 0u64;
             while started.elapsed() < slice {
                 (subject.cycle)().await;
-                cycles[i] += 1;
+                done += 1;
             }
-            spent[i] += started.elapsed();
+            let took = started.elapsed();
+            cycles[i] += done;
+            spent[i] += took;
+            round_rates[i].push(done as f64 / took.as_secs_f64());
         }
     }
     subjects
@@ -612,6 +639,7 @@ async fn measure_cycles(subjects: &[Subject], time: Duration) -> Vec<CycleRow> {
             store: subject.store,
             name: subject.name,
             per_sec: cycles[i] as f64 / spent[i].as_secs_f64(),
+            round_rates: std::mem::take(&mut round_rates[i]),
             round_trips: match &subject.round_trips {
                 RoundTrips::Counted(lock) => format!(
                     "{:.2} (counted)",
@@ -959,11 +987,18 @@ fn uncontended(rt: &tokio::runtime::Runtime, setup: &Setup, time: Duration) {
     let rate = |store: &str, name: &str| {
         rows.iter()
             .find(|r| r.store == store && r.name.starts_with(name))
-            .map(|r| r.per_sec)
     };
-    let ratio = |label: &str, a: Option<f64>, b: Option<f64>, target: &str| match (a, b) {
-        // Time ratio = inverse rate ratio.
-        (Some(a), Some(b)) => println!("{label}: {:.2}x   ({target})", b / a),
+    let ratio = |label: &str, a: Option<&CycleRow>, b: Option<&CycleRow>, target: &str| match (a, b)
+    {
+        // Time ratio = inverse rate ratio: over the whole run, and the
+        // median of the rounds with their range.
+        (Some(a), Some(b)) => {
+            let (median, low, high) = round_ratios(a, b);
+            println!(
+                "{label}: {:.2}x, median of rounds {median:.2}x (rounds {low:.2}-{high:.2})   ({target})",
+                b.per_sec / a.per_sec
+            )
+        }
         _ => println!("{label}: SKIPPED (store not configured)"),
     };
     println!();
