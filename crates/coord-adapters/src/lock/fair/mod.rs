@@ -355,6 +355,59 @@ mod tests {
         );
     }
 
+    /// A waiter whose join lost one race (it took the ticket after the one
+    /// its cache predicted) is woken by the watch it set on that next
+    /// ticket before joining: it reads once, when handed the lock. With a
+    /// fallback poll longer than the timeout, a lost wake-up times out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiter_one_ticket_behind_its_guess_is_woken_without_a_second_read() {
+        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("fl").unwrap());
+        let (holder, first, late) = (
+            FairLock::new(backend.clone()),
+            FairLock::new(backend.clone()),
+            FairLock::new(backend.clone()),
+        );
+        let ttl = Duration::from_secs(30);
+        let no_poll = WaitOptions::with_timeout(Duration::from_secs(20))
+            .with_backoff(Duration::from_secs(60), Duration::from_secs(60));
+        let held = holder.try_lock("k", ttl).await.unwrap().unwrap();
+        // `late` remembers the line while it is empty: it predicts ticket 1.
+        assert!(late.status("k").await.unwrap().unwrap().waiting.is_empty());
+        let first_waits = {
+            let (first, no_poll) = (first.clone(), no_poll.clone());
+            tokio::spawn(async move { first.wait_lock("k", ttl, &no_poll).await })
+        };
+        while holder
+            .status("k")
+            .await
+            .unwrap()
+            .unwrap()
+            .waiting
+            .is_empty()
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let reads_before = late.stats().snapshots;
+        let late_waits = {
+            let (late, no_poll) = (late.clone(), no_poll.clone());
+            tokio::spawn(async move { late.wait_lock("k", ttl, &no_poll).await })
+        };
+        while holder.status("k").await.unwrap().unwrap().waiting.len() < 2 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        holder.release(held).await.unwrap();
+        let first_held = first_waits.await.unwrap().unwrap();
+        first.release(first_held).await.unwrap();
+        let late_held = late_waits.await.unwrap().unwrap();
+        assert_eq!(late_held.fence(), 3);
+        assert_eq!(
+            late.stats().snapshots - reads_before,
+            1,
+            "one read: the one after the hand-over woke it"
+        );
+        late.release(late_held).await.unwrap();
+    }
+
     #[tokio::test]
     async fn more_dead_tickets_than_one_decision_reads_are_cleared_in_batches() {
         let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("fl").unwrap());

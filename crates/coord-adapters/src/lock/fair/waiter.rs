@@ -278,9 +278,12 @@ impl FairLock {
         }
     }
 
-    /// Watch, then join the line. The watch is on the ticket the cache
-    /// predicts, set up before joining so that a hand-over right after it
-    /// wakes this waiter; a wrong guess costs one more watch and one read.
+    /// Watch, then join the line. The watches are on the ticket the cache
+    /// predicts and the one after it (when another waiter's join lands
+    /// first), set up before joining so that a hand-over right after it
+    /// wakes this waiter; the unused one is dropped at once (a ticket key
+    /// is written only by its own waiter's renewals and by its removal). A
+    /// guess wrong by more costs one more watch and one read.
     pub(super) async fn join_line(
         &self,
         key: &str,
@@ -292,14 +295,23 @@ impl FairLock {
         loop {
             let predicted = self.predicted_seq(key);
             let wake = Wake::watch(backend, &self.ticket_key(key, predicted)).await;
+            let spare =
+                Wake::watch(backend, &self.ticket_key(key, predicted.saturating_add(1))).await;
             match self.join(key, ttl, wait, started).await? {
                 Joined::Granted(handle) => return Ok(Ok(handle)),
                 Joined::Cleaned => continue,
                 Joined::Queued(ticket, next) if ticket.seq == predicted => {
                     return Ok(Err(InLine { ticket, wake, next }))
                 }
+                Joined::Queued(ticket, next) if ticket.seq == predicted.saturating_add(1) => {
+                    return Ok(Err(InLine {
+                        ticket,
+                        wake: spare,
+                        next,
+                    }))
+                }
                 Joined::Queued(ticket, _) => {
-                    drop(wake);
+                    drop((wake, spare));
                     let wake = Wake::watch(backend, &self.ticket_key(key, ticket.seq)).await;
                     return Ok(Err(InLine {
                         ticket,
