@@ -780,12 +780,7 @@ async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
                 tasks.push(tokio::spawn(async move {
                     let (mut counted, mut all) = (0u64, 0u64);
                     while Instant::now() < deadline {
-                        let wait = WaitOptions::with_timeout(deadline + DRAIN - Instant::now());
-                        let wait = if default_wait {
-                            wait
-                        } else {
-                            wait.with_backoff(Duration::from_millis(1), Duration::from_millis(16))
-                        };
+                        let wait = waiting(default_wait, deadline + DRAIN - Instant::now());
                         let handle = client
                             .lock
                             .lock_with(&key, TTL, &wait)
@@ -876,6 +871,18 @@ async fn contend(subject: &ContentionSubject, time: Duration) -> ContentionRow {
     }
 }
 
+/// How a contending client waits, for at most `timeout`: with the default
+/// `WaitOptions` (the fair lock: hand-over wakes it, the backoff only paces
+/// its fallback poll), or retrying with a 1..16 ms backoff.
+fn waiting(default_wait: bool, timeout: Duration) -> WaitOptions {
+    let wait = WaitOptions::with_timeout(timeout);
+    if default_wait {
+        wait
+    } else {
+        wait.with_backoff(Duration::from_millis(1), Duration::from_millis(16))
+    }
+}
+
 /// A crowd: 32 clients of `subject` ask for a fresh key at the same
 /// instant, and each holds it once. Store round trips per acquisition, and
 /// how long until the last one had held it (`None`: not engine-counted).
@@ -895,12 +902,7 @@ async fn crowd(subject: &ContentionSubject) -> Option<(f64, Duration)> {
             let (key, gate, default_wait) = (key.clone(), gate.clone(), subject.default_wait);
             tokio::spawn(async move {
                 gate.wait().await;
-                let wait = WaitOptions::with_timeout(Duration::from_secs(60));
-                let wait = if default_wait {
-                    wait
-                } else {
-                    wait.with_backoff(Duration::from_millis(1), Duration::from_millis(16))
-                };
+                let wait = waiting(default_wait, Duration::from_secs(60));
                 let handle = client.lock.lock_with(&key, TTL, &wait).await.unwrap();
                 client.lock.release(handle).await.unwrap();
             })

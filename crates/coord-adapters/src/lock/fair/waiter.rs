@@ -236,9 +236,9 @@ impl FairLock {
     /// (other waiters joining; none applied) is followed by a jittered pause
     /// over a window that starts at the round's own length and doubles each
     /// round, up to the longest pause of `wait`, until the deadline, then
-    /// [`LockError::Timeout`]. Only one joiner wins each
-    /// try, so a crowd arriving at once (a fleet starting) would otherwise
-    /// cost one rejected txn per joiner per winner: the pauses spread it out.
+    /// [`LockError::Timeout`]. Only one joiner wins each try, so a crowd
+    /// arriving at once (a fleet starting) would otherwise cost one rejected
+    /// txn per joiner per winner: the pauses spread it out.
     pub(super) async fn join(
         &self,
         key: &str,
