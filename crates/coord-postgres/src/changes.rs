@@ -20,23 +20,29 @@
 //!   registered again within [`IDLE_CHECK`]. If reconnecting
 //!   fails, the watches fail and their waiters fall back to polling. An r2
 //!   `coord_txn` installed by an older client sends nothing.
-//! - **Only while watched** (schema r7). A listener holds a lease on its
+//! - **Only while watched** (schema r7, r8). A listener holds a lease on its
 //!   namespace in the unlogged table `coord_watch` ([`LEASE`], renewed every
-//!   [`RENEW_EVERY`]), and `coord_notify` calls `pg_notify` only while a
-//!   lease is live. The check runs under a shared advisory lock on the
-//!   namespace's watch key, held until the writer commits; a new listener
-//!   commits its lease, then takes that lock exclusively once before its
-//!   first watch returns. A writer that checked before the lease was
-//!   visible has committed by then (the watch owes it nothing), and every
-//!   later one sees the lease: a change committed after `watch` returned is
-//!   notified. A lease that lapsed (renewals failed or came late) loses
-//!   notifications like a reconnect does: once renewed, every watch is woken;
-//!   a renewal that fails after the lease ran out ends the listener, and its
-//!   watches fail (their waiters poll). Leases are judged by the server's
-//!   clock alone; a server clock stepped forward past a lease loses
-//!   notifications until the next renewal (latency, never correctness).
-//! - **Cost.** For an unwatched namespace, a shared advisory lock and one
-//!   primary-key lookup per writing txn. While watched, one `pg_notify` per
+//!   [`RENEW_EVERY`]), and writers call `pg_notify` only while a lease is
+//!   live. A writer's check is a statement that reads `coord_watch`: it
+//!   takes `ACCESS SHARE` on the table before its snapshot and holds it
+//!   until commit. A new listener commits its lease, lists the transactions
+//!   holding that lock (`pg_locks`, fast-path locks included), and waits
+//!   until each has ended before its first watch returns. A writer whose
+//!   check did not see the lease took the lock before the lease was
+//!   committed, so it is on that list: it has committed by then (the watch
+//!   owes it nothing), and every later one sees the lease: a change
+//!   committed after `watch` returned is notified. The listener blocks
+//!   nobody while it waits (no lock is requested), so writers never queue
+//!   behind a registration. A lease that lapsed (renewals failed or came
+//!   late) loses notifications like a reconnect does: once renewed, every
+//!   watch is woken; a renewal that fails after the lease ran out ends the
+//!   listener, and its watches fail (their waiters poll). Leases are judged
+//!   by the server's clock alone; a server clock stepped forward past a
+//!   lease loses notifications until the next renewal (latency, never
+//!   correctness).
+//! - **Cost.** For an unwatched namespace, one primary-key lookup in
+//!   `coord_watch` per writing txn, inlined in the single-key statements
+//!   (no PL/pgSQL call). While watched, one `pg_notify` per
 //!   writing txn (unless the client set
 //!   `PostgresOptions::with_notify_changes(false)`): PostgreSQL serialises
 //!   the commits of notifying transactions on one global lock (the
@@ -95,16 +101,61 @@ async fn renew_lease(store: &PgPool, namespace: &str) -> Result<Instant> {
     Ok(sent + LEASE - LEASE_MARGIN)
 }
 
-/// Waits for every writer that may have checked for a lease before this
-/// client's was committed (see the module docs): they hold the namespace's
-/// watch lock shared until they commit.
-async fn wait_out_unwatched_writers(store: &PgPool, namespace: &str) -> Result<()> {
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('coord_watch/' || $1, 0))")
-        .bind(namespace)
-        .execute(store)
+/// How long a new listener waits for the writers that may have missed its
+/// lease before its watch fails (and its waiters poll). A coord write is one
+/// statement, so only a stuck server holds one that long.
+const WRITERS_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits until every transaction that held `ACCESS SHARE` on `coord_watch`
+/// when this client's lease was already committed has ended (see the module
+/// docs): each writer that checked for a lease without seeing it holds that
+/// lock from before its check until it commits. Nobody waits on this
+/// listener, so no writer is held up while it waits.
+async fn wait_out_unwatched_writers(store: &PgPool) -> Result<()> {
+    let unavailable =
+        |e: sqlx::Error| Error::unavailable("PostgreSQL: starting a change listener".to_owned(), e);
+    // `pg_locks` lists fast-path locks too; a lock granted before the query
+    // began is in it unless released.
+    let holders: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT virtualtransaction FROM pg_locks \
+          WHERE locktype = 'relation' AND relation = to_regclass('coord_watch') \
+            AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+            AND mode = 'AccessShareLock' AND granted AND pid <> pg_backend_pid()",
+    )
+    .fetch_all(store)
+    .await
+    .map_err(unavailable)?;
+    if holders.is_empty() {
+        return Ok(());
+    }
+    let deadline = Instant::now() + WRITERS_WAIT;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        // A virtual transaction id is never reused: once it holds no lock on
+        // `coord_watch`, that transaction has ended.
+        let left: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks \
+              WHERE locktype = 'relation' AND relation = to_regclass('coord_watch') \
+                AND virtualtransaction = ANY($1))",
+        )
+        .bind(&holders)
+        .fetch_one(store)
         .await
-        .map(|_| ())
-        .map_err(|e| Error::unavailable("PostgreSQL: starting a change listener".to_owned(), e))
+        .map_err(unavailable)?;
+        if !left {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Unavailable {
+                message: format!(
+                    "PostgreSQL: starting a change listener: a writer stayed in flight for {WRITERS_WAIT:?}"
+                ),
+                source: None,
+            });
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
 }
 
 impl Listener {
@@ -124,7 +175,7 @@ impl Listener {
             // The lease may have lapsed: writers may have skipped their
             // notifications meanwhile. Register again, as a new listener does.
             let until = renew_lease(store, namespace).await?;
-            wait_out_unwatched_writers(store, namespace).await?;
+            wait_out_unwatched_writers(store).await?;
             *live.lease_holds_until.lock().expect("lease poisoned") = until;
             live.feed.publish(Changed::Anything);
             return Ok(live.feed.watch(prefix));
@@ -147,7 +198,7 @@ impl Listener {
         // Listening first: a writer that sees the lease notifies a channel
         // this connection already receives.
         let until = renew_lease(store, namespace).await?;
-        wait_out_unwatched_writers(store, namespace).await?;
+        wait_out_unwatched_writers(store).await?;
         let feed = ChangeFeed::new();
         let watch = feed.watch(prefix);
         let lease_holds_until = Arc::new(std::sync::Mutex::new(until));
@@ -203,10 +254,7 @@ impl Lease {
                 if lapsed {
                     // Writers may have skipped notifications meanwhile: wait
                     // them out, then wake everyone (as after a reconnect).
-                    if wait_out_unwatched_writers(&self.store, &self.namespace)
-                        .await
-                        .is_err()
-                    {
+                    if wait_out_unwatched_writers(&self.store).await.is_err() {
                         return false;
                     }
                     feed.publish(Changed::Anything);

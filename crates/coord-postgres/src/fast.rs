@@ -45,13 +45,22 @@ macro_rules! key_lock_cte {
     };
 }
 
-/// The end of both statements: the written row's version, after
-/// `coord_notify` (schema.rs) woke the namespace's watchers. The filter is
-/// volatile, so PostgreSQL calls it once per written row, never when nothing
-/// was written.
+/// The end of both statements: the written row's version, after the
+/// namespace's watchers were woken, the check of `coord_notify` (schema.rs)
+/// inlined: a PL/pgSQL call only while a listener's lease is live. The
+/// filter is evaluated once per written row, never when nothing was written;
+/// `CASE` keeps its order. The statement takes `ACCESS SHARE` on
+/// `coord_watch` when it is bound, before its snapshot, and holds it until
+/// commit: a new listener waits for it (changes.rs), so a writer whose
+/// snapshot predates the lease has committed before that listener's first
+/// watch returns.
 macro_rules! notify_written {
     () => {
-        "SELECT w.version FROM w WHERE coord_notify($1::text, ARRAY[$2::text])"
+        "SELECT w.version FROM w WHERE CASE \
+           WHEN coalesce(current_setting('coord.notify', true), '') = 'off' THEN true \
+           WHEN NOT EXISTS (SELECT 1 FROM coord_watch \
+                             WHERE ns = $1 AND until > clock_timestamp()) THEN true \
+           ELSE coord_notify_send($1::text, ARRAY[$2::text]) END"
     };
 }
 

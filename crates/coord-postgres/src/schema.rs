@@ -56,7 +56,18 @@ const SCHEMA_LOCK: i64 = 0x636f_6f72_645f_7631;
 /// is installed its waiters get no notification and poll (latency, not
 /// correctness); an older client reinstalling its revision notifies always.
 /// Upgrade every client.
-pub(crate) const SCHEMA_TAG: &str = "coord schema r7";
+///
+/// r8: the check for a lease takes no advisory lock. What orders a writer's
+/// check against a new listener is the `ACCESS SHARE` lock every statement
+/// that reads `coord_watch` takes before its snapshot and holds until
+/// commit: a new listener, having committed its lease, waits until every
+/// transaction that held that lock at that moment has ended (`changes.rs`).
+/// The single-key statements check inline (no PL/pgSQL call while nobody
+/// watches) and call `coord_notify_send` only while a lease is live;
+/// `coord_notify` keeps its signature for r7 clients. An r7 listener waits
+/// on the advisory lock, which r8 writers no longer take, so its first
+/// wake-ups may be late (latency, not correctness). Upgrade every client.
+pub(crate) const SCHEMA_TAG: &str = "coord schema r8";
 
 /// The full signature of the txn function (for `to_regprocedure`).
 const TXN_SIGNATURE: &str = "coord_txn(text,text[],bigint[],text[],bytea[],text[])";
@@ -167,35 +178,41 @@ CREATE UNLOGGED TABLE IF NOT EXISTS coord_watch (
 -- coord_txn and by the single-key statements (fast.rs), only while a
 -- listener's lease on the namespace is live: NOTIFY serialises the commits
 -- of notifying transactions on one global lock, which an unwatched
--- namespace need not pay. The check holds a shared advisory lock on the
--- namespace's watch key until commit; a new listener, having committed its
--- lease, takes that lock exclusively once before its watch returns, so
--- every writer that checked before the lease was visible has committed by
--- then, and every later one sees the lease. NOTIFY is delivered only when
--- the transaction commits. The payload lists the keys, one per line; when a
--- key holds a newline or the list would pass NOTIFY's 8000-byte limit it is
--- empty ("anything may have changed"). Sessions whose client turned
--- notifications off (setting `coord.notify`, PostgresOptions::notify_changes)
--- skip all of it. Always true, so a statement can call it in a WHERE clause.
-CREATE OR REPLACE FUNCTION coord_notify(p_ns text, p_keys text[]) RETURNS boolean
+-- namespace need not pay. NOTIFY is delivered only when the transaction
+-- commits. The payload lists the keys, one per line; when a key holds a
+-- newline or the list would pass NOTIFY's 8000-byte limit it is empty
+-- ("anything may have changed"). Always true, so a statement can call it in
+-- a WHERE clause. No check: the caller found a live lease.
+CREATE OR REPLACE FUNCTION coord_notify_send(p_ns text, p_keys text[]) RETURNS boolean
 LANGUAGE plpgsql AS $fn$
 DECLARE
     payload text;
 BEGIN
+    payload := array_to_string(p_keys, E'\n');
+    IF octet_length(payload) > 7000
+       OR EXISTS (SELECT 1 FROM unnest(p_keys) AS w WHERE strpos(w, E'\n') > 0) THEN
+        payload := '';
+    END IF;
+    PERFORM pg_notify('coord_' || md5(p_ns), payload);
+    RETURN true;
+END
+$fn$;
+
+-- The check, then coord_notify_send. Sessions whose client turned
+-- notifications off (setting `coord.notify`,
+-- PostgresOptions::notify_changes) skip it. The lookup is a statement of its
+-- own: it takes ACCESS SHARE on coord_watch before its snapshot and holds it
+-- until commit, and a new listener, having committed its lease, waits for
+-- every transaction holding that lock (changes.rs): a writer that did not
+-- see the lease has committed before the listener's watch returns.
+CREATE OR REPLACE FUNCTION coord_notify(p_ns text, p_keys text[]) RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+BEGIN
     IF cardinality(p_keys) > 0
-       AND coalesce(current_setting('coord.notify', true), '') <> 'off' THEN
-        PERFORM pg_advisory_xact_lock_shared(hashtextextended('coord_watch/' || p_ns, 0));
-        -- A statement of its own: its snapshot is taken under the lock.
-        IF NOT EXISTS (SELECT 1 FROM coord_watch
-                        WHERE ns = p_ns AND until > clock_timestamp()) THEN
-            RETURN true;
-        END IF;
-        payload := array_to_string(p_keys, E'\n');
-        IF octet_length(payload) > 7000
-           OR EXISTS (SELECT 1 FROM unnest(p_keys) AS w WHERE strpos(w, E'\n') > 0) THEN
-            payload := '';
-        END IF;
-        PERFORM pg_notify('coord_' || md5(p_ns), payload);
+       AND coalesce(current_setting('coord.notify', true), '') <> 'off'
+       AND EXISTS (SELECT 1 FROM coord_watch
+                    WHERE ns = p_ns AND until > clock_timestamp()) THEN
+        PERFORM coord_notify_send(p_ns, p_keys);
     END IF;
     RETURN true;
 END
@@ -282,7 +299,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION coord_txn(text, text[], bigint[], text[], bytea[], text[]) IS 'coord schema r7';
+COMMENT ON FUNCTION coord_txn(text, text[], bigint[], text[], bytea[], text[]) IS 'coord schema r8';
 "#;
 
 /// Create the table and the function unless this revision is already installed.

@@ -1328,6 +1328,70 @@ async fn a_first_watch_waits_for_writers_that_missed_its_lease() {
     }
 }
 
+/// The same for the single-key statement, whose check is inlined: a writer
+/// whose snapshot was taken before the first watch's lease (it then waits
+/// for the key's lock, held here by another transaction) will not notify;
+/// the watch waits for it, or is woken by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_watch_waits_for_single_key_writers_that_missed_its_lease() {
+    let Some(base) = base_url() else { return };
+    let namespace = unique_namespace("pg_notify_barrier_fast");
+    let watcher = connect(&base, &namespace, PostgresOptions::default()).await;
+    let writer = connect(&base, &namespace, PostgresOptions::default()).await;
+    let mut blocker = admin(&base).await;
+    sqlx::query("BEGIN").execute(&mut blocker).await.unwrap();
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock((h >> 32)::int4, ((h & 4294967295) - 2147483648)::int4) \
+           FROM (SELECT hashtextextended($1 || '/' || 'k/1', 0) AS h) AS x",
+    )
+    .bind(&namespace)
+    .execute(&mut blocker)
+    .await
+    .unwrap();
+    let blocker_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut blocker)
+        .await
+        .unwrap();
+    let writing = tokio::spawn(async move {
+        writer
+            .txn(
+                &[Assert::missing("k/1")],
+                &[Mutation::put("k/1", b"1".to_vec())],
+            )
+            .await
+    });
+    // The writer has bound its statement and taken its snapshot once it waits for the key.
+    let mut probe = admin(&base).await;
+    while !sqlx::query_scalar::<_, bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)))",
+    )
+    .bind(blocker_pid)
+    .fetch_one(&mut probe)
+    .await
+    .unwrap()
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let watching = tokio::spawn(async move {
+        let watch = watcher.changes().unwrap().watch("k/").await.unwrap();
+        (watcher, watch)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let returned_before_commit = watching.is_finished();
+    sqlx::query("COMMIT").execute(&mut blocker).await.unwrap();
+    assert!(writing.await.unwrap().unwrap().applied);
+    let (_watcher, mut watch) = watching.await.unwrap();
+    if returned_before_commit {
+        let woken =
+            tokio::time::timeout(coord_conformance::changes::WAKE_BOUND, watch.changed()).await;
+        assert!(
+            matches!(woken, Ok(Ok(()))),
+            "the watch returned while a single-key writer that missed its lease was still open, \
+             and that writer's commit woke nobody"
+        );
+    }
+}
+
 /// The listening connection killed and its lease gone (what a server
 /// restart does: crash recovery empties `coord_watch`): the listener
 /// reconnects, registers its lease again, and writes notify again.
