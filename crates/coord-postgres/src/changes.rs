@@ -103,7 +103,8 @@ async fn renew_lease(store: &PgPool, namespace: &str) -> Result<Instant> {
 
 /// How long a new listener waits for the writers that may have missed its
 /// lease before its watch fails (and its waiters poll). A coord write is one
-/// statement, so only a stuck server holds one that long.
+/// statement: only a stuck one, or a session left open in a transaction that
+/// read `coord_watch`, is still on the list that long.
 const WRITERS_WAIT: Duration = Duration::from_secs(5);
 
 /// Waits until every transaction that held `ACCESS SHARE` on `coord_watch`

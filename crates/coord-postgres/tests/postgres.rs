@@ -1315,6 +1315,61 @@ async fn a_first_watch_waits_for_writers_that_missed_its_lease() {
     .await;
 }
 
+/// A first watch waiting for a writer that missed its lease holds up no
+/// other writer: the listener requests no lock, so nobody queues behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_first_watch_holds_up_no_writer() {
+    let Some(base) = base_url() else { return };
+    let namespace = unique_namespace("pg_notify_no_queue");
+    let watcher = connect(&base, &namespace, PostgresOptions::default()).await;
+    let writer = connect(&base, &namespace, PostgresOptions::default()).await;
+    let mut open_writer = admin(&base).await;
+    sqlx::query("BEGIN")
+        .execute(&mut open_writer)
+        .await
+        .unwrap();
+    let answered: bool = sqlx::query_scalar("SELECT coord_notify($1, ARRAY['k/1'])")
+        .bind(&namespace)
+        .fetch_one(&mut open_writer)
+        .await
+        .unwrap();
+    assert!(answered);
+    let watching = tokio::spawn(async move {
+        let watch = watcher.changes().unwrap().watch("k/").await.unwrap();
+        (watcher, watch)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Written while the watch still waits for the open writer.
+    // One through `coord_txn`, one through the single-key statement.
+    let written = tokio::time::timeout(Duration::from_secs(3), async {
+        let multi = writer
+            .txn(&[], &[Mutation::put("k/2", b"2".to_vec())])
+            .await?;
+        let single = writer
+            .txn(
+                &[Assert::missing("k/3")],
+                &[Mutation::put("k/3", b"3".to_vec())],
+            )
+            .await?;
+        Ok::<_, Error>(multi.applied && single.applied)
+    })
+    .await;
+    let still_waiting = !watching.is_finished();
+    sqlx::query("COMMIT")
+        .execute(&mut open_writer)
+        .await
+        .unwrap();
+    let (_watcher, _watch) = watching.await.unwrap();
+    assert!(
+        matches!(written, Ok(Ok(true))),
+        "a writer queued behind a first watch that waits for another writer: {written:?}"
+    );
+    assert!(
+        still_waiting,
+        "the watch returned while a writer that missed its lease was open"
+    );
+}
+
 /// Starts `watcher`'s first watch (on `k/`) while a writer that missed its
 /// lease is still open, gives it 500 ms, then lets the writer commit
 /// (`commit`): a watch that had returned by then must be woken by that
