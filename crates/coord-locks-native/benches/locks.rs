@@ -606,16 +606,10 @@ fn round_ratios(a: &CycleRow, b: &CycleRow) -> (f64, f64, f64) {
     (median, ratios[0], ratios[n - 1])
 }
 
-/// Measure every subject for `time` in total, interleaved in short slices
-/// (round robin), so that load from other processes on the machine hits all
-/// subjects alike and the ratios stay meaningful on a busy host.
 /// The subjects' indices in the order round `round` runs them: store by
 /// store, as listed, but each store's subjects rotated by one per round, so
-/// each is first on its store (after the other stores' slices left its
-/// connections idle) as often as the others. A fixed order put the generic
-/// lock first every round and billed it the first calls after the idle gap:
-/// on etcd 1.25x the raw txn pair in the table, 1.03-1.10x in a probe that
-/// ran the two alone.
+/// each is first on its store (right after the other stores' slices) as
+/// often as the others, and none always follows the same neighbour.
 fn round_order(subjects: &[Subject], round: usize) -> Vec<usize> {
     let mut order = Vec::with_capacity(subjects.len());
     let mut start = 0;
@@ -631,6 +625,9 @@ fn round_order(subjects: &[Subject], round: usize) -> Vec<usize> {
     order
 }
 
+/// Measure every subject for `time` in total, interleaved in short slices
+/// (round robin), so that load from other processes on the machine hits all
+/// subjects alike and the ratios stay meaningful on a busy host.
 async fn measure_cycles(subjects: &[Subject], time: Duration) -> Vec<CycleRow> {
     const ROUNDS: u32 = 20;
     let slice = time / ROUNDS;
