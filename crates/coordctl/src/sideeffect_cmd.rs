@@ -124,7 +124,7 @@ pub(crate) async fn inspect(args: InspectArgs) -> Result<ExitCode, Error> {
     };
     let view = InspectView {
         keys,
-        resources: resources.resources,
+        resources: resources.rows,
     };
     if args.json {
         views::print_json(&view)?;

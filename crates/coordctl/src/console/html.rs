@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use crate::cron::fmt_time;
 use crate::views::{
-    ElectionsView, FairLocksView, JobsView, LocksView, ResourcesView, RunView, RunsView,
+    ElectionsView, FairLocksView, JobsView, LockView, LocksView, ResourcesView, RunView, RunsView,
     RwLocksView, SemaphoresView, SideEffectsView, TasksView, UncertainKind,
 };
 
@@ -123,10 +123,11 @@ pub(crate) fn error_body(message: &str) -> String {
     format!("<p class=\"note\">{}</p>", esc(message))
 }
 
-fn more_link(path: &str, param: &str, next_after: Option<&str>, extra: &str) -> String {
+/// The link to the page after the one shown (`param` is its cursor), keeping `limit`.
+fn more_link(path: &str, param: &str, next_after: Option<&str>, limit: usize) -> String {
     match next_after {
         Some(after) => format!(
-            "<p class=\"more\"><a href=\"{path}?{param}={}{extra}\">more…</a> \
+            "<p class=\"more\"><a href=\"{path}?{param}={}&amp;limit={limit}\">more…</a> \
 <span class=\"dim\">(this list is bounded; the link shows the next names)</span></p>",
             esc(&query_value(after)),
         ),
@@ -144,6 +145,28 @@ fn state_badge(state: &str) -> String {
     format!("<span class=\"badge {class}\">{}</span>", esc(state))
 }
 
+/// A lock's key, fence, state and lease cells (`GenericLock` and `FairLock` rows).
+fn lock_cells(lock: &LockView, now_ms: u64) -> String {
+    format!(
+        "<td class=\"key\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td>",
+        esc(&lock.key),
+        lock.fence,
+        state_badge(lock.state),
+        when(lock.lease_expires_ms, now_ms)
+    )
+}
+
+/// One `<div>` per holder (`line` renders its text), or `-` when there is none.
+fn holder_list<H>(holders: &[H], line: impl Fn(&H) -> String) -> String {
+    if holders.is_empty() {
+        return "-".into();
+    }
+    holders
+        .iter()
+        .map(|h| format!("<div>{}</div>", line(h)))
+        .collect()
+}
+
 /// The overview's cards.
 pub(crate) fn overview(
     locks: &LocksView,
@@ -152,9 +175,9 @@ pub(crate) fn overview(
     jobs: &JobsView,
 ) -> String {
     let plus = |t: bool| if t { "+" } else { "" };
-    let held = locks.locks.iter().filter(|l| l.state == "held").count();
-    let claimed = tasks.tasks.iter().filter(|t| t.state == "claimed").count();
-    let running: usize = jobs.jobs.iter().map(|j| j.active.len()).sum();
+    let held = locks.rows.iter().filter(|l| l.state == "held").count();
+    let claimed = tasks.rows.iter().filter(|t| t.state == "claimed").count();
+    let running: usize = jobs.rows.iter().map(|j| j.active.len()).sum();
     format!(
         "<div class=\"cards\">\
 <div class=\"card\"><a href=\"/locks\"><b>{held}{}</b>locks held</a></div>\
@@ -164,11 +187,11 @@ pub(crate) fn overview(
 <p class=\"note\">Each card counts the first page of records only (a “+” means there are more). \
 Every page has its JSON twin under <code>/api/</code>.</p>",
         plus(locks.listing.truncated),
-        tasks.tasks.len(),
+        tasks.rows.len(),
         plus(tasks.listing.truncated),
         effects.uncertain.len(),
         plus(effects.truncated),
-        jobs.jobs.len(),
+        jobs.rows.len(),
         plus(jobs.listing.truncated),
     )
 }
@@ -227,17 +250,9 @@ pub(crate) fn locks(views: &LockViews<'_>, limit: usize) -> String {
     } = views;
     let mut out = String::new();
     let rows: Vec<String> = locks
-        .locks
+        .rows
         .iter()
-        .map(|l| {
-            format!(
-                "<tr><td class=\"key\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
-                esc(&l.key),
-                l.fence,
-                state_badge(l.state),
-                when(l.lease_expires_ms, locks.listing.now_ms)
-            )
-        })
+        .map(|l| format!("<tr>{}</tr>", lock_cells(l, locks.listing.now_ms)))
         .collect();
     Section {
         title: "Locks",
@@ -250,13 +265,13 @@ The fence survives release; a free record keeps it for the next holder.",
             "/locks",
             "after",
             locks.listing.next_after.as_deref(),
-            &format!("&amp;limit={limit}"),
+            limit,
         ),
     }
     .render(&mut out, &rows);
 
     let rows: Vec<String> = resources
-        .resources
+        .rows
         .iter()
         .map(|r| {
             format!(
@@ -286,23 +301,19 @@ the highest fence issued on each resource and the idempotency key holding it.",
             "/locks",
             "res_after",
             resources.listing.next_after.as_deref(),
-            &format!("&amp;limit={limit}"),
+            limit,
         ),
     }
     .render(&mut out, &rows);
 
     let rows: Vec<String> = fair
-        .locks
+        .rows
         .iter()
         .map(|l| {
             let live = l.waiting.iter().filter(|t| t.live).count();
             format!(
-                "<tr><td class=\"key\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td>\
-<td class=\"num\">{live} waiting ({} tickets)</td></tr>",
-                esc(&l.key),
-                l.fence,
-                state_badge(l.state),
-                when(l.lease_expires_ms, fair.listing.now_ms),
+                "<tr>{}<td class=\"num\">{live} waiting ({} tickets)</td></tr>",
+                lock_cells(&l.lock, fair.listing.now_ms),
                 l.waiting.len()
             )
         })
@@ -318,28 +329,23 @@ the highest fence issued on each resource and the idempotency key holding it.",
             "/locks",
             "fair_after",
             fair.listing.next_after.as_deref(),
-            &format!("&amp;limit={limit}"),
+            limit,
         ),
     }
     .render(&mut out, &rows);
 
     let rows: Vec<String> = semaphores
-        .semaphores
+        .rows
         .iter()
         .map(|s| {
-            let mut holders = String::new();
-            for h in &s.holders {
-                let _ = write!(
-                    holders,
-                    "<div>fence {} {} {}</div>",
+            let holders = holder_list(&s.holders, |h| {
+                format!(
+                    "fence {} {} {}",
                     h.fence,
                     state_badge(if h.live { "live" } else { "expired" }),
                     when(Some(h.lease_expires_ms), semaphores.listing.now_ms)
-                );
-            }
-            if holders.is_empty() {
-                holders.push('-');
-            }
+                )
+            });
             format!(
                 "<tr><td class=\"key\">{}</td><td class=\"num\">{}</td><td class=\"num\">{} of {}</td><td>{holders}</td><td class=\"num\">{}</td></tr>",
                 esc(&s.key),
@@ -361,7 +367,7 @@ with its own fence, and the waiters in line.",
             "/locks",
             "sem_after",
             semaphores.listing.next_after.as_deref(),
-            &format!("&amp;limit={limit}"),
+            limit,
         ),
     }
     .render(&mut out, &rows);
@@ -372,7 +378,7 @@ with its own fence, and the waiters in line.",
 pub(crate) fn leaders(elections: &ElectionsView, rwlocks: &RwLocksView, limit: usize) -> String {
     let mut out = String::new();
     let rows: Vec<String> = elections
-        .elections
+        .rows
         .iter()
         .map(|e| {
             let state = if e.leader.is_some() { "live" } else { "none" };
@@ -398,29 +404,24 @@ resignations). The value a leader announces is the application's and is not show
             "/leaders",
             "after",
             elections.listing.next_after.as_deref(),
-            &format!("&amp;limit={limit}"),
+            limit,
         ),
     }
     .render(&mut out, &rows);
 
     let rows: Vec<String> = rwlocks
-        .rwlocks
+        .rows
         .iter()
         .map(|r| {
-            let mut holders = String::new();
-            for h in &r.holders {
-                let _ = write!(
-                    holders,
-                    "<div>{} fence {} {} {}</div>",
+            let holders = holder_list(&r.holders, |h| {
+                format!(
+                    "{} fence {} {} {}",
                     esc(h.mode),
                     h.fence,
                     state_badge(h.state),
                     when(Some(h.lease_expires_ms), rwlocks.listing.now_ms)
-                );
-            }
-            if holders.is_empty() {
-                holders.push('-');
-            }
+                )
+            });
             format!(
                 "<tr><td class=\"key\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{holders}</td><td class=\"num\">{}</td></tr>",
                 esc(&r.key),
@@ -441,7 +442,7 @@ GenericRwLock: each holder with its mode and fence; queued writers hold new read
             "/leaders",
             "rw_after",
             rwlocks.listing.next_after.as_deref(),
-            &format!("&amp;limit={limit}"),
+            limit,
         ),
     }
     .render(&mut out, &rows);
@@ -454,14 +455,14 @@ pub(crate) fn tasks(view: &TasksView, limit: usize) -> String {
         "<p class=\"dim\">Records <code>board/task/&lt;id&gt;</code>. Payloads and results are the \
 application's data and are not shown.</p>",
     );
-    if view.tasks.is_empty() {
+    if view.rows.is_empty() {
         out.push_str("<p>No tasks on the board.</p>");
         return out;
     }
     out.push_str(
         "<table id=\"tasks\"><tr><th>Task</th><th>State</th><th>Agent</th><th>Fence</th><th>Lease</th><th>Depends on</th></tr>",
     );
-    for t in &view.tasks {
+    for t in &view.rows {
         let deps = if t.deps.is_empty() {
             "-".to_owned()
         } else {
@@ -482,7 +483,7 @@ application's data and are not shown.</p>",
         "/tasks",
         "after",
         view.listing.next_after.as_deref(),
-        &format!("&amp;limit={limit}"),
+        limit,
     ));
     out
 }
@@ -609,7 +610,7 @@ to reconcile from this page, or run the command shown.</p>",
         "/sideeffects",
         "after",
         view.next_after.as_deref(),
-        &format!("&amp;limit={limit}"),
+        limit,
     ));
     out
 }
@@ -653,10 +654,10 @@ pub(crate) fn jobs(view: &JobsView, limit: usize) -> String {
         "<p class=\"dim\">Jobs with records under <code>sched/</code> (jobs that ran or skipped a slot \
 through a store; node_local jobs never touch it). Times in UTC.</p>",
     );
-    if view.jobs.is_empty() {
+    if view.rows.is_empty() {
         out.push_str("<p>No scheduler jobs in this namespace.</p>");
     }
-    for job in &view.jobs {
+    for job in &view.rows {
         let _ = write!(
             out,
             "<h2><a href=\"/jobs/{}\">{}</a> <span class=\"dim\">{} running, {} skipped of the last {} run(s)</span></h2>",
@@ -686,7 +687,7 @@ through a store; node_local jobs never touch it). Times in UTC.</p>",
         "/jobs",
         "after",
         view.listing.next_after.as_deref(),
-        &format!("&amp;limit={limit}"),
+        limit,
     ));
     out
 }

@@ -6,7 +6,7 @@ use coord_adapters::election::{ElectionError, GenericElection};
 use coord_backend::Error;
 use serde::Serialize;
 
-use super::{ms, read_page, Listing, Page, Stores};
+use super::{ms, read_page, Page, Paged, Row, Stores};
 
 /// One election of `GenericElection` (`election/<name>`). The leader's
 /// announced value is the application's: not shown.
@@ -20,36 +20,30 @@ pub(crate) struct ElectionView {
     pub(crate) lease_expires_ms: Option<u64>,
 }
 
-/// The elections of one page.
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct ElectionsView {
-    #[serde(flatten)]
-    pub(crate) listing: Listing,
-    pub(crate) elections: Vec<ElectionView>,
+impl Row for ElectionView {
+    const FIELD: &'static str = "elections";
 }
+
+/// The elections of one page.
+pub(crate) type ElectionsView = Paged<ElectionView>;
 
 /// The elections of `page` (default prefix `election/`).
 pub(crate) async fn elections(stores: &Stores, page: &Page) -> Result<ElectionsView, Error> {
     let election = GenericElection::new(stores.backend.clone());
     let prefix = election.key_prefix().to_owned();
-    let (listing, statuses) = read_page(stores, &prefix, page, |name| {
+    read_page(stores, &prefix, page, |name| {
         let election = &election;
         async move {
             let status = election.status(&name).await.map_err(election_error)?;
-            Ok(status.map(|status| (name, status)))
+            Ok(status.map(|status| ElectionView {
+                name,
+                term: status.term,
+                lease_expires_ms: status.leader.as_ref().map(|l| ms(l.expires_at)),
+                leader: status.leader.map(|l| l.candidate),
+            }))
         }
     })
-    .await?;
-    let elections = statuses
-        .into_iter()
-        .map(|(name, status)| ElectionView {
-            name,
-            term: status.term,
-            lease_expires_ms: status.leader.as_ref().map(|l| ms(l.expires_at)),
-            leader: status.leader.map(|l| l.candidate),
-        })
-        .collect();
-    Ok(ElectionsView { listing, elections })
+    .await
 }
 
 fn election_error(e: ElectionError) -> Error {

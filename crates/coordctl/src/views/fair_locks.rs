@@ -5,18 +5,7 @@
 use coord_backend::Error;
 use serde::Serialize;
 
-use super::{list_names, lock_error, lock_state, ms, Listing, Page, Stores};
-
-/// `limit` names of `names` (sorted) after the cursor, with `(truncated, next_after)`.
-fn paged(names: Vec<String>, page: &Page) -> (Vec<String>, bool, Option<String>) {
-    let mut names = names
-        .into_iter()
-        .filter(|n| page.after.as_deref().is_none_or(|after| n.as_str() > after));
-    let taken: Vec<String> = names.by_ref().take(page.limit).collect();
-    let truncated = names.next().is_some();
-    let next_after = truncated.then(|| taken.last().cloned()).flatten();
-    (taken, truncated, next_after)
-}
+use super::{list_names, lock_error, ms, LockView, Names, Page, Paged, Row, Stores};
 
 /// One waiter's ticket of a fair lock (no token).
 #[derive(Clone, Debug, Serialize)]
@@ -28,32 +17,28 @@ pub(crate) struct TicketView {
     pub(crate) lease_expires_ms: Option<u64>,
 }
 
-/// One `FairLock` key: the holder's lease and the waiters in line.
+/// One `FairLock` key: the holder's lease, as a `GenericLock` row shows it
+/// (same fields, same states), and the waiters in line.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct FairLockView {
-    pub(crate) key: String,
-    /// The fence of the latest grant.
-    pub(crate) fence: u64,
-    /// `held`, `expired` or `free`, as for `GenericLock`.
-    pub(crate) state: &'static str,
-    pub(crate) lease_expires_ms: Option<u64>,
+    #[serde(flatten)]
+    pub(crate) lock: LockView,
     /// The waiters, in queue order.
     pub(crate) waiting: Vec<TicketView>,
 }
 
-/// The fair locks of one page.
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct FairLocksView {
-    #[serde(flatten)]
-    pub(crate) listing: Listing,
-    pub(crate) locks: Vec<FairLockView>,
+impl Row for FairLockView {
+    const FIELD: &'static str = "locks";
 }
+
+/// The fair locks of one page.
+pub(crate) type FairLocksView = Paged<FairLockView>;
 
 /// The fair locks of `page` (keys with a lock record `fairlock/<key>/m` or
 /// a line record `fairlock/<key>/n`).
 pub(crate) async fn fair_locks(stores: &Stores, page: &Page) -> Result<FairLocksView, Error> {
     let prefix = stores.fair_locks.key_prefix().to_owned();
-    let (names, _, _) = list_names(&stores.backend, &prefix, None).await?;
+    let names = list_names(&stores.backend, &prefix, None).await?.names;
     // Ticket keys end in `/q/<20 digits>`, lock records in `/m`, lines in `/n`.
     let mut keys: Vec<String> = names
         .into_iter()
@@ -66,30 +51,21 @@ pub(crate) async fn fair_locks(stores: &Stores, page: &Page) -> Result<FairLocks
         .collect();
     keys.sort();
     keys.dedup();
-    let (keys, truncated, next_after) = paged(keys, page);
-    let mut rows = Vec::with_capacity(keys.len());
-    for key in keys {
-        let Some(status) = stores.fair_locks.status(&key).await.map_err(lock_error)? else {
-            continue;
-        };
-        rows.push(FairLockView {
-            state: lock_state(status.expires_at, status.live),
-            key: status.key,
-            fence: status.fence,
-            lease_expires_ms: status.expires_at.map(ms),
-            waiting: status
-                .waiting
-                .into_iter()
-                .map(|t| TicketView {
-                    seq: t.seq,
-                    live: t.live,
-                    lease_expires_ms: t.expires_at.map(ms),
-                })
-                .collect(),
-        });
-    }
-    Ok(FairLocksView {
-        listing: Listing::of(stores, truncated, next_after),
-        locks: rows,
-    })
+    Names::window(keys, page)
+        .read(stores, |key| async move {
+            let status = stores.fair_locks.status(&key).await.map_err(lock_error)?;
+            Ok(status.map(|s| FairLockView {
+                lock: LockView::of(s.key, s.fence, s.expires_at, s.live),
+                waiting: s
+                    .waiting
+                    .into_iter()
+                    .map(|t| TicketView {
+                        seq: t.seq,
+                        live: t.live,
+                        lease_expires_ms: t.expires_at.map(ms),
+                    })
+                    .collect(),
+            }))
+        })
+        .await
 }

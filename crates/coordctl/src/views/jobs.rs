@@ -6,7 +6,7 @@ use coord_backend::Error;
 use coord_scheduler::{ActiveRun, RunRecord, RunStatus, RunStore, SkipReason, SlotStore, Tz};
 use serde::Serialize;
 
-use super::{scheduler_error, Listing, Page, Stores};
+use super::{list_names, scheduler_error, Names, Page, Paged, Row, Stores};
 
 /// The scheduler's records (`sched/<job>/…`, see coord-scheduler's store module).
 const SCHED_PREFIX: &str = "sched/";
@@ -66,13 +66,12 @@ pub(crate) struct JobView {
     pub(crate) recent_skipped: usize,
 }
 
-/// The jobs of one page.
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct JobsView {
-    #[serde(flatten)]
-    pub(crate) listing: Listing,
-    pub(crate) jobs: Vec<JobView>,
+impl Row for JobView {
+    const FIELD: &'static str = "jobs";
 }
+
+/// The jobs of one page.
+pub(crate) type JobsView = Paged<JobView>;
 
 fn status_word(status: RunStatus) -> (String, Option<&'static str>) {
     match status {
@@ -137,38 +136,21 @@ pub(crate) async fn runs(
 /// `recent` newest runs.
 pub(crate) async fn jobs(stores: &Stores, page: &Page, recent: usize) -> Result<JobsView, Error> {
     // Every job has a `sched/<job>/history` record once it ran or skipped a slot.
-    let mut names: Vec<String> = stores
-        .backend
-        .keys(SCHED_PREFIX)
-        .await?
-        .into_iter()
-        .filter_map(|k| {
-            k.strip_prefix(SCHED_PREFIX)
-                .and_then(|rest| rest.strip_suffix("/history"))
-                .filter(|job| !job.contains('/'))
-                .map(str::to_owned)
+    let names = list_names(&stores.backend, SCHED_PREFIX, None).await?.names;
+    let jobs = names.into_iter().filter_map(|rest| {
+        rest.strip_suffix("/history")
+            .filter(|job| !job.contains('/'))
+            .map(str::to_owned)
+    });
+    Names::window(jobs, page)
+        .read(stores, |job| async move {
+            let view = runs(&stores.runs, &job, recent, None).await?;
+            Ok(Some(JobView {
+                recent_skipped: view.runs.iter().filter(|r| r.status == "skipped").count(),
+                job: view.job,
+                active: view.active,
+                recent: view.runs,
+            }))
         })
-        .filter(|n| page.after.as_deref().is_none_or(|after| n.as_str() > after))
-        .collect();
-    let truncated = names.len() > page.limit;
-    names.truncate(page.limit);
-    let next_after = if truncated {
-        names.last().cloned()
-    } else {
-        None
-    };
-    let mut jobs = Vec::with_capacity(names.len());
-    for job in names {
-        let view = runs(&stores.runs, &job, recent, None).await?;
-        jobs.push(JobView {
-            recent_skipped: view.runs.iter().filter(|r| r.status == "skipped").count(),
-            job: view.job,
-            active: view.active,
-            recent: view.runs,
-        });
-    }
-    Ok(JobsView {
-        listing: Listing::of(stores, truncated, next_after),
-        jobs,
-    })
+        .await
 }

@@ -1,10 +1,12 @@
 //! `GenericLock` records (`/api/locks`): each key's latest fence and whether
 //! its lease is held, expired or free. No token is shown.
 
+use std::time::SystemTime;
+
 use coord_backend::Error;
 use serde::Serialize;
 
-use super::{lock_error, lock_state, ms, read_page, Listing, Page, Stores};
+use super::{lock_error, lock_state, ms, read_page, Page, Paged, Row, Stores};
 
 /// One lock record of `GenericLock` (`lock/<key>`).
 #[derive(Clone, Debug, Serialize)]
@@ -17,29 +19,32 @@ pub(crate) struct LockView {
     pub(crate) lease_expires_ms: Option<u64>,
 }
 
-/// The lock records of one page.
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct LocksView {
-    #[serde(flatten)]
-    pub(crate) listing: Listing,
-    pub(crate) locks: Vec<LockView>,
+impl LockView {
+    /// The row of a lock whose holder's lease ends at `expires_at` (`None`:
+    /// nobody holds it), `live` or not; `FairLock` keys share it.
+    pub(crate) fn of(key: String, fence: u64, expires_at: Option<SystemTime>, live: bool) -> Self {
+        LockView {
+            key,
+            fence,
+            state: lock_state(expires_at, live),
+            lease_expires_ms: expires_at.map(ms),
+        }
+    }
 }
+
+impl Row for LockView {
+    const FIELD: &'static str = "locks";
+}
+
+/// The lock records of one page.
+pub(crate) type LocksView = Paged<LockView>;
 
 /// The lock records of `page`.
 pub(crate) async fn locks(stores: &Stores, page: &Page) -> Result<LocksView, Error> {
     let prefix = stores.locks.key_prefix().to_owned();
-    let (listing, statuses) = read_page(stores, &prefix, page, |key| async move {
-        stores.locks.status(&key).await.map_err(lock_error)
+    read_page(stores, &prefix, page, |key| async move {
+        let status = stores.locks.status(&key).await.map_err(lock_error)?;
+        Ok(status.map(|s| LockView::of(s.key, s.fence, s.expires_at, s.live)))
     })
-    .await?;
-    let locks = statuses
-        .into_iter()
-        .map(|status| LockView {
-            state: lock_state(status.expires_at, status.live),
-            key: status.key,
-            fence: status.fence,
-            lease_expires_ms: status.expires_at.map(ms),
-        })
-        .collect();
-    Ok(LocksView { listing, locks })
+    .await
 }

@@ -26,9 +26,9 @@
 //!
 //! # Layout
 //!
-//! This file holds what every family shares: [`Stores`], [`Page`] and the
-//! listing of names under a prefix, time and error conversions, and
-//! [`print_json`]. Each family of records has its own file, re-exported
+//! This file holds what every family shares: [`Stores`], [`Page`], the
+//! listing of names under a prefix and the [`Paged`] view of its records,
+//! time and error conversions, and [`print_json`]. Each family of records has its own file, re-exported
 //! here so callers name everything as `views::…`.
 
 use std::sync::Arc;
@@ -55,7 +55,7 @@ pub(crate) use conformance::conformance;
 pub(crate) use elections::{elections, ElectionsView};
 pub(crate) use fair_locks::{fair_locks, FairLocksView};
 pub(crate) use jobs::{jobs, runs, JobsView, RunView, RunsView};
-pub(crate) use locks::{locks, LocksView};
+pub(crate) use locks::{locks, LockView, LocksView};
 pub(crate) use rwlocks::{rwlocks, RwLocksView};
 pub(crate) use semaphores::{semaphores, SemaphoresView};
 pub(crate) use side_effects::{
@@ -82,13 +82,74 @@ impl Page {
     }
 }
 
+/// Names listed for one view, with where the listing stopped.
+#[derive(Debug)]
+struct Names {
+    names: Vec<String>,
+    /// More names follow the last one of `names`.
+    truncated: bool,
+    /// The cursor of the next page (`Some` only when `truncated`).
+    next_after: Option<String>,
+}
+
+impl Names {
+    /// Every name of `names`, none left out.
+    fn all(names: Vec<String>) -> Names {
+        Names {
+            names,
+            truncated: false,
+            next_after: None,
+        }
+    }
+
+    /// The first `page.limit` names of `names` (sorted) after `page.after`.
+    fn window(names: impl IntoIterator<Item = String>, page: &Page) -> Names {
+        let mut names = names
+            .into_iter()
+            .filter(|n| page.after.as_deref().is_none_or(|after| n.as_str() > after));
+        let taken: Vec<String> = names.by_ref().take(page.limit).collect();
+        let truncated = names.next().is_some();
+        let next_after = truncated.then(|| taken.last().cloned()).flatten();
+        Names {
+            names: taken,
+            truncated,
+            next_after,
+        }
+    }
+
+    /// Each name read by `read` (`None`: listed but gone since, or not such
+    /// a record: skipped, never invented), as a page of `stores`' namespace.
+    async fn read<R, Fut>(
+        self,
+        stores: &Stores,
+        read: impl Fn(String) -> Fut,
+    ) -> Result<Paged<R>, Error>
+    where
+        Fut: std::future::Future<Output = Result<Option<R>, Error>>,
+    {
+        let mut rows = Vec::with_capacity(self.names.len());
+        for name in self.names {
+            rows.extend(read(name).await?);
+        }
+        Ok(Paged {
+            listing: Listing {
+                namespace: stores.backend.namespace().to_owned(),
+                now_ms: now_ms(),
+                truncated: self.truncated,
+                next_after: self.next_after,
+            },
+            rows,
+        })
+    }
+}
+
 /// The names under `prefix` (prefix stripped), bounded by `page` (`None`:
-/// every name), with `(truncated, next_after)`.
+/// every name).
 async fn list_names(
     backend: &Arc<dyn Backend>,
     prefix: &str,
     page: Option<&Page>,
-) -> Result<(Vec<String>, bool, Option<String>), Error> {
+) -> Result<Names, Error> {
     let names = backend
         .keys(prefix)
         .await?
@@ -96,21 +157,12 @@ async fn list_names(
         .filter_map(|k| k.strip_prefix(prefix).map(str::to_owned))
         // No adapter stores a record under an empty name.
         .filter(|name| !name.is_empty());
-    let Some(page) = page else {
-        return Ok((names.collect(), false, None));
-    };
-    let mut names = names.filter(|n| page.after.as_deref().is_none_or(|after| n.as_str() > after));
-    let taken: Vec<String> = names.by_ref().take(page.limit).collect();
-    let truncated = names.next().is_some();
-    let next_after = if truncated {
-        taken.last().cloned()
-    } else {
-        None
-    };
-    Ok((taken, truncated, next_after))
+    Ok(match page {
+        Some(page) => Names::window(names, page),
+        None => Names::all(names.collect()),
+    })
 }
 
-/// UTC milliseconds since the epoch (0 before it).
 /// Where a page of records came from, when it was read, and whether more
 /// follow: beside every listing view's rows (flattened into its JSON).
 #[derive(Clone, Debug, Serialize)]
@@ -121,37 +173,48 @@ pub(crate) struct Listing {
     pub(crate) next_after: Option<String>,
 }
 
-impl Listing {
-    /// A page of `stores`' namespace read now, cut (`truncated`) before
-    /// `next_after` when more follow.
-    pub(crate) fn of(stores: &Stores, truncated: bool, next_after: Option<String>) -> Listing {
-        Listing {
-            namespace: stores.backend.namespace().to_owned(),
-            now_ms: now_ms(),
-            truncated,
-            next_after,
-        }
-    }
+/// One row of a listing view: the JSON field its page lists it under.
+pub(crate) trait Row: Serialize {
+    /// The field of [`Paged`]'s JSON holding the rows (docs/console.md:
+    /// `locks`, `tasks`, ...).
+    const FIELD: &'static str;
 }
 
-/// The records of `page` under `prefix`, each read by `read` (`None`:
-/// listed but gone since, or not such a record: skipped, never invented),
-/// with the listing they came from.
-async fn read_page<S, Fut>(
+/// A page of one kind of record: the [`Listing`]'s fields, then the rows
+/// under [`Row::FIELD`] (`{"namespace": …, "next_after": …, "locks": […]}`),
+/// the shape every `/api/` listing shares.
+#[derive(Clone, Debug, Serialize)]
+#[serde(bound = "R: Row")]
+pub(crate) struct Paged<R> {
+    #[serde(flatten)]
+    pub(crate) listing: Listing,
+    #[serde(flatten, serialize_with = "rows_under_field")]
+    pub(crate) rows: Vec<R>,
+}
+
+/// `rows` as the one entry `R::FIELD` of the page's JSON object.
+fn rows_under_field<R: Row, S: serde::Serializer>(rows: &[R], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap as _;
+    let mut map = s.serialize_map(Some(1))?;
+    map.serialize_entry(R::FIELD, rows)?;
+    map.end()
+}
+
+/// The records of `page` under `prefix`, each read by `read` (see
+/// [`Names::read`]).
+async fn read_page<R, Fut>(
     stores: &Stores,
     prefix: &str,
     page: &Page,
     read: impl Fn(String) -> Fut,
-) -> Result<(Listing, Vec<S>), Error>
+) -> Result<Paged<R>, Error>
 where
-    Fut: std::future::Future<Output = Result<Option<S>, Error>>,
+    Fut: std::future::Future<Output = Result<Option<R>, Error>>,
 {
-    let (names, truncated, next_after) = list_names(&stores.backend, prefix, Some(page)).await?;
-    let mut rows = Vec::with_capacity(names.len());
-    for name in names {
-        rows.extend(read(name).await?);
-    }
-    Ok((Listing::of(stores, truncated, next_after), rows))
+    list_names(&stores.backend, prefix, Some(page))
+        .await?
+        .read(stores, read)
+        .await
 }
 
 /// A lock's state as the views name it: `free` (nobody holds it), `held`
@@ -164,6 +227,7 @@ pub(crate) fn lock_state(expires_at: Option<SystemTime>, live: bool) -> &'static
     }
 }
 
+/// UTC milliseconds since the epoch (0 before it).
 pub(crate) fn ms(at: SystemTime) -> u64 {
     at.duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -294,18 +358,18 @@ mod tests {
         let permit = sem.try_acquire("pool", 3, ttl).await.unwrap().unwrap();
 
         let view = fair_locks(&stores, &Page::first(10)).await.unwrap();
-        assert_eq!(view.locks.len(), 1, "{view:?}");
-        let row = &view.locks[0];
+        assert_eq!(view.rows.len(), 1, "{view:?}");
+        let row = &view.rows[0];
         assert_eq!(
-            (row.key.as_str(), row.fence, row.state),
+            (row.lock.key.as_str(), row.lock.fence, row.lock.state),
             ("jobs/a", 1, "held")
         );
         assert_eq!(row.waiting.len(), 1);
         assert!(row.waiting[0].live);
 
         let view = semaphores(&stores, &Page::first(10)).await.unwrap();
-        assert_eq!(view.semaphores.len(), 1, "{view:?}");
-        let row = &view.semaphores[0];
+        assert_eq!(view.rows.len(), 1, "{view:?}");
+        let row = &view.rows[0];
         assert_eq!(
             (row.key.as_str(), row.permits, row.held, row.fence),
             ("pool", 3, 1, 1)
@@ -325,7 +389,7 @@ mod tests {
         let next = waiting.await.unwrap().unwrap();
         assert_eq!(next.fence(), 2);
         let view = fair_locks(&stores, &Page::first(10)).await.unwrap();
-        assert!(view.locks[0].waiting.is_empty());
+        assert!(view.rows[0].waiting.is_empty());
 
         // A semaphore waiter in line shows as `waiting` until it is served.
         let only = sem.try_acquire("single", 1, ttl).await.unwrap().unwrap();
@@ -341,7 +405,7 @@ mod tests {
                 .await
         });
         let waiting_in = |view: &SemaphoresView| {
-            view.semaphores
+            view.rows
                 .iter()
                 .find(|s| s.key == "single")
                 .map_or(0, |s| s.waiting)

@@ -2,11 +2,11 @@
 //! lock is held in, every holder with its fence and lease, and how many
 //! writers wait. No token is shown.
 
-use coord_adapters::rwlock::{GenericRwLock, RwLock, RwMode};
+use coord_adapters::rwlock::{GenericRwLock, RwLock, RwMode, RwStatus};
 use coord_backend::Error;
 use serde::Serialize;
 
-use super::{lock_error, ms, read_page, Listing, Page, Stores};
+use super::{lock_error, ms, read_page, Page, Paged, Row, Stores};
 
 /// One holder of a read-write lock (no token: it is a credential).
 #[derive(Clone, Debug, Serialize)]
@@ -32,53 +32,52 @@ pub(crate) struct RwLockView {
     pub(crate) queued_writers: usize,
 }
 
-/// The read-write lock records of one page.
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct RwLocksView {
-    #[serde(flatten)]
-    pub(crate) listing: Listing,
-    pub(crate) rwlocks: Vec<RwLockView>,
+impl Row for RwLockView {
+    const FIELD: &'static str = "rwlocks";
 }
+
+/// The read-write lock records of one page.
+pub(crate) type RwLocksView = Paged<RwLockView>;
 
 /// The read-write lock records of `page` (default prefix `rwlock/`).
 pub(crate) async fn rwlocks(stores: &Stores, page: &Page) -> Result<RwLocksView, Error> {
     let rw = GenericRwLock::new(stores.backend.clone());
     let prefix = rw.key_prefix().to_owned();
-    let (listing, statuses) = read_page(stores, &prefix, page, |key| {
+    read_page(stores, &prefix, page, |key| {
         let rw = &rw;
-        async move { rw.status(&key).await.map_err(lock_error) }
+        async move {
+            let status = rw.status(&key).await.map_err(lock_error)?;
+            Ok(status.map(rwlock_view))
+        }
     })
-    .await?;
-    let rwlocks = statuses
-        .into_iter()
-        .map(|status| {
-            let live = |mode| status.holders.iter().any(|h| h.live && h.mode == mode);
-            RwLockView {
-                state: if live(RwMode::Write) {
-                    "write"
-                } else if live(RwMode::Read) {
-                    "read"
-                } else {
-                    "free"
+    .await
+}
+
+fn rwlock_view(status: RwStatus) -> RwLockView {
+    let live = |mode| status.holders.iter().any(|h| h.live && h.mode == mode);
+    RwLockView {
+        state: if live(RwMode::Write) {
+            "write"
+        } else if live(RwMode::Read) {
+            "read"
+        } else {
+            "free"
+        },
+        holders: status
+            .holders
+            .iter()
+            .map(|h| RwHolderView {
+                mode: match h.mode {
+                    RwMode::Read => "read",
+                    RwMode::Write => "write",
                 },
-                holders: status
-                    .holders
-                    .iter()
-                    .map(|h| RwHolderView {
-                        mode: match h.mode {
-                            RwMode::Read => "read",
-                            RwMode::Write => "write",
-                        },
-                        fence: h.fence,
-                        state: if h.live { "held" } else { "expired" },
-                        lease_expires_ms: ms(h.expires_at),
-                    })
-                    .collect(),
-                key: status.key,
-                fence: status.fence,
-                queued_writers: status.queued_writers,
-            }
-        })
-        .collect();
-    Ok(RwLocksView { listing, rwlocks })
+                fence: h.fence,
+                state: if h.live { "held" } else { "expired" },
+                lease_expires_ms: ms(h.expires_at),
+            })
+            .collect(),
+        key: status.key,
+        fence: status.fence,
+        queued_writers: status.queued_writers,
+    }
 }

@@ -5,7 +5,7 @@
 use coord_backend::Error;
 use serde::Serialize;
 
-use super::{lock_error, ms, read_page, Listing, Page, Stores};
+use super::{lock_error, ms, read_page, Page, Paged, Row, Stores};
 
 /// One permit of a semaphore (no token).
 #[derive(Clone, Debug, Serialize)]
@@ -30,45 +30,37 @@ pub(crate) struct SemaphoreView {
     pub(crate) waiting: usize,
 }
 
-/// The semaphores of one page.
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct SemaphoresView {
-    #[serde(flatten)]
-    pub(crate) listing: Listing,
-    pub(crate) semaphores: Vec<SemaphoreView>,
+impl Row for SemaphoreView {
+    const FIELD: &'static str = "semaphores";
 }
+
+/// The semaphores of one page.
+pub(crate) type SemaphoresView = Paged<SemaphoreView>;
 
 /// The semaphores of `page` (records `sem/<key>`).
 pub(crate) async fn semaphores(stores: &Stores, page: &Page) -> Result<SemaphoresView, Error> {
     let prefix = stores.semaphores.key_prefix().to_owned();
-    let (listing, statuses) = read_page(stores, &prefix, page, |key| async move {
-        stores.semaphores.status(&key).await.map_err(lock_error)
+    read_page(stores, &prefix, page, |key| async move {
+        let Some(status) = stores.semaphores.status(&key).await.map_err(lock_error)? else {
+            return Ok(None);
+        };
+        let holders: Vec<PermitView> = status
+            .holders
+            .iter()
+            .map(|h| PermitView {
+                fence: h.fence,
+                live: h.live,
+                lease_expires_ms: ms(h.expires_at),
+            })
+            .collect();
+        Ok(Some(SemaphoreView {
+            held: holders.iter().filter(|h| h.live).count(),
+            key: status.key,
+            fence: status.fence,
+            permits: status.permits,
+            holders,
+            waiting: status.waiting,
+        }))
     })
-    .await?;
-    let semaphores = statuses
-        .into_iter()
-        .map(|status| {
-            let holders: Vec<PermitView> = status
-                .holders
-                .iter()
-                .map(|h| PermitView {
-                    fence: h.fence,
-                    live: h.live,
-                    lease_expires_ms: ms(h.expires_at),
-                })
-                .collect();
-            SemaphoreView {
-                held: holders.iter().filter(|h| h.live).count(),
-                key: status.key,
-                fence: status.fence,
-                permits: status.permits,
-                holders,
-                waiting: status.waiting,
-            }
-        })
-        .collect();
-    Ok(SemaphoresView {
-        listing,
-        semaphores,
-    })
+    .await
 }

@@ -9,7 +9,7 @@ use coord_adapters::sideeffect::KeyStatus;
 use coord_backend::Error;
 use serde::Serialize;
 
-use super::{list_names, ms, shorten, side_effect_error, Listing, Page, Stores};
+use super::{list_names, ms, shorten, side_effect_error, Names, Page, Paged, Row, Stores};
 
 /// Side-effect intents per idempotency key (the adapter's documented layout).
 pub(crate) const ACT_PREFIX: &str = "se/act/";
@@ -92,13 +92,12 @@ pub(crate) struct ResourceView {
     pub(crate) state: &'static str,
 }
 
-/// The side-effect resources of one page.
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct ResourcesView {
-    #[serde(flatten)]
-    pub(crate) listing: Listing,
-    pub(crate) resources: Vec<ResourceView>,
+impl Row for ResourceView {
+    const FIELD: &'static str = "resources";
 }
+
+/// The side-effect resources of one page.
+pub(crate) type ResourcesView = Paged<ResourceView>;
 
 /// `coordctl inspect --json`: the keys and the resources of the text report.
 #[derive(Clone, Debug, Serialize)]
@@ -107,6 +106,7 @@ pub(crate) struct InspectView {
     pub(crate) keys: SideEffectsView,
     pub(crate) resources: Vec<ResourceView>,
 }
+
 /// The side-effect keys: the named ones, or those of `page` (`None`: all).
 pub(crate) async fn side_effects(
     stores: &Stores,
@@ -114,8 +114,12 @@ pub(crate) async fn side_effects(
     page: Option<&Page>,
     settled: bool,
 ) -> Result<SideEffectsView, Error> {
-    let (keys, truncated, next_after) = match named {
-        Some(named) => (named.to_vec(), false, None),
+    let Names {
+        names: keys,
+        truncated,
+        next_after,
+    } = match named {
+        Some(named) => Names::all(named.to_vec()),
         None => list_names(&stores.backend, ACT_PREFIX, page).await?,
     };
     let adapter = &stores.effects;
@@ -230,19 +234,16 @@ pub(crate) async fn resources(
     named: Option<Vec<String>>,
     page: Option<&Page>,
 ) -> Result<ResourcesView, Error> {
-    let (names, truncated, next_after) = match named {
-        Some(named) => (named, false, None),
+    let names = match named {
+        Some(named) => Names::all(named),
         None => list_names(&stores.backend, RES_PREFIX, page).await?,
     };
-    let mut rows = Vec::with_capacity(names.len());
-    for name in names {
-        rows.push(resource_row(stores, name).await?);
-    }
-    Ok(ResourcesView {
-        listing: Listing {
-            now_ms: ms(stores.effects.clock().now()),
-            ..Listing::of(stores, truncated, next_after)
-        },
-        resources: rows,
-    })
+    let mut view = names
+        .read(stores, |name| async move {
+            resource_row(stores, name).await.map(Some)
+        })
+        .await?;
+    // The adapter's clock, as in the side-effect keys' view.
+    view.listing.now_ms = ms(stores.effects.clock().now());
+    Ok(view)
 }

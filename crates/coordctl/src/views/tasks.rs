@@ -6,7 +6,7 @@ use coord_adapters::board::{Board, BoardError, TaskState};
 use coord_backend::Error;
 use serde::Serialize;
 
-use super::{board_error, list_names, ms, Listing, Page, Stores};
+use super::{board_error, ms, read_page, Page, Paged, Row, Stores};
 
 /// Task records of the default board (`BoardOptions::default`, prefix `board/`).
 const TASK_PREFIX: &str = "board/task/";
@@ -26,23 +26,20 @@ pub(crate) struct TaskView {
     pub(crate) deps: Vec<String>,
 }
 
-/// The tasks of one page.
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct TasksView {
-    #[serde(flatten)]
-    pub(crate) listing: Listing,
-    pub(crate) tasks: Vec<TaskView>,
+impl Row for TaskView {
+    const FIELD: &'static str = "tasks";
 }
+
+/// The tasks of one page.
+pub(crate) type TasksView = Paged<TaskView>;
 
 /// The tasks of `page`.
 pub(crate) async fn tasks(stores: &Stores, page: &Page) -> Result<TasksView, Error> {
-    let (ids, truncated, next_after) = list_names(&stores.backend, TASK_PREFIX, Some(page)).await?;
-    let mut rows = Vec::with_capacity(ids.len());
-    for id in ids {
+    read_page(stores, TASK_PREFIX, page, |id| async move {
         let task = match stores.board.get(&id).await {
             Ok(task) => task,
             // Listed but gone: skipped, not invented.
-            Err(BoardError::NotFound { .. }) => continue,
+            Err(BoardError::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(board_error(e)),
         };
         let (state, agent, lease) = match task.state {
@@ -52,17 +49,14 @@ pub(crate) async fn tasks(stores: &Stores, page: &Page) -> Result<TasksView, Err
             TaskState::Completed { agent, .. } => ("completed", Some(agent), None),
             _ => ("unknown", None, None),
         };
-        rows.push(TaskView {
+        Ok(Some(TaskView {
             id: task.id,
             state,
             agent,
             lease_expires_ms: lease.map(ms),
             fence: task.fence,
             deps: task.deps,
-        });
-    }
-    Ok(TasksView {
-        listing: Listing::of(stores, truncated, next_after),
-        tasks: rows,
+        }))
     })
+    .await
 }
