@@ -41,7 +41,9 @@ mod reconcile;
 #[cfg(test)]
 mod tests;
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,14 +60,10 @@ use coord_backend::{Error, StoreUrl};
 use serde::Deserialize;
 
 use crate::views::{self, Page, Stores, MAX_LIMIT};
-use api::{
-    api_elections, api_fair_locks, api_job_runs, api_jobs, api_locks, api_resources, api_rwlocks,
-    api_semaphores, api_side_effects, api_tasks,
-};
+use api::{api_job_runs, api_listing};
 use guard::guard;
 use pages::{
-    job_page, jobs_page, leaders_page, locks_page, metrics_text, not_found, overview_page,
-    side_effects_page, tasks_page,
+    job_page, leaders_page, listing_page, locks_page, metrics_text, not_found, overview_page,
 };
 use reconcile::reconcile;
 
@@ -214,25 +212,89 @@ async fn shutdown_signal() {
     }
 }
 
+/// How a listing reads one page of its view (the same function behind a
+/// page and its `/api/` twin).
+type ReadPage<T> =
+    for<'a> fn(&'a Stores, &'a Page) -> Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'a>>;
+
 fn router(state: Shared) -> Router {
     Router::new()
         .route("/", get(overview_page))
         .route("/locks", get(locks_page))
-        .route("/tasks", get(tasks_page))
-        .route("/sideeffects", get(side_effects_page))
-        .route("/jobs", get(jobs_page))
+        .route(
+            "/tasks",
+            listing_page(
+                "Task board",
+                "/tasks",
+                |s, page| Box::pin(views::tasks(s, page)),
+                |view, _, limit| html::tasks(view, limit),
+            ),
+        )
+        .route(
+            "/sideeffects",
+            listing_page(
+                "Side-effect keys needing attention",
+                "/sideeffects",
+                |s, page| Box::pin(views::side_effects(s, None, Some(page), false)),
+                |view, state, limit| {
+                    let writes = html::Writes { csrf: &state.csrf };
+                    html::side_effects(
+                        view,
+                        &state.command_url,
+                        state.allow_writes.then_some(&writes),
+                        limit,
+                    )
+                },
+            ),
+        )
+        .route(
+            "/jobs",
+            listing_page(
+                "Scheduler jobs",
+                "/jobs",
+                |s, page| Box::pin(views::jobs(s, page, RECENT_RUNS)),
+                |view, _, limit| html::jobs(view, limit),
+            ),
+        )
         .route("/jobs/{job}", get(job_page))
         .route("/reconcile", axum::routing::post(reconcile))
         .route("/leaders", get(leaders_page))
-        .route("/api/locks", get(api_locks))
-        .route("/api/elections", get(api_elections))
-        .route("/api/rwlocks", get(api_rwlocks))
-        .route("/api/fairlocks", get(api_fair_locks))
-        .route("/api/semaphores", get(api_semaphores))
-        .route("/api/resources", get(api_resources))
-        .route("/api/tasks", get(api_tasks))
-        .route("/api/sideeffects", get(api_side_effects))
-        .route("/api/jobs", get(api_jobs))
+        .route(
+            "/api/locks",
+            api_listing(|s, page| Box::pin(views::locks(s, page))),
+        )
+        .route(
+            "/api/elections",
+            api_listing(|s, page| Box::pin(views::elections(s, page))),
+        )
+        .route(
+            "/api/rwlocks",
+            api_listing(|s, page| Box::pin(views::rwlocks(s, page))),
+        )
+        .route(
+            "/api/fairlocks",
+            api_listing(|s, page| Box::pin(views::fair_locks(s, page))),
+        )
+        .route(
+            "/api/semaphores",
+            api_listing(|s, page| Box::pin(views::semaphores(s, page))),
+        )
+        .route(
+            "/api/resources",
+            api_listing(|s, page| Box::pin(views::resources(s, None, Some(page)))),
+        )
+        .route(
+            "/api/tasks",
+            api_listing(|s, page| Box::pin(views::tasks(s, page))),
+        )
+        .route(
+            "/api/sideeffects",
+            api_listing(|s, page| Box::pin(views::side_effects(s, None, Some(page), false))),
+        )
+        .route(
+            "/api/jobs",
+            api_listing(|s, page| Box::pin(views::jobs(s, page, RECENT_RUNS))),
+        )
         .route("/api/jobs/{job}/runs", get(api_job_runs))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
@@ -370,6 +432,31 @@ fn page_of(q: &ListQuery, default: usize) -> Answer<Page> {
         limit: parse_limit(q.limit.as_deref(), default)?,
         after: parse_cursor(q.after.as_deref())?,
     })
+}
+
+/// The page of a listing `q` asks for, and `read`'s view of it.
+async fn read_listing<T>(
+    state: &AppState,
+    q: Result<Query<ListQuery>, QueryRejection>,
+    read: ReadPage<T>,
+) -> Answer<(Page, T)> {
+    let page = page_of(&query(q)?, DEFAULT_LIMIT)?;
+    let view = read(&state.stores, &page).await.map_err(Failure::store)?;
+    Ok((page, view))
+}
+
+/// The runs of the job named in `path` (`/jobs/<job>`, `/api/jobs/<job>/runs`),
+/// as many as `?limit=` asks.
+async fn job_runs(
+    state: &AppState,
+    path: Result<Path<String>, PathRejection>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Answer<views::RunsView> {
+    let job = job_name(path)?;
+    let limit = parse_limit(query(q)?.limit.as_deref(), DEFAULT_RUNS)?;
+    views::runs(&state.stores.runs, &job, limit, None)
+        .await
+        .map_err(Failure::store)
 }
 
 fn job_name(path: Result<Path<String>, PathRejection>) -> Answer<String> {

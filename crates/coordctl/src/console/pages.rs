@@ -6,12 +6,13 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::routing::{get, MethodRouter};
 
 use super::{
-    html, html_answer, job_name, page_of, parse_cursor, parse_limit, query, Failure, ListQuery,
-    Shared, DEFAULT_LIMIT, DEFAULT_RUNS, RECENT_RUNS,
+    html, html_answer, job_runs, page_of, parse_cursor, query, read_listing, Answer, AppState,
+    Failure, ListQuery, ReadPage, Shared, DEFAULT_LIMIT,
 };
-use crate::views::{self, Page};
+use crate::views::{self, Page, RunsView};
 
 pub(super) async fn overview_page(
     State(state): State<Shared>,
@@ -37,6 +38,15 @@ pub(super) async fn overview_page(
     html_answer(&state, result)
 }
 
+/// The page of a second listing shown beside `page`'s: the same limit, its
+/// own cursor (`?res_after=` on the locks page, ...).
+fn beside(page: &Page, cursor: Option<&str>) -> Answer<Page> {
+    Ok(Page {
+        limit: page.limit,
+        after: parse_cursor(cursor)?,
+    })
+}
+
 pub(super) async fn locks_page(
     State(state): State<Shared>,
     q: Result<Query<ListQuery>, QueryRejection>,
@@ -44,16 +54,10 @@ pub(super) async fn locks_page(
     let result = async {
         let q = query(q)?;
         let page = page_of(&q, DEFAULT_LIMIT)?;
-        let cursor = |raw: Option<&str>| -> Result<Page, Failure> {
-            Ok(Page {
-                limit: page.limit,
-                after: parse_cursor(raw)?,
-            })
-        };
         let (res_page, fair_page, sem_page) = (
-            cursor(q.res_after.as_deref())?,
-            cursor(q.fair_after.as_deref())?,
-            cursor(q.sem_after.as_deref())?,
+            beside(&page, q.res_after.as_deref())?,
+            beside(&page, q.fair_after.as_deref())?,
+            beside(&page, q.sem_after.as_deref())?,
         );
         let s = &state.stores;
         let locks = views::locks(s, &page).await.map_err(Failure::store)?;
@@ -91,10 +95,7 @@ pub(super) async fn leaders_page(
     let result = async {
         let q = query(q)?;
         let page = page_of(&q, DEFAULT_LIMIT)?;
-        let rw_page = Page {
-            limit: page.limit,
-            after: parse_cursor(q.rw_after.as_deref())?,
-        };
+        let rw_page = beside(&page, q.rw_after.as_deref())?;
         let elections = views::elections(&state.stores, &page)
             .await
             .map_err(Failure::store)?;
@@ -111,67 +112,25 @@ pub(super) async fn leaders_page(
     html_answer(&state, result)
 }
 
-pub(super) async fn tasks_page(
-    State(state): State<Shared>,
-    q: Result<Query<ListQuery>, QueryRejection>,
-) -> Response {
-    let result = async {
-        let page = page_of(&query(q)?, DEFAULT_LIMIT)?;
-        let view = views::tasks(&state.stores, &page)
-            .await
-            .map_err(Failure::store)?;
-        Ok((
-            "Task board".to_owned(),
-            "/tasks",
-            html::tasks(&view, page.limit),
-        ))
-    }
-    .await;
-    html_answer(&state, result)
-}
-
-pub(super) async fn side_effects_page(
-    State(state): State<Shared>,
-    q: Result<Query<ListQuery>, QueryRejection>,
-) -> Response {
-    let result = async {
-        let page = page_of(&query(q)?, DEFAULT_LIMIT)?;
-        let view = views::side_effects(&state.stores, None, Some(&page), false)
-            .await
-            .map_err(Failure::store)?;
-        let writes = html::Writes { csrf: &state.csrf };
-        Ok((
-            "Side-effect keys needing attention".to_owned(),
-            "/sideeffects",
-            html::side_effects(
-                &view,
-                &state.command_url,
-                state.allow_writes.then_some(&writes),
-                page.limit,
-            ),
-        ))
-    }
-    .await;
-    html_answer(&state, result)
-}
-
-pub(super) async fn jobs_page(
-    State(state): State<Shared>,
-    q: Result<Query<ListQuery>, QueryRejection>,
-) -> Response {
-    let result = async {
-        let page = page_of(&query(q)?, DEFAULT_LIMIT)?;
-        let view = views::jobs(&state.stores, &page, RECENT_RUNS)
-            .await
-            .map_err(Failure::store)?;
-        Ok((
-            "Scheduler jobs".to_owned(),
-            "/jobs",
-            html::jobs(&view, page.limit),
-        ))
-    }
-    .await;
-    html_answer(&state, result)
+/// `GET` of a page showing one listing: the page from the query, the view
+/// `read` for it, then `render`ed with the console's state and the limit.
+pub(super) fn listing_page<T>(
+    title: &'static str,
+    nav: &'static str,
+    read: ReadPage<T>,
+    render: fn(&T, &AppState, usize) -> String,
+) -> MethodRouter<Shared>
+where
+    T: Send + 'static,
+{
+    get(
+        move |State(state): State<Shared>, q: Result<Query<ListQuery>, QueryRejection>| async move {
+            let result = read_listing(&state, q, read)
+                .await
+                .map(|(page, view)| (title.to_owned(), nav, render(&view, &state, page.limit)));
+            html_answer(&state, result)
+        },
+    )
 }
 
 pub(super) async fn job_page(
@@ -179,16 +138,8 @@ pub(super) async fn job_page(
     path: Result<Path<String>, PathRejection>,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Response {
-    let result = async {
-        let job = job_name(path)?;
-        let limit = parse_limit(query(q)?.limit.as_deref(), DEFAULT_RUNS)?;
-        let view = views::runs(&state.stores.runs, &job, limit, None)
-            .await
-            .map_err(Failure::store)?;
-        Ok((format!("Job {job}"), "/jobs", html::job_runs(&view)))
-    }
-    .await;
-    html_answer(&state, result)
+    let page = |view: RunsView| (format!("Job {}", view.job), "/jobs", html::job_runs(&view));
+    html_answer(&state, job_runs(&state, path, q).await.map(page))
 }
 
 /// Prometheus text of this process's metrics (docs/operations.md), behind
