@@ -32,7 +32,7 @@ use coord_adapters::lock::async_trait;
 use coord_backend::{Assert, Backend, Entry, Limits, ManualClock, Mutation, TxnOutcome};
 
 use crate::clients::{ClientEnv, ClientFactory, Ctx};
-use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, CheckResult, Failure};
 
 /// Makes a new client of the board under test.
 pub type BoardFactory = ClientFactory<dyn Board, BoardError>;
@@ -631,39 +631,24 @@ pub async fn dependency_change_reexpanded(factory: BackendFactory) -> CheckResul
     Ok(())
 }
 
-/// The board suite's one list of cases (see [`crate::__suite!`]).
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __board_suite {
-    ($($mode:tt)*) => {
-        $crate::__suite!{$($mode)* "board",
-            |factory, check, name| check($crate::board::BoardEnv::generic(factory, name));
-            claim_race,
-            unmet_dependencies_refused,
-            claim_after_dependencies_complete,
-            fence_increases_on_takeover,
-            renew_checks_ownership,
-            release_and_complete_by_token,
-            completed_not_claimable,
-            list_shows_everything,
-            board_bad_input,
-            dependency_change_reexpanded => |factory| dependency_change_reexpanded(factory),
-        }
-    };
-}
-
-/// Every case of the board suite, over [`BoardAdapter`]s on a backend
-/// factory with a `ManualClock` (see [`BoardEnv::generic`]).
-pub fn cases() -> Vec<Case> {
-    crate::__board_suite!(cases)
-}
-
-/// Expand the board suite into one `#[tokio::test]` per case, over
-/// [`BoardAdapter`]s on a [`BackendFactory`] expression (evaluated once per
-/// test; it may also be an `Option<BackendFactory>`, `None` = skipped).
-#[macro_export]
-macro_rules! board_tests {
-    ($factory:expr) => {
-        $crate::__board_suite!(tests $crate::board::cases, $factory;);
-    };
+crate::__define_suite! {$
+    /// The board suite's one list of cases (see [`crate::__define_suite!`]).
+    __board_suite "board";
+    /// Every case of the board suite, over [`BoardAdapter`]s on a backend
+    /// factory with a `ManualClock` (see [`BoardEnv::generic`]).
+    cases;
+    /// Expand the board suite into one `#[tokio::test]` per case, over
+    /// [`BoardAdapter`]s on a [`BackendFactory`] expression (evaluated once per
+    /// test; it may also be an `Option<BackendFactory>`, `None` = skipped).
+    board_tests(board);
+    claim_race,
+    unmet_dependencies_refused,
+    claim_after_dependencies_complete,
+    fence_increases_on_takeover,
+    renew_checks_ownership,
+    release_and_complete_by_token,
+    completed_not_claimable,
+    list_shows_everything,
+    board_bad_input,
+    dependency_change_reexpanded => |factory| dependency_change_reexpanded(factory),
 }

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use coord_backend::{Assert, Backend, ChangeWatch, Mutation, Version};
 
-use crate::{ensure, unique_namespace, BackendFactory, Case, CheckResult, Failure};
+use crate::{ensure, unique_namespace, BackendFactory, CheckResult, Failure};
 
 /// How long a watch may take to report a change before the check fails.
 /// Generous on purpose: this is a liveness check, not a speed assertion.
@@ -239,34 +239,19 @@ pub async fn dropped_watches_release(factory: BackendFactory) -> CheckResult {
     .await
 }
 
-/// The changes suite's one list of cases (see [`crate::__suite!`]).
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __changes_suite {
-    ($($mode:tt)*) => {
-        $crate::__suite!{$($mode)* "changes",
-            |factory, check, name| check(factory);
-            put_by_another_client_wakes,
-            delete_wakes,
-            rejected_txn_leaves_watch_working,
-            prefix_is_literal,
-            changes_fold_and_watch_keeps_working,
-            dropped_watches_release,
-        }
-    };
-}
-
-/// Every case of the changes suite, over a backend factory.
-pub fn cases() -> Vec<Case> {
-    crate::__changes_suite!(cases)
-}
-
-/// Expand the changes suite into one `#[tokio::test]` per case, over a
-/// [`BackendFactory`] expression (evaluated once per test; it may also be an
-/// `Option<BackendFactory>`, `None` = skipped).
-#[macro_export]
-macro_rules! changes_tests {
-    ($factory:expr) => {
-        $crate::__changes_suite!(tests $crate::changes::cases, $factory;);
-    };
+crate::__define_suite! {$
+    /// The changes suite's one list of cases (see [`crate::__define_suite!`]).
+    __changes_suite "changes";
+    /// Every case of the changes suite, over a backend factory.
+    cases;
+    /// Expand the changes suite into one `#[tokio::test]` per case, over a
+    /// [`BackendFactory`] expression (evaluated once per test; it may also be an
+    /// `Option<BackendFactory>`, `None` = skipped).
+    changes_tests(changes);
+    put_by_another_client_wakes,
+    delete_wakes,
+    rejected_txn_leaves_watch_working,
+    prefix_is_literal,
+    changes_fold_and_watch_keeps_working,
+    dropped_watches_release,
 }

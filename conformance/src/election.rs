@@ -27,7 +27,7 @@ use coord_adapters::election::{
 };
 
 use crate::clients::{ClientEnv, ClientFactory, Ctx};
-use crate::{ensure, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+use crate::{ensure, BackendFactory, BoxFuture, CheckResult, Failure};
 
 /// Makes a new client of the election under test.
 pub type ElectionFactory = ClientFactory<dyn Election, ElectionError>;
@@ -360,37 +360,24 @@ pub async fn election_bad_input(env: ElectionEnv) -> CheckResult {
     Ok(())
 }
 
-/// The election suite's one list of cases (see [`crate::__suite!`]).
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __election_suite {
-    ($($mode:tt)*) => {
-        $crate::__suite!{$($mode)* "election",
-            |factory, check, name| check($crate::election::ElectionEnv::generic(factory, name));
-            one_leader_race,
-            term_increases,
-            resign_hands_over,
-            expired_leader_replaced,
-            proclaim_only_by_leader,
-            leader_reflects_changes,
-            observe_sees_change,
-            election_bad_input,
-        }
-    };
-}
-
-/// Every case of the election suite, over [`GenericElection`]s on a
-/// backend factory with a `ManualClock` (see [`ElectionEnv::generic`]).
-pub fn cases() -> Vec<Case> {
-    crate::__election_suite!(cases)
-}
-
-macro_rules! env_checks {
-    ($($name:ident),*) => {
-        vec![$((stringify!($name), |env: ElectionEnv| -> BoxFuture<'static, CheckResult> {
-            Box::pin($name(env))
-        })),*]
-    };
+crate::__define_suite! {$
+    /// The election suite's one list of cases (see [`crate::__define_suite!`]).
+    __election_suite "election";
+    /// Every case of the election suite, over [`GenericElection`]s on a
+    /// backend factory with a `ManualClock` (see [`ElectionEnv::generic`]).
+    cases;
+    /// Expand the election suite into one `#[tokio::test]` per case, over
+    /// [`GenericElection`]s on a [`BackendFactory`] expression (or an
+    /// `Option<BackendFactory>`, `None` = skipped).
+    election_tests(election);
+    one_leader_race,
+    term_increases,
+    resign_hands_over,
+    expired_leader_replaced,
+    proclaim_only_by_leader,
+    leader_reflects_changes,
+    observe_sees_change,
+    election_bad_input,
 }
 
 /// One check of the suite, runnable against any [`ElectionEnv`].
@@ -398,15 +385,5 @@ pub type ElectionEnvCheck = fn(ElectionEnv) -> BoxFuture<'static, CheckResult>;
 
 /// Every check as `(name, function)`, to run against another implementation.
 pub fn checks() -> Vec<(&'static str, ElectionEnvCheck)> {
-    crate::__election_suite!(names[env_checks]())
-}
-
-/// Expand the election suite into one `#[tokio::test]` per case, over
-/// [`GenericElection`]s on a [`BackendFactory`] expression (or an
-/// `Option<BackendFactory>`, `None` = skipped).
-#[macro_export]
-macro_rules! election_tests {
-    ($factory:expr) => {
-        $crate::__election_suite!(tests $crate::election::cases, $factory;);
-    };
+    __election_suite!(names [crate::__named_checks] (ElectionEnv;))
 }

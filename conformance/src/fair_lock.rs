@@ -36,7 +36,7 @@ use coord_backend::{InvalidInput, ManualClock};
 
 use crate::clients::Ctx;
 use crate::lock::{lock_factory, LockFactory};
-use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, CheckResult, Failure};
 
 /// Says how many waiters are queued for a key (live or not).
 pub type QueueProbe =
@@ -420,36 +420,21 @@ pub async fn fair_bad_input(env: FairEnv) -> CheckResult {
     lock.release(h).await.ctx("release")
 }
 
-/// The fair lock suite's one list of cases (see [`crate::__suite!`]).
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __fair_lock_suite {
-    ($($mode:tt)*) => {
-        $crate::__suite!{$($mode)* "fair_lock",
-            |factory, check, name| check($crate::fair_lock::FairEnv::generic(factory, name));
-            fair_mutual_exclusion,
-            fifo_order,
-            try_lock_never_jumps_the_queue,
-            timed_out_waiter_leaves_no_hole,
-            dead_holder_and_ticket_expire,
-            fair_fences_increase,
-            fair_bad_input,
-        }
-    };
-}
-
-/// Every case of the fair lock suite, over [`FairLock`]s on a backend
-/// factory with a `ManualClock` (see [`FairEnv::generic`]).
-pub fn cases() -> Vec<Case> {
-    crate::__fair_lock_suite!(cases)
-}
-
-/// Expand the fair lock suite into one `#[tokio::test]` per case, over
-/// [`FairLock`]s on a [`BackendFactory`] expression (or an
-/// `Option<BackendFactory>`, `None` = skipped).
-#[macro_export]
-macro_rules! fair_lock_tests {
-    ($factory:expr) => {
-        $crate::__fair_lock_suite!(tests $crate::fair_lock::cases, $factory;);
-    };
+crate::__define_suite! {$
+    /// The fair lock suite's one list of cases (see [`crate::__define_suite!`]).
+    __fair_lock_suite "fair_lock";
+    /// Every case of the fair lock suite, over [`FairLock`]s on a backend
+    /// factory with a `ManualClock` (see [`FairEnv::generic`]).
+    cases;
+    /// Expand the fair lock suite into one `#[tokio::test]` per case, over
+    /// [`FairLock`]s on a [`BackendFactory`] expression (or an
+    /// `Option<BackendFactory>`, `None` = skipped).
+    fair_lock_tests(fair_lock);
+    fair_mutual_exclusion,
+    fifo_order,
+    try_lock_never_jumps_the_queue,
+    timed_out_waiter_leaves_no_hole,
+    dead_holder_and_ticket_expire,
+    fair_fences_increase,
+    fair_bad_input,
 }

@@ -45,7 +45,7 @@ use coord_adapters::sideeffect::{
 use coord_backend::{Backend, BackendExt, Mutation};
 
 use crate::faults::{Fault, FaultyBackend, Target};
-use crate::{ensure, unique_namespace, BackendFactory, Case, CheckResult, Failure};
+use crate::{ensure, unique_namespace, BackendFactory, CheckResult, Failure};
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -666,39 +666,24 @@ pub async fn failed_confirmation_rereads(factory: BackendFactory) -> CheckResult
     Ok(())
 }
 
-/// The fault model suite's one list of cases (see [`crate::__suite!`]).
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __fault_model_suite {
-    ($($mode:tt)*) => {
-        $crate::__suite!{$($mode)* "fault_model",
-            |factory, check, name| check(factory);
-            late_commit_try_lock,
-            late_commit_release,
-            late_commit_try_write,
-            late_commit_semaphore_line,
-            late_commit_campaign,
-            late_commit_board_claim,
-            late_commit_runner,
-            late_commit_fenced_sink,
-            late_commit_prune,
-            late_commit_board_prune,
-            indeterminate_forever_ends,
-            hung_writes_time_out,
-            failed_confirmation_rereads,
-        }
-    };
-}
-
-/// Every case of the fault-model suite.
-pub fn cases() -> Vec<Case> {
-    crate::__fault_model_suite!(cases)
-}
-
-/// Expand every case of the fault-model suite into `#[tokio::test]`s.
-#[macro_export]
-macro_rules! fault_model_tests {
-    ($factory:expr) => {
-        $crate::__fault_model_suite!(tests $crate::fault_model::cases, $factory;);
-    };
+crate::__define_suite! {$
+    /// The fault model suite's one list of cases (see [`crate::__define_suite!`]).
+    __fault_model_suite "fault_model";
+    /// Every case of the fault-model suite.
+    cases;
+    /// Expand every case of the fault-model suite into `#[tokio::test]`s.
+    fault_model_tests(fault_model);
+    late_commit_try_lock,
+    late_commit_release,
+    late_commit_try_write,
+    late_commit_semaphore_line,
+    late_commit_campaign,
+    late_commit_board_claim,
+    late_commit_runner,
+    late_commit_fenced_sink,
+    late_commit_prune,
+    late_commit_board_prune,
+    indeterminate_forever_ends,
+    hung_writes_time_out,
+    failed_confirmation_rereads,
 }

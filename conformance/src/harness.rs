@@ -158,3 +158,38 @@ pub fn server_env(var: &str) -> Option<String> {
         }
     }
 }
+
+/// What a suite's checks run against, built for one case from the
+/// factory of the store under test (the default template of
+/// [`__define_suite!`](crate::__define_suite)): the factory itself, or a
+/// recipe environment over it in a namespace named after the case.
+pub(crate) trait SuiteEnv {
+    /// The environment of the case called `name`.
+    fn for_case(factory: BackendFactory, name: &'static str) -> Self;
+}
+
+impl SuiteEnv for BackendFactory {
+    fn for_case(factory: BackendFactory, _name: &'static str) -> Self {
+        factory
+    }
+}
+
+/// The recipe environments, each built by its `generic(factory, label)`.
+macro_rules! generic_envs {
+    ($($env:ty),* $(,)?) => {
+        $(impl SuiteEnv for $env {
+            fn for_case(factory: BackendFactory, name: &'static str) -> Self {
+                <$env>::generic(factory, name)
+            }
+        })*
+    };
+}
+
+generic_envs!(
+    crate::lock::LockEnv,
+    crate::board::BoardEnv,
+    crate::rwlock::RwEnv,
+    crate::election::ElectionEnv,
+    crate::fair_lock::FairEnv,
+    crate::semaphore::SemEnv,
+);

@@ -63,121 +63,177 @@ pub mod __private {
 #[macro_export]
 macro_rules! all_suites_tests {
     ($factory:expr) => {
-        mod backend_suite {
-            #[allow(unused_imports)]
-            use super::*;
-            $crate::backend_tests!($factory);
+        $crate::__every_suite!([$crate::__suite_modules] ($factory;));
+    };
+}
+
+/// Every suite that runs over a backend factory, in suite order, as
+/// `MODULE: TEST_MODULE, TESTS_MACRO;`, handed to a callback:
+/// `__every_suite!([CALLBACK] (ARGS))` is `CALLBACK!(ARGS suite; suite; ...)`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __every_suite {
+    ([$($cb:tt)*] ($($args:tt)*)) => {
+        $($cb)* ! { $($args)*
+            backend: backend_suite, backend_tests;
+            lock: lock_suite, lock_tests;
+            board: board_suite, board_tests;
+            sideeffect: sideeffect_suite, sideeffect_tests;
+            scheduler: scheduler_suite, scheduler_tests;
+            rwlock: rwlock_suite, rwlock_tests;
+            election: election_suite, election_tests;
+            fair_lock: fair_lock_suite, fair_lock_tests;
+            semaphore: semaphore_suite, semaphore_tests;
+            fault_model: fault_model_suite, fault_model_tests;
+            changes: changes_suite, changes_tests;
+            reclaim: reclaim_suite, reclaim_tests;
+            retention: retention_suite, retention_tests;
         }
-        mod lock_suite {
-            #[allow(unused_imports)]
-            use super::*;
-            $crate::lock_tests!($factory);
-        }
-        mod board_suite {
-            #[allow(unused_imports)]
-            use super::*;
-            $crate::board_tests!($factory);
-        }
-        mod sideeffect_suite {
-            #[allow(unused_imports)]
-            use super::*;
-            $crate::sideeffect_tests!($factory);
-        }
-        mod scheduler_suite {
-            #[allow(unused_imports)]
-            use super::*;
-            $crate::scheduler_tests!($factory);
-        }
-        mod rwlock_suite {
-            #[allow(unused_imports)]
-            use super::*;
-            $crate::rwlock_tests!($factory);
-        }
-        mod election_suite {
-            #[allow(unused_imports)]
-            use super::*;
-            $crate::election_tests!($factory);
-        }
-        mod fair_lock_suite {
-            #[allow(unused_imports)]
-            use super::*;
-            $crate::fair_lock_tests!($factory);
-        }
-        mod semaphore_suite {
-            #[allow(unused_imports)]
-            use super::*;
-            $crate::semaphore_tests!($factory);
-        }
-        mod fault_model_suite {
-            #[allow(unused_imports)]
-            use super::*;
-            $crate::fault_model_tests!($factory);
-        }
-        mod changes_suite {
-            #[allow(unused_imports)]
-            use super::*;
-            $crate::changes_tests!($factory);
-        }
-        mod reclaim_suite {
-            #[allow(unused_imports)]
-            use super::*;
-            $crate::reclaim_tests!($factory);
-        }
-        mod retention_suite {
-            #[allow(unused_imports)]
-            use super::*;
-            $crate::retention_tests!($factory);
-        }
+    };
+}
+
+/// `mod TEST_MODULE { use super::*; TESTS_MACRO!(FACTORY); }` for each
+/// suite (see [`all_suites_tests!`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __suite_modules {
+    ($factory:expr; $($suite:ident: $module:ident, $tests:ident;)*) => {
+        $(
+            mod $module {
+                #[allow(unused_imports)]
+                use super::*;
+                $crate::$tests!($factory);
+            }
+        )*
+    };
+}
+
+/// The cases of each suite, one after another (see [`all_cases`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __cases_of {
+    ($($suite:ident: $module:ident, $tests:ident;)*) => {
+        [$($crate::$suite::cases()),*].concat()
     };
 }
 
 /// Every case of every suite that runs over a backend factory, in suite order.
 pub fn all_cases() -> Vec<Case> {
-    let mut cases = backend::cases();
-    cases.extend(lock::cases());
-    cases.extend(board::cases());
-    cases.extend(sideeffect::cases());
-    cases.extend(scheduler::cases());
-    cases.extend(rwlock::cases());
-    cases.extend(election::cases());
-    cases.extend(fair_lock::cases());
-    cases.extend(semaphore::cases());
-    cases.extend(fault_model::cases());
-    cases.extend(changes::cases());
-    cases.extend(reclaim::cases());
-    cases.extend(retention::cases());
-    cases
+    crate::__every_suite!([crate::__cases_of]())
 }
 
-/// Expand a suite's one list of cases. Each suite writes its list once, in
-/// a hidden exported macro that hands it to this one with a mode:
+/// Define one suite from its one list of cases. Each suite writes the list
+/// once, in its module:
 ///
-/// - `cases "suite"`: the suite's `Vec<Case>`;
-/// - `tests CASES_FN, FACTORY; "suite"`: one `#[tokio::test]` per case;
-/// - `names [CALLBACK] (ARGS)`: `CALLBACK!(ARGS; name, name, ...)`, for
-///   runners of another shape (native locks, side-effect rules).
+/// ```ignore
+/// crate::__define_suite! {$
+///     /// (doc of the hidden list macro)
+///     __x_suite "x" |factory, check, name| TEMPLATE;  // or, without a template: __x_suite "x";
+///     /// (doc of `cases()`)
+///     cases;
+///     /// (doc of the tests macro)
+///     x_tests(x);
+///     case, case => |factory| OVERRIDE, ...
+/// }
+/// ```
 ///
-/// The list is `"suite", |factory, check, name| TEMPLATE; case, case => |factory| OVERRIDE, ...`:
-/// each case runs `TEMPLATE` with `check` bound to the function of its name
-/// and `name` to its name, unless it gives its own `=> |factory| ...`.
+/// and gets three entry points over that one list:
+///
+/// - `pub fn cases() -> Vec<Case>`: each case runs `TEMPLATE` with `check`
+///   bound to the function of its name and `name` to its name, unless it
+///   gives its own `=> |factory| ...`; without a template, `check` gets the
+///   environment its suite builds for a case (see `SuiteEnv`);
+/// - `x_tests!(FACTORY)` (exported): one `#[tokio::test]` per case;
+/// - `__x_suite!` (exported, hidden): the names, for [`__suite!`]'s modes
+///   (bare `__x_suite!` inside this crate, after the definition).
+///
+/// The leading `$` lets it write the metavariables of the macros it defines.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __define_suite {
+    ($d:tt
+     $(#[$list_doc:meta])* $list:ident $suite:literal $(|$f:ident, $check:ident, $n:ident| $tmpl:expr)?;
+     $(#[$cases_doc:meta])* cases;
+     $(#[$tests_doc:meta])* $tests:ident($module:ident);
+     $($name:ident $(=> |$g:ident| $run:expr)?),* $(,)?) => {
+        $(#[$list_doc])*
+        #[doc(hidden)]
+        #[macro_export]
+        macro_rules! $list {
+            ($d($d mode:tt)*) => {
+                $crate::__suite!{$d($d mode)* $($name),*}
+            };
+        }
+
+        $(#[$cases_doc])*
+        pub fn cases() -> ::std::vec::Vec<$crate::Case> {
+            $crate::__suite_cases!([$(|$f, $check, $n| $tmpl)?] $suite; $($name $(=> |$g| $run)?),*)
+        }
+
+        $(#[$tests_doc])*
+        #[macro_export]
+        macro_rules! $tests {
+            ($d factory:expr) => {
+                $crate::$list!(tests $crate::$module::cases, $d factory;);
+            };
+        }
+    };
+}
+
+/// What [`__define_suite!`]'s list macro hands its names to:
+///
+/// - `tests CASES_FN, FACTORY; names`: one `#[tokio::test]` per case;
+/// - `names [CALLBACK] (ARGS) names`: `CALLBACK!(ARGS names)`, for runners
+///   of another shape (native locks, side-effect rules, recipe checks).
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __suite {
-    (cases $suite:literal, |$f:ident, $check:ident, $n:ident| $tmpl:expr;
-        $($name:ident $(=> |$g:ident| $run:expr)?),* $(,)?) => {
-        vec![$($crate::__case!($suite, |$f, $check, $n| $tmpl; $name $(=> |$g| $run)?)),*]
-    };
-    (tests $cases:path, $factory:expr; $suite:literal, |$f:ident, $check:ident, $n:ident| $tmpl:expr;
-        $($name:ident $(=> |$g:ident| $run:expr)?),* $(,)?) => {
+    (tests $cases:path, $factory:expr; $($name:ident),* $(,)?) => {
         $crate::__cases_as_tests! { $cases, $factory; $($name),* }
     };
-    (names [$($cb:tt)*] ($($args:tt)*) $suite:literal, |$f:ident, $check:ident, $n:ident| $tmpl:expr;
-        $($name:ident $(=> |$g:ident| $run:expr)?),* $(,)?) => {
+    (names [$($cb:tt)*] ($($args:tt)*) $($name:ident),* $(,)?) => {
         $($cb)* ! { $($args)* $($name),* }
     };
 }
 
-/// One [`Case`] of a [`__suite!`] list.
+/// The `Vec<Case>` of a [`__define_suite!`] list, with its template (the
+/// default one when the list gives none).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __suite_cases {
+    ([] $suite:literal; $($cases:tt)*) => {
+        $crate::__suite_cases!(
+            [|factory, check, name| check($crate::harness::SuiteEnv::for_case(factory, name))]
+            $suite; $($cases)*
+        )
+    };
+    ([|$f:ident, $check:ident, $n:ident| $tmpl:expr] $suite:literal;
+        $($name:ident $(=> |$g:ident| $run:expr)?),* $(,)?) => {
+        vec![$($crate::__case!($suite, |$f, $check, $n| $tmpl; $name $(=> |$g| $run)?)),*]
+    };
+}
+
+/// Each check named, runnable against an environment `ENV`, as
+/// `(name, run)` (`__named_checks!(ENV; name, ...)`) or as a struct with
+/// fields `name` and `run` (`__named_checks!(ENV => Struct; name, ...)`):
+/// a [`__suite!`] `names` callback.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __named_checks {
+    ($env:ty; $($name:ident),* $(,)?) => {
+        vec![$((stringify!($name), $crate::__named_checks!(@run $env, $name))),*]
+    };
+    ($env:ty => $named:ident; $($name:ident),* $(,)?) => {
+        vec![$($named { name: stringify!($name), run: $crate::__named_checks!(@run $env, $name) }),*]
+    };
+    (@run $env:ty, $name:ident) => {
+        (|env: $env| -> $crate::BoxFuture<'static, $crate::CheckResult> {
+            ::std::boxed::Box::pin($name(env))
+        }) as fn($env) -> $crate::BoxFuture<'static, $crate::CheckResult>
+    };
+}
+
+/// One [`Case`] of a [`__define_suite!`] list.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __case {

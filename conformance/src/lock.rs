@@ -41,7 +41,7 @@ use coord_adapters::lock::{
 use coord_backend::ManualClock;
 
 use crate::clients::{ClientFactory, Ctx};
-use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, CheckResult, Failure};
 
 /// Makes a new client of the lock under test (each call: a separate client
 /// of the same lock service, as another process would hold).
@@ -734,49 +734,35 @@ pub async fn guard_stops_after_release(env: LockEnv) -> CheckResult {
     b.release(hb).await.ctx("release")
 }
 
-/// The lock suite's one list of cases (see [`crate::__suite!`]).
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __lock_suite {
-    ($($mode:tt)*) => {
-        $crate::__suite!{$($mode)* "lock",
-            |factory, check, name| check($crate::lock::LockEnv::generic(factory, name));
-            try_lock_race,
-            mutual_exclusion,
-            fence_increases,
-            expiry_follows_time,
-            stale_handle_refused,
-            renew_extends,
-            release_then_relock,
-            lock_bad_input,
-            waiting_lock_acquires_after_release,
-            waiting_lock_times_out,
-            guard_renews,
-            guard_signals_lost,
-            guard_stops_after_release,
-        }
-    };
-}
-
-/// Every case of the lock suite, over [`GenericLock`]s on a backend
-/// factory with a `ManualClock` (see [`LockEnv::generic`]).
-pub fn cases() -> Vec<Case> {
-    crate::__lock_suite!(cases)
-}
-
-macro_rules! lock_env_cases {
-    ($($name:ident),*) => {
-        vec![$(LockCase {
-            name: stringify!($name),
-            run: |env: LockEnv| -> BoxFuture<'static, CheckResult> { Box::pin($name(env)) },
-        }),*]
-    };
+crate::__define_suite! {$
+    /// The lock suite's one list of cases (see [`crate::__define_suite!`]).
+    __lock_suite "lock";
+    /// Every case of the lock suite, over [`GenericLock`]s on a backend
+    /// factory with a `ManualClock` (see [`LockEnv::generic`]).
+    cases;
+    /// Expand the lock suite into one `#[tokio::test]` per case, over
+    /// [`GenericLock`]s on a [`BackendFactory`] expression (evaluated once per test;
+    /// it may also be an `Option<BackendFactory>`, `None` = skipped).
+    lock_tests(lock);
+    try_lock_race,
+    mutual_exclusion,
+    fence_increases,
+    expiry_follows_time,
+    stale_handle_refused,
+    renew_extends,
+    release_then_relock,
+    lock_bad_input,
+    waiting_lock_acquires_after_release,
+    waiting_lock_times_out,
+    guard_renews,
+    guard_signals_lost,
+    guard_stops_after_release,
 }
 
 /// Every check of the lock suite, runnable against any [`LockEnv`]
 /// (native locks: see [`native_lock_tests!`](crate::native_lock_tests)).
 pub fn native_cases() -> Vec<LockCase> {
-    crate::__lock_suite!(names[lock_env_cases]())
+    __lock_suite!(names [crate::__named_checks] (LockEnv => LockCase;))
 }
 
 /// Run the check called `name` against `env`, panicking with its failure (for `#[test]`s).
@@ -788,16 +774,6 @@ pub async fn run_native_case(name: &str, env: LockEnv) {
     if let Err(failure) = (case.run)(env).await {
         panic!("lock::{name} failed: {failure}");
     }
-}
-
-/// Expand the lock suite into one `#[tokio::test]` per case, over
-/// [`GenericLock`]s on a [`BackendFactory`] expression (evaluated once per test;
-/// it may also be an `Option<BackendFactory>`, `None` = skipped).
-#[macro_export]
-macro_rules! lock_tests {
-    ($factory:expr) => {
-        $crate::__lock_suite!(tests $crate::lock::cases, $factory;);
-    };
 }
 
 /// Expand the lock suite into one `#[tokio::test]` per case for any lock

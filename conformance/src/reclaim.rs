@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use coord_backend::{Assert, Backend, Entry, Mutation, ReclaimOptions, Version};
 
-use crate::{ensure, unique_namespace, BackendFactory, Case, CheckResult, Failure};
+use crate::{ensure, unique_namespace, BackendFactory, CheckResult, Failure};
 
 async fn open(factory: &BackendFactory, label: &str) -> Result<Arc<dyn Backend>, Failure> {
     Ok(factory(unique_namespace(label)).await?)
@@ -486,32 +486,17 @@ pub async fn reclaim_sequences(factory: BackendFactory) -> CheckResult {
     Ok(())
 }
 
-/// The reclaim suite's one list of cases (see [`crate::__suite!`]).
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __reclaim_suite {
-    ($($mode:tt)*) => {
-        $crate::__suite!{$($mode)* "reclaim",
-            |factory, check, name| check(factory);
-            reclaim_keeps_versions_unique,
-            reclaim_is_bounded,
-            reclaim_races_create,
-            reclaim_sequences,
-        }
-    };
-}
-
-/// Every case of the reclaim suite, over a backend factory.
-pub fn cases() -> Vec<Case> {
-    crate::__reclaim_suite!(cases)
-}
-
-/// Expand the reclaim suite into one `#[tokio::test]` per case, over a
-/// [`BackendFactory`] expression (evaluated once per test; it may also be an
-/// `Option<BackendFactory>`, `None` = skipped).
-#[macro_export]
-macro_rules! reclaim_tests {
-    ($factory:expr) => {
-        $crate::__reclaim_suite!(tests $crate::reclaim::cases, $factory;);
-    };
+crate::__define_suite! {$
+    /// The reclaim suite's one list of cases (see [`crate::__define_suite!`]).
+    __reclaim_suite "reclaim";
+    /// Every case of the reclaim suite, over a backend factory.
+    cases;
+    /// Expand the reclaim suite into one `#[tokio::test]` per case, over a
+    /// [`BackendFactory`] expression (evaluated once per test; it may also be an
+    /// `Option<BackendFactory>`, `None` = skipped).
+    reclaim_tests(reclaim);
+    reclaim_keeps_versions_unique,
+    reclaim_is_bounded,
+    reclaim_races_create,
+    reclaim_sequences,
 }

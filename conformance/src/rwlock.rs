@@ -31,7 +31,7 @@ use coord_adapters::lock::LockError;
 use coord_adapters::rwlock::{GenericRwLock, RwHandle, RwLock, RwLockOptions, RwMode};
 
 use crate::clients::{ClientEnv, ClientFactory, Ctx};
-use crate::{ensure, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+use crate::{ensure, BackendFactory, BoxFuture, CheckResult, Failure};
 
 /// Makes a new client of the read-write lock under test.
 pub type RwFactory = ClientFactory<dyn RwLock, LockError>;
@@ -441,39 +441,26 @@ pub async fn rwlock_bad_input(env: RwEnv) -> CheckResult {
     Ok(())
 }
 
-/// The rwlock suite's one list of cases (see [`crate::__suite!`]).
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __rwlock_suite {
-    ($($mode:tt)*) => {
-        $crate::__suite!{$($mode)* "rwlock",
-            |factory, check, name| check($crate::rwlock::RwEnv::generic(factory, name));
-            readers_share,
-            writer_excludes,
-            exclusion_race,
-            fences_increase,
-            writer_not_starved,
-            expired_holders_dont_block,
-            stale_holder_refused,
-            renew_extends,
-            holders_bounded,
-            rwlock_bad_input,
-        }
-    };
-}
-
-/// Every case of the rwlock suite, over [`GenericRwLock`]s on a
-/// backend factory with a `ManualClock` (see [`RwEnv::generic`]).
-pub fn cases() -> Vec<Case> {
-    crate::__rwlock_suite!(cases)
-}
-
-macro_rules! env_checks {
-    ($($name:ident),*) => {
-        vec![$((stringify!($name), |env: RwEnv| -> BoxFuture<'static, CheckResult> {
-            Box::pin($name(env))
-        })),*]
-    };
+crate::__define_suite! {$
+    /// The rwlock suite's one list of cases (see [`crate::__define_suite!`]).
+    __rwlock_suite "rwlock";
+    /// Every case of the rwlock suite, over [`GenericRwLock`]s on a
+    /// backend factory with a `ManualClock` (see [`RwEnv::generic`]).
+    cases;
+    /// Expand the rwlock suite into one `#[tokio::test]` per case, over
+    /// [`GenericRwLock`]s on a [`BackendFactory`] expression (or an
+    /// `Option<BackendFactory>`, `None` = skipped).
+    rwlock_tests(rwlock);
+    readers_share,
+    writer_excludes,
+    exclusion_race,
+    fences_increase,
+    writer_not_starved,
+    expired_holders_dont_block,
+    stale_holder_refused,
+    renew_extends,
+    holders_bounded,
+    rwlock_bad_input,
 }
 
 /// One check of the suite, runnable against any [`RwEnv`].
@@ -481,15 +468,5 @@ pub type RwEnvCheck = fn(RwEnv) -> BoxFuture<'static, CheckResult>;
 
 /// Every check as `(name, function)`, to run against another implementation.
 pub fn checks() -> Vec<(&'static str, RwEnvCheck)> {
-    crate::__rwlock_suite!(names[env_checks]())
-}
-
-/// Expand the rwlock suite into one `#[tokio::test]` per case, over
-/// [`GenericRwLock`]s on a [`BackendFactory`] expression (or an
-/// `Option<BackendFactory>`, `None` = skipped).
-#[macro_export]
-macro_rules! rwlock_tests {
-    ($factory:expr) => {
-        $crate::__rwlock_suite!(tests $crate::rwlock::cases, $factory;);
-    };
+    __rwlock_suite!(names [crate::__named_checks] (RwEnv;))
 }

@@ -39,7 +39,7 @@ use coord_scheduler::{
     SlotStore,
 };
 
-use crate::{ensure, unique_namespace, BackendFactory, Case, CheckResult, Failure};
+use crate::{ensure, unique_namespace, BackendFactory, CheckResult, Failure};
 
 /// Builds the [`SlotStore`] under test over one backend client.
 pub type StoreMaker = Arc<
@@ -722,39 +722,24 @@ pub async fn dedupe_window_refusal(env: &SchedulerEnv) -> CheckResult {
     Ok(())
 }
 
-/// The scheduler suite's one list of cases (see [`crate::__suite!`]).
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __scheduler_suite {
-    ($($mode:tt)*) => {
-        $crate::__suite!{$($mode)* "scheduler",
-            |factory, check, name| async move { check(&$crate::scheduler::SchedulerEnv::new(factory)).await };
-            claim_race => |factory| async move {
-                claim_race(&$crate::scheduler::SchedulerEnv::new(factory), 8, 10).await
-            },
-            repeat_safety,
-            history_newest_first,
-            heartbeat_ownership,
-            takeover_after_expiry,
-            overlap_protection,
-            finish_release_by_token,
-            skip_recorded_once,
-            manual_runs_not_deduplicated,
-            dedupe_window_refusal,
-        }
-    };
-}
-
-/// Every case of the scheduler suite, over the real [`RunStore`].
-pub fn cases() -> Vec<Case> {
-    crate::__scheduler_suite!(cases)
-}
-
-/// Expand the scheduler suite into one `#[tokio::test]` per case for a
-/// [`BackendFactory`] expression (evaluated once per test).
-#[macro_export]
-macro_rules! scheduler_tests {
-    ($factory:expr) => {
-        $crate::__scheduler_suite!(tests $crate::scheduler::cases, $factory;);
-    };
+crate::__define_suite! {$
+    /// The scheduler suite's one list of cases (see [`crate::__define_suite!`]).
+    __scheduler_suite "scheduler" |factory, check, name| async move { check(&SchedulerEnv::new(factory)).await };
+    /// Every case of the scheduler suite, over the real [`RunStore`].
+    cases;
+    /// Expand the scheduler suite into one `#[tokio::test]` per case for a
+    /// [`BackendFactory`] expression (evaluated once per test).
+    scheduler_tests(scheduler);
+    claim_race => |factory| async move {
+        claim_race(&SchedulerEnv::new(factory), 8, 10).await
+    },
+    repeat_safety,
+    history_newest_first,
+    heartbeat_ownership,
+    takeover_after_expiry,
+    overlap_protection,
+    finish_release_by_token,
+    skip_recorded_once,
+    manual_runs_not_deduplicated,
+    dedupe_window_refusal,
 }

@@ -31,7 +31,7 @@ use coord_adapters::lock::{
 };
 
 use crate::clients::{ClientEnv, ClientFactory, Ctx};
-use crate::{ensure, BackendFactory, Case, CheckResult, Failure};
+use crate::{ensure, BackendFactory, CheckResult, Failure};
 
 /// Makes a new client of the semaphore under test.
 pub type SemaphoreFactory = ClientFactory<dyn Semaphore, LockError>;
@@ -444,39 +444,24 @@ pub async fn timed_out_waiter_leaves_the_line(env: SemEnv) -> CheckResult {
     holder.release(b).await.ctx("release")
 }
 
-/// The semaphore suite's one list of cases (see [`crate::__suite!`]).
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __semaphore_suite {
-    ($($mode:tt)*) => {
-        $crate::__suite!{$($mode)* "semaphore",
-            |factory, check, name| check($crate::semaphore::SemEnv::generic(factory, name));
-            permit_race,
-            never_more_than_n,
-            permits_come_back_after_ttl,
-            permit_fences_increase,
-            release_frees_one,
-            waiting_acquire,
-            semaphore_bad_input,
-            waiters_are_served_in_order,
-            try_acquire_never_jumps_the_line,
-            timed_out_waiter_leaves_the_line,
-        }
-    };
-}
-
-/// Every case of the semaphore suite, over [`GenericSemaphore`]s on a
-/// backend factory with a `ManualClock` (see [`SemEnv::generic`]).
-pub fn cases() -> Vec<Case> {
-    crate::__semaphore_suite!(cases)
-}
-
-/// Expand the semaphore suite into one `#[tokio::test]` per case, over
-/// [`GenericSemaphore`]s on a [`BackendFactory`] expression (or an
-/// `Option<BackendFactory>`, `None` = skipped).
-#[macro_export]
-macro_rules! semaphore_tests {
-    ($factory:expr) => {
-        $crate::__semaphore_suite!(tests $crate::semaphore::cases, $factory;);
-    };
+crate::__define_suite! {$
+    /// The semaphore suite's one list of cases (see [`crate::__define_suite!`]).
+    __semaphore_suite "semaphore";
+    /// Every case of the semaphore suite, over [`GenericSemaphore`]s on a
+    /// backend factory with a `ManualClock` (see [`SemEnv::generic`]).
+    cases;
+    /// Expand the semaphore suite into one `#[tokio::test]` per case, over
+    /// [`GenericSemaphore`]s on a [`BackendFactory`] expression (or an
+    /// `Option<BackendFactory>`, `None` = skipped).
+    semaphore_tests(semaphore);
+    permit_race,
+    never_more_than_n,
+    permits_come_back_after_ttl,
+    permit_fences_increase,
+    release_frees_one,
+    waiting_acquire,
+    semaphore_bad_input,
+    waiters_are_served_in_order,
+    try_acquire_never_jumps_the_line,
+    timed_out_waiter_leaves_the_line,
 }

@@ -37,7 +37,7 @@
 
 use coord_backend::{Assert, Backend, Entry, Mutation};
 
-use crate::{ensure, Case, CheckResult, Failure};
+use crate::{ensure, CheckResult, Failure};
 
 mod limits;
 mod model;
@@ -122,40 +122,26 @@ fn names(keys: &[&str]) -> Vec<String> {
     keys.iter().map(|k| (*k).to_owned()).collect()
 }
 
-/// The backend suite's one list of cases (see [`crate::__suite!`]).
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __backend_suite {
-    ($($mode:tt)*) => {
-        $crate::__suite!{$($mode)* "backend", |factory, check, name| check(factory);
-            concurrent_txn => |factory| case_concurrent_txn(factory),
-            increment_race => |factory| case_increment_race(factory),
-            snapshot_consistency => |factory| case_snapshot_consistency(factory),
-            disjoint_write_skew => |factory| case_disjoint_write_skew(factory),
-            version_monotonic => |factory| case_version_monotonic(factory),
-            assert_missing => |factory| case_assert_missing(factory),
-            all_or_nothing => |factory| case_all_or_nothing(factory),
-            rejected_txn_current => |factory| case_rejected_txn_current(factory),
-            snapshot_semantics => |factory| case_snapshot_semantics(factory),
-            keys_literal_prefix => |factory| case_keys_literal_prefix(factory),
-            namespace_isolation => |factory| case_namespace_isolation(factory),
-            bad_input => |factory| case_bad_input(factory),
-            large_values => |factory| case_large_values(factory),
-            model_sequences => |factory| case_model_sequences(factory),
-        }
-    };
-}
-
-/// Every case of the backend suite.
-pub fn cases() -> Vec<Case> {
-    crate::__backend_suite!(cases)
-}
-
-/// Expand the backend suite into one `#[tokio::test]` per case for a
-/// [`BackendFactory`](crate::BackendFactory) expression (evaluated once per test).
-#[macro_export]
-macro_rules! backend_tests {
-    ($factory:expr) => {
-        $crate::__backend_suite!(tests $crate::backend::cases, $factory;);
-    };
+crate::__define_suite! {$
+    /// The backend suite's one list of cases (see [`crate::__define_suite!`]).
+    __backend_suite "backend";
+    /// Every case of the backend suite.
+    cases;
+    /// Expand the backend suite into one `#[tokio::test]` per case for a
+    /// [`BackendFactory`](crate::BackendFactory) expression (evaluated once per test).
+    backend_tests(backend);
+    concurrent_txn => |factory| case_concurrent_txn(factory),
+    increment_race => |factory| case_increment_race(factory),
+    snapshot_consistency => |factory| case_snapshot_consistency(factory),
+    disjoint_write_skew => |factory| case_disjoint_write_skew(factory),
+    version_monotonic => |factory| case_version_monotonic(factory),
+    assert_missing => |factory| case_assert_missing(factory),
+    all_or_nothing => |factory| case_all_or_nothing(factory),
+    rejected_txn_current => |factory| case_rejected_txn_current(factory),
+    snapshot_semantics => |factory| case_snapshot_semantics(factory),
+    keys_literal_prefix => |factory| case_keys_literal_prefix(factory),
+    namespace_isolation => |factory| case_namespace_isolation(factory),
+    bad_input => |factory| case_bad_input(factory),
+    large_values => |factory| case_large_values(factory),
+    model_sequences => |factory| case_model_sequences(factory),
 }

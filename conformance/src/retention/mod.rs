@@ -29,7 +29,7 @@ use coord_adapters::sideeffect::{
 };
 use coord_backend::{Backend, Clock, ManualClock};
 
-use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, CheckResult, Failure};
 
 pub mod board;
 
@@ -361,44 +361,29 @@ pub async fn check_all(
     ]
 }
 
-/// The retention suite's one list of cases (see [`crate::__suite!`]).
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __retention_suite {
-    ($($mode:tt)*) => {
-        $crate::__suite!{$($mode)* "retention",
-            |factory, check, name| check(factory, $crate::retention::adapter_pruner());
-            completed_keys_go_after_the_window,
-            pruners_race,
-            prune_is_bounded,
-            attention_index_follows_state,
-            completed_tasks_go_after_the_window => |factory| board::completed_tasks_go_after_the_window(
-                factory,
-                board::adapter_board_pruner(),
-            ),
-            dependents_stay_claimable => |factory| board::dependents_stay_claimable(
-                factory,
-                board::adapter_board_pruner(),
-            ),
-            board_pruners_race => |factory| board::board_pruners_race(
-                factory,
-                board::adapter_board_pruner(),
-            ),
-        }
-    };
-}
-
-/// Every case of the retention suite (with [`adapter_pruner`] and
-/// [`board::adapter_board_pruner`]).
-pub fn cases() -> Vec<Case> {
-    crate::__retention_suite!(cases)
-}
-
-/// Expand the retention suite into one `#[tokio::test]` per case, over a
-/// [`BackendFactory`] expression (or `Option<BackendFactory>`, `None` = skipped).
-#[macro_export]
-macro_rules! retention_tests {
-    ($factory:expr) => {
-        $crate::__retention_suite!(tests $crate::retention::cases, $factory;);
-    };
+crate::__define_suite! {$
+    /// The retention suite's one list of cases (see [`crate::__define_suite!`]).
+    __retention_suite "retention" |factory, check, name| check(factory, adapter_pruner());
+    /// Every case of the retention suite (with [`adapter_pruner`] and
+    /// [`board::adapter_board_pruner`]).
+    cases;
+    /// Expand the retention suite into one `#[tokio::test]` per case, over a
+    /// [`BackendFactory`] expression (or `Option<BackendFactory>`, `None` = skipped).
+    retention_tests(retention);
+    completed_keys_go_after_the_window,
+    pruners_race,
+    prune_is_bounded,
+    attention_index_follows_state,
+    completed_tasks_go_after_the_window => |factory| board::completed_tasks_go_after_the_window(
+        factory,
+        board::adapter_board_pruner(),
+    ),
+    dependents_stay_claimable => |factory| board::dependents_stay_claimable(
+        factory,
+        board::adapter_board_pruner(),
+    ),
+    board_pruners_race => |factory| board::board_pruners_race(
+        factory,
+        board::adapter_board_pruner(),
+    ),
 }

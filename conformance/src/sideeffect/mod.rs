@@ -38,7 +38,7 @@ use coord_adapters::sideeffect::{
 };
 use coord_backend::{Backend, Clock, ManualClock, Mutation};
 
-use crate::{unique_namespace, BackendFactory, BoxFuture, Case, CheckResult, Failure};
+use crate::{unique_namespace, BackendFactory, BoxFuture, CheckResult, Failure};
 
 mod acquire;
 mod doubles;
@@ -274,90 +274,66 @@ where
     bounded(name, check(fixture)).await
 }
 
-/// The side-effect suite's one list of rules (see [`crate::__suite!`]).
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __sideeffect_suite {
-    ($($mode:tt)*) => {
-        $crate::__suite!{$($mode)* "sideeffect",
-            |factory, check, name| run_case(factory, name, check);
-            rule_01_invalid_action,
-            rule_02_one_atomic_step,
-            rule_03_completed_outranks_busy,
-            rule_04_uncertain_outranks_busy,
-            rule_05_live_intent_contended,
-            rule_06_dead_intent_uncertain,
-            rule_07_busy_resource_contended,
-            rule_08_grant_fence_and_intent,
-            rule_09_fences_never_reused,
-            rule_10_takeover_after_expiry,
-            rule_11_complete_records_result,
-            rule_12_complete_first_result_wins,
-            rule_13_complete_stale_fence,
-            rule_14_complete_released_lease,
-            rule_15_complete_other_resource,
-            rule_16_release_frees_resource_only,
-            rule_17_stale_release,
-            rule_18_renew_extends,
-            rule_19_renew_after_takeover,
-            rule_20_renew_after_expiry,
-            rule_21_renew_atomic,
-            rule_22_abandon_allows_rerun,
-            rule_23_abandon_stale_lease,
-            rule_24_uncertain_per_key,
-            rule_25_mark_uncertain_idempotent,
-            rule_26_mark_uncertain_stale_fence,
-            rule_27_mark_uncertain_one_txn,
-            rule_28_resolve_applied,
-            rule_29_resolve_not_applied,
-            rule_30_first_resolution_wins,
-            rule_31_resolve_not_uncertain,
-            rule_32_resolve_without_lease,
-            rule_33_one_reconciler,
-            rule_34_owned_resolve,
-            rule_35_runner_no_store,
-            rule_36_runner_replays_completed,
-            rule_37_runner_contended,
-            rule_38_runner_prepare_fails,
-            rule_39_runner_ownership_check,
-            rule_40_runner_apply_gets_lease,
-            rule_41_runner_apply_fails_safe,
-            rule_42_runner_apply_fails_unknown,
-            rule_43_runner_complete_fails,
-            rule_44_runner_reconcile_and_run,
-            rule_45_sink_lower_fence_rejected,
-            rule_46_sink_equal_fence_allowed,
-            rule_47_sink_atomic_race,
-        }
-    };
-}
-
-macro_rules! rule_list {
-    ($($name:ident),*) => {
-        vec![$(Rule {
-            name: stringify!($name),
-            run: |fixture| -> BoxFuture<'static, CheckResult> { Box::pin($name(fixture)) },
-        }),*]
-    };
+crate::__define_suite! {$
+    /// The side-effect suite's one list of rules (see [`crate::__define_suite!`]).
+    __sideeffect_suite "sideeffect" |factory, check, name| run_case(factory, name, check);
+    /// Every case of the side-effect suite, against the real adapter ([`adapter_store`]).
+    cases;
+    /// Expand the side-effect suite into one `#[tokio::test]` per rule for a
+    /// [`BackendFactory`] expression (evaluated once per test).
+    sideeffect_tests(sideeffect);
+    rule_01_invalid_action,
+    rule_02_one_atomic_step,
+    rule_03_completed_outranks_busy,
+    rule_04_uncertain_outranks_busy,
+    rule_05_live_intent_contended,
+    rule_06_dead_intent_uncertain,
+    rule_07_busy_resource_contended,
+    rule_08_grant_fence_and_intent,
+    rule_09_fences_never_reused,
+    rule_10_takeover_after_expiry,
+    rule_11_complete_records_result,
+    rule_12_complete_first_result_wins,
+    rule_13_complete_stale_fence,
+    rule_14_complete_released_lease,
+    rule_15_complete_other_resource,
+    rule_16_release_frees_resource_only,
+    rule_17_stale_release,
+    rule_18_renew_extends,
+    rule_19_renew_after_takeover,
+    rule_20_renew_after_expiry,
+    rule_21_renew_atomic,
+    rule_22_abandon_allows_rerun,
+    rule_23_abandon_stale_lease,
+    rule_24_uncertain_per_key,
+    rule_25_mark_uncertain_idempotent,
+    rule_26_mark_uncertain_stale_fence,
+    rule_27_mark_uncertain_one_txn,
+    rule_28_resolve_applied,
+    rule_29_resolve_not_applied,
+    rule_30_first_resolution_wins,
+    rule_31_resolve_not_uncertain,
+    rule_32_resolve_without_lease,
+    rule_33_one_reconciler,
+    rule_34_owned_resolve,
+    rule_35_runner_no_store,
+    rule_36_runner_replays_completed,
+    rule_37_runner_contended,
+    rule_38_runner_prepare_fails,
+    rule_39_runner_ownership_check,
+    rule_40_runner_apply_gets_lease,
+    rule_41_runner_apply_fails_safe,
+    rule_42_runner_apply_fails_unknown,
+    rule_43_runner_complete_fails,
+    rule_44_runner_reconcile_and_run,
+    rule_45_sink_lower_fence_rejected,
+    rule_46_sink_equal_fence_allowed,
+    rule_47_sink_atomic_race,
 }
 
 /// Every rule check, in rule order, runnable with any [`StoreFactory`].
 pub fn rules() -> Vec<Rule> {
-    crate::__sideeffect_suite!(names[rule_list]())
-}
-
-/// Every case of the side-effect suite, against the real adapter ([`adapter_store`]).
-pub fn cases() -> Vec<Case> {
-    crate::__sideeffect_suite!(cases)
-}
-
-/// Expand the side-effect suite into one `#[tokio::test]` per rule for a
-/// [`BackendFactory`] expression (evaluated once per test).
-#[macro_export]
-macro_rules! sideeffect_tests {
-    ($factory:expr) => {
-        $crate::__sideeffect_suite!(tests $crate::sideeffect::cases, $factory;);
-    };
+    __sideeffect_suite!(names [crate::__named_checks] (Fixture => Rule;))
 }
 
 #[cfg(test)]
