@@ -4,15 +4,11 @@
 //! for, positive times), that baselines are there where the store has them,
 //! and that the raw baselines' records are gone afterwards.
 
-use std::process::{Command, Output};
-
 use coord_backend::StoreUrl;
 use serde_json::Value;
 
 mod common;
-use common::{unique, Scratch};
-
-const COORDCTL: &str = env!("CARGO_BIN_EXE_coordctl");
+use common::{coordctl, unique, Scratch};
 const ITERATIONS: u64 = 6;
 
 /// The rows every report has: (section, op).
@@ -23,13 +19,6 @@ const ROWS: [(&str, &str); 5] = [
     ("sideeffect", "execute"),
     ("sideeffect", "replay"),
 ];
-
-fn coordctl(args: &[&str]) -> Output {
-    Command::new(COORDCTL)
-        .args(args)
-        .output()
-        .expect("run coordctl")
-}
 
 fn bench_json(url: &str) -> Value {
     let iterations = ITERATIONS.to_string();
@@ -128,10 +117,7 @@ fn check_report(report: &Value, namespace_prefix: &str, baselines: &[(&str, &str
 #[test]
 fn sqlite_json_and_table() {
     let scratch = Scratch::new("bench");
-    let url = format!(
-        "sqlite://{}?namespace=app",
-        scratch.0.join("c.db").display()
-    );
+    let url = scratch.sqlite_url("c.db", Some("app"));
     let report = bench_json(&url);
     check_report(
         &report,
@@ -289,10 +275,7 @@ fn gc_json(args: &[&str]) -> Value {
 fn gc_reclaims_tombstones_in_passes() {
     use coord_backend::{Assert, Mutation, Version};
     let scratch = Scratch::new("gc");
-    let url = format!(
-        "sqlite://{}?namespace=app",
-        scratch.0.join("c.db").display()
-    );
+    let url = scratch.sqlite_url("c.db", Some("app"));
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         let store = coord::connect(&url).await.unwrap();
@@ -410,15 +393,15 @@ fn gc_reclaims_tombstones_in_passes() {
         }
     });
     // A dry run counts the task past its retention and removes nothing.
-    let dry = gc_json(&[
+    let dry_run = [
         "gc",
         "--store",
         &url,
         "--board-retention",
         "1h",
         "--dry-run",
-        "--json",
-    ]);
+    ];
+    let dry = gc_json(&[&dry_run[..], &["--json"]].concat());
     assert_eq!(
         (
             &dry["candidate_tasks"],
@@ -428,14 +411,7 @@ fn gc_reclaims_tombstones_in_passes() {
         (&Value::from(1), &Value::from(0), &Value::from(0)),
         "{dry}"
     );
-    let dry_text = coordctl(&[
-        "gc",
-        "--store",
-        &url,
-        "--board-retention",
-        "1h",
-        "--dry-run",
-    ]);
+    let dry_text = coordctl(&dry_run);
     assert!(
         String::from_utf8_lossy(&dry_text.stdout).contains("prune up to 1 task(s)"),
         "{}",

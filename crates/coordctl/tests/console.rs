@@ -23,11 +23,10 @@
 //! `COORD_CHROMIUM=/path`) the browser part prints SKIPPED, and fails
 //! under `COORD_REQUIRE_SERVERS=1`.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use coord_adapters::board::{Board, BoardAdapter, TaskSpec};
@@ -40,9 +39,8 @@ use coord_scheduler::{
 use serde_json::Value;
 
 mod common;
-use common::{unique, Scratch};
-
-const COORDCTL: &str = env!("CARGO_BIN_EXE_coordctl");
+use common::serve::{find, http, url_encode, Server};
+use common::{coordctl, inspect_text, server_url, unique, Scratch, COORDCTL};
 const HOSTILE: &str = "<script>alert(1)</script>";
 const HOSTILE_EFFECT: &str = "<img src=x onerror=alert(2)>";
 const TEN_MIN: Duration = Duration::from_secs(600);
@@ -118,40 +116,28 @@ fn seed(url: &str) -> Seeded {
         // Side effects: two keys marked uncertain (one with an HTML key), one
         // whose lease ran out before it completed, one live in flight, one completed.
         let effects = SideEffectAdapter::new(backend.clone());
+        // Each acquire is the key's first: it is granted.
+        let granted = |action: Action, ttl| {
+            let effects = &effects;
+            async move {
+                let lease = effects.acquire(&action, ttl).await.unwrap().into_lease();
+                (action, lease.expect("granted"))
+            }
+        };
         for (key, resource) in [("charge-7", "psp"), (HOSTILE_EFFECT, "mailer")] {
-            let action = Action::new(key, resource);
-            let lease = effects
-                .acquire(&action, TEN_MIN)
-                .await
-                .unwrap()
-                .into_lease()
-                .unwrap();
+            let (action, lease) = granted(Action::new(key, resource), TEN_MIN).await;
             effects
                 .mark_uncertain(&action, &lease, "payment gateway timed out after send")
                 .await
                 .unwrap();
         }
-        let lost = Action::new("export-3", "exporter");
-        effects
-            .acquire(&lost, Duration::from_millis(200))
-            .await
-            .unwrap()
-            .into_lease()
-            .unwrap();
-        let live = Action::new("ship-9", "warehouse");
-        effects
-            .acquire(&live, TEN_MIN)
-            .await
-            .unwrap()
-            .into_lease()
-            .unwrap();
-        let doneact = Action::new("mail-1", "smtp");
-        let lease = effects
-            .acquire(&doneact, TEN_MIN)
-            .await
-            .unwrap()
-            .into_lease()
-            .unwrap();
+        granted(
+            Action::new("export-3", "exporter"),
+            Duration::from_millis(200),
+        )
+        .await;
+        granted(Action::new("ship-9", "warehouse"), TEN_MIN).await;
+        let (doneact, lease) = granted(Action::new("mail-1", "smtp"), TEN_MIN).await;
         effects
             .complete(&doneact, &lease, b"secret-effect-result".to_vec().into())
             .await
@@ -211,163 +197,7 @@ fn seed(url: &str) -> Seeded {
     })
 }
 
-// ----- a tiny HTTP/1.1 client (std::net only) -----
-
-struct Reply {
-    status: u16,
-    headers: String,
-    body: String,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
-    }
-}
-
-fn http(addr: &str, method: &str, path: &str, host: &str, form: Option<&str>) -> Reply {
-    let mut stream = TcpStream::connect(addr).expect("console reachable");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
-    let body = form.unwrap_or("");
-    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
-    if form.is_some() {
-        request.push_str(&format!(
-            "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n",
-            body.len()
-        ));
-    }
-    request.push_str("\r\n");
-    request.push_str(body);
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status in {head:?}"));
-    assert!(
-        !head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked"),
-        "this client reads whole bodies only: {head}"
-    );
-    Reply {
-        status,
-        headers: head.to_owned(),
-        body: body.to_owned(),
-    }
-}
-
-fn form_encode(fields: &[(&str, &str)]) -> String {
-    fields
-        .iter()
-        .map(|(k, v)| format!("{k}={}", url_encode(v)))
-        .collect::<Vec<_>>()
-        .join("&")
-}
-
-fn url_encode(text: &str) -> String {
-    let mut out = String::new();
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-// ----- the server process -----
-
-struct Server {
-    child: Child,
-    addr: String,
-    /// stdout lines after the first (the reconcile records).
-    lines: mpsc::Receiver<String>,
-}
-
-impl Server {
-    fn start(url: &str, extra: &[&str]) -> Server {
-        let mut child = Command::new(COORDCTL)
-            .args(["serve", "--store", url, "--addr", "127.0.0.1:0"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("coordctl serve starts");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let first = rx
-            .recv_timeout(Duration::from_secs(120))
-            .expect("coordctl serve prints its address");
-        let addr = first
-            .split("http://")
-            .nth(1)
-            .and_then(|rest| rest.split('/').next())
-            .unwrap_or_else(|| panic!("no address in {first:?}"))
-            .to_owned();
-        let server = Server {
-            child,
-            addr,
-            lines: rx,
-        };
-        // Wait until it answers.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while TcpStream::connect(&server.addr).is_err() {
-            assert!(Instant::now() < deadline, "console never answered");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        server
-    }
-
-    fn get(&self, path: &str) -> Reply {
-        http(&self.addr, "GET", path, &self.addr, None)
-    }
-
-    fn post(&self, path: &str, fields: &[(&str, &str)]) -> Reply {
-        http(
-            &self.addr,
-            "POST",
-            path,
-            &self.addr,
-            Some(&form_encode(fields)),
-        )
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 // ----- checks -----
-
-fn find<'v>(list: &'v Value, field: &str, value: &str) -> &'v Value {
-    list.as_array()
-        .unwrap_or_else(|| panic!("not a list: {list}"))
-        .iter()
-        .find(|item| item[field] == value)
-        .unwrap_or_else(|| panic!("no {field}={value:?} in {list}"))
-}
 
 /// The `/api/` answers hold exactly the seeded records, and nothing secret.
 fn check_api(server: &Server, seeded: &Seeded) {
@@ -990,54 +820,37 @@ fn check_metrics_after_reconcile(server: &Server) {
 #[test]
 fn console_sqlite() {
     let scratch = Scratch::new("console-sqlite-db");
-    let url = format!(
-        "sqlite://{}?namespace={}",
-        scratch.0.join("coord.db").display(),
-        unique("console-sqlite")
-    );
+    let url = scratch.sqlite_url("coord.db", Some(&unique("console-sqlite")));
     console_on("sqlite", url, true);
 }
 
 #[test]
 fn console_postgres() {
-    let Some(base) = coord_conformance::server_env("COORD_TEST_POSTGRES_URL") else {
-        return;
-    };
-    let url = coord_backend::StoreUrl::parse(&base)
-        .unwrap()
-        .with_namespace(&unique("console-pg"));
-    console_on("postgres", url, false);
+    if let Some(url) = server_url("COORD_TEST_POSTGRES_URL", "console-pg") {
+        console_on("postgres", url, false);
+    }
 }
 
 #[test]
 fn console_redis() {
-    let Some(base) = coord_conformance::server_env("COORD_TEST_REDIS_URL") else {
-        return;
-    };
-    let url = coord_backend::StoreUrl::parse(&base)
-        .unwrap()
-        .with_namespace(&unique("console-redis"));
-    console_on("redis", url, false);
+    if let Some(url) = server_url("COORD_TEST_REDIS_URL", "console-redis") {
+        console_on("redis", url, false);
+    }
 }
 
 #[test]
 fn serve_refuses_a_remote_address_or_a_missing_file() {
     let scratch = Scratch::new("console-remote");
-    let url = format!("sqlite://{}", scratch.0.join("coord.db").display());
-    let out = Command::new(COORDCTL)
-        .args(["serve", "--store", &url, "--addr", "0.0.0.0:0"])
-        .output()
-        .unwrap();
+    let url = scratch.sqlite_url("coord.db", None);
+    let serve_at = |addr| coordctl(&["serve", "--store", &url, "--addr", addr]);
+    let out = serve_at("0.0.0.0:0");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("not a loopback address") && err.contains("--allow-remote"),
         "{err}"
     );
-    let out = Command::new(COORDCTL)
-        .args(["serve", "--store", &url, "--addr", "127.0.0.1:0"])
-        .output()
-        .unwrap();
+    let out = serve_at("127.0.0.1:0");
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("does not exist"),
@@ -1047,10 +860,7 @@ fn serve_refuses_a_remote_address_or_a_missing_file() {
         !scratch.0.join("coord.db").exists(),
         "serve created the file"
     );
-    let out = Command::new(COORDCTL)
-        .args(["serve", "--store", &url, "--addr", "localhost:80"])
-        .output()
-        .unwrap();
+    let out = serve_at("localhost:80");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not an IP address"));
 }
@@ -1114,11 +924,7 @@ fn json_outputs_parse() {
     );
 
     // The text report is rendered from the same view.
-    let text = Command::new(COORDCTL)
-        .args(["inspect", "--store", &url])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&text.stdout);
+    let text = inspect_text(&url);
     assert!(text.contains("UNCERTAIN KEYS (3)"), "{text}");
     assert!(text.contains("IN-FLIGHT INTENTS (2)"), "{text}");
 
@@ -1176,7 +982,7 @@ fn json_outputs_parse() {
 #[test]
 fn conformance_json_parses() {
     let scratch = Scratch::new("console-conf");
-    let url = format!("sqlite://{}", scratch.0.join("coord.db").display());
+    let url = scratch.sqlite_url("coord.db", None);
     let out = Command::new(COORDCTL)
         .args(["conformance", "--store", &url, "--suite", "lock", "--json"])
         .output()

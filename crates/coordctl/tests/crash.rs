@@ -15,15 +15,13 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output};
 
 use coord_adapters::sideeffect::{KeyStatus, SideEffectAdapter};
 use serde_json::Value;
 
 mod common;
-use common::{unique, Scratch};
-
-const COORDCTL: &str = env!("CARGO_BIN_EXE_coordctl");
+use common::{inspect_text, server_url, unique, Scratch, COORDCTL};
 
 fn iterations() -> u32 {
     std::env::var("COORD_CRASH_ITERATIONS")
@@ -40,6 +38,24 @@ fn counter_lines(path: &Path) -> HashMap<String, u64> {
         *counts.entry(line.to_owned()).or_default() += 1;
     }
     counts
+}
+
+/// One `coordctl crash-child` run (never killed) applying `key` on `url`,
+/// counting in `counter`, with `extra` arguments.
+fn crash_child(url: &str, key: &str, counter: &Path, extra: &[&str]) -> Output {
+    Command::new(COORDCTL)
+        .args([
+            "crash-child",
+            "--store",
+            url,
+            "--key",
+            key,
+            "--counter-file",
+        ])
+        .arg(counter)
+        .args(extra)
+        .output()
+        .unwrap()
 }
 
 /// Drive the kill loop on `url` and check everything it left behind.
@@ -126,12 +142,7 @@ fn crash_store(name: &str, url: String) {
     assert!(reconciled > 0, "no iteration on {name} needed a reconcile");
 
     // `inspect` runs on the end state and lists no uncertain key.
-    let inspect = Command::new(COORDCTL)
-        .args(["inspect", "--store", &url])
-        .output()
-        .expect("coordctl inspect runs");
-    let text = String::from_utf8_lossy(&inspect.stdout);
-    assert!(inspect.status.success(), "inspect failed: {text}");
+    let text = inspect_text(&url);
     assert!(text.contains("UNCERTAIN KEYS (0)"), "{text}");
     assert!(text.contains("IN-FLIGHT INTENTS (0)"), "{text}");
 }
@@ -139,34 +150,22 @@ fn crash_store(name: &str, url: String) {
 #[test]
 fn crash_sqlite() {
     let scratch = Scratch::new("crash-sqlite-db");
-    let url = format!(
-        "sqlite://{}?namespace={}",
-        scratch.0.join("coord.db").display(),
-        unique("crash-sqlite")
-    );
+    let url = scratch.sqlite_url("coord.db", Some(&unique("crash-sqlite")));
     crash_store("sqlite", url);
 }
 
 #[test]
 fn crash_postgres() {
-    let Some(base) = coord_conformance::server_env("COORD_TEST_POSTGRES_URL") else {
-        return;
-    };
-    let url = coord_backend::StoreUrl::parse(&base)
-        .expect("COORD_TEST_POSTGRES_URL parses")
-        .with_namespace(&unique("crash-pg"));
-    crash_store("postgres", url);
+    if let Some(url) = server_url("COORD_TEST_POSTGRES_URL", "crash-pg") {
+        crash_store("postgres", url);
+    }
 }
 
 #[test]
 fn crash_redis() {
-    let Some(base) = coord_conformance::server_env("COORD_TEST_REDIS_URL") else {
-        return;
-    };
-    let url = coord_backend::StoreUrl::parse(&base)
-        .expect("COORD_TEST_REDIS_URL parses")
-        .with_namespace(&unique("crash-redis"));
-    crash_store("redis", url);
+    if let Some(url) = server_url("COORD_TEST_REDIS_URL", "crash-redis") {
+        crash_store("redis", url);
+    }
 }
 
 /// `reconcile` refuses with a distinct exit code and a clear message when the
@@ -174,20 +173,9 @@ fn crash_redis() {
 #[test]
 fn reconcile_refuses_a_key_that_is_not_uncertain() {
     let scratch = Scratch::new("crash-refuse");
-    let url = format!("sqlite://{}", scratch.0.join("coord.db").display());
+    let url = scratch.sqlite_url("coord.db", None);
     let counter = scratch.0.join("counter.txt");
-    let child = Command::new(COORDCTL)
-        .args([
-            "crash-child",
-            "--store",
-            &url,
-            "--key",
-            "k1",
-            "--counter-file",
-        ])
-        .arg(&counter)
-        .output()
-        .unwrap();
+    let child = crash_child(&url, "k1", &counter, &[]);
     assert!(child.status.success());
     let report: Value = serde_json::from_slice(&child.stdout).unwrap();
     assert_eq!(report["outcome"], "applied");
@@ -203,18 +191,7 @@ fn reconcile_refuses_a_key_that_is_not_uncertain() {
         assert!(msg.contains("not uncertain"), "{msg}");
     }
     // Completed stays completed: the refused --not-applied changed nothing.
-    let again = Command::new(COORDCTL)
-        .args([
-            "crash-child",
-            "--store",
-            &url,
-            "--key",
-            "k1",
-            "--counter-file",
-        ])
-        .arg(&counter)
-        .output()
-        .unwrap();
+    let again = crash_child(&url, "k1", &counter, &[]);
     let report: Value = serde_json::from_slice(&again.stdout).unwrap();
     assert_eq!(report["outcome"], "replayed");
     assert_eq!(counter_lines(&counter).get("k1"), Some(&1));
@@ -226,26 +203,10 @@ fn reconcile_refuses_a_key_that_is_not_uncertain() {
 #[test]
 fn marked_uncertain_key_is_listed_and_reconciled() {
     let scratch = Scratch::new("crash-marked");
-    let url = format!(
-        "sqlite://{}?namespace=marked",
-        scratch.0.join("coord.db").display()
-    );
+    let url = scratch.sqlite_url("coord.db", Some("marked"));
     let counter = scratch.0.join("counter.txt");
     let run = |extra: &[&str]| -> Value {
-        let out = Command::new(COORDCTL)
-            .args([
-                "crash-child",
-                "--store",
-                &url,
-                "--key",
-                "m1",
-                "--counter-file",
-            ])
-            .arg(&counter)
-            .args(extra)
-            .output()
-            .unwrap();
-        serde_json::from_slice(&out.stdout).unwrap()
+        serde_json::from_slice(&crash_child(&url, "m1", &counter, extra).stdout).unwrap()
     };
     let failed = run(&["--fail-apply"]);
     assert_eq!(failed["outcome"], "uncertain", "{failed}");
@@ -255,11 +216,7 @@ fn marked_uncertain_key_is_listed_and_reconciled() {
         "an uncertain key never re-runs"
     );
 
-    let inspect = Command::new(COORDCTL)
-        .args(["inspect", "--store", &url])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&inspect.stdout);
+    let text = inspect_text(&url);
     assert!(text.contains("UNCERTAIN KEYS (1)"), "{text}");
     assert!(text.contains("injected apply failure"), "{text}");
     assert!(text.contains("crash-resource/m1"), "{text}");

@@ -21,6 +21,9 @@ use coord_adapters::sideeffect::{Action, EffectResult, Runner, SideEffectAdapter
 use coord_backend::SystemClock;
 use coord_scheduler::{RunStatus, RunStore, RunStoreOptions, SkipReason, SlotStore};
 
+mod common;
+use common::Scratch;
+
 /// Every series name the documentation promises (a labelled one appears as
 /// soon as any of its label sets does).
 const NAMED: [&str; 13] = [
@@ -41,6 +44,26 @@ const NAMED: [&str; 13] = [
 
 /// Kills the cron process (continued first, in case it is stopped) if the test fails.
 struct Cron(Child);
+
+impl Cron {
+    /// `coordctl cron --instance INSTANCE --config CONFIG` with `/metrics`
+    /// on `port` and `extra` arguments, its output in the file `log`.
+    fn spawn(instance: &str, config: &Path, port: u16, extra: &[&str], log: &Path) -> Cron {
+        let log = std::fs::File::create(log).unwrap();
+        Cron(
+            Command::new(env!("CARGO_BIN_EXE_coordctl"))
+                .args(["cron", "--instance", instance, "--config"])
+                .arg(config)
+                .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+                .args(extra)
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("spawn coordctl cron"),
+        )
+    }
+}
 
 impl Drop for Cron {
     fn drop(&mut self) {
@@ -253,28 +276,13 @@ command = "exit 3"
 
 #[test]
 fn cron_serves_every_metric_with_counts_that_match_its_history() {
-    let dir = std::env::temp_dir().join(format!(
-        "coord-metrics-{}-{}",
-        std::process::id(),
-        &coord_adapters::mint_token()[..8]
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let url = format!("sqlite://{}/coord.db?namespace=metrics", dir.display());
+    let scratch = Scratch::new("coord-metrics");
+    let dir = &scratch.0;
+    let url = scratch.sqlite_url("coord.db", Some("metrics"));
     seed_uncertain(&url, 2);
-    let config = write_config(&dir, &url);
+    let config = write_config(dir, &url);
     let port = free_port();
-    let log = std::fs::File::create(dir.join("cron.out")).unwrap();
-    let cron = Cron(
-        Command::new(env!("CARGO_BIN_EXE_coordctl"))
-            .args(["cron", "--instance", "metered", "--config"])
-            .arg(&config)
-            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn coordctl cron"),
-    );
+    let cron = Cron::spawn("metered", &config, port, &[], &dir.join("cron.out"));
     let pid = cron.0.id();
 
     // Runs of both jobs, counted as they happen.
@@ -355,19 +363,14 @@ fn cron_serves_every_metric_with_counts_that_match_its_history() {
         out.contains(&format!("metrics at http://127.0.0.1:{port}/metrics")),
         "{out}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_busy_metrics_address_is_an_error_before_anything_runs() {
-    let dir = std::env::temp_dir().join(format!(
-        "coord-metrics-busy-{}-{}",
-        std::process::id(),
-        &coord_adapters::mint_token()[..8]
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let url = format!("sqlite://{}/coord.db", dir.display());
-    let config = write_config(&dir, &url);
+    let scratch = Scratch::new("coord-metrics-busy");
+    let dir = &scratch.0;
+    let url = scratch.sqlite_url("coord.db", None);
+    let config = write_config(dir, &url);
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_coordctl"))
@@ -385,7 +388,6 @@ fn a_busy_metrics_address_is_an_error_before_anything_runs() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!stdout.contains(" run job="), "{stdout}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `--reclaim-every` with `--board-retention`: the background rounds prune
@@ -396,13 +398,9 @@ fn a_busy_metrics_address_is_an_error_before_anything_runs() {
 fn cron_prunes_and_reclaims_in_the_background() {
     use coord_adapters::board::{Board, BoardAdapter, BoardOptions, TaskSpec};
     use coord_backend::{Clock, ManualClock};
-    let dir = std::env::temp_dir().join(format!(
-        "coord-maintenance-{}-{}",
-        std::process::id(),
-        &coord_adapters::mint_token()[..8]
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let url = format!("sqlite://{}/coord.db?namespace=kept", dir.display());
+    let scratch = Scratch::new("coord-maintenance");
+    let dir = &scratch.0;
+    let url = scratch.sqlite_url("coord.db", Some("kept"));
     runtime().block_on(async {
         let store = coord::connect(&url).await.unwrap();
         let two_hours_ago = Arc::new(ManualClock::at_millis(
@@ -424,7 +422,7 @@ fn cron_prunes_and_reclaims_in_the_background() {
             board.complete(id, &claim.token, vec![]).await.unwrap();
         }
     });
-    let config = write_config(&dir, &url);
+    let config = write_config(dir, &url);
     let refused = Command::new(env!("CARGO_BIN_EXE_coordctl"))
         .args(["cron", "--config"])
         .arg(&config)
@@ -439,18 +437,12 @@ fn cron_prunes_and_reclaims_in_the_background() {
         String::from_utf8_lossy(&refused.stderr)
     );
     let port = free_port();
-    let log = std::fs::File::create(dir.join("cron.out")).unwrap();
-    let _cron = Cron(
-        Command::new(env!("CARGO_BIN_EXE_coordctl"))
-            .args(["cron", "--instance", "keeper", "--config"])
-            .arg(&config)
-            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-            .args(["--reclaim-every", "1s", "--board-retention", "1h"])
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn coordctl cron"),
+    let _cron = Cron::spawn(
+        "keeper",
+        &config,
+        port,
+        &["--reclaim-every", "1s", "--board-retention", "1h"],
+        &dir.join("cron.out"),
     );
     wait_for(
         port,
@@ -471,5 +463,4 @@ fn cron_prunes_and_reclaims_in_the_background() {
             .collect()
     });
     assert_eq!(left, ["new"]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
