@@ -40,17 +40,6 @@ pub type BoardFactory = ClientFactory<dyn Board, BoardError>;
 /// What a board check runs against (see [`ClientEnv`]).
 pub type BoardEnv = ClientEnv<dyn Board, BoardError>;
 
-impl BoardEnv {
-    /// [`BoardAdapter`]s over backends from `factory` (one fresh namespace named
-    /// after `label`), all judging expiry with one shared `ManualClock`.
-    pub fn generic(factory: BackendFactory, label: &str) -> Self {
-        Self::over_backends(factory, label, |backend, clock| {
-            let options = BoardOptions::default().with_clock(clock);
-            Arc::new(BoardAdapter::with_options(backend, options)) as Arc<dyn Board>
-        })
-    }
-}
-
 const TTL: Duration = Duration::from_secs(60);
 
 fn task(id: &str) -> TaskSpec {

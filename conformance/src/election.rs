@@ -22,12 +22,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_adapters::election::{
-    Election, ElectionError, ElectionOptions, GenericElection, Leadership, Observer,
-};
+use coord_adapters::election::{Election, ElectionError, Leadership, Observer};
 
-use crate::clients::{ClientEnv, ClientFactory, Ctx};
-use crate::{ensure, BackendFactory, BoxFuture, CheckResult, Failure};
+use crate::clients::{granted as won, key as name, lost, ClientEnv, ClientFactory, Ctx};
+use crate::{ensure, BoxFuture, CheckResult, Failure};
 
 /// Makes a new client of the election under test.
 pub type ElectionFactory = ClientFactory<dyn Election, ElectionError>;
@@ -35,44 +33,9 @@ pub type ElectionFactory = ClientFactory<dyn Election, ElectionError>;
 /// What a election check runs against (see [`ClientEnv`]).
 pub type ElectionEnv = ClientEnv<dyn Election, ElectionError>;
 
-impl ElectionEnv {
-    /// [`GenericElection`]s over backends from `factory` (one fresh namespace named
-    /// after `label`), all judging expiry with one shared `ManualClock`.
-    pub fn generic(factory: BackendFactory, label: &str) -> Self {
-        Self::over_backends(factory, label, |backend, clock| {
-            let options = ElectionOptions::default().with_clock(clock);
-            Arc::new(GenericElection::with_options(backend, options)) as Arc<dyn Election>
-        })
-    }
-}
-
 const TTL: Duration = Duration::from_secs(3_600);
 const SHORT: Duration = Duration::from_millis(1_500);
 const WAIT: Duration = Duration::from_secs(30);
-
-fn name(label: &str) -> String {
-    format!("{label}-{:016x}", rand::random::<u64>())
-}
-
-fn won(
-    answer: Result<Option<Leadership>, ElectionError>,
-    what: &str,
-) -> Result<Leadership, Failure> {
-    match answer {
-        Ok(Some(l)) => Ok(l),
-        Ok(None) => Err(Failure::new(format!("{what}: refused, expected to lead"))),
-        Err(e) => Err(Failure::new(format!("{what}: {e}"))),
-    }
-}
-
-fn lost(answer: Result<(), ElectionError>, what: &str) -> CheckResult {
-    match answer {
-        Err(ElectionError::Lost { .. }) => Ok(()),
-        other => Err(Failure::new(format!(
-            "{what}: expected Lost, got {other:?}"
-        ))),
-    }
-}
 
 /// What `leader` says, as `(candidate, value, term)`.
 async fn seen(e: &Arc<dyn Election>, n: &str) -> Result<Option<(String, String, u64)>, Failure> {

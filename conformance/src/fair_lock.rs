@@ -29,12 +29,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use coord_adapters::lock::{
-    FairLock, FairLockOptions, Lock, LockError, LockExt, LockHandle, WaitOptions,
-};
+use coord_adapters::lock::{FairLock, FairLockOptions, Lock, LockError, LockExt, WaitOptions};
 use coord_backend::{InvalidInput, ManualClock};
 
-use crate::clients::Ctx;
+use crate::clients::{granted as held, key, lost, refused, Ctx};
 use crate::lock::{lock_factory, LockFactory};
 use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, CheckResult, Failure};
 
@@ -145,34 +143,11 @@ const LONG: Duration = Duration::from_secs(3_600);
 /// A lease the checks let run out.
 const SHORT: Duration = Duration::from_secs(2);
 
-fn key(label: &str) -> String {
-    format!("{label}-{:016x}", rand::random::<u64>())
-}
-
 /// Wait with a short fallback poll, so a lock without notifications still
 /// hands over quickly.
 fn patient() -> WaitOptions {
     WaitOptions::with_timeout(PATIENCE)
         .with_backoff(Duration::from_millis(2), Duration::from_millis(20))
-}
-
-fn held(answer: Result<Option<LockHandle>, LockError>, what: &str) -> Result<LockHandle, Failure> {
-    match answer {
-        Ok(Some(handle)) => Ok(handle),
-        Ok(None) => Err(Failure::new(format!("{what}: refused, expected the lock"))),
-        Err(e) => Err(Failure::new(format!("{what}: {e}"))),
-    }
-}
-
-fn refused(answer: Result<Option<LockHandle>, LockError>, what: &str) -> CheckResult {
-    match answer {
-        Ok(None) => Ok(()),
-        Ok(Some(h)) => Err(Failure::new(format!(
-            "{what}: got the lock (fence {}), expected a refusal",
-            h.fence()
-        ))),
-        Err(e) => Err(Failure::new(format!("{what}: {e}"))),
-    }
 }
 
 /// 5 workers, each 8 times: wait for the lock, read a shared counter, yield,
@@ -349,17 +324,8 @@ pub async fn dead_holder_and_ticket_expire(env: FairEnv) -> CheckResult {
         h.fence()
     );
     env.until_queued(&k, 0).await?;
-    lost_check(holder.release(h).await, "the dead holder's release")?;
+    lost(holder.release(h).await, "the dead holder's release")?;
     probe.release(got).await.ctx("release by handle")
-}
-
-fn lost_check(answer: Result<(), LockError>, what: &str) -> CheckResult {
-    match answer {
-        Err(e) if e.is_lost() => Ok(()),
-        other => Err(Failure::new(format!(
-            "{what}: expected LockError::Lost, got {other:?}"
-        ))),
-    }
 }
 
 /// Fences strictly increase across try_lock, release, a waiting grant and
@@ -380,9 +346,9 @@ pub async fn fair_fences_increase(env: FairEnv) -> CheckResult {
         fences.windows(2).all(|w| w[0] < w[1]),
         "fences {fences:?} do not strictly increase"
     );
-    lost_check(b.renew(&h2).await, "renew of a taken-over handle")?;
-    lost_check(b.release(h2).await, "release of a taken-over handle")?;
-    lost_check(a.release(h1).await, "release of a released handle")?;
+    lost(b.renew(&h2).await, "renew of a taken-over handle")?;
+    lost(b.release(h2).await, "release of a taken-over handle")?;
+    lost(a.release(h1).await, "release of a released handle")?;
     a.renew(&h3).await.ctx("the holder renews")?;
     a.release(h3).await.ctx("the holder releases")
 }

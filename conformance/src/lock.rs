@@ -40,7 +40,7 @@ use coord_adapters::lock::{
 };
 use coord_backend::ManualClock;
 
-use crate::clients::{ClientFactory, Ctx};
+use crate::clients::{granted as held, key, lost, refused, ClientFactory, Ctx};
 use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, CheckResult, Failure};
 
 /// Makes a new client of the lock under test (each call: a separate client
@@ -166,48 +166,9 @@ impl fmt::Debug for LockCase {
     }
 }
 
-fn key(label: &str) -> String {
-    format!("{label}-{:016x}", rand::random::<u64>())
-}
-
 fn skipped(check: &str) -> CheckResult {
     eprintln!("SKIPPED: lock::{check}: the lock under test does not expire");
     Ok(())
-}
-
-/// `Some(handle)` or a failure naming what was expected.
-fn held(answer: Result<Option<LockHandle>, LockError>, what: &str) -> Result<LockHandle, Failure> {
-    match answer {
-        Ok(Some(handle)) => Ok(handle),
-        Ok(None) => Err(Failure::new(format!(
-            "{what}: got None (held elsewhere), expected the lock"
-        ))),
-        Err(e) => Err(Failure::new(format!("{what}: {e}"))),
-    }
-}
-
-/// `None` or a failure naming what was expected.
-fn refused(answer: Result<Option<LockHandle>, LockError>, what: &str) -> CheckResult {
-    match answer {
-        Ok(None) => Ok(()),
-        Ok(Some(h)) => Err(Failure::new(format!(
-            "{what}: got the lock (fence {}) while another holder should have it",
-            h.fence()
-        ))),
-        Err(e) => Err(Failure::new(format!("{what}: {e}"))),
-    }
-}
-
-fn lost(answer: Result<(), LockError>, what: &str) -> CheckResult {
-    match answer {
-        Err(e) if e.is_lost() => Ok(()),
-        Err(e) => Err(Failure::new(format!(
-            "{what}: expected LockError::Lost, got {e}"
-        ))),
-        Ok(()) => Err(Failure::new(format!(
-            "{what}: succeeded, expected LockError::Lost"
-        ))),
-    }
 }
 
 /// Of 16 clients racing `try_lock` on one free key, exactly one gets it.

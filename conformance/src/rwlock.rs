@@ -28,10 +28,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use coord_adapters::lock::LockError;
-use coord_adapters::rwlock::{GenericRwLock, RwHandle, RwLock, RwLockOptions, RwMode};
+use coord_adapters::rwlock::{RwHandle, RwLock, RwMode};
 
-use crate::clients::{ClientEnv, ClientFactory, Ctx};
-use crate::{ensure, BackendFactory, BoxFuture, CheckResult, Failure};
+use crate::clients::{granted, key, lost, refused, ClientEnv, ClientFactory, Ctx};
+use crate::{ensure, BoxFuture, CheckResult, Failure};
 
 /// Makes a new client of the read-write lock under test.
 pub type RwFactory = ClientFactory<dyn RwLock, LockError>;
@@ -39,56 +39,12 @@ pub type RwFactory = ClientFactory<dyn RwLock, LockError>;
 /// What a read-write lock check runs against (see [`ClientEnv`]).
 pub type RwEnv = ClientEnv<dyn RwLock, LockError>;
 
-impl RwEnv {
-    /// [`GenericRwLock`]s over backends from `factory` (one fresh namespace named
-    /// after `label`), all judging expiry with one shared `ManualClock`.
-    pub fn generic(factory: BackendFactory, label: &str) -> Self {
-        Self::over_backends(factory, label, |backend, clock| {
-            let options = RwLockOptions::default().with_clock(clock);
-            Arc::new(GenericRwLock::with_options(backend, options)) as Arc<dyn RwLock>
-        })
-    }
-}
-
 const TTL: Duration = Duration::from_secs(3_600);
 const SHORT: Duration = Duration::from_millis(1_500);
 const WAIT: Duration = Duration::from_secs(30);
 /// How long a writer that started waiting may take to hold new readers back
 /// (a few round trips; generous for loaded machines).
 const QUEUED_WITHIN: Duration = Duration::from_secs(10);
-
-fn key(label: &str) -> String {
-    format!("{label}-{:016x}", rand::random::<u64>())
-}
-
-fn granted(answer: Result<Option<RwHandle>, LockError>, what: &str) -> Result<RwHandle, Failure> {
-    match answer {
-        Ok(Some(handle)) => Ok(handle),
-        Ok(None) => Err(Failure::new(format!("{what}: refused, expected a grant"))),
-        Err(e) => Err(Failure::new(format!("{what}: {e}"))),
-    }
-}
-
-fn refused(answer: Result<Option<RwHandle>, LockError>, what: &str) -> CheckResult {
-    match answer {
-        Ok(None) => Ok(()),
-        Ok(Some(handle)) => Err(Failure::new(format!(
-            "{what}: granted ({:?} fence {}), expected a refusal",
-            handle.mode(),
-            handle.fence()
-        ))),
-        Err(e) => Err(Failure::new(format!("{what}: {e}"))),
-    }
-}
-
-fn lost(answer: Result<(), LockError>, what: &str) -> CheckResult {
-    match answer {
-        Err(LockError::Lost { .. }) => Ok(()),
-        other => Err(Failure::new(format!(
-            "{what}: expected Lost, got {other:?}"
-        ))),
-    }
-}
 
 /// Three readers (separate clients) hold one key at once; a writer is
 /// refused while any of them is inside, and granted once all left.

@@ -26,12 +26,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_adapters::lock::{
-    GenericSemaphore, LockError, Permit, Semaphore, SemaphoreOptions, WaitOptions,
-};
+use coord_adapters::lock::{LockError, Permit, Semaphore, WaitOptions};
 
-use crate::clients::{ClientEnv, ClientFactory, Ctx};
-use crate::{ensure, BackendFactory, CheckResult, Failure};
+use crate::clients::{granted, key, lost, refused, ClientEnv, ClientFactory, Ctx};
+use crate::{ensure, CheckResult, Failure};
 
 /// Makes a new client of the semaphore under test.
 pub type SemaphoreFactory = ClientFactory<dyn Semaphore, LockError>;
@@ -39,51 +37,8 @@ pub type SemaphoreFactory = ClientFactory<dyn Semaphore, LockError>;
 /// What a semaphore check runs against (see [`ClientEnv`]).
 pub type SemEnv = ClientEnv<dyn Semaphore, LockError>;
 
-impl SemEnv {
-    /// [`GenericSemaphore`]s over backends from `factory` (one fresh namespace named
-    /// after `label`), all judging expiry with one shared `ManualClock`.
-    pub fn generic(factory: BackendFactory, label: &str) -> Self {
-        Self::over_backends(factory, label, |backend, clock| {
-            let options = SemaphoreOptions::default().with_clock(clock);
-            Arc::new(GenericSemaphore::with_options(backend, options)) as Arc<dyn Semaphore>
-        })
-    }
-}
-
 const LONG: Duration = Duration::from_secs(3_600);
 const SHORT: Duration = Duration::from_secs(2);
-
-fn key(label: &str) -> String {
-    format!("{label}-{:016x}", rand::random::<u64>())
-}
-
-fn granted(answer: Result<Option<Permit>, LockError>, what: &str) -> Result<Permit, Failure> {
-    match answer {
-        Ok(Some(p)) => Ok(p),
-        Ok(None) => Err(Failure::new(format!("{what}: refused, expected a permit"))),
-        Err(e) => Err(Failure::new(format!("{what}: {e}"))),
-    }
-}
-
-fn refused(answer: Result<Option<Permit>, LockError>, what: &str) -> CheckResult {
-    match answer {
-        Ok(None) => Ok(()),
-        Ok(Some(p)) => Err(Failure::new(format!(
-            "{what}: got a permit (fence {}), expected a refusal: every permit is held",
-            p.fence()
-        ))),
-        Err(e) => Err(Failure::new(format!("{what}: {e}"))),
-    }
-}
-
-fn lost(answer: Result<(), LockError>, what: &str) -> CheckResult {
-    match answer {
-        Err(e) if e.is_lost() => Ok(()),
-        other => Err(Failure::new(format!(
-            "{what}: expected LockError::Lost, got {other:?}"
-        ))),
-    }
-}
 
 /// Of 12 clients racing `try_acquire` for 3 permits, exactly 3 get one.
 pub async fn permit_race(env: SemEnv) -> CheckResult {
