@@ -127,15 +127,17 @@ pub(crate) async fn run(args: GcArgs) -> Result<ExitCode, Error> {
         report.more = round.more;
     }
     report.seconds = started.elapsed().as_secs_f64();
-    if args.json {
-        let text = serde_json::to_string_pretty(&report)
-            .map_err(|e| Error::Config(format!("cannot encode the report: {e}")))?;
-        println!("{text}");
-    } else if args.dry_run {
+    crate::views::print_report(&report, args.json, |report| print_text(&args, report))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The text report of a round (or of a dry run).
+fn print_text(args: &GcArgs, report: &GcReport) {
+    if args.dry_run {
         println!(
             "coordctl gc (dry run): would {}reclaim the tombstones of namespace {:?} on {}, \
              at most {} per pass{}; nothing changed",
-            what_is_pruned(&args, &report),
+            what_is_pruned(args, report),
             report.namespace,
             report.store,
             args.per_pass,
@@ -162,7 +164,6 @@ pub(crate) async fn run(args: GcArgs) -> Result<ExitCode, Error> {
             }
         );
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// The board prefixes to prune (`board/`, the boards' default, unless given).

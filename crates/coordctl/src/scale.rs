@@ -128,48 +128,24 @@ pub(crate) async fn run(args: ScaleArgs) -> Result<ExitCode, Error> {
     let started = Instant::now();
     fill_keys(&deleted, "x/d/", args.keys, true).await?;
     fill += started.elapsed();
-    phases.push(
-        measure(
-            &format!("{} deleted, before reclaim", args.keys),
-            &deleted,
-            &deleted_url,
-            budget,
-        )
-        .await?,
-    );
+    // The churned namespace, measured at each step of its clean-up.
+    let measure_deleted = async |step: &str| {
+        let name = format!("{} deleted, {step}", args.keys);
+        measure(&name, &deleted, &deleted_url, budget).await
+    };
+    phases.push(measure_deleted("before reclaim").await?);
     note("reclaiming");
     let started = Instant::now();
-    let mut reclaimed = 0;
-    loop {
-        let pass = deleted.reclaim(&ReclaimOptions::DEFAULT).await?;
-        reclaimed += pass.removed;
-        if !pass.more {
-            break;
-        }
-    }
+    let reclaimed = reclaim_all(&deleted).await?;
     let reclaim_seconds = started.elapsed().as_secs_f64();
-    let after = measure(
-        &format!("{} deleted, after reclaim", args.keys),
-        &deleted,
-        &deleted_url,
-        budget,
-    )
-    .await?;
+    let after = measure_deleted("after reclaim").await?;
     let churn_bytes_ratio = match (before_churn, after.bytes) {
         (Some((_, before)), Some(after)) if before > 0 => Some(after as f64 / before as f64),
         _ => None,
     };
     phases.push(after);
     if args.etcd_compact && size::compact_etcd(&deleted_url).await? {
-        phases.push(
-            measure(
-                &format!("{} deleted, + etcd compaction", args.keys),
-                &deleted,
-                &deleted_url,
-                budget,
-            )
-            .await?,
-        );
+        phases.push(measure_deleted("+ etcd compaction").await?);
     }
 
     note(&format!("{} side effects", args.effects));
@@ -189,11 +165,7 @@ pub(crate) async fn run(args: ScaleArgs) -> Result<ExitCode, Error> {
     }
     // As `coordctl gc` leaves it: the attention entries each completion
     // deleted are tombstones until reclaimed.
-    loop {
-        if !effects.reclaim(&ReclaimOptions::DEFAULT).await?.more {
-            break;
-        }
-    }
+    reclaim_all(&effects).await?;
     let after_effects = size::of(&effects_url, effects.namespace()).await?;
     let bytes_per_effect = match (before_effects, after_effects) {
         (Some((_, before)), Some((_, after))) if args.effects > 0 => {
@@ -213,14 +185,20 @@ pub(crate) async fn run(args: ScaleArgs) -> Result<ExitCode, Error> {
         reclaim_seconds,
         fill_seconds: fill.as_secs_f64().min(fill_started.elapsed().as_secs_f64()),
     };
-    if args.json {
-        let text = serde_json::to_string_pretty(&report)
-            .map_err(|e| Error::Config(format!("cannot encode the report: {e}")))?;
-        println!("{text}");
-    } else {
-        print_table(&report);
-    }
+    crate::views::print_report(&report, args.json, print_table)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Reclaim passes until none is left to do: the tombstones removed.
+async fn reclaim_all(store: &Arc<dyn Backend>) -> Result<u64, Error> {
+    let mut removed = 0;
+    loop {
+        let pass = store.reclaim(&ReclaimOptions::DEFAULT).await?;
+        removed += pass.removed;
+        if !pass.more {
+            return Ok(removed);
+        }
+    }
 }
 
 /// A namespace with its 10 live keys under `x/` and the CAS key `t`.

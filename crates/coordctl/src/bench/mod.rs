@@ -26,6 +26,22 @@ use serde::Serialize;
 
 use measure::{Budget, Failure, Tally};
 
+/// A raw client of the endpoints an `etcd://` URL names (plain endpoints:
+/// options are coord-etcd's to interpret), for the raw baselines here and
+/// `coordctl scale`'s look into a namespace.
+#[cfg(feature = "etcd")]
+pub(crate) async fn raw_etcd_client(
+    url: &StoreUrl,
+) -> Result<etcd_client::Client, etcd_client::Error> {
+    let endpoints: Vec<String> = url
+        .body()
+        .split(',')
+        .map(|e| e.trim().to_owned())
+        .filter(|e| !e.is_empty())
+        .collect();
+    etcd_client::Client::connect(&endpoints, None).await
+}
+
 /// Slices each measurement is split in (interleaved with its baseline).
 const SLICES: u32 = 4;
 /// Calls of each operation before measuring (connections, statements, scripts, caches).
@@ -225,13 +241,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<ExitCode, Error> {
         slices: SLICES,
         rows,
     };
-    if args.json {
-        let text = serde_json::to_string_pretty(&report)
-            .map_err(|e| Error::Config(format!("cannot encode the report: {e}")))?;
-        println!("{text}");
-    } else {
-        print_table(&report);
-    }
+    crate::views::print_report(&report, args.json, print_table)?;
     Ok(ExitCode::SUCCESS)
 }
 

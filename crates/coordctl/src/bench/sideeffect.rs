@@ -122,12 +122,7 @@ impl Bench {
             })
             .await
             .map_err(|e| format!("execute {key}: {e}"))?;
-        if execution.outcome != Outcome::Applied {
-            return Err(format!(
-                "execute of the fresh key {key} answered {:?}, not Applied",
-                execution.outcome
-            ));
-        }
+        expect_outcome(&key, "fresh", execution.outcome, Outcome::Applied)?;
         if self.completed.len() < REPLAY_KEYS {
             self.completed.push(key);
         } else {
@@ -153,13 +148,7 @@ impl Bench {
             })
             .await
             .map_err(|e| format!("replay {key}: {e}"))?;
-        if execution.outcome != Outcome::Replayed {
-            return Err(format!(
-                "execute of the completed key {key} answered {:?}, not Replayed",
-                execution.outcome
-            ));
-        }
-        Ok(())
+        expect_outcome(&key, "completed", execution.outcome, Outcome::Replayed)
     }
 
     async fn call(&mut self, op: Op) -> Result<(), Failure> {
@@ -224,4 +213,15 @@ pub(crate) async fn measure(
         }
     }
     Ok((raw, exec, replay))
+}
+
+/// An execute of the `state` (fresh, completed) key `key` must answer `want`.
+fn expect_outcome(key: &str, state: &str, got: Outcome, want: Outcome) -> Result<(), Failure> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!(
+            "execute of the {state} key {key} answered {got:?}, not {want:?}"
+        ))
+    }
 }

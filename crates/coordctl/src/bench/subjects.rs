@@ -46,6 +46,12 @@ impl Baseline {
             op: Some(op),
         }
     }
+
+    /// A store's native lock, one acquire + release cycle at a time (key
+    /// `bench-native-lock`).
+    fn native_lock(label: &str, lock: Arc<dyn Lock>) -> Baseline {
+        Baseline::some(label, lock_cycle(lock, "bench-native-lock"))
+    }
 }
 
 /// A subject next to its baseline.
@@ -73,6 +79,18 @@ pub(crate) struct Raw {
     lock: Baseline,
     /// Why `write_read` is `None`.
     why_not: String,
+}
+
+impl Raw {
+    /// A store's raw conditional write and point read, each with its label,
+    /// beside the `lock` baseline.
+    fn new(write: (&str, OpFn), read: (&str, OpFn), lock: Baseline) -> Raw {
+        Raw {
+            write_read: Some((write.0.into(), write.1, read.0.into(), read.1)),
+            lock,
+            why_not: String::new(),
+        }
+    }
 }
 
 /// Turn a client's error into a [`Failure`] that says what was being done.
@@ -312,16 +330,11 @@ mod sqlite {
                 .to_owned(),
             "SELECT version, value FROM t WHERE k = 'k'".to_owned()
         );
-        Ok(Raw {
-            write_read: Some((
-                "raw UPDATE … WHERE version = ? (sqlx)".into(),
-                write,
-                "raw SELECT by primary key (sqlx)".into(),
-                read,
-            )),
-            lock: Baseline::none("n/a: SQLite has no native lock"),
-            why_not: String::new(),
-        })
+        Ok(Raw::new(
+            ("raw UPDATE … WHERE version = ? (sqlx)", write),
+            ("raw SELECT by primary key (sqlx)", read),
+            Baseline::none("n/a: SQLite has no native lock"),
+        ))
     }
 }
 
@@ -335,7 +348,7 @@ mod redis_raw {
     use coord_backend::StoreUrl;
     use coord_locks_native::RedisLock;
 
-    use super::{fail, lock_cycle, op, Baseline, Cleanup, Failure, Raw, VALUE};
+    use super::{fail, op, Baseline, Cleanup, Failure, Raw, VALUE};
 
     const CAS: &str = "if redis.call('HGET', KEYS[1], 'v') == ARGV[1] then \
         redis.call('HSET', KEYS[1], 'v', ARGV[2], 'd', ARGV[3]) return 1 end return 0";
@@ -406,19 +419,11 @@ mod redis_raw {
         let native = RedisLock::connect(url)
             .await
             .map_err(fail("connecting RedisLock"))?;
-        Ok(Raw {
-            write_read: Some((
-                "raw Lua compare-and-set (1 EVALSHA)".into(),
-                write,
-                "raw HMGET".into(),
-                read,
-            )),
-            lock: Baseline::some(
-                "native RedisLock (SET NX PX + Lua)",
-                lock_cycle(Arc::new(native), "bench-native-lock"),
-            ),
-            why_not: String::new(),
-        })
+        Ok(Raw::new(
+            ("raw Lua compare-and-set (1 EVALSHA)", write),
+            ("raw HMGET", read),
+            Baseline::native_lock("native RedisLock (SET NX PX + Lua)", Arc::new(native)),
+        ))
     }
 }
 
@@ -434,7 +439,7 @@ mod postgres {
     use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
     use sqlx::AssertSqlSafe;
 
-    use super::{fail, lock_cycle, op, Baseline, Cleanup, Failure, Raw, VALUE};
+    use super::{fail, op, Baseline, Cleanup, Failure, Raw, VALUE};
 
     pub(super) async fn raw(
         url: &StoreUrl,
@@ -478,19 +483,11 @@ mod postgres {
         let native = PgAdvisoryLock::connect(url)
             .await
             .map_err(fail("connecting PgAdvisoryLock"))?;
-        Ok(Raw {
-            write_read: Some((
-                "raw UPDATE … WHERE version = $2 (sqlx)".into(),
-                write,
-                "raw SELECT by primary key (sqlx)".into(),
-                read,
-            )),
-            lock: Baseline::some(
-                "native PgAdvisoryLock (pooled sessions)",
-                lock_cycle(Arc::new(native), "bench-native-lock"),
-            ),
-            why_not: String::new(),
-        })
+        Ok(Raw::new(
+            ("raw UPDATE … WHERE version = $2 (sqlx)", write),
+            ("raw SELECT by primary key (sqlx)", read),
+            Baseline::native_lock("native PgAdvisoryLock (pooled sessions)", Arc::new(native)),
+        ))
     }
 }
 
@@ -502,7 +499,7 @@ mod etcd {
     use std::sync::Arc;
 
     use coord_backend::StoreUrl;
-    use etcd_client::{Client, Compare, CompareOp, LockOptions, Txn, TxnOp};
+    use etcd_client::{Compare, CompareOp, LockOptions, Txn, TxnOp};
 
     use super::{fail, op, Baseline, Cleanup, Failure, Raw, VALUE};
 
@@ -511,13 +508,7 @@ mod etcd {
         run: &str,
         cleanup: &mut Cleanup,
     ) -> Result<Raw, Failure> {
-        let endpoints: Vec<String> = url
-            .body()
-            .split(',')
-            .map(|e| e.trim().to_owned())
-            .filter(|e| !e.is_empty())
-            .collect();
-        let client = Client::connect(&endpoints, None)
+        let client = crate::bench::raw_etcd_client(url)
             .await
             .map_err(fail("connecting the raw etcd client"))?;
         let key = format!("coordctl-bench-raw/{run}/k").into_bytes();
@@ -584,15 +575,10 @@ mod etcd {
                 Ok(())
             }
         });
-        Ok(Raw {
-            write_read: Some((
-                "raw etcd Txn If(version) Then(put)".into(),
-                write,
-                "raw etcd range get".into(),
-                read,
-            )),
-            lock: Baseline::some("etcd Lock RPC + Unlock (one lease)", rpc_lock),
-            why_not: String::new(),
-        })
+        Ok(Raw::new(
+            ("raw etcd Txn If(version) Then(put)", write),
+            ("raw etcd range get", read),
+            Baseline::some("etcd Lock RPC + Unlock (one lease)", rpc_lock),
+        ))
     }
 }

@@ -127,17 +127,8 @@ async fn redis_size(url: &StoreUrl, namespace: &str) -> Result<(u64, u64), Error
     }
 }
 
-/// A raw client of the endpoints an `etcd://` URL names.
 #[cfg(feature = "etcd")]
-async fn etcd_client(url: &StoreUrl) -> Result<etcd_client::Client, etcd_client::Error> {
-    let endpoints: Vec<String> = url
-        .body()
-        .split(',')
-        .map(|e| e.trim().to_owned())
-        .filter(|e| !e.is_empty())
-        .collect();
-    etcd_client::Client::connect(&endpoints, None).await
-}
+use crate::bench::raw_etcd_client as etcd_client;
 
 #[cfg(feature = "etcd")]
 async fn etcd(url: &StoreUrl, namespace: &str) -> Result<(u64, u64), Error> {

@@ -311,6 +311,23 @@ pub(crate) fn shorten(text: &str, max: usize) -> String {
     }
 }
 
+/// Print a command's report as one pretty JSON document (`--json`), or else
+/// as its text (`text`), on stdout.
+pub(crate) fn print_report<T: Serialize>(
+    report: &T,
+    json: bool,
+    text: impl FnOnce(&T),
+) -> Result<(), Error> {
+    if json {
+        let text = serde_json::to_string_pretty(report)
+            .map_err(|e| Error::Config(format!("cannot encode the report: {e}")))?;
+        println!("{text}");
+    } else {
+        text(report);
+    }
+    Ok(())
+}
+
 /// Print one view as one line of JSON on stdout.
 pub(crate) fn print_json<T: Serialize>(view: &T) -> Result<(), Error> {
     let line = serde_json::to_string(view)
@@ -332,18 +349,12 @@ mod tests {
             .unwrap();
         let stores = Stores::new(backend.clone()).unwrap();
         let ttl = Duration::from_secs(60);
+        let patiently = || WaitOptions::with_timeout(Duration::from_secs(30));
         let fair = FairLock::new(backend.clone());
         let held = fair.try_lock("jobs/a", ttl).await.unwrap().unwrap();
         let waiter = fair.clone();
-        let waiting = tokio::spawn(async move {
-            waiter
-                .lock_with(
-                    "jobs/a",
-                    ttl,
-                    &WaitOptions::with_timeout(Duration::from_secs(30)),
-                )
-                .await
-        });
+        let waiting =
+            tokio::spawn(async move { waiter.lock_with("jobs/a", ttl, &patiently()).await });
         // Wait until the waiter is in line.
         while stores
             .fair_locks
@@ -394,16 +405,8 @@ mod tests {
         // A semaphore waiter in line shows as `waiting` until it is served.
         let only = sem.try_acquire("single", 1, ttl).await.unwrap().unwrap();
         let in_line = sem.clone();
-        let queued = tokio::spawn(async move {
-            in_line
-                .acquire(
-                    "single",
-                    1,
-                    ttl,
-                    &WaitOptions::with_timeout(Duration::from_secs(30)),
-                )
-                .await
-        });
+        let queued =
+            tokio::spawn(async move { in_line.acquire("single", 1, ttl, &patiently()).await });
         let waiting_in = |view: &SemaphoresView| {
             view.rows
                 .iter()
