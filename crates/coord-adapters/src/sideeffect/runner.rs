@@ -143,10 +143,101 @@ impl Runner {
             resource = %action.resource,
             retry_safety = %action.retry_safety,
         );
-        let result = self
-            .run_steps(action, ttl, prepare, apply)
-            .instrument(span)
-            .await;
+        let result = async {
+            let store = self.store()?;
+            let acquired = store.acquire(action, ttl).await?;
+            tracing::debug!(step = "acquire", outcome = %acquired.outcome());
+            let lease = match acquired {
+                Acquired::Applied(lease) => lease,
+                Acquired::Replayed(result) => {
+                    tracing::info!(outcome = "replayed", "stored result returned, not applied");
+                    return Ok(Execution {
+                        outcome: Outcome::Replayed,
+                        result: Some(result),
+                    });
+                }
+                refused @ (Acquired::Contended | Acquired::Uncertain) => {
+                    let outcome = refused.outcome();
+                    tracing::info!(%outcome, "not applied");
+                    return Ok(Execution {
+                        outcome,
+                        result: None,
+                    });
+                }
+            };
+
+            let prepared = match prepare().await {
+                Ok(prepared) => prepared,
+                Err(e) => {
+                    let source = e.into();
+                    tracing::warn!(step = "prepare", error = %source, "prepare failed; abandoning");
+                    self.abandon(store, action, &lease, "prepare failed").await;
+                    return Err(SideEffectError::PrepareFailed { source });
+                }
+            };
+
+            // Preparing may have outlived the lease: applying now without this
+            // check would run alongside a new holder.
+            let lease = match store.renew(action, &lease, ttl).await {
+                Ok(renewed) => renewed,
+                Err(e) => {
+                    tracing::warn!(step = "renew", error = %e, "ownership check failed; not applying");
+                    self.abandon(store, action, &lease, "ownership check failed before apply")
+                        .await;
+                    return Err(match e {
+                        SideEffectError::FenceStale => SideEffectError::LeaseLost,
+                        other => other,
+                    });
+                }
+            };
+
+            tracing::debug!(step = "apply", fence = lease.fence.0);
+            let applied = apply(prepared, lease.clone()).await;
+            let result = match applied {
+                Ok(result) => result,
+                Err(e) => {
+                    let source = e.into();
+                    if action.retry_safety == RetrySafety::Safe {
+                        tracing::warn!(step = "apply", error = %source, "apply failed; retry-safe action abandoned");
+                        self.abandon(store, action, &lease, "apply failed (retry-safe)")
+                            .await;
+                        return Err(SideEffectError::ApplyFailed { source });
+                    }
+                    let reason = format!("apply failed: {source}");
+                    tracing::error!(step = "apply", error = %source, "apply failed; outcome unknown");
+                    self.mark_and_release(store, action, &lease, &reason).await;
+                    return Err(SideEffectError::OutcomeUnknown {
+                        reason,
+                        source: Some(source),
+                    });
+                }
+            };
+
+            match store.complete(action, &lease, result).await {
+                Ok(stored) => {
+                    tracing::info!(
+                        step = "complete",
+                        outcome = "applied",
+                        fence = lease.fence.0
+                    );
+                    Ok(Execution {
+                        outcome: Outcome::Applied,
+                        result: Some(stored),
+                    })
+                }
+                Err(e) => {
+                    let reason = format!("applied, but recording the result failed: {e}");
+                    tracing::error!(step = "complete", error = %e, "complete failed after apply; outcome unknown");
+                    self.mark_and_release(store, action, &lease, &reason).await;
+                    Err(SideEffectError::OutcomeUnknown {
+                        reason,
+                        source: Some(Box::new(e)),
+                    })
+                }
+            }
+        }
+        .instrument(span)
+        .await;
         crate::telemetry::sideeffect(match &result {
             Ok(execution) => match execution.outcome {
                 Outcome::Applied => "applied",
@@ -161,114 +252,6 @@ impl Runner {
             Err(_) => "error",
         });
         result
-    }
-
-    async fn run_steps<P, PFut, PE, T, A, AFut, AE>(
-        &self,
-        action: &Action,
-        ttl: Duration,
-        prepare: P,
-        apply: A,
-    ) -> Result<Execution, SideEffectError>
-    where
-        P: FnOnce() -> PFut,
-        PFut: Future<Output = Result<T, PE>>,
-        PE: Into<BoxError>,
-        A: FnOnce(T, Lease) -> AFut,
-        AFut: Future<Output = Result<EffectResult, AE>>,
-        AE: Into<BoxError>,
-    {
-        let store = self.store()?;
-        let acquired = store.acquire(action, ttl).await?;
-        tracing::debug!(step = "acquire", outcome = %acquired.outcome());
-        let lease = match acquired {
-            Acquired::Applied(lease) => lease,
-            Acquired::Replayed(result) => {
-                tracing::info!(outcome = "replayed", "stored result returned, not applied");
-                return Ok(Execution {
-                    outcome: Outcome::Replayed,
-                    result: Some(result),
-                });
-            }
-            refused @ (Acquired::Contended | Acquired::Uncertain) => {
-                let outcome = refused.outcome();
-                tracing::info!(%outcome, "not applied");
-                return Ok(Execution {
-                    outcome,
-                    result: None,
-                });
-            }
-        };
-
-        let prepared = match prepare().await {
-            Ok(prepared) => prepared,
-            Err(e) => {
-                let source = e.into();
-                tracing::warn!(step = "prepare", error = %source, "prepare failed; abandoning");
-                self.abandon(store, action, &lease, "prepare failed").await;
-                return Err(SideEffectError::PrepareFailed { source });
-            }
-        };
-
-        // Preparing may have outlived the lease: applying now without this
-        // check would run alongside a new holder.
-        let lease = match store.renew(action, &lease, ttl).await {
-            Ok(renewed) => renewed,
-            Err(e) => {
-                tracing::warn!(step = "renew", error = %e, "ownership check failed; not applying");
-                self.abandon(store, action, &lease, "ownership check failed before apply")
-                    .await;
-                return Err(match e {
-                    SideEffectError::FenceStale => SideEffectError::LeaseLost,
-                    other => other,
-                });
-            }
-        };
-
-        tracing::debug!(step = "apply", fence = lease.fence.0);
-        let applied = apply(prepared, lease.clone()).await;
-        let result = match applied {
-            Ok(result) => result,
-            Err(e) => {
-                let source = e.into();
-                if action.retry_safety == RetrySafety::Safe {
-                    tracing::warn!(step = "apply", error = %source, "apply failed; retry-safe action abandoned");
-                    self.abandon(store, action, &lease, "apply failed (retry-safe)")
-                        .await;
-                    return Err(SideEffectError::ApplyFailed { source });
-                }
-                let reason = format!("apply failed: {source}");
-                tracing::error!(step = "apply", error = %source, "apply failed; outcome unknown");
-                self.mark_and_release(store, action, &lease, &reason).await;
-                return Err(SideEffectError::OutcomeUnknown {
-                    reason,
-                    source: Some(source),
-                });
-            }
-        };
-
-        match store.complete(action, &lease, result).await {
-            Ok(stored) => {
-                tracing::info!(
-                    step = "complete",
-                    outcome = "applied",
-                    fence = lease.fence.0
-                );
-                Ok(Execution {
-                    outcome: Outcome::Applied,
-                    result: Some(stored),
-                })
-            }
-            Err(e) => {
-                let reason = format!("applied, but recording the result failed: {e}");
-                tracing::error!(step = "complete", error = %e, "complete failed after apply; outcome unknown");
-                self.mark_and_release(store, action, &lease, &reason).await;
-                Err(SideEffectError::OutcomeUnknown {
-                    reason,
-                    source: Some(Box::new(e)),
-                })
-            }
-        }
     }
 
     /// Drop an attempt that applied nothing. A failure here is logged, not
