@@ -18,11 +18,9 @@ use coord_backend::{
 use coord_conformance::{factory, run_cases, BackendFactory};
 use coord_memory::SingleProcessMemoryBackend;
 
-fn memory() -> BackendFactory {
-    factory(|namespace| async move {
-        Ok(Arc::new(SingleProcessMemoryBackend::shared(&namespace)?) as Arc<dyn Backend>)
-    })
-}
+mod common;
+
+use common::memory;
 
 coord_conformance::changes_tests!(memory());
 

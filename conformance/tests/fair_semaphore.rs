@@ -7,9 +7,8 @@
 //! its bug.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use coord_adapters::lock::{
     async_trait, validate_lock_input, Lock, LockError, LockHandle, LostReason, Permit, Semaphore,
@@ -21,14 +20,12 @@ use coord_conformance::clients::client_factory;
 use coord_conformance::fair_lock::{self as fair_suite, queue_probe, FairEnv};
 use coord_conformance::lock::lock_factory;
 use coord_conformance::semaphore::{self as sem_suite, SemEnv};
-use coord_conformance::{factory, BackendFactory, CheckResult};
+use coord_conformance::CheckResult;
 use coord_memory::SingleProcessMemoryBackend;
 
-fn memory() -> BackendFactory {
-    factory(|namespace| async move {
-        Ok(Arc::new(SingleProcessMemoryBackend::shared(&namespace)?) as Arc<dyn Backend>)
-    })
-}
+mod common;
+
+use common::{handle, lost, memory, must_fail};
 
 /// `FairLock` on the memory store, time moved by a `ManualClock`.
 mod fair_lock_on_memory {
@@ -38,30 +35,6 @@ mod fair_lock_on_memory {
 /// `GenericSemaphore` on the memory store.
 mod semaphore_on_memory {
     coord_conformance::semaphore_tests!(super::memory());
-}
-
-async fn must_fail(check: impl Future<Output = CheckResult>, what: &str) {
-    match check.await {
-        Err(failure) => eprintln!("{what}: red as expected: {failure}"),
-        Ok(()) => panic!("{what}: the check passed against a deliberately broken double"),
-    }
-}
-
-fn lost(key: &str, reason: LostReason) -> LockError {
-    LockError::Lost {
-        key: key.to_owned(),
-        reason,
-    }
-}
-
-fn handle(key: &str, token: &str, fence: u64, ttl: Duration, expires_ms: u64) -> LockHandle {
-    LockHandle::new(
-        key,
-        token,
-        fence,
-        ttl,
-        UNIX_EPOCH + Duration::from_millis(expires_ms),
-    )
 }
 
 // ---------------------------------------------------------------------------

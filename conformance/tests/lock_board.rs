@@ -7,7 +7,6 @@
 //! red check below is caused by the bug, not by the double.
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -23,14 +22,12 @@ use coord_backend::{Backend, Clock, ManualClock, Mutation, SystemClock};
 use coord_conformance::board::{self as board_suite, BoardEnv};
 use coord_conformance::clients::client_factory;
 use coord_conformance::lock::{self as lock_suite, lock_factory, LockEnv, TimeControl};
-use coord_conformance::{factory, unique_namespace, BackendFactory, CheckResult};
+use coord_conformance::{unique_namespace, CheckResult};
 use coord_memory::SingleProcessMemoryBackend;
 
-fn memory() -> BackendFactory {
-    factory(|namespace| async move {
-        Ok(Arc::new(SingleProcessMemoryBackend::shared(&namespace)?) as Arc<dyn Backend>)
-    })
-}
+mod common;
+
+use common::{memory, must_fail};
 
 /// The generic adapters on the memory store, time moved by a `ManualClock`.
 mod generic_lock {
@@ -95,13 +92,6 @@ mod real_time_lock {
     }
 
     coord_conformance::native_lock_tests!(env());
-}
-
-async fn must_fail(check: impl Future<Output = CheckResult>, what: &str) {
-    match check.await {
-        Err(failure) => eprintln!("{what}: red as expected: {failure}"),
-        Ok(()) => panic!("{what}: the check passed against a deliberately broken adapter"),
-    }
 }
 
 // ---------------------------------------------------------------------------

@@ -6,7 +6,6 @@
 //! a time; with no bug switched on the wrappers pass every check (tested
 //! below), so a red check is caused by the bug, not by the wrapper.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -16,18 +15,15 @@ use coord_adapters::election::{
 use coord_adapters::lock::{async_trait, LockError, LockHandle};
 use coord_adapters::mint_token;
 use coord_adapters::rwlock::{GenericRwLock, RwHandle, RwLock, RwLockOptions, RwMode, RwStatus};
-use coord_backend::{Backend, ManualClock};
+use coord_backend::ManualClock;
 use coord_conformance::clients::client_factory;
 use coord_conformance::election::{self as election_suite, ElectionEnv};
 use coord_conformance::rwlock::{self as rwlock_suite, RwEnv};
-use coord_conformance::{factory, unique_namespace, BackendFactory, CheckResult};
-use coord_memory::SingleProcessMemoryBackend;
+use coord_conformance::unique_namespace;
 
-fn memory() -> BackendFactory {
-    factory(|namespace| async move {
-        Ok(Arc::new(SingleProcessMemoryBackend::shared(&namespace)?) as Arc<dyn Backend>)
-    })
-}
+mod common;
+
+use common::{memory, must_fail, shared_memory};
 
 /// The generic adapters on the memory store, time moved by a `ManualClock`.
 mod generic_rwlock {
@@ -36,17 +32,6 @@ mod generic_rwlock {
 
 mod generic_election {
     coord_conformance::election_tests!(super::memory());
-}
-
-async fn must_fail(check: impl Future<Output = CheckResult>, what: &str) {
-    match check.await {
-        Err(failure) => eprintln!("{what}: red as expected: {failure}"),
-        Ok(()) => panic!("{what}: the check passed against a deliberately broken variant"),
-    }
-}
-
-fn shared_memory(namespace: &str) -> Arc<dyn Backend> {
-    Arc::new(SingleProcessMemoryBackend::shared(namespace).expect("memory store"))
 }
 
 // ---------------------------------------------------------------------------

@@ -22,11 +22,9 @@ use coord_scheduler::{
     Scheduler, SchedulerOptions, SkipReason, Slot, SlotStore, TickAction,
 };
 
-fn memory() -> BackendFactory {
-    factory(|namespace| async move {
-        Ok(Arc::new(SingleProcessMemoryBackend::shared(&namespace)?) as Arc<dyn Backend>)
-    })
-}
+mod common;
+
+use common::memory;
 
 mod memory_suite {
     coord_conformance::scheduler_tests!(super::memory());

@@ -12,14 +12,10 @@ use coord_backend::{Backend, BackendExt, Clock, Mutation};
 use coord_conformance::sideeffect::{
     adapter_store, failing_rules, failing_rules_with, MutationSink, SinkFactory, StoreFactory,
 };
-use coord_conformance::BackendFactory;
-use coord_memory::SingleProcessMemoryBackend;
 
-fn memory() -> BackendFactory {
-    coord_conformance::factory(|namespace| async move {
-        Ok(Arc::new(SingleProcessMemoryBackend::shared(&namespace)?) as Arc<dyn Backend>)
-    })
-}
+mod common;
+
+use common::memory;
 
 coord_conformance::sideeffect_tests!(memory());
 
