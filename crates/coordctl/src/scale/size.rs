@@ -39,52 +39,69 @@ pub(super) async fn of(url: &str, namespace: &str) -> Result<Option<(u64, u64)>,
     }
 }
 
+/// `(records, bytes)` from one row of two integers that `$sql` answers on a
+/// fresh `$conn` (sqlx's SQLite or PostgreSQL connection) connected with
+/// `$options`, binding the namespace once; errors through `$fail`.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+macro_rules! sql_size {
+    ($conn:ty, $options:expr, $sql:expr, $namespace:expr, $fail:expr) => {{
+        use sqlx::Connection;
+        let fail = $fail;
+        let mut conn = <$conn>::connect_with($options)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let (records, bytes): (i64, i64) = sqlx::query_as($sql)
+            .bind($namespace)
+            .fetch_one(&mut conn)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let _ = conn.close().await;
+        Ok((records as u64, bytes as u64))
+    }};
+}
+
+/// SQLite: the namespace's `coord_kv` rows (key + value bytes + 8 for the
+/// version) and its `coord_floor` row.
 #[cfg(feature = "sqlite")]
-async fn sqlite(url: &StoreUrl, namespace: &str) -> Result<(u64, u64), Error> {
-    use sqlx::Connection;
-    let path = url.body().split('?').next().unwrap_or_default().to_owned();
-    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(&path);
-    let fail = failed("sqlite");
-    let mut conn = sqlx::SqliteConnection::connect_with(&options)
-        .await
-        .map_err(|e| fail(e.to_string()))?;
-    let (records, bytes): (i64, i64) = sqlx::query_as(
-        "SELECT count(*) + (SELECT count(*) FROM coord_floor WHERE ns = ?1), \
+const SQLITE_SIZE: &str = "SELECT count(*) + (SELECT count(*) FROM coord_floor WHERE ns = ?1), \
                 coalesce(sum(length(CAST(key AS BLOB)) + coalesce(length(value), 0) + 8), 0) \
                 + (SELECT count(*) * 8 FROM coord_floor WHERE ns = ?1) \
-           FROM coord_kv WHERE ns = ?1",
+           FROM coord_kv WHERE ns = ?1";
+
+/// PostgreSQL: `pg_column_size` of the namespace's `coord_kv` and
+/// `coord_floor` rows.
+#[cfg(feature = "postgres")]
+const POSTGRES_SIZE: &str = "SELECT (SELECT count(*) FROM coord_kv WHERE ns = $1) \
+              + (SELECT count(*) FROM coord_floor WHERE ns = $1), \
+                (SELECT coalesce(sum(pg_column_size(c.*)), 0) FROM coord_kv c WHERE ns = $1)::bigint \
+              + (SELECT coalesce(sum(pg_column_size(f.*)), 0) FROM coord_floor f WHERE ns = $1)::bigint";
+
+#[cfg(feature = "sqlite")]
+async fn sqlite(url: &StoreUrl, namespace: &str) -> Result<(u64, u64), Error> {
+    let path = url.body().split('?').next().unwrap_or_default().to_owned();
+    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(&path);
+    sql_size!(
+        sqlx::SqliteConnection,
+        &options,
+        SQLITE_SIZE,
+        namespace,
+        failed("sqlite")
     )
-    .bind(namespace)
-    .fetch_one(&mut conn)
-    .await
-    .map_err(|e| fail(e.to_string()))?;
-    let _ = conn.close().await;
-    Ok((records as u64, bytes as u64))
 }
 
 #[cfg(feature = "postgres")]
 async fn postgres(url: &StoreUrl, namespace: &str) -> Result<(u64, u64), Error> {
-    use sqlx::Connection;
-    let fail = failed("postgres");
     let options: sqlx::postgres::PgConnectOptions = url
         .without_namespace()
         .parse()
-        .map_err(|e: sqlx::Error| fail(e.to_string()))?;
-    let mut conn = sqlx::PgConnection::connect_with(&options)
-        .await
-        .map_err(|e| fail(e.to_string()))?;
-    let (records, bytes): (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM coord_kv WHERE ns = $1) \
-              + (SELECT count(*) FROM coord_floor WHERE ns = $1), \
-                (SELECT coalesce(sum(pg_column_size(c.*)), 0) FROM coord_kv c WHERE ns = $1)::bigint \
-              + (SELECT coalesce(sum(pg_column_size(f.*)), 0) FROM coord_floor f WHERE ns = $1)::bigint",
+        .map_err(|e: sqlx::Error| failed("postgres")(e.to_string()))?;
+    sql_size!(
+        sqlx::PgConnection,
+        &options,
+        POSTGRES_SIZE,
+        namespace,
+        failed("postgres")
     )
-    .bind(namespace)
-    .fetch_one(&mut conn)
-    .await
-    .map_err(|e| fail(e.to_string()))?;
-    let _ = conn.close().await;
-    Ok((records as u64, bytes as u64))
 }
 
 #[cfg(feature = "redis")]
