@@ -326,6 +326,7 @@ pub async fn election_bad_input(env: ElectionEnv) -> CheckResult {
 crate::__define_suite! {$
     /// The election suite's one list of cases (see [`crate::__define_suite!`]).
     __election_suite "election";
+    checks(ElectionEnv);
     /// Every case of the election suite, over [`GenericElection`]s on a
     /// backend factory with a `ManualClock` (see [`ElectionEnv::generic`]).
     cases;
@@ -345,8 +346,3 @@ crate::__define_suite! {$
 
 /// One check of the suite, runnable against any [`ElectionEnv`].
 pub type ElectionEnvCheck = fn(ElectionEnv) -> BoxFuture<'static, CheckResult>;
-
-/// Every check as `(name, function)`, to run against another implementation.
-pub fn checks() -> Vec<(&'static str, ElectionEnvCheck)> {
-    __election_suite!(names [crate::__named_checks] (ElectionEnv;))
-}

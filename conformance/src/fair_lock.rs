@@ -389,6 +389,7 @@ pub async fn fair_bad_input(env: FairEnv) -> CheckResult {
 crate::__define_suite! {$
     /// The fair lock suite's one list of cases (see [`crate::__define_suite!`]).
     __fair_lock_suite "fair_lock";
+    checks(FairEnv);
     /// Every case of the fair lock suite, over [`FairLock`]s on a backend
     /// factory with a `ManualClock` (see [`FairEnv::generic`]).
     cases;

@@ -41,6 +41,7 @@ pub mod scheduler;
 pub mod semaphore;
 pub mod sideeffect;
 pub mod simulation;
+pub mod support;
 
 pub use harness::{
     factory, run_case, run_cases, server_env, unique_namespace, BackendFactory, BoxFuture, Case,
@@ -129,6 +130,7 @@ pub fn all_cases() -> Vec<Case> {
 /// crate::__define_suite! {$
 ///     /// (doc of the hidden list macro)
 ///     __x_suite "x" |factory, check, name| TEMPLATE;  // or, without a template: __x_suite "x";
+///     checks(ENV);  // optional
 ///     /// (doc of `cases()`)
 ///     cases;
 ///     /// (doc of the tests macro)
@@ -143,6 +145,8 @@ pub fn all_cases() -> Vec<Case> {
 ///   bound to the function of its name and `name` to its name, unless it
 ///   gives its own `=> |factory| ...`; without a template, `check` gets the
 ///   environment its suite builds for a case (see `SuiteEnv`);
+/// - with `checks(ENV);`, `pub fn checks()`: every check as `(name,
+///   function)`, runnable against any `ENV` (another implementation);
 /// - `x_tests!(FACTORY)` (exported): one `#[tokio::test]` per case;
 /// - `__x_suite!` (exported, hidden): the names, for [`__suite!`]'s modes
 ///   (bare `__x_suite!` inside this crate, after the definition).
@@ -153,6 +157,7 @@ pub fn all_cases() -> Vec<Case> {
 macro_rules! __define_suite {
     ($d:tt
      $(#[$list_doc:meta])* $list:ident $suite:literal $(|$f:ident, $check:ident, $n:ident| $tmpl:expr)?;
+     $(checks($env:ty);)?
      $(#[$cases_doc:meta])* cases;
      $(#[$tests_doc:meta])* $tests:ident($module:ident);
      $($name:ident $(=> |$g:ident| $run:expr)?),* $(,)?) => {
@@ -169,6 +174,17 @@ macro_rules! __define_suite {
         pub fn cases() -> ::std::vec::Vec<$crate::Case> {
             $crate::__suite_cases!([$(|$f, $check, $n| $tmpl)?] $suite; $($name $(=> |$g| $run)?),*)
         }
+
+        $(
+            #[doc = concat!("Every check as `(name, function)`, runnable against any [`", stringify!($env), "`]")]
+            /// (to check another implementation).
+            pub fn checks() -> ::std::vec::Vec<(
+                &'static str,
+                fn($env) -> $crate::BoxFuture<'static, $crate::CheckResult>,
+            )> {
+                $list!(names [$crate::__named_checks] ($env;))
+            }
+        )?
 
         $(#[$tests_doc])*
         #[macro_export]

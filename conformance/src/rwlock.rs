@@ -400,6 +400,7 @@ pub async fn rwlock_bad_input(env: RwEnv) -> CheckResult {
 crate::__define_suite! {$
     /// The rwlock suite's one list of cases (see [`crate::__define_suite!`]).
     __rwlock_suite "rwlock";
+    checks(RwEnv);
     /// Every case of the rwlock suite, over [`GenericRwLock`]s on a
     /// backend factory with a `ManualClock` (see [`RwEnv::generic`]).
     cases;
@@ -421,8 +422,3 @@ crate::__define_suite! {$
 
 /// One check of the suite, runnable against any [`RwEnv`].
 pub type RwEnvCheck = fn(RwEnv) -> BoxFuture<'static, CheckResult>;
-
-/// Every check as `(name, function)`, to run against another implementation.
-pub fn checks() -> Vec<(&'static str, RwEnvCheck)> {
-    __rwlock_suite!(names [crate::__named_checks] (RwEnv;))
-}

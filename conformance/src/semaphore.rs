@@ -402,6 +402,7 @@ pub async fn timed_out_waiter_leaves_the_line(env: SemEnv) -> CheckResult {
 crate::__define_suite! {$
     /// The semaphore suite's one list of cases (see [`crate::__define_suite!`]).
     __semaphore_suite "semaphore";
+    checks(SemEnv);
     /// Every case of the semaphore suite, over [`GenericSemaphore`]s on a
     /// backend factory with a `ManualClock` (see [`SemEnv::generic`]).
     cases;

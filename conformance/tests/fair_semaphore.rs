@@ -16,16 +16,13 @@ use coord_adapters::lock::{
 };
 use coord_adapters::mint_token;
 use coord_backend::{Backend, Clock, InvalidInput, ManualClock};
-use coord_conformance::clients::client_factory;
 use coord_conformance::fair_lock::{self as fair_suite, queue_probe, FairEnv};
-use coord_conformance::lock::lock_factory;
 use coord_conformance::semaphore::{self as sem_suite, SemEnv};
-use coord_conformance::CheckResult;
 use coord_memory::SingleProcessMemoryBackend;
 
 mod common;
 
-use common::{handle, lost, memory, must_fail};
+use common::{all_pass, every_client, handle, lost, manual_clock, memory, red_on_each_bug, Red};
 
 /// `FairLock` on the memory store, time moved by a `ManualClock`.
 mod fair_lock_on_memory {
@@ -78,7 +75,7 @@ impl std::fmt::Debug for FairSlot {
 
 impl BuggyFairLock {
     fn env(bugs: FairBugs) -> FairEnv {
-        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+        let clock = manual_clock();
         let lock = Arc::new(BuggyFairLock {
             slots: Arc::default(),
             clock: clock.clone(),
@@ -86,10 +83,7 @@ impl BuggyFairLock {
         });
         let probe = lock.clone();
         FairEnv::new(
-            lock_factory(move || {
-                let lock = lock.clone() as Arc<dyn Lock>;
-                async move { Ok(lock) }
-            }),
+            every_client(lock as Arc<dyn Lock>),
             queue_probe(move |key| {
                 let probe = probe.clone();
                 async move {
@@ -255,19 +249,13 @@ impl std::fmt::Debug for BuggySemaphore {
 
 impl BuggySemaphore {
     fn env(bugs: SemBugs) -> SemEnv {
-        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+        let clock = manual_clock();
         let sem: Arc<dyn Semaphore> = Arc::new(BuggySemaphore {
             slots: Mutex::default(),
             clock: clock.clone(),
             bugs,
         });
-        SemEnv::new(
-            client_factory(move || {
-                let sem = sem.clone();
-                async move { Ok(sem) }
-            }),
-            clock,
-        )
+        SemEnv::new(every_client(sem), clock)
     }
 
     fn counts(&self, expires: u64, now: u64) -> bool {
@@ -415,235 +403,73 @@ impl Semaphore for BuggySemaphore {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bug_free_doubles_pass_every_check() {
-    type FairCheck = fn(FairEnv) -> coord_conformance::BoxFuture<'static, CheckResult>;
-    let fair: [(&str, FairCheck); 7] = [
-        ("fair_mutual_exclusion", |e| {
-            Box::pin(fair_suite::fair_mutual_exclusion(e))
-        }),
-        ("fifo_order", |e| Box::pin(fair_suite::fifo_order(e))),
-        ("try_lock_never_jumps_the_queue", |e| {
-            Box::pin(fair_suite::try_lock_never_jumps_the_queue(e))
-        }),
-        ("timed_out_waiter_leaves_no_hole", |e| {
-            Box::pin(fair_suite::timed_out_waiter_leaves_no_hole(e))
-        }),
-        ("dead_holder_and_ticket_expire", |e| {
-            Box::pin(fair_suite::dead_holder_and_ticket_expire(e))
-        }),
-        ("fair_fences_increase", |e| {
-            Box::pin(fair_suite::fair_fences_increase(e))
-        }),
-        ("fair_bad_input", |e| {
-            Box::pin(fair_suite::fair_bad_input(e))
-        }),
-    ];
+    let fair = fair_suite::checks();
     assert_eq!(
         fair.len(),
         fair_suite::cases().len(),
-        "list every fair_lock check"
+        "every fair_lock check"
     );
-    for (name, check) in fair {
-        if let Err(failure) = check(BuggyFairLock::env(FairBugs::default())).await {
-            panic!("bug-free BuggyFairLock: fair_lock::{name} failed: {failure}");
-        }
-    }
-    type SemCheck = fn(SemEnv) -> coord_conformance::BoxFuture<'static, CheckResult>;
-    let sem: [(&str, SemCheck); 10] = [
-        ("permit_race", |e| Box::pin(sem_suite::permit_race(e))),
-        ("never_more_than_n", |e| {
-            Box::pin(sem_suite::never_more_than_n(e))
-        }),
-        ("permits_come_back_after_ttl", |e| {
-            Box::pin(sem_suite::permits_come_back_after_ttl(e))
-        }),
-        ("permit_fences_increase", |e| {
-            Box::pin(sem_suite::permit_fences_increase(e))
-        }),
-        ("release_frees_one", |e| {
-            Box::pin(sem_suite::release_frees_one(e))
-        }),
-        ("waiting_acquire", |e| {
-            Box::pin(sem_suite::waiting_acquire(e))
-        }),
-        ("semaphore_bad_input", |e| {
-            Box::pin(sem_suite::semaphore_bad_input(e))
-        }),
-        ("waiters_are_served_in_order", |e| {
-            Box::pin(sem_suite::waiters_are_served_in_order(e))
-        }),
-        ("try_acquire_never_jumps_the_line", |e| {
-            Box::pin(sem_suite::try_acquire_never_jumps_the_line(e))
-        }),
-        ("timed_out_waiter_leaves_the_line", |e| {
-            Box::pin(sem_suite::timed_out_waiter_leaves_the_line(e))
-        }),
+    let bug_free = || BuggyFairLock::env(FairBugs::default());
+    all_pass(fair, bug_free, "bug-free BuggyFairLock, fair_lock").await;
+    let sem = sem_suite::checks();
+    assert_eq!(sem.len(), sem_suite::cases().len(), "every semaphore check");
+    let bug_free = || BuggySemaphore::env(SemBugs::default());
+    all_pass(sem, bug_free, "bug-free BuggySemaphore, semaphore").await;
+}
+
+// ---------------------------------------------------------------------------
+// Each suite goes red on each bug of its double.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fair_lock_suite_red_on_each_bug() {
+    let reds: &[Red<'_, FairBugs>] = &[
+        (|b| b.lifo = true, &["fifo_order"]),
+        (
+            |b| b.tickets_never_expire = true,
+            &["dead_holder_and_ticket_expire"],
+        ),
+        (
+            |b| b.keeps_ticket_on_timeout = true,
+            &["timed_out_waiter_leaves_no_hole"],
+        ),
+        (
+            |b| b.try_lock_jumps_queue = true,
+            &["try_lock_never_jumps_the_queue"],
+        ),
+        (
+            |b| b.fence_not_bumped = true,
+            &["fair_fences_increase", "fair_mutual_exclusion"],
+        ),
     ];
-    assert_eq!(
-        sem.len(),
-        sem_suite::cases().len(),
-        "list every semaphore check"
-    );
-    for (name, check) in sem {
-        if let Err(failure) = check(BuggySemaphore::env(SemBugs::default())).await {
-            panic!("bug-free BuggySemaphore: semaphore::{name} failed: {failure}");
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------
-// The fair lock suite goes red on a broken fair lock.
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn fair_lock_suite_red_when_the_newest_ticket_wins() {
-    let bugs = FairBugs {
-        lifo: true,
-        ..FairBugs::default()
-    };
-    must_fail(
-        fair_suite::fifo_order(BuggyFairLock::env(bugs)),
-        "fifo_order",
-    )
-    .await;
+    red_on_each_bug(&fair_suite::checks(), BuggyFairLock::env, reds).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn fair_lock_suite_red_when_tickets_never_expire() {
-    let bugs = FairBugs {
-        tickets_never_expire: true,
-        ..FairBugs::default()
-    };
-    must_fail(
-        fair_suite::dead_holder_and_ticket_expire(BuggyFairLock::env(bugs)),
-        "dead_holder_and_ticket_expire",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn fair_lock_suite_red_when_a_timed_out_waiter_keeps_its_ticket() {
-    let bugs = FairBugs {
-        keeps_ticket_on_timeout: true,
-        ..FairBugs::default()
-    };
-    must_fail(
-        fair_suite::timed_out_waiter_leaves_no_hole(BuggyFairLock::env(bugs)),
-        "timed_out_waiter_leaves_no_hole",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn fair_lock_suite_red_when_try_lock_jumps_the_queue() {
-    let bugs = FairBugs {
-        try_lock_jumps_queue: true,
-        ..FairBugs::default()
-    };
-    must_fail(
-        fair_suite::try_lock_never_jumps_the_queue(BuggyFairLock::env(bugs)),
-        "try_lock_never_jumps_the_queue",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn fair_lock_suite_red_when_the_fence_is_not_bumped() {
-    let bugs = FairBugs {
-        fence_not_bumped: true,
-        ..FairBugs::default()
-    };
-    must_fail(
-        fair_suite::fair_fences_increase(BuggyFairLock::env(bugs)),
-        "fair_fences_increase",
-    )
-    .await;
-    must_fail(
-        fair_suite::fair_mutual_exclusion(BuggyFairLock::env(bugs)),
-        "fair_mutual_exclusion",
-    )
-    .await;
-}
-
-// ---------------------------------------------------------------------------
-// The semaphore suite goes red on a broken semaphore.
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn semaphore_suite_red_when_it_grants_one_too_many() {
-    let bugs = SemBugs {
-        off_by_one: true,
-        ..SemBugs::default()
-    };
-    must_fail(
-        sem_suite::permit_race(BuggySemaphore::env(bugs)),
-        "permit_race",
-    )
-    .await;
-    must_fail(
-        sem_suite::release_frees_one(BuggySemaphore::env(bugs)),
-        "release_frees_one",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn semaphore_suite_red_when_expired_permits_still_count() {
-    let bugs = SemBugs {
-        expired_still_counted: true,
-        ..SemBugs::default()
-    };
-    must_fail(
-        sem_suite::permits_come_back_after_ttl(BuggySemaphore::env(bugs)),
-        "permits_come_back_after_ttl",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn semaphore_suite_red_without_a_line() {
-    let bugs = SemBugs {
-        no_line: true,
-        ..SemBugs::default()
-    };
-    must_fail(
-        sem_suite::waiters_are_served_in_order(BuggySemaphore::env(bugs)),
+async fn semaphore_suite_red_on_each_bug() {
+    let in_line = [
         "waiters_are_served_in_order",
-    )
-    .await;
-    must_fail(
-        sem_suite::try_acquire_never_jumps_the_line(BuggySemaphore::env(bugs)),
         "try_acquire_never_jumps_the_line",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn semaphore_suite_red_when_try_acquire_jumps_the_line() {
-    let bugs = SemBugs {
-        try_jumps_the_line: true,
-        ..SemBugs::default()
-    };
-    must_fail(
-        sem_suite::try_acquire_never_jumps_the_line(BuggySemaphore::env(bugs)),
-        "try_acquire_never_jumps_the_line",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn semaphore_suite_red_when_the_fence_is_not_bumped() {
-    let bugs = SemBugs {
-        fence_not_bumped: true,
-        ..SemBugs::default()
-    };
-    must_fail(
-        sem_suite::permit_fences_increase(BuggySemaphore::env(bugs)),
-        "permit_fences_increase",
-    )
-    .await;
-    must_fail(
-        sem_suite::permit_race(BuggySemaphore::env(bugs)),
-        "permit_race",
-    )
-    .await;
+    ];
+    let reds: &[Red<'_, SemBugs>] = &[
+        (
+            |b| b.off_by_one = true,
+            &["permit_race", "release_frees_one"],
+        ),
+        (
+            |b| b.expired_still_counted = true,
+            &["permits_come_back_after_ttl"],
+        ),
+        (|b| b.no_line = true, &in_line),
+        (
+            |b| b.try_jumps_the_line = true,
+            &["try_acquire_never_jumps_the_line"],
+        ),
+        (
+            |b| b.fence_not_bumped = true,
+            &["permit_fences_increase", "permit_race"],
+        ),
+    ];
+    red_on_each_bug(&sem_suite::checks(), BuggySemaphore::env, reds).await;
 }
 
 // ---------------------------------------------------------------------------

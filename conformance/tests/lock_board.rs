@@ -20,14 +20,15 @@ use coord_adapters::lock::{
 use coord_adapters::mint_token;
 use coord_backend::{Backend, Clock, ManualClock, Mutation, SystemClock};
 use coord_conformance::board::{self as board_suite, BoardEnv};
-use coord_conformance::clients::client_factory;
 use coord_conformance::lock::{self as lock_suite, lock_factory, LockEnv, TimeControl};
-use coord_conformance::{unique_namespace, CheckResult};
+use coord_conformance::{unique_namespace, BoxFuture, CheckResult};
 use coord_memory::SingleProcessMemoryBackend;
 
 mod common;
 
-use common::{memory, must_fail};
+use common::{
+    all_pass, each_fails, every_client, manual_clock, memory, red_on_each_bug, Checks, Red,
+};
 
 /// The generic adapters on the memory store, time moved by a `ManualClock`.
 mod generic_lock {
@@ -123,19 +124,13 @@ struct BuggyLock {
 
 impl BuggyLock {
     fn env(bugs: LockBugs) -> LockEnv {
-        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+        let clock = manual_clock();
         let lock: Arc<dyn Lock> = Arc::new(BuggyLock {
             slots: Mutex::default(),
             clock: clock.clone(),
             bugs,
         });
-        LockEnv::new(
-            lock_factory(move || {
-                let lock = lock.clone();
-                async move { Ok(lock) }
-            }),
-            TimeControl::Manual(clock),
-        )
+        LockEnv::new(every_client(lock), TimeControl::Manual(clock))
     }
 
     fn lost(handle: &LockHandle) -> LockError {
@@ -215,7 +210,7 @@ struct CheckThenWriteLock {
 
 impl CheckThenWriteLock {
     fn env() -> LockEnv {
-        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+        let clock = manual_clock();
         let namespace = unique_namespace("check_then_write");
         let lock_clock = clock.clone();
         LockEnv::new(
@@ -335,19 +330,13 @@ struct BuggyBoard {
 
 impl BuggyBoard {
     fn env(bugs: BoardBugs) -> BoardEnv {
-        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+        let clock = manual_clock();
         let board: Arc<dyn Board> = Arc::new(BuggyBoard {
             tasks: Mutex::default(),
             clock: clock.clone(),
             bugs,
         });
-        BoardEnv::new(
-            client_factory(move || {
-                let board = board.clone();
-                async move { Ok(board) }
-            }),
-            clock,
-        )
+        BoardEnv::new(every_client(board), clock)
     }
 
     fn task(rec: &Rec, now: u64) -> Task {
@@ -543,48 +532,44 @@ impl Board for BuggyBoard {
     }
 }
 
-/// Every board check on a fresh `make()` (checks expect an empty board), panicking on the first red.
-async fn board_checks_pass(make: impl Fn() -> BoardEnv, what: &str) {
-    let checks: Vec<(&str, CheckResult)> = vec![
-        ("claim_race", board_suite::claim_race(make()).await),
-        (
-            "unmet_dependencies_refused",
-            board_suite::unmet_dependencies_refused(make()).await,
-        ),
-        (
-            "claim_after_dependencies_complete",
-            board_suite::claim_after_dependencies_complete(make()).await,
-        ),
-        (
-            "fence_increases_on_takeover",
-            board_suite::fence_increases_on_takeover(make()).await,
-        ),
-        (
-            "renew_checks_ownership",
-            board_suite::renew_checks_ownership(make()).await,
-        ),
-        (
-            "release_and_complete_by_token",
-            board_suite::release_and_complete_by_token(make()).await,
-        ),
-        (
-            "completed_not_claimable",
-            board_suite::completed_not_claimable(make()).await,
-        ),
-        (
-            "list_shows_everything",
-            board_suite::list_shows_everything(make()).await,
-        ),
-        (
-            "board_bad_input",
-            board_suite::board_bad_input(make()).await,
-        ),
+/// Every board check that runs over a [`BoardEnv`] (all but the adapter-only
+/// `dependency_change_reexpanded`), by name.
+fn board_checks() -> Checks<BoardEnv> {
+    type BoardCheck = fn(BoardEnv) -> BoxFuture<'static, CheckResult>;
+    let checks: [(&'static str, BoardCheck); 9] = [
+        ("claim_race", |e| Box::pin(board_suite::claim_race(e))),
+        ("unmet_dependencies_refused", |e| {
+            Box::pin(board_suite::unmet_dependencies_refused(e))
+        }),
+        ("claim_after_dependencies_complete", |e| {
+            Box::pin(board_suite::claim_after_dependencies_complete(e))
+        }),
+        ("fence_increases_on_takeover", |e| {
+            Box::pin(board_suite::fence_increases_on_takeover(e))
+        }),
+        ("renew_checks_ownership", |e| {
+            Box::pin(board_suite::renew_checks_ownership(e))
+        }),
+        ("release_and_complete_by_token", |e| {
+            Box::pin(board_suite::release_and_complete_by_token(e))
+        }),
+        ("completed_not_claimable", |e| {
+            Box::pin(board_suite::completed_not_claimable(e))
+        }),
+        ("list_shows_everything", |e| {
+            Box::pin(board_suite::list_shows_everything(e))
+        }),
+        ("board_bad_input", |e| {
+            Box::pin(board_suite::board_bad_input(e))
+        }),
     ];
-    for (name, result) in checks {
-        if let Err(failure) = result {
-            panic!("{what}: board::{name} failed: {failure}");
-        }
-    }
+    checks.into()
+}
+
+/// The lock suite's checks, by name.
+fn lock_checks() -> Checks<LockEnv> {
+    let cases = lock_suite::native_cases().into_iter();
+    cases.map(|case| (case.name, case.run)).collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -592,153 +577,51 @@ async fn board_checks_pass(make: impl Fn() -> BoardEnv, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bug_free_doubles_pass_every_check() {
-    for case in lock_suite::native_cases() {
-        if let Err(failure) = (case.run)(BuggyLock::env(LockBugs::default())).await {
-            panic!("bug-free BuggyLock: lock::{} failed: {failure}", case.name);
-        }
-    }
-    board_checks_pass(
-        || BuggyBoard::env(BoardBugs::default()),
-        "bug-free BuggyBoard",
-    )
-    .await;
+    let bug_free = || BuggyLock::env(LockBugs::default());
+    all_pass(lock_checks(), bug_free, "bug-free BuggyLock, lock").await;
+    let bug_free = || BuggyBoard::env(BoardBugs::default());
+    all_pass(board_checks(), bug_free, "bug-free BuggyBoard, board").await;
 }
 
 // ---------------------------------------------------------------------------
-// Each suite goes red on a broken lock.
+// Each suite goes red on each bug of its double.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn lock_suite_red_when_release_ignores_the_token() {
-    let bugs = LockBugs {
-        release_ignores_token: true,
-        ..LockBugs::default()
-    };
-    must_fail(
-        lock_suite::stale_handle_refused(BuggyLock::env(bugs)),
-        "stale_handle_refused",
-    )
-    .await;
-    must_fail(
-        lock_suite::release_then_relock(BuggyLock::env(bugs)),
-        "release_then_relock",
-    )
-    .await;
+async fn lock_suite_red_on_each_bug() {
+    let checks = lock_checks();
+    let released = ["stale_handle_refused", "release_then_relock"];
+    let fences = ["fence_increases", "waiting_lock_acquires_after_release"];
+    let reds: &[Red<'_, LockBugs>] = &[
+        (|b| b.release_ignores_token = true, &released),
+        (|b| b.renew_ignores_token = true, &["stale_handle_refused"]),
+        (|b| b.fence_not_bumped = true, &fences),
+    ];
+    red_on_each_bug(&checks, BuggyLock::env, reds).await;
+    let racy = ["try_lock_race", "mutual_exclusion"];
+    each_fails(&checks, &racy, CheckThenWriteLock::env).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn lock_suite_red_when_renew_ignores_the_token() {
-    let bugs = LockBugs {
-        renew_ignores_token: true,
-        ..LockBugs::default()
-    };
-    must_fail(
-        lock_suite::stale_handle_refused(BuggyLock::env(bugs)),
-        "stale_handle_refused",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn lock_suite_red_when_the_fence_is_not_bumped() {
-    let bugs = LockBugs {
-        fence_not_bumped: true,
-        ..LockBugs::default()
-    };
-    must_fail(
-        lock_suite::fence_increases(BuggyLock::env(bugs)),
-        "fence_increases",
-    )
-    .await;
-    must_fail(
-        lock_suite::waiting_lock_acquires_after_release(BuggyLock::env(bugs)),
-        "waiting_lock_acquires_after_release",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn lock_suite_red_when_try_lock_checks_then_writes() {
-    must_fail(
-        lock_suite::try_lock_race(CheckThenWriteLock::env()),
-        "try_lock_race",
-    )
-    .await;
-    must_fail(
-        lock_suite::mutual_exclusion(CheckThenWriteLock::env()),
-        "mutual_exclusion",
-    )
-    .await;
-}
-
-// ---------------------------------------------------------------------------
-// Each suite goes red on a broken board.
-
-fn buggy_board(bugs: BoardBugs) -> BoardEnv {
-    BuggyBoard::env(bugs)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn board_suite_red_when_claim_ignores_dependencies() {
-    let bugs = BoardBugs {
-        claim_ignores_deps: true,
-        ..BoardBugs::default()
-    };
-    must_fail(
-        board_suite::unmet_dependencies_refused(buggy_board(bugs)),
+async fn board_suite_red_on_each_bug() {
+    let deps = [
         "unmet_dependencies_refused",
-    )
-    .await;
-    must_fail(
-        board_suite::claim_after_dependencies_complete(buggy_board(bugs)),
         "claim_after_dependencies_complete",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn board_suite_red_when_renew_ignores_the_token() {
-    let bugs = BoardBugs {
-        renew_ignores_token: true,
-        ..BoardBugs::default()
-    };
-    must_fail(
-        board_suite::renew_checks_ownership(buggy_board(bugs)),
-        "renew_checks_ownership",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn board_suite_red_when_release_ignores_the_token() {
-    let bugs = BoardBugs {
-        release_ignores_token: true,
-        ..BoardBugs::default()
-    };
-    must_fail(
-        board_suite::release_and_complete_by_token(buggy_board(bugs)),
-        "release_and_complete_by_token",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn board_suite_red_when_the_fence_is_not_bumped() {
-    let bugs = BoardBugs {
-        fence_not_bumped: true,
-        ..BoardBugs::default()
-    };
-    must_fail(
-        board_suite::fence_increases_on_takeover(buggy_board(bugs)),
-        "fence_increases_on_takeover",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn board_suite_red_when_claim_checks_then_writes() {
-    let bugs = BoardBugs {
-        racy_claim: true,
-        ..BoardBugs::default()
-    };
-    must_fail(board_suite::claim_race(buggy_board(bugs)), "claim_race").await;
+    ];
+    let reds: &[Red<'_, BoardBugs>] = &[
+        (|b| b.claim_ignores_deps = true, &deps),
+        (
+            |b| b.renew_ignores_token = true,
+            &["renew_checks_ownership"],
+        ),
+        (
+            |b| b.release_ignores_token = true,
+            &["release_and_complete_by_token"],
+        ),
+        (
+            |b| b.fence_not_bumped = true,
+            &["fence_increases_on_takeover"],
+        ),
+        (|b| b.racy_claim = true, &["claim_race"]),
+    ];
+    red_on_each_bug(&board_checks(), BuggyBoard::env, reds).await;
 }

@@ -15,15 +15,12 @@ use coord_adapters::election::{
 use coord_adapters::lock::{async_trait, LockError, LockHandle};
 use coord_adapters::mint_token;
 use coord_adapters::rwlock::{GenericRwLock, RwHandle, RwLock, RwLockOptions, RwMode, RwStatus};
-use coord_backend::ManualClock;
-use coord_conformance::clients::client_factory;
 use coord_conformance::election::{self as election_suite, ElectionEnv};
 use coord_conformance::rwlock::{self as rwlock_suite, RwEnv};
-use coord_conformance::unique_namespace;
 
 mod common;
 
-use common::{memory, must_fail, shared_memory};
+use common::{all_pass, memory, red_on_each_bug, Red};
 
 /// The generic adapters on the memory store, time moved by a `ManualClock`.
 mod generic_rwlock {
@@ -55,16 +52,11 @@ struct BuggyRw {
 
 impl BuggyRw {
     fn env(bugs: RwBugs) -> RwEnv {
-        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
-        let namespace = unique_namespace("buggy_rw");
-        let rw_clock = clock.clone();
-        let make = client_factory(move || {
-            let backend = shared_memory(&namespace);
-            let options = RwLockOptions::default().with_clock(rw_clock.clone());
+        RwEnv::over_backends(memory(), "buggy_rw", move |backend, clock| {
+            let options = RwLockOptions::default().with_clock(clock);
             let inner = GenericRwLock::with_options(backend, options);
-            async move { Ok(Arc::new(BuggyRw { inner, bugs }) as Arc<dyn RwLock>) }
-        });
-        RwEnv::new(make, clock)
+            Arc::new(BuggyRw { inner, bugs }) as Arc<dyn RwLock>
+        })
     }
 }
 
@@ -156,16 +148,11 @@ struct BuggyElection {
 
 impl BuggyElection {
     fn env(bugs: ElectionBugs) -> ElectionEnv {
-        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
-        let namespace = unique_namespace("buggy_election");
-        let el_clock = clock.clone();
-        let make = client_factory(move || {
-            let backend = shared_memory(&namespace);
-            let options = ElectionOptions::default().with_clock(el_clock.clone());
+        ElectionEnv::over_backends(memory(), "buggy_election", move |backend, clock| {
+            let options = ElectionOptions::default().with_clock(clock);
             let inner = GenericElection::with_options(backend, options);
-            async move { Ok(Arc::new(BuggyElection { inner, bugs }) as Arc<dyn Election>) }
-        });
-        ElectionEnv::new(make, clock)
+            Arc::new(BuggyElection { inner, bugs }) as Arc<dyn Election>
+        })
     }
 
     fn report(&self, won: Leadership) -> Leadership {
@@ -279,107 +266,42 @@ impl Election for BuggyElection {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bug_free_wrappers_pass_every_check() {
-    for (name, run) in rwlock_suite::checks() {
-        if let Err(failure) = run(BuggyRw::env(RwBugs::default())).await {
-            panic!("bug-free BuggyRw: rwlock::{name} failed: {failure}");
-        }
-    }
-    for (name, run) in election_suite::checks() {
-        if let Err(failure) = run(BuggyElection::env(ElectionBugs::default())).await {
-            panic!("bug-free BuggyElection: election::{name} failed: {failure}");
-        }
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn rwlock_suite_red_when_a_writer_gets_in_beside_readers() {
-    let bugs = RwBugs {
-        writer_beside_readers: true,
-        ..RwBugs::default()
-    };
-    must_fail(
-        rwlock_suite::readers_share(BuggyRw::env(bugs)),
-        "readers_share",
-    )
-    .await;
-    must_fail(
-        rwlock_suite::writer_excludes(BuggyRw::env(bugs)),
-        "writer_excludes",
+    let bug_free = || BuggyRw::env(RwBugs::default());
+    all_pass(rwlock_suite::checks(), bug_free, "bug-free BuggyRw, rwlock").await;
+    let bug_free = || BuggyElection::env(ElectionBugs::default());
+    all_pass(
+        election_suite::checks(),
+        bug_free,
+        "bug-free BuggyElection, election",
     )
     .await;
 }
 
+// ---------------------------------------------------------------------------
+// Each suite goes red on each bug of its wrapper.
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn rwlock_suite_red_when_writers_do_not_queue() {
-    let bugs = RwBugs {
-        no_writer_preference: true,
-        ..RwBugs::default()
-    };
-    must_fail(
-        rwlock_suite::writer_not_starved(BuggyRw::env(bugs)),
-        "writer_not_starved",
-    )
-    .await;
+async fn rwlock_suite_red_on_each_bug() {
+    let beside = ["readers_share", "writer_excludes"];
+    let reds: &[Red<'_, RwBugs>] = &[
+        (|b| b.writer_beside_readers = true, &beside),
+        (|b| b.no_writer_preference = true, &["writer_not_starved"]),
+        (
+            |b| b.renew_ignores_the_holder = true,
+            &["stale_holder_refused"],
+        ),
+    ];
+    red_on_each_bug(&rwlock_suite::checks(), BuggyRw::env, reds).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn rwlock_suite_red_when_renew_ignores_the_holder() {
-    let bugs = RwBugs {
-        renew_ignores_the_holder: true,
-        ..RwBugs::default()
-    };
-    must_fail(
-        rwlock_suite::stale_holder_refused(BuggyRw::env(bugs)),
-        "stale_holder_refused",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn election_suite_red_when_two_candidates_lead() {
-    let bugs = ElectionBugs {
-        second_leader: true,
-        ..ElectionBugs::default()
-    };
-    must_fail(
-        election_suite::one_leader_race(BuggyElection::env(bugs)),
-        "one_leader_race",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn election_suite_red_when_the_term_is_not_bumped() {
-    let bugs = ElectionBugs {
-        term_not_bumped: true,
-        ..ElectionBugs::default()
-    };
-    must_fail(
-        election_suite::term_increases(BuggyElection::env(bugs)),
-        "term_increases",
-    )
-    .await;
-    must_fail(
-        election_suite::resign_hands_over(BuggyElection::env(bugs)),
-        "resign_hands_over",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn election_suite_red_when_a_stale_leader_can_renew() {
-    let bugs = ElectionBugs {
-        renew_ignores_the_leader: true,
-        ..ElectionBugs::default()
-    };
-    must_fail(
-        election_suite::expired_leader_replaced(BuggyElection::env(bugs)),
-        "expired_leader_replaced",
-    )
-    .await;
-    must_fail(
-        election_suite::proclaim_only_by_leader(BuggyElection::env(bugs)),
-        "proclaim_only_by_leader",
-    )
-    .await;
+async fn election_suite_red_on_each_bug() {
+    let terms = ["term_increases", "resign_hands_over"];
+    let stale = ["expired_leader_replaced", "proclaim_only_by_leader"];
+    let reds: &[Red<'_, ElectionBugs>] = &[
+        (|b| b.second_leader = true, &["one_leader_race"]),
+        (|b| b.term_not_bumped = true, &terms),
+        (|b| b.renew_ignores_the_leader = true, &stale),
+    ];
+    red_on_each_bug(&election_suite::checks(), BuggyElection::env, reds).await;
 }

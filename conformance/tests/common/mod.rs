@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use coord_adapters::lock::{LockError, LockHandle, LostReason};
-use coord_backend::Backend;
-use coord_conformance::{factory, BackendFactory, CheckResult};
+use coord_backend::{Backend, ManualClock};
+use coord_conformance::clients::{client_factory, ClientFactory};
+use coord_conformance::{factory, BackendFactory, BoxFuture, CheckResult};
 use coord_memory::SingleProcessMemoryBackend;
 
 /// Clients of the memory store (one process: every client of a namespace
@@ -57,4 +58,64 @@ pub(crate) fn handle(
         ttl,
         UNIX_EPOCH + Duration::from_millis(expires_ms),
     )
+}
+
+/// A suite's checks by name, each runnable against an environment `E`.
+pub(crate) type Checks<E> = Vec<(&'static str, fn(E) -> BoxFuture<'static, CheckResult>)>;
+
+/// Every check passes against what `env()` makes (a double with no bug
+/// switched on), so a red elsewhere comes from the bug.
+pub(crate) async fn all_pass<E>(checks: Checks<E>, env: impl Fn() -> E, what: &str) {
+    for (name, run) in checks {
+        if let Err(failure) = run(env()).await {
+            panic!("{what}: {name} failed: {failure}");
+        }
+    }
+}
+
+/// Each check named fails against what `env()` makes.
+pub(crate) async fn each_fails<E>(checks: &Checks<E>, names: &[&str], env: impl Fn() -> E) {
+    for name in names {
+        let (_, run) = checks
+            .iter()
+            .find(|(check, _)| check == name)
+            .unwrap_or_else(|| panic!("no check named {name}"));
+        must_fail(run(env()), name).await;
+    }
+}
+
+/// A bug of a double (the setter switching it on in a set `B` of bug
+/// switches) and the checks it must turn red.
+pub(crate) type Red<'a, B> = (fn(&mut B), &'a [&'a str]);
+
+/// For each bug (switched on alone, in a default `B`), the checks named
+/// beside it fail against `env(bugs)`.
+pub(crate) async fn red_on_each_bug<B: Copy + Default, E>(
+    checks: &Checks<E>,
+    env: impl Fn(B) -> E,
+    reds: &[Red<'_, B>],
+) {
+    for (switch_on, names) in reds {
+        let mut bugs = B::default();
+        switch_on(&mut bugs);
+        each_fails(checks, names, || env(bugs)).await;
+    }
+}
+
+/// A fresh manual clock at a round instant well after the epoch.
+pub(crate) fn manual_clock() -> Arc<ManualClock> {
+    Arc::new(ManualClock::at_millis(1_700_000_000_000))
+}
+
+/// A client factory whose every client is `double`: one in-process double
+/// stands for every process.
+pub(crate) fn every_client<T, E>(double: Arc<T>) -> ClientFactory<T, E>
+where
+    T: ?Sized + Send + Sync + 'static,
+    E: 'static,
+{
+    client_factory(move || {
+        let double = double.clone();
+        async move { Ok(double) }
+    })
 }
