@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use coord_backend::{Assert, Backend, Entry, Mutation, ReclaimOptions, Version};
 
+use crate::backend::applied as apply;
 use crate::{ensure, unique_namespace, BackendFactory, CheckResult, Failure};
 
 async fn open(factory: &BackendFactory, label: &str) -> Result<Arc<dyn Backend>, Failure> {
@@ -38,21 +39,6 @@ async fn get(backend: &dyn Backend, key: &str) -> Result<Entry, Failure> {
     entries
         .pop()
         .ok_or_else(|| Failure::new("a snapshot of one key returned nothing"))
-}
-
-async fn apply(
-    backend: &dyn Backend,
-    asserts: &[Assert],
-    mutations: &[Mutation],
-    what: &str,
-) -> CheckResult {
-    let outcome = backend.txn(asserts, mutations).await?;
-    ensure!(
-        outcome.applied,
-        "{what}: rejected (current: {:?})",
-        outcome.current
-    );
-    Ok(())
 }
 
 /// Put `key` `writes` times from missing, then delete it; returns every

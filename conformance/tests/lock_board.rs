@@ -27,7 +27,7 @@ use coord_memory::SingleProcessMemoryBackend;
 mod common;
 
 use common::{
-    all_pass, each_fails, every_client, manual_clock, memory, red_on_each_bug, Checks, Red,
+    all_pass, each_fails, every_client, handle, manual_clock, memory, red_on_each_bug, Checks, Red,
 };
 
 /// The generic adapters on the memory store, time moved by a `ManualClock`.
@@ -159,13 +159,7 @@ impl Lock for BuggyLock {
         let token = mint_token();
         let expires = now + ttl.as_millis() as u64;
         slot.holder = Some((token.clone(), expires));
-        Ok(Some(LockHandle::new(
-            key,
-            token,
-            slot.fence,
-            ttl,
-            UNIX_EPOCH + Duration::from_millis(expires),
-        )))
+        Ok(Some(handle(key, &token, slot.fence, ttl, expires)))
     }
 
     async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
@@ -268,13 +262,7 @@ impl Lock for CheckThenWriteLock {
         let token = mint_token();
         let expires = now + ttl.as_millis() as u64;
         self.write(key, fence + 1, &token, expires).await?;
-        Ok(Some(LockHandle::new(
-            key,
-            token,
-            fence + 1,
-            ttl,
-            UNIX_EPOCH + Duration::from_millis(expires),
-        )))
+        Ok(Some(handle(key, &token, fence + 1, ttl, expires)))
     }
 
     async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {

@@ -35,7 +35,7 @@
 //! path `backend::<check>`; this file holds the helpers they share, the case
 //! list and [`backend_tests!`](crate::backend_tests).
 
-use coord_backend::{Assert, Backend, Entry, Mutation};
+use coord_backend::{Assert, Backend, Entry, Mutation, TxnOutcome};
 
 use crate::{ensure, CheckResult, Failure};
 
@@ -84,18 +84,30 @@ async fn get(backend: &dyn Backend, key: &str) -> Result<Entry, Failure> {
     Ok(entries.remove(0))
 }
 
-async fn must_apply(
+/// Run a txn that must apply (also used by the reclaim suite); its outcome.
+pub(crate) async fn applied(
     backend: &dyn Backend,
     asserts: &[Assert],
     mutations: &[Mutation],
     what: &str,
-) -> CheckResult {
+) -> Result<TxnOutcome, Failure> {
     let outcome = backend.txn(asserts, mutations).await?;
     ensure!(
         outcome.applied,
         "{what}: txn was rejected, expected it to apply (current: {:?})",
         outcome.current
     );
+    Ok(outcome)
+}
+
+/// Run a txn that must apply, and answer as an applied txn does (no entries).
+async fn must_apply(
+    backend: &dyn Backend,
+    asserts: &[Assert],
+    mutations: &[Mutation],
+    what: &str,
+) -> CheckResult {
+    let outcome = applied(backend, asserts, mutations, what).await?;
     ensure!(
         outcome.current.is_empty(),
         "{what}: an applied txn returned entries {:?} (must be empty)",

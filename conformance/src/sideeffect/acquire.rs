@@ -9,7 +9,8 @@ use coord_adapters::sideeffect::{Acquired, Fence, Outcome, RetrySafety, SideEffe
 use coord_backend::Clock;
 
 use super::helpers::{
-    action, dump, expect_err, expect_outcome, expect_replayed, grant, join, make_uncertain, result,
+    action, contended_to_another, dump, expect_err, expect_outcome, expect_replayed, grant, join,
+    make_uncertain, result, uncertain_to_another,
 };
 use super::{Fixture, PAST_TTL, TTL};
 use crate::{ensure, CheckResult, Failure};
@@ -150,13 +151,7 @@ pub async fn rule_04_uncertain_outranks_busy(fx: Fixture) -> CheckResult {
     let (a, b, c) = (action("a", "r"), action("b", "r"), action("c", "r"));
     make_uncertain(&store, &a).await?;
     let lb = grant(&store, &b).await?;
-    expect_outcome(
-        &fx.store().await?,
-        &a,
-        Outcome::Uncertain,
-        "uncertain key while the resource is held",
-    )
-    .await?;
+    uncertain_to_another(&fx, &a, "uncertain key while the resource is held").await?;
     store.release(&b, &lb).await?;
     let lc = grant(&store, &c).await?;
     ensure!(
@@ -175,13 +170,7 @@ pub async fn rule_05_live_intent_contended(fx: Fixture) -> CheckResult {
     let lease = grant(&store, &a).await?;
     expect_outcome(&fx.store().await?, &a, Outcome::Contended, "key in flight").await?;
     fx.advance(TTL / 2);
-    expect_outcome(
-        &fx.store().await?,
-        &a,
-        Outcome::Contended,
-        "key in flight, later",
-    )
-    .await?;
+    contended_to_another(&fx, &a, "key in flight, later").await?;
     // The in-flight holder is unaffected.
     store.complete(&a, &lease, result("done")).await?;
     Ok(())
@@ -194,31 +183,13 @@ pub async fn rule_06_dead_intent_uncertain(fx: Fixture) -> CheckResult {
     let expired = action("expired", "r1");
     grant(&store, &expired).await?;
     fx.advance(PAST_TTL);
-    expect_outcome(
-        &fx.store().await?,
-        &expired,
-        Outcome::Uncertain,
-        "intent whose lease expired",
-    )
-    .await?;
-    expect_outcome(
-        &fx.store().await?,
-        &expired,
-        Outcome::Uncertain,
-        "asked again",
-    )
-    .await?;
+    uncertain_to_another(&fx, &expired, "intent whose lease expired").await?;
+    uncertain_to_another(&fx, &expired, "asked again").await?;
 
     let released = action("released", "r2");
     let lease = grant(&store, &released).await?;
     store.release(&released, &lease).await?;
-    expect_outcome(
-        &fx.store().await?,
-        &released,
-        Outcome::Uncertain,
-        "intent whose lease was released",
-    )
-    .await?;
+    uncertain_to_another(&fx, &released, "intent whose lease was released").await?;
 
     let safe = action("safe", "r3").with_retry_safety(RetrySafety::Safe);
     let first = grant(&store, &safe).await?;
@@ -236,10 +207,9 @@ pub async fn rule_06_dead_intent_uncertain(fx: Fixture) -> CheckResult {
     let lease = grant(&store, &declared_then).await?;
     store.release(&declared_then, &lease).await?;
     let undeclared_now = action("declared", "r4");
-    expect_outcome(
-        &fx.store().await?,
+    uncertain_to_another(
+        &fx,
         &undeclared_now,
-        Outcome::Uncertain,
         "granted as retry-safe, asked again without the declaration",
     )
     .await?;
@@ -252,13 +222,7 @@ pub async fn rule_07_busy_resource_contended(fx: Fixture) -> CheckResult {
     let store = fx.store().await?;
     let (a, b) = (action("a", "r"), action("b", "r"));
     let la = grant(&store, &a).await?;
-    expect_outcome(
-        &fx.store().await?,
-        &b,
-        Outcome::Contended,
-        "resource held by another key",
-    )
-    .await?;
+    contended_to_another(&fx, &b, "resource held by another key").await?;
     store.release(&a, &la).await?;
     let lb = grant(&fx.store().await?, &b)
         .await
@@ -300,21 +264,9 @@ pub async fn rule_08_grant_fence_and_intent(fx: Fixture) -> CheckResult {
         lb.fence
     );
     // The intent is there right after the grant: in flight, then uncertain.
-    expect_outcome(
-        &fx.store().await?,
-        &b,
-        Outcome::Contended,
-        "right after the grant",
-    )
-    .await?;
+    contended_to_another(&fx, &b, "right after the grant").await?;
     fx.advance(PAST_TTL);
-    expect_outcome(
-        &fx.store().await?,
-        &b,
-        Outcome::Uncertain,
-        "after the grant's lease expired",
-    )
-    .await?;
+    uncertain_to_another(&fx, &b, "after the grant's lease expired").await?;
     let lc = grant(&store, &c).await?;
     ensure!(
         lc.fence == Fence(3),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use coord_adapters::sideeffect::{Acquired, Action, EffectResult, Lease, Outcome, SideEffectStore};
 use coord_backend::{Backend, Entry};
 
-use super::TTL;
+use super::{Fixture, TTL};
 use crate::{ensure, CheckResult, Failure};
 
 /// Fail unless `$result` is an `Err` matching `$pattern`.
@@ -118,3 +118,25 @@ pub(super) async fn join<T>(task: tokio::task::JoinHandle<T>) -> Result<T, Failu
         .map_err(|e| Failure::new(format!("a racing task panicked: {e}")))
 }
 pub(super) use expect_err;
+
+/// Acquire through a new client (another process), which must get
+/// `Uncertain`: the key's unknown outcome is everyone's.
+pub(super) async fn uncertain_to_another(
+    fx: &Fixture,
+    action: &Action,
+    context: &str,
+) -> CheckResult {
+    expect_outcome(&fx.store().await?, action, Outcome::Uncertain, context).await?;
+    Ok(())
+}
+
+/// Acquire through a new client (another process), which must get
+/// `Contended`: someone else's live lease is in the way.
+pub(super) async fn contended_to_another(
+    fx: &Fixture,
+    action: &Action,
+    context: &str,
+) -> CheckResult {
+    expect_outcome(&fx.store().await?, action, Outcome::Contended, context).await?;
+    Ok(())
+}

@@ -8,7 +8,10 @@ use std::time::Duration;
 use coord_adapters::sideeffect::{Lease, Outcome, SideEffectError};
 use coord_backend::Clock;
 
-use super::helpers::{action, expect_err, expect_outcome, expect_replayed, grant, join, result};
+use super::helpers::{
+    action, contended_to_another, expect_err, expect_replayed, grant, join, result,
+    uncertain_to_another,
+};
 use super::{Fixture, PAST_TTL, TTL};
 use crate::{ensure, CheckResult, Failure};
 
@@ -112,13 +115,7 @@ pub async fn rule_14_complete_released_lease(fx: Fixture) -> CheckResult {
         SideEffectError::FenceStale,
         "complete with a released lease"
     );
-    expect_outcome(
-        &fx.store().await?,
-        &a,
-        Outcome::Uncertain,
-        "after the refused completes",
-    )
-    .await?;
+    uncertain_to_another(&fx, &a, "after the refused completes").await?;
     store.complete(&b, &lb, result("b")).await?;
     expect_replayed(&store, &b, "b", "the other key").await
 }
@@ -143,13 +140,7 @@ pub async fn rule_15_complete_other_resource(fx: Fixture) -> CheckResult {
         SideEffectError::FenceStale,
         "complete with a lease naming another resource"
     );
-    expect_outcome(
-        &fx.store().await?,
-        &a,
-        Outcome::Contended,
-        "after the refused completes",
-    )
-    .await?;
+    contended_to_another(&fx, &a, "after the refused completes").await?;
     store.complete(&a, &la, result("a")).await?;
     expect_replayed(&store, &a, "a", "the right lease still completes").await
 }
@@ -166,21 +157,9 @@ pub async fn rule_16_release_frees_resource_only(fx: Fixture) -> CheckResult {
     let lb = grant(&fx.store().await?, &b)
         .await
         .map_err(|f| Failure::new(format!("release did not free the resource: {f}")))?;
-    expect_outcome(
-        &fx.store().await?,
-        &a,
-        Outcome::Uncertain,
-        "released key, resource held by another",
-    )
-    .await?;
+    uncertain_to_another(&fx, &a, "released key, resource held by another").await?;
     store.complete(&b, &lb, result("b")).await?;
-    expect_outcome(
-        &fx.store().await?,
-        &a,
-        Outcome::Uncertain,
-        "released key, resource free",
-    )
-    .await?;
+    uncertain_to_another(&fx, &a, "released key, resource free").await?;
     Ok(())
 }
 
@@ -196,13 +175,7 @@ pub async fn rule_17_stale_release(fx: Fixture) -> CheckResult {
         SideEffectError::FenceStale,
         "release with a taken-over lease"
     );
-    expect_outcome(
-        &fx.store().await?,
-        &c,
-        Outcome::Contended,
-        "after the stale release",
-    )
-    .await?;
+    contended_to_another(&fx, &c, "after the stale release").await?;
     store
         .renew(&b, &lb, TTL)
         .await
@@ -229,13 +202,7 @@ pub async fn rule_18_renew_extends(fx: Fixture) -> CheckResult {
     );
     ensure!(renewed.fence == la.fence, "renew changed the fence");
     fx.advance(Duration::from_secs(5));
-    expect_outcome(
-        &fx.store().await?,
-        &b,
-        Outcome::Contended,
-        "past the original expiry, within the renewal",
-    )
-    .await?;
+    contended_to_another(&fx, &b, "past the original expiry, within the renewal").await?;
     fx.advance(Duration::from_secs(6));
     grant(&fx.store().await?, &b)
         .await
@@ -255,13 +222,7 @@ pub async fn rule_19_renew_after_takeover(fx: Fixture) -> CheckResult {
         SideEffectError::LeaseLost,
         "renew after a takeover"
     );
-    expect_outcome(
-        &fx.store().await?,
-        &c,
-        Outcome::Contended,
-        "after the refused renew",
-    )
-    .await?;
+    contended_to_another(&fx, &c, "after the refused renew").await?;
     store
         .renew(&b, &lb, TTL)
         .await
@@ -363,13 +324,7 @@ pub async fn rule_23_abandon_stale_lease(fx: Fixture) -> CheckResult {
         Ok(()) | Err(SideEffectError::FenceStale) => {}
         Err(other) => return Err(other.into()),
     }
-    expect_outcome(
-        &fx.store().await?,
-        &c,
-        Outcome::Contended,
-        "after the stale abandon",
-    )
-    .await?;
+    contended_to_another(&fx, &c, "after the stale abandon").await?;
     store
         .renew(&b, &lb, TTL)
         .await

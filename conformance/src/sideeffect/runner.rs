@@ -12,7 +12,7 @@ use coord_adapters::sideeffect::{
 };
 
 use super::doubles::{failing_apply, flag, recording_apply, CompleteFails};
-use super::helpers::{action, expect_err, expect_outcome, grant, io_error, result};
+use super::helpers::{action, expect_err, grant, io_error, result, uncertain_to_another};
 use super::{Fixture, PAST_TTL, TTL};
 use crate::{ensure, CheckResult, Failure};
 
@@ -302,13 +302,7 @@ pub async fn rule_42_runner_apply_fails_unknown(fx: Fixture) -> CheckResult {
                 )))
             }
         }
-        expect_outcome(
-            &fx.store().await?,
-            &a,
-            Outcome::Uncertain,
-            &format!("after an apply failure ({safety})"),
-        )
-        .await?;
+        uncertain_to_another(&fx, &a, &format!("after an apply failure ({safety})")).await?;
         let called = flag();
         let again = runner
             .execute(&a, TTL, recording_apply(&called, "x"))
@@ -344,21 +338,9 @@ pub async fn rule_43_runner_complete_fails(fx: Fixture) -> CheckResult {
             )))
         }
     }
-    expect_outcome(
-        &fx.store().await?,
-        &a,
-        Outcome::Uncertain,
-        "after a failed complete",
-    )
-    .await?;
+    uncertain_to_another(&fx, &a, "after a failed complete").await?;
     fx.advance(PAST_TTL);
-    expect_outcome(
-        &fx.store().await?,
-        &a,
-        Outcome::Uncertain,
-        "after a failed complete, later",
-    )
-    .await?;
+    uncertain_to_another(&fx, &a, "after a failed complete, later").await?;
     Ok(())
 }
 

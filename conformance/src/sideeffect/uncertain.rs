@@ -10,6 +10,7 @@ use coord_adapters::sideeffect::{
 
 use super::helpers::{
     action, expect_err, expect_outcome, expect_replayed, grant, join, make_uncertain, result,
+    uncertain_to_another,
 };
 use super::{Fixture, PAST_TTL, TTL};
 use crate::faults::{Fault, FaultyBackend, Target};
@@ -26,22 +27,10 @@ pub async fn rule_24_uncertain_per_key(fx: Fixture) -> CheckResult {
     let lb = grant(&fx.store().await?, &b)
         .await
         .map_err(|f| Failure::new(format!("another action on the resource: {f}")))?;
-    expect_outcome(
-        &fx.store().await?,
-        &a,
-        Outcome::Uncertain,
-        "while another action holds the resource",
-    )
-    .await?;
+    uncertain_to_another(&fx, &a, "while another action holds the resource").await?;
     store.complete(&b, &lb, result("b")).await?;
     fx.advance(PAST_TTL);
-    expect_outcome(
-        &fx.store().await?,
-        &a,
-        Outcome::Uncertain,
-        "later, resource free",
-    )
-    .await?;
+    uncertain_to_another(&fx, &a, "later, resource free").await?;
     Ok(())
 }
 
@@ -55,13 +44,7 @@ pub async fn rule_25_mark_uncertain_idempotent(fx: Fixture) -> CheckResult {
         .mark_uncertain(&a, &la, "twice")
         .await
         .map_err(|e| Failure::new(format!("second mark_uncertain: {e}")))?;
-    expect_outcome(
-        &fx.store().await?,
-        &a,
-        Outcome::Uncertain,
-        "after two marks",
-    )
-    .await?;
+    uncertain_to_another(&fx, &a, "after two marks").await?;
     Ok(())
 }
 
@@ -374,13 +357,7 @@ pub async fn rule_34_owned_resolve(fx: Fixture) -> CheckResult {
         SideEffectError::ReconcileLost,
         "owned resolve by a stranger"
     );
-    expect_outcome(
-        &fx.store().await?,
-        &a,
-        Outcome::Uncertain,
-        "after refused owned resolves",
-    )
-    .await?;
+    uncertain_to_another(&fx, &a, "after refused owned resolves").await?;
     let resolved = store
         .resolve_uncertain_owned(&a, &Resolution::applied("new", "checked"), &current.holder)
         .await?;
@@ -404,13 +381,7 @@ pub async fn rule_34_owned_resolve(fx: Fixture) -> CheckResult {
         SideEffectError::ReconcileLost,
         "owned resolve with an expired claim"
     );
-    expect_outcome(
-        &fx.store().await?,
-        &b,
-        Outcome::Uncertain,
-        "after the refused owned resolve",
-    )
-    .await?;
+    uncertain_to_another(&fx, &b, "after the refused owned resolve").await?;
 
     // Race: the claim holder resolves while another reconciler (whose clock
     // sees the claim expired) claims the key: never both.

@@ -51,13 +51,8 @@ pub(crate) fn handle(
     ttl: Duration,
     expires_ms: u64,
 ) -> LockHandle {
-    LockHandle::new(
-        key,
-        token,
-        fence,
-        ttl,
-        UNIX_EPOCH + Duration::from_millis(expires_ms),
-    )
+    let expires = UNIX_EPOCH + Duration::from_millis(expires_ms);
+    LockHandle::new(key, token, fence, ttl, expires)
 }
 
 /// A suite's checks by name, each runnable against an environment `E`.
