@@ -11,18 +11,6 @@ use coord_backend::{
     Assert, Backend, Entry, Error, Mutation, ReclaimOptions, Reclaimed, Result, TxnOutcome, Version,
 };
 use coord_conformance::{factory, run_cases, BackendFactory};
-use coord_memory::SingleProcessMemoryBackend;
-
-coord_conformance::backend_tests!(coord_conformance::factory(|namespace| async move {
-    Ok(Arc::new(SingleProcessMemoryBackend::shared(&namespace)?) as Arc<dyn Backend>)
-}));
-
-mod reclaim_suite {
-    use super::*;
-    coord_conformance::reclaim_tests!(coord_conformance::factory(|namespace| async move {
-        Ok(Arc::new(SingleProcessMemoryBackend::shared(&namespace)?) as Arc<dyn Backend>)
-    }));
-}
 
 /// What is wrong with a [`FlawedStore`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -18,12 +18,6 @@ use coord_backend::{
 use coord_conformance::{factory, run_cases, BackendFactory};
 use coord_memory::SingleProcessMemoryBackend;
 
-mod common;
-
-use common::memory;
-
-coord_conformance::changes_tests!(memory());
-
 /// Dropped watches are gone from the memory store's feed (no subscriber left behind).
 #[tokio::test]
 async fn memory_watches_end_when_dropped() {

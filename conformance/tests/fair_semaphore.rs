@@ -22,17 +22,7 @@ use coord_memory::SingleProcessMemoryBackend;
 
 mod common;
 
-use common::{all_pass, every_client, handle, lost, manual_clock, memory, red_on_each_bug, Red};
-
-/// `FairLock` on the memory store, time moved by a `ManualClock`.
-mod fair_lock_on_memory {
-    coord_conformance::fair_lock_tests!(super::memory());
-}
-
-/// `GenericSemaphore` on the memory store.
-mod semaphore_on_memory {
-    coord_conformance::semaphore_tests!(super::memory());
-}
+use common::{all_pass, every_client, handle, lost, manual_clock, red_on_each_bug, Red};
 
 // ---------------------------------------------------------------------------
 // A fair lock double

@@ -27,22 +27,8 @@ use coord_memory::SingleProcessMemoryBackend;
 mod common;
 
 use common::{
-    all_pass, each_fails, every_client, handle, manual_clock, memory, red_on_each_bug, Checks, Red,
+    all_pass, each_fails, every_client, handle, manual_clock, red_on_each_bug, Checks, Red,
 };
-
-/// The generic adapters on the memory store, time moved by a `ManualClock`.
-mod generic_lock {
-    coord_conformance::lock_tests!(super::memory());
-}
-
-mod generic_board {
-    coord_conformance::board_tests!(super::memory());
-}
-
-/// Every adapter decision over the memory store wrapped in seeded faults.
-mod fault_model_on_memory {
-    coord_conformance::fault_model_tests!(super::memory());
-}
 
 /// A guard's own estimate of its lease counts from when `try_lock` was
 /// sent: a slow grant cannot stretch it past what the store granted.

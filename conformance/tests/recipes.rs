@@ -22,15 +22,6 @@ mod common;
 
 use common::{all_pass, memory, red_on_each_bug, Red};
 
-/// The generic adapters on the memory store, time moved by a `ManualClock`.
-mod generic_rwlock {
-    coord_conformance::rwlock_tests!(super::memory());
-}
-
-mod generic_election {
-    coord_conformance::election_tests!(super::memory());
-}
-
 // ---------------------------------------------------------------------------
 // Broken read-write locks
 

@@ -26,10 +26,6 @@ mod common;
 
 use common::memory;
 
-mod memory_suite {
-    coord_conformance::scheduler_tests!(super::memory());
-}
-
 // ---------------------------------------------------------------------------
 // Broken stores: each must turn the relevant checks red.
 // ---------------------------------------------------------------------------

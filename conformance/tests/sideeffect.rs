@@ -17,8 +17,6 @@ mod common;
 
 use common::memory;
 
-coord_conformance::sideeffect_tests!(memory());
-
 /// What a broken adapter gets wrong.
 #[derive(Clone, Copy, Debug)]
 enum Flaw {
@@ -343,8 +341,6 @@ async fn sink_writing_before_its_check_goes_red() {
 }
 
 // ---------------------------------------------------------------- retention
-
-coord_conformance::retention_tests!(memory());
 
 /// The names of the checks that failed (each result printed).
 fn failed_names(results: Vec<(&'static str, coord_conformance::CheckResult)>) -> Vec<&'static str> {
