@@ -8,7 +8,7 @@ use std::sync::Arc;
 use coord_backend::{Assert, Backend, Entry, Error, InvalidInput, Mutation, Version};
 
 use super::{get, must_apply, must_reject, names, require_empty};
-use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, CheckResult, Failure};
+use crate::{ensure, CheckResult, Failure};
 
 /// Whether an [`InvalidInput`] is the expected reason.
 type IsReason = fn(&InvalidInput) -> bool;
@@ -155,10 +155,6 @@ pub async fn bad_input(backend: Arc<dyn Backend>) -> CheckResult {
     Ok(())
 }
 
-pub(super) fn case_bad_input(factory: BackendFactory) -> BoxFuture<'static, CheckResult> {
-    Box::pin(async move { bad_input(factory(unique_namespace("bad_input")).await?).await })
-}
-
 fn describe_bytes(expected: &[u8], got: Option<&[u8]>) -> String {
     match got {
         None => format!("missing (expected {} bytes)", expected.len()),
@@ -241,8 +237,4 @@ pub async fn large_values(backend: Arc<dyn Backend>) -> CheckResult {
     )
     .await?;
     Ok(())
-}
-
-pub(super) fn case_large_values(factory: BackendFactory) -> BoxFuture<'static, CheckResult> {
-    Box::pin(async move { large_values(factory(unique_namespace("large_values")).await?).await })
 }

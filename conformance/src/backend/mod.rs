@@ -54,14 +54,8 @@ pub use races::{
 pub use reads::{keys_literal_prefix, namespace_isolation, snapshot_semantics};
 pub use txn::{all_or_nothing, assert_missing, rejected_txn_current, version_monotonic};
 
-use limits::{case_bad_input, case_large_values};
-use model::case_model_sequences;
 use races::{
     case_concurrent_txn, case_disjoint_write_skew, case_increment_race, case_snapshot_consistency,
-};
-use reads::{case_keys_literal_prefix, case_namespace_isolation, case_snapshot_semantics};
-use txn::{
-    case_all_or_nothing, case_assert_missing, case_rejected_txn_current, case_version_monotonic,
 };
 
 async fn require_empty(backend: &dyn Backend, check: &str) -> CheckResult {
@@ -136,7 +130,10 @@ fn names(keys: &[&str]) -> Vec<String> {
 
 crate::__define_suite! {$
     /// The backend suite's one list of cases (see [`crate::__define_suite!`]).
-    __backend_suite "backend";
+    // A check over one backend gets a client of a namespace named after it.
+    __backend_suite "backend" |factory, check, name| async move {
+        check(factory(crate::unique_namespace(name)).await?).await
+    };
     /// Every case of the backend suite.
     cases;
     /// Expand the backend suite into one `#[tokio::test]` per case for a
@@ -146,14 +143,14 @@ crate::__define_suite! {$
     increment_race => |factory| case_increment_race(factory),
     snapshot_consistency => |factory| case_snapshot_consistency(factory),
     disjoint_write_skew => |factory| case_disjoint_write_skew(factory),
-    version_monotonic => |factory| case_version_monotonic(factory),
-    assert_missing => |factory| case_assert_missing(factory),
-    all_or_nothing => |factory| case_all_or_nothing(factory),
-    rejected_txn_current => |factory| case_rejected_txn_current(factory),
-    snapshot_semantics => |factory| case_snapshot_semantics(factory),
-    keys_literal_prefix => |factory| case_keys_literal_prefix(factory),
-    namespace_isolation => |factory| case_namespace_isolation(factory),
-    bad_input => |factory| case_bad_input(factory),
-    large_values => |factory| case_large_values(factory),
-    model_sequences => |factory| case_model_sequences(factory),
+    version_monotonic,
+    assert_missing,
+    all_or_nothing,
+    rejected_txn_current,
+    snapshot_semantics,
+    keys_literal_prefix,
+    namespace_isolation => |factory| namespace_isolation(factory),
+    bad_input,
+    large_values,
+    model_sequences => |factory| model_sequences(factory, ModelOptions::default()),
 }

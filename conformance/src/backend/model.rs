@@ -10,7 +10,7 @@ use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestError, TestRunner};
 
 use super::names;
-use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, CheckResult, Failure};
+use crate::{ensure, unique_namespace, BackendFactory, CheckResult, Failure};
 
 /// Options of [`model_sequences`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -312,8 +312,4 @@ pub async fn model_sequences(factory: BackendFactory, options: ModelOptions) -> 
             "model test aborted (seed {seed}): {reason}"
         ))),
     }
-}
-
-pub(super) fn case_model_sequences(factory: BackendFactory) -> BoxFuture<'static, CheckResult> {
-    Box::pin(model_sequences(factory, ModelOptions::default()))
 }

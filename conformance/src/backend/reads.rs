@@ -7,7 +7,7 @@ use std::sync::Arc;
 use coord_backend::{Assert, Backend, Entry, Mutation, Version};
 
 use super::{must_apply, must_reject, names, require_empty};
-use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, CheckResult};
+use crate::{ensure, unique_namespace, BackendFactory, CheckResult};
 
 /// A snapshot returns one entry per distinct key in the order of first
 /// appearance, missing keys as version 0 without value, and nothing for an
@@ -43,12 +43,6 @@ pub async fn snapshot_semantics(backend: Arc<dyn Backend>) -> CheckResult {
         "a never-written key reads as {missing:?}"
     );
     Ok(())
-}
-
-pub(super) fn case_snapshot_semantics(factory: BackendFactory) -> BoxFuture<'static, CheckResult> {
-    Box::pin(async move {
-        snapshot_semantics(factory(unique_namespace("snapshot_semantics")).await?).await
-    })
 }
 
 /// Keys a LIKE pattern, a glob, a regex or a case-/accent-insensitive
@@ -111,12 +105,6 @@ pub async fn keys_literal_prefix(backend: Arc<dyn Backend>) -> CheckResult {
         );
     }
     Ok(())
-}
-
-pub(super) fn case_keys_literal_prefix(factory: BackendFactory) -> BoxFuture<'static, CheckResult> {
-    Box::pin(async move {
-        keys_literal_prefix(factory(unique_namespace("keys_literal_prefix")).await?).await
-    })
 }
 
 /// Backends of namespaces `<root>a`, `<root>ab` and `<root>a:b` never see each
@@ -218,8 +206,4 @@ pub async fn namespace_isolation(factory: BackendFactory) -> CheckResult {
         }
     }
     Ok(())
-}
-
-pub(super) fn case_namespace_isolation(factory: BackendFactory) -> BoxFuture<'static, CheckResult> {
-    Box::pin(namespace_isolation(factory))
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use coord_backend::{Assert, Backend, Entry, Mutation, Version};
 
 use super::{get, must_apply, must_reject, names, require_empty};
-use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, CheckResult};
+use crate::{ensure, CheckResult};
 
 /// Versions move by exactly 1 per write (put or delete), a deleted key reads
 /// as missing, deleting a missing key is allowed and still counts, and after a
@@ -140,12 +140,6 @@ pub async fn version_monotonic(backend: Arc<dyn Backend>) -> CheckResult {
     Ok(())
 }
 
-pub(super) fn case_version_monotonic(factory: BackendFactory) -> BoxFuture<'static, CheckResult> {
-    Box::pin(async move {
-        version_monotonic(factory(unique_namespace("version_monotonic")).await?).await
-    })
-}
-
 /// Create-if-missing (assert version 0) succeeds once, a second one is
 /// rejected with the existing entry, and it succeeds again after a delete. A
 /// txn with asserts and no mutations applies and writes nothing.
@@ -206,12 +200,6 @@ pub async fn assert_missing(backend: Arc<dyn Backend>) -> CheckResult {
         "an assert-only txn created a key"
     );
     Ok(())
-}
-
-pub(super) fn case_assert_missing(factory: BackendFactory) -> BoxFuture<'static, CheckResult> {
-    Box::pin(
-        async move { assert_missing(factory(unique_namespace("assert_missing")).await?).await },
-    )
 }
 
 /// One false assert among several makes the whole txn write nothing (every key
@@ -327,12 +315,6 @@ pub async fn all_or_nothing(backend: Arc<dyn Backend>) -> CheckResult {
     Ok(())
 }
 
-pub(super) fn case_all_or_nothing(factory: BackendFactory) -> BoxFuture<'static, CheckResult> {
-    Box::pin(
-        async move { all_or_nothing(factory(unique_namespace("all_or_nothing")).await?).await },
-    )
-}
-
 /// A rejected txn returns the TRUE current entries of the asserted keys: one
 /// per distinct key, in assert order, with the current version and value,
 /// missing and deleted keys as missing; never stale, never empty.
@@ -411,12 +393,4 @@ pub async fn rejected_txn_current(backend: Arc<dyn Backend>) -> CheckResult {
         "after a moved to v3, a rejected txn returned {current:?} (expected {expected:?})"
     );
     Ok(())
-}
-
-pub(super) fn case_rejected_txn_current(
-    factory: BackendFactory,
-) -> BoxFuture<'static, CheckResult> {
-    Box::pin(async move {
-        rejected_txn_current(factory(unique_namespace("rejected_txn_current")).await?).await
-    })
 }
