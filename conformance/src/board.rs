@@ -20,19 +20,17 @@
 //! - [`dependency_change_reexpanded`] (adapter only): a dependency list changed between a
 //!   claim's read and its commit is read again, and the new dependency is honoured.
 
-use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use coord_adapters::board::{
     Board, BoardAdapter, BoardError, BoardOptions, ClaimedTask, Task, TaskSpec, TaskState,
 };
-use coord_adapters::lock::async_trait;
-use coord_backend::{Assert, Backend, Entry, Limits, ManualClock, Mutation, TxnOutcome};
+use coord_backend::ManualClock;
 
 use crate::clients::{ClientEnv, ClientFactory, Ctx};
-use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, CheckResult, Failure};
+use crate::faults::{Fault, FaultyBackend, Target};
+use crate::{ensure, unique_namespace, BackendFactory, CheckResult, Failure};
 
 /// Makes a new client of the board under test.
 pub type BoardFactory = ClientFactory<dyn Board, BoardError>;
@@ -509,56 +507,6 @@ pub async fn board_bad_input(env: BoardEnv) -> CheckResult {
     Ok(())
 }
 
-/// A backend that runs a hook (once) right before the first txn writing `key`,
-/// to change the store inside a claim's read-decide-commit window.
-struct WindowBackend {
-    inner: Arc<dyn Backend>,
-    key: String,
-    hook: Mutex<Option<BoxFuture<'static, Result<(), BoardError>>>>,
-    fired: AtomicBool,
-}
-
-impl fmt::Debug for WindowBackend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WindowBackend")
-            .field("inner", &self.inner)
-            .field("key", &self.key)
-            .finish_non_exhaustive()
-    }
-}
-
-#[async_trait]
-impl Backend for WindowBackend {
-    fn namespace(&self) -> &str {
-        self.inner.namespace()
-    }
-    fn limits(&self) -> Limits {
-        self.inner.limits()
-    }
-    async fn raw_snapshot(&self, keys: &[&str]) -> coord_backend::Result<Vec<Entry>> {
-        self.inner.raw_snapshot(keys).await
-    }
-    async fn raw_txn(
-        &self,
-        asserts: &[Assert],
-        mutations: &[Mutation],
-    ) -> coord_backend::Result<TxnOutcome> {
-        if mutations.iter().any(|m| m.key() == self.key) {
-            let hook = self.hook.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let Some(hook) = hook {
-                hook.await.map_err(|e| {
-                    coord_backend::Error::Config(format!("window hook failed: {e}"))
-                })?;
-                self.fired.store(true, Ordering::SeqCst);
-            }
-        }
-        self.inner.raw_txn(asserts, mutations).await
-    }
-    async fn raw_keys(&self, prefix: &str) -> coord_backend::Result<Vec<String>> {
-        self.inner.raw_keys(prefix).await
-    }
-}
-
 /// (Adapter only.) The dependency list of a task changes between a claim's
 /// read and its commit (a new, open dependency is added): the claim's txn
 /// fails, the new list is read and asserted, and the claim is refused.
@@ -577,22 +525,31 @@ pub async fn dependency_change_reexpanded(factory: BackendFactory) -> CheckResul
         .await
         .ctx("complete a")?;
 
-    let task_key = "board/task/t".to_owned();
-    let redefiner = plain.clone();
-    let window = Arc::new(WindowBackend {
-        inner: factory(namespace).await?,
-        key: task_key,
-        hook: Mutex::new(Some(Box::pin(async move {
-            redefiner.redefine(task("t").with_deps(["a", "b"])).await
-        }))),
-        fired: AtomicBool::new(false),
-    });
+    // The claimer's commit (its first writing txn) waits while the task is redefined.
+    let window = Arc::new(FaultyBackend::new(factory(namespace).await?, 0));
+    window.once(Target::WritingTxn, Fault::Pause);
     let claimer = BoardAdapter::with_options(window.clone(), options);
-    let answer = claimer.claim("t", "agent", TTL).await;
-    ensure!(
-        window.fired.load(Ordering::SeqCst),
-        "the claim never tried to commit: the window was not exercised ({answer:?})"
-    );
+    let claiming = {
+        let claimer = claimer.clone();
+        tokio::spawn(async move { claimer.claim("t", "agent", TTL).await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !window.is_paused() {
+        if claiming.is_finished() || tokio::time::Instant::now() > deadline {
+            claiming.abort();
+            let answer = claiming.await;
+            return Err(Failure::new(format!(
+                "the claim never tried to commit: the window was not exercised ({answer:?})"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let redefined = plain.redefine(task("t").with_deps(["a", "b"])).await;
+    window.resume();
+    redefined.ctx("redefine t inside the claim's window")?;
+    let answer = claiming
+        .await
+        .map_err(|e| Failure::new(format!("the claim panicked: {e}")))?;
     match answer {
         Err(BoardError::DependenciesNotMet { pending, .. }) => {
             ensure!(pending == vec!["b".to_owned()], "pending should be [b], got {pending:?}")

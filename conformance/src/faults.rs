@@ -12,6 +12,7 @@
 //! | [`Fault::Drop`] | `Indeterminate` | never applied |
 //! | [`Fault::Hang`] | no answer, ever | never applied |
 //! | [`Fault::Delay`] | the real answer, late | applied after the delay |
+//! | [`Fault::Pause`] | the real answer, once resumed | applied after [`FaultyBackend::resume`] |
 //!
 //! Rules pick calls by [`Target`] (reads, txns, txns that write) and fire
 //! once on the n-th matching call, on every call, or with a probability
@@ -77,6 +78,11 @@ pub enum Fault {
     Hang,
     /// The call is forwarded after this long, and answered normally.
     Delay(Duration),
+    /// The wrapper pauses at this call (as [`FaultyBackend::pause`], a
+    /// process stopped right before sending it): the call and every later
+    /// one wait for [`FaultyBackend::resume`], then go on normally. Lets a
+    /// check change the store inside a decision's read-decide-commit window.
+    Pause,
 }
 
 /// Which calls a rule applies to.
@@ -401,6 +407,11 @@ impl FaultyBackend {
             Some(Fault::Hang) => std::future::pending().await,
             Some(Fault::Delay(by)) => {
                 tokio::time::sleep(by).await;
+                apply().await
+            }
+            Some(Fault::Pause) => {
+                self.pause();
+                self.wait_unpaused().await;
                 apply().await
             }
         };
