@@ -249,6 +249,16 @@ macro_rules! __named_checks {
     };
 }
 
+/// `(name, result)` of each check named, run one after another, each with
+/// clones of the same two arguments: `__run_checks!(A, B; name, ...)`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __run_checks {
+    ($a:expr, $b:expr; $($name:ident),* $(,)?) => {
+        vec![$((stringify!($name), $name($a.clone(), $b.clone()).await)),*]
+    };
+}
+
 /// One [`Case`] of a [`__define_suite!`] list.
 #[doc(hidden)]
 #[macro_export]

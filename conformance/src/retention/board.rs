@@ -357,18 +357,9 @@ pub async fn check_all(
     backends: BackendFactory,
     pruner: BoardPruner,
 ) -> Vec<(&'static str, CheckResult)> {
-    vec![
-        (
-            "completed_tasks_go_after_the_window",
-            completed_tasks_go_after_the_window(backends.clone(), pruner.clone()).await,
-        ),
-        (
-            "dependents_stay_claimable",
-            dependents_stay_claimable(backends.clone(), pruner.clone()).await,
-        ),
-        (
-            "board_pruners_race",
-            board_pruners_race(backends, pruner).await,
-        ),
-    ]
+    crate::__run_checks!(backends, pruner;
+        completed_tasks_go_after_the_window,
+        dependents_stay_claimable,
+        board_pruners_race,
+    )
 }

@@ -341,24 +341,12 @@ pub async fn check_all(
     backends: BackendFactory,
     pruner: Pruner,
 ) -> Vec<(&'static str, CheckResult)> {
-    vec![
-        (
-            "completed_keys_go_after_the_window",
-            completed_keys_go_after_the_window(backends.clone(), pruner.clone()).await,
-        ),
-        (
-            "pruners_race",
-            pruners_race(backends.clone(), pruner.clone()).await,
-        ),
-        (
-            "prune_is_bounded",
-            prune_is_bounded(backends.clone(), pruner.clone()).await,
-        ),
-        (
-            "attention_index_follows_state",
-            attention_index_follows_state(backends, pruner).await,
-        ),
-    ]
+    crate::__run_checks!(backends, pruner;
+        completed_keys_go_after_the_window,
+        pruners_race,
+        prune_is_bounded,
+        attention_index_follows_state,
+    )
 }
 
 crate::__define_suite! {$
