@@ -4,7 +4,7 @@
 //! clients (each call a separate client, as another process would hold) and
 //! the `ManualClock` they judge expiry with, so expiry checks never sleep.
 //! [`election_tests!`](crate::election_tests) runs them on
-//! [`GenericElection`]s over a store; call them directly to check another
+//! [`GenericElection`](coord_adapters::election::GenericElection)s over a store; call them directly to check another
 //! implementation.
 //!
 //! What the suite pins down (one bullet per check):
@@ -327,11 +327,11 @@ crate::__define_suite! {$
     /// The election suite's one list of cases (see [`crate::__define_suite!`]).
     __election_suite "election";
     checks(ElectionEnv);
-    /// Every case of the election suite, over [`GenericElection`]s on a
+    /// Every case of the election suite, over [`GenericElection`](coord_adapters::election::GenericElection)s on a
     /// backend factory with a `ManualClock` (see [`ElectionEnv::generic`]).
     cases;
     /// Expand the election suite into one `#[tokio::test]` per case, over
-    /// [`GenericElection`]s on a [`BackendFactory`] expression (or an
+    /// [`GenericElection`](coord_adapters::election::GenericElection)s on a [`BackendFactory`](crate::BackendFactory) expression (or an
     /// `Option<BackendFactory>`, `None` = skipped).
     election_tests(election);
     one_leader_race,

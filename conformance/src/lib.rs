@@ -139,7 +139,7 @@ pub fn all_cases() -> Vec<Case> {
 /// }
 /// ```
 ///
-/// and gets three entry points over that one list:
+/// and gets, over that one list:
 ///
 /// - `pub fn cases() -> Vec<Case>`: each case runs `TEMPLATE` with `check`
 ///   bound to the function of its name and `name` to its name, unless it
@@ -148,8 +148,11 @@ pub fn all_cases() -> Vec<Case> {
 /// - with `checks(ENV);`, `pub fn checks()`: every check as `(name,
 ///   function)`, runnable against any `ENV` (another implementation);
 /// - `x_tests!(FACTORY)` (exported): one `#[tokio::test]` per case;
-/// - `__x_suite!` (exported, hidden): the names, for [`__suite!`]'s modes
-///   (bare `__x_suite!` inside this crate, after the definition).
+/// - `__x_suite!` (exported, hidden): the names, for [`__suite!`]'s modes.
+///
+/// Rust lets other crates name the two exported macros by path, but not this
+/// one (they are defined by a macro): here, call `__x_suite!` by its bare
+/// name, after the definition, and never `x_tests!`.
 ///
 /// The leading `$` lets it write the metavariables of the macros it defines.
 #[doc(hidden)]

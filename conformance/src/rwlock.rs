@@ -4,7 +4,7 @@
 //! (each call a separate client, as another process would hold) and the
 //! `ManualClock` they judge expiry with, so expiry checks never sleep.
 //! [`rwlock_tests!`](crate::rwlock_tests) runs them on
-//! [`GenericRwLock`]s over a store; call them directly to check another
+//! [`GenericRwLock`](coord_adapters::rwlock::GenericRwLock)s over a store; call them directly to check another
 //! implementation.
 //!
 //! What the suite pins down (one bullet per check):
@@ -401,11 +401,11 @@ crate::__define_suite! {$
     /// The rwlock suite's one list of cases (see [`crate::__define_suite!`]).
     __rwlock_suite "rwlock";
     checks(RwEnv);
-    /// Every case of the rwlock suite, over [`GenericRwLock`]s on a
+    /// Every case of the rwlock suite, over [`GenericRwLock`](coord_adapters::rwlock::GenericRwLock)s on a
     /// backend factory with a `ManualClock` (see [`RwEnv::generic`]).
     cases;
     /// Expand the rwlock suite into one `#[tokio::test]` per case, over
-    /// [`GenericRwLock`]s on a [`BackendFactory`] expression (or an
+    /// [`GenericRwLock`](coord_adapters::rwlock::GenericRwLock)s on a [`BackendFactory`](crate::BackendFactory) expression (or an
     /// `Option<BackendFactory>`, `None` = skipped).
     rwlock_tests(rwlock);
     readers_share,

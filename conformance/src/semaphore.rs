@@ -403,11 +403,11 @@ crate::__define_suite! {$
     /// The semaphore suite's one list of cases (see [`crate::__define_suite!`]).
     __semaphore_suite "semaphore";
     checks(SemEnv);
-    /// Every case of the semaphore suite, over [`GenericSemaphore`]s on a
+    /// Every case of the semaphore suite, over [`GenericSemaphore`](coord_adapters::lock::GenericSemaphore)s on a
     /// backend factory with a `ManualClock` (see [`SemEnv::generic`]).
     cases;
     /// Expand the semaphore suite into one `#[tokio::test]` per case, over
-    /// [`GenericSemaphore`]s on a [`BackendFactory`] expression (or an
+    /// [`GenericSemaphore`](coord_adapters::lock::GenericSemaphore)s on a [`BackendFactory`](crate::BackendFactory) expression (or an
     /// `Option<BackendFactory>`, `None` = skipped).
     semaphore_tests(semaphore);
     permit_race,
