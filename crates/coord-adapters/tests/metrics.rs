@@ -14,29 +14,9 @@ use coord_adapters::sideeffect::{
 };
 use coord_adapters::telemetry::*;
 use coord_backend::{Backend, ManualClock, Metered, TXN_TOTAL};
+use coord_conformance::support::{counters, with_recorder};
 use coord_memory::SingleProcessMemoryBackend;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-
-/// `name{label=value,...}` → counter value, for every counter recorded.
-fn counters(recorder: &DebuggingRecorder) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for (key, _, _, value) in recorder.snapshotter().snapshot().into_vec() {
-        if let DebugValue::Counter(n) = value {
-            let key = key.key();
-            let labels: Vec<String> = key
-                .labels()
-                .map(|l| format!("{}={}", l.key(), l.value()))
-                .collect();
-            let name = if labels.is_empty() {
-                key.name().to_owned()
-            } else {
-                format!("{}{{{}}}", key.name(), labels.join(","))
-            };
-            out.insert(name, n);
-        }
-    }
-    out
-}
+use metrics_util::debugging::DebuggingRecorder;
 
 fn sum(counts: &BTreeMap<String, u64>, name: &str) -> u64 {
     counts
@@ -44,16 +24,6 @@ fn sum(counts: &BTreeMap<String, u64>, name: &str) -> u64 {
         .filter(|(k, _)| *k == name || k.starts_with(&format!("{name}{{")))
         .map(|(_, v)| v)
         .sum()
-}
-
-fn run<F: std::future::Future<Output = ()>>(recorder: &DebuggingRecorder, workload: F) {
-    metrics::with_local_recorder(recorder, || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(workload)
-    });
 }
 
 fn store(name: &str) -> Arc<dyn Backend> {
@@ -66,7 +36,7 @@ fn store(name: &str) -> Arc<dyn Backend> {
 #[test]
 fn lock_metrics_count_grants_and_losses() {
     let recorder = DebuggingRecorder::new();
-    run(&recorder, async {
+    with_recorder(&recorder, async {
         let clock = Arc::new(ManualClock::starting_now());
         let lock = GenericLock::with_options(
             store("lock-metrics"),
@@ -114,7 +84,7 @@ fn lock_metrics_count_grants_and_losses() {
 #[test]
 fn a_guard_that_loses_its_lock_counts_one_loss() {
     let recorder = DebuggingRecorder::new();
-    run(&recorder, async {
+    with_recorder(&recorder, async {
         let clock = Arc::new(ManualClock::starting_now());
         let lock: Arc<dyn Lock> = Arc::new(GenericLock::with_options(
             store("guard-metrics"),
@@ -156,7 +126,7 @@ fn a_guard_that_loses_its_lock_counts_one_loss() {
 #[test]
 fn sideeffect_metrics_count_each_outcome() {
     let recorder = DebuggingRecorder::new();
-    run(&recorder, async {
+    with_recorder(&recorder, async {
         let runner = Runner::new(Arc::new(SideEffectAdapter::new(store("se-metrics"))));
         let ttl = Duration::from_secs(30);
         let ok = Action::new("refund/1", "payments");
@@ -217,7 +187,7 @@ fn rwlock_and_election_metrics_count_grants_wins_and_losses() {
     use coord_adapters::rwlock::{GenericRwLock, RwLock, RwLockOptions};
     use coord_adapters::LockError;
     let recorder = DebuggingRecorder::new();
-    run(&recorder, async {
+    with_recorder(&recorder, async {
         let clock = Arc::new(ManualClock::starting_now());
         let ttl = Duration::from_secs(10);
         let rw = GenericRwLock::with_options(

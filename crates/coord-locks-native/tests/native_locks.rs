@@ -13,29 +13,6 @@ use coord_adapters::lock::{Lock, LockError, LostReason};
 use coord_conformance::lock::{lock_factory, LockEnv, TimeControl};
 use coord_conformance::server_env;
 
-/// `name{label=value,...}` → value of every counter the recorder saw.
-fn counters(
-    recorder: &metrics_util::debugging::DebuggingRecorder,
-) -> std::collections::BTreeMap<String, u64> {
-    let mut out = std::collections::BTreeMap::new();
-    for (key, _, _, value) in recorder.snapshotter().snapshot().into_vec() {
-        if let metrics_util::debugging::DebugValue::Counter(n) = value {
-            let key = key.key();
-            let labels: Vec<String> = key
-                .labels()
-                .map(|l| format!("{}={}", l.key(), l.value()))
-                .collect();
-            let name = if labels.is_empty() {
-                key.name().to_owned()
-            } else {
-                format!("{}{{{}}}", key.name(), labels.join(","))
-            };
-            out.insert(name, n);
-        }
-    }
-    out
-}
-
 fn random_key(label: &str) -> String {
     format!("{label}-{}", &coord_adapters::mint_token()[..16])
 }
@@ -205,7 +182,7 @@ mod redis_lock {
                 ..
             })
         ));
-        let counts = super::counters(&recorder);
+        let counts = coord_conformance::support::counters(&recorder);
         assert_eq!(
             counts.get("coord_lock_acquired_total"),
             Some(&2),
@@ -474,7 +451,7 @@ mod pg_advisory {
         assert_eq!(a.held_count(), 0, "a lost lock's connection is dropped");
         assert!(a.release(h).await.unwrap_err().is_lost());
         b.release(hb).await.unwrap();
-        let counts = super::counters(&recorder);
+        let counts = coord_conformance::support::counters(&recorder);
         assert_eq!(
             counts.get("coord_lock_acquired_total"),
             Some(&2),
