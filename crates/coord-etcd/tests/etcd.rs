@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use coord_backend::{Assert, Backend, BackendExt, Entry, Error, Mutation, StoreUrl, Version};
 use coord_conformance::fault::FaultProxy;
+use coord_conformance::support::applied;
 use coord_conformance::{factory, server_env, unique_namespace, BackendFactory};
 use coord_etcd::{EtcdBackend, EtcdOptions};
 
@@ -65,14 +66,8 @@ async fn versions_survive_delete_and_recreate() {
     let store = connect(&raw, &ns).await.unwrap();
     let mut client = raw_client(&raw).await;
 
-    assert!(
-        store
-            .put_if("k", Version(0), b"one".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
-    assert!(store.delete_if("k", Version(1)).await.unwrap().applied);
+    assert!(applied(store.put_if("k", Version(0), b"one".to_vec())).await);
+    assert!(applied(store.delete_if("k", Version(1))).await);
     assert_eq!(store.get("k").await.unwrap(), Entry::missing("k"));
     assert!(
         store.keys("").await.unwrap().is_empty(),
@@ -82,44 +77,20 @@ async fn versions_survive_delete_and_recreate() {
     let out = store.put_if("k", Version(2), b"x".to_vec()).await.unwrap();
     assert!(!out.applied, "an assert at the tombstone's version passed");
     assert_eq!(out.current, vec![Entry::missing("k")]);
-    assert!(
-        !store
-            .put_if("k", Version(1), b"x".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(!applied(store.put_if("k", Version(1), b"x".to_vec())).await);
 
     // A second client has never seen the tombstone: "missing" must still hold
     // (compare guessed wrong, re-sent), and the re-create gets version 3.
     let other = connect(&raw, &ns).await.unwrap();
-    assert!(
-        other
-            .put_if("k", Version(0), b"two".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(other.put_if("k", Version(0), b"two".to_vec())).await);
     assert_eq!(
         store.get("k").await.unwrap(),
         Entry::present("k", Version(3), b"two".to_vec())
     );
     assert_eq!(raw_version(&mut client, &etcd_key(&store, "k")).await, 3);
     // Deleting a key that never existed still bumps its hidden counter.
-    assert!(
-        store
-            .txn(&[], &[Mutation::delete("never")])
-            .await
-            .unwrap()
-            .applied
-    );
-    assert!(
-        store
-            .put_if("never", Version(0), b"now".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.txn(&[], &[Mutation::delete("never")])).await);
+    assert!(applied(store.put_if("never", Version(0), b"now".to_vec())).await);
     assert_eq!(store.get("never").await.unwrap().version, Version(2));
     // A stale "missing" assert on a live key is refused with its entry.
     let out = other
@@ -159,7 +130,7 @@ async fn namespaces_are_disjoint_and_prefixes_literal() {
         .iter()
         .map(|k| Mutation::put(*k, b"1".to_vec()))
         .collect();
-    assert!(store.txn(&[], &puts).await.unwrap().applied);
+    assert!(applied(store.txn(&[], &puts)).await);
     for prefix in ["a%", "a_", "a*", "a?", "a[", "a{", "a\\", "aé"] {
         let found = store.keys(prefix).await.unwrap();
         let expected: Vec<String> = keys
@@ -210,9 +181,9 @@ async fn largest_txn_within_limits_fits_etcd_defaults() {
         .map(|k| Mutation::put(k, value.clone()))
         .collect();
     let missing: Vec<Assert> = keys.iter().map(Assert::missing).collect();
-    assert!(store.txn(&missing, &puts).await.unwrap().applied);
+    assert!(applied(store.txn(&missing, &puts)).await);
     let live: Vec<Assert> = keys.iter().map(|k| Assert::at(k, Version(1))).collect();
-    assert!(store.txn(&live, &puts).await.unwrap().applied);
+    assert!(applied(store.txn(&live, &puts)).await);
     // Rejected: the Else branch returns every entry with its max value.
     let out = store.txn(&live, &puts).await.unwrap();
     assert!(!out.applied);
@@ -330,13 +301,7 @@ async fn lost_txn_answer_is_indeterminate() {
         .await
         .unwrap();
     let key = "fault-target-7f3a";
-    assert!(
-        store
-            .put_if(key, Version(0), b"before".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if(key, Version(0), b"before".to_vec())).await);
     let seen = store.get(key).await.unwrap();
 
     // The key's bytes are in the txn request (and in no other frame from now on).
@@ -405,13 +370,7 @@ async fn late_commit_after_cut_connection_is_indeterminate() {
         .unwrap();
     let direct = connect(&raw, &ns).await.unwrap();
     let key = "late-commit-target-5c1e";
-    assert!(
-        store
-            .put_if(key, Version(0), b"before".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if(key, Version(0), b"before".to_vec())).await);
     let seen = store.get(key).await.unwrap();
 
     // The key's bytes are in the txn request (and in no other frame from now on).
@@ -567,22 +526,10 @@ async fn reclaim_switches_to_real_deletes() {
     let mut client = raw_client(&raw).await;
     for i in 0..20 {
         let key = format!("t/{i:02}");
-        assert!(
-            store
-                .put_if(&key, Version(0), b"1".to_vec())
-                .await
-                .unwrap()
-                .applied
-        );
-        assert!(store.delete_if(&key, Version(1)).await.unwrap().applied);
+        assert!(applied(store.put_if(&key, Version(0), b"1".to_vec())).await);
+        assert!(applied(store.delete_if(&key, Version(1))).await);
     }
-    assert!(
-        store
-            .put_if("live", Version(0), b"l".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if("live", Version(0), b"l".to_vec())).await);
     // `other` reads before the marker exists: it caches nothing.
     assert_eq!(other.get("live").await.unwrap().version, Version(1));
     let prefix = store.etcd_prefix().to_vec();
@@ -605,22 +552,10 @@ async fn reclaim_switches_to_real_deletes() {
     // A live key from before the marker keeps its version; `other` still
     // believes there is no marker, so its txn is refused by the marker
     // compare and sent again under the floor.
-    assert!(
-        other
-            .put_if("live", Version(1), b"m".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(other.put_if("live", Version(1), b"m".to_vec())).await);
     assert_eq!(store.get("live").await.unwrap().version, Version(2));
     // A re-created key starts at its create revision, above anything it had.
-    assert!(
-        other
-            .put_if("t/03", Version(0), b"again".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(other.put_if("t/03", Version(0), b"again".to_vec())).await);
     let raw_kv = client.get(etcd_key(&store, "t/03"), None).await.unwrap();
     let create = raw_kv.kvs()[0].create_revision();
     assert_eq!(
@@ -628,13 +563,7 @@ async fn reclaim_switches_to_real_deletes() {
         Version(create as u64)
     );
     assert!(create > 2);
-    assert!(
-        store
-            .put_if("t/03", Version(create as u64), b"3".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if("t/03", Version(create as u64), b"3".to_vec())).await);
     assert_eq!(
         other.get("t/03").await.unwrap().version,
         Version(create as u64 + 1)
@@ -642,15 +571,9 @@ async fn reclaim_switches_to_real_deletes() {
     // Deletes are real now: 100 create/delete cycles leave no etcd key.
     for i in 0..100 {
         let key = format!("c/{i}");
-        assert!(
-            store
-                .put_if(&key, Version(0), b"x".to_vec())
-                .await
-                .unwrap()
-                .applied
-        );
+        assert!(applied(store.put_if(&key, Version(0), b"x".to_vec())).await);
         let version = store.get(&key).await.unwrap().version;
-        assert!(store.delete_if(&key, version).await.unwrap().applied);
+        assert!(applied(store.delete_if(&key, version)).await);
     }
     assert_eq!(
         etcd_keys_under(&mut client, &prefix).await,

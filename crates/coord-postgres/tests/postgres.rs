@@ -16,6 +16,7 @@ use coord_backend::{
     Assert, Backend, BackendExt, Entry, Error, Mutation, StoreUrl, TxnOutcome, Version,
 };
 use coord_conformance::fault::FaultProxy;
+use coord_conformance::support::applied;
 use coord_conformance::{unique_namespace, BackendFactory};
 use coord_postgres::{PostgresBackend, PostgresOptions};
 use sqlx::{Connection, PgConnection};
@@ -883,46 +884,16 @@ async fn versions_tombstones_and_rejections() {
         PostgresOptions::default(),
     )
     .await;
-    assert!(
-        store
-            .put_if("a", Version::MISSING, b"1".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
-    assert!(store.delete_if("a", Version(1)).await.unwrap().applied);
+    assert!(applied(store.put_if("a", Version::MISSING, b"1".to_vec())).await);
+    assert!(applied(store.delete_if("a", Version(1))).await);
     assert_eq!(store.get("a").await.unwrap(), Entry::missing("a"));
     // The stale version 1 must not pass again after a re-create (ABA).
-    assert!(
-        store
-            .put_if("a", Version::MISSING, b"2".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if("a", Version::MISSING, b"2".to_vec())).await);
     assert_eq!(store.get("a").await.unwrap().version, Version(3));
-    assert!(
-        !store
-            .put_if("a", Version(1), b"x".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(!applied(store.put_if("a", Version(1), b"x".to_vec())).await);
     // Deleting a missing key moves its hidden counter.
-    assert!(
-        store
-            .txn(&[], &[Mutation::delete("b")])
-            .await
-            .unwrap()
-            .applied
-    );
-    assert!(
-        store
-            .put_if("b", Version::MISSING, b"b".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.txn(&[], &[Mutation::delete("b")])).await);
+    assert!(applied(store.put_if("b", Version::MISSING, b"b".to_vec())).await);
     assert_eq!(store.get("b").await.unwrap().version, Version(2));
 
     // A rejection writes nothing and returns the asserted keys once each, in assert order.
@@ -990,21 +961,9 @@ async fn prefixes_are_literal_and_namespaces_isolated() {
         .iter()
         .map(|k| Mutation::put(*k, b"v".to_vec()))
         .collect();
-    assert!(store.txn(&[], &mutations).await.unwrap().applied);
-    assert!(
-        longer
-            .txn(&[], &[Mutation::put("a%x", b"v".to_vec())])
-            .await
-            .unwrap()
-            .applied
-    );
-    assert!(
-        store
-            .txn(&[], &[Mutation::delete("a%")])
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.txn(&[], &mutations)).await);
+    assert!(applied(longer.txn(&[], &[Mutation::put("a%x", b"v".to_vec())])).await);
+    assert!(applied(store.txn(&[], &[Mutation::delete("a%")])).await);
 
     assert_eq!(store.keys("a%").await.unwrap(), vec!["a%b"]);
     assert_eq!(store.keys("a_").await.unwrap(), vec!["a_", "a_b"]);
@@ -1083,13 +1042,7 @@ async fn urls_and_schema_options() {
         PostgresOptions::default(),
     )
     .await;
-    assert!(
-        store
-            .txn(&[], &[Mutation::put("k", b"v".to_vec())])
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.txn(&[], &[Mutation::put("k", b"v".to_vec())])).await);
 
     let wrong = PostgresBackend::connect(&StoreUrl::parse("redis://127.0.0.1:6379").unwrap()).await;
     assert!(matches!(wrong, Err(Error::Config(_))), "{wrong:?}");
@@ -1224,19 +1177,8 @@ async fn notify_changes_off_sends_nothing() {
         .await
         .unwrap();
     listener.listen(&channel).await.unwrap();
-    assert!(
-        quiet
-            .txn(&[], &[Mutation::put("quiet", b"1".to_vec())])
-            .await
-            .unwrap()
-            .applied
-    );
-    assert!(
-        loud.txn(&[], &[Mutation::put("loud", b"1".to_vec())])
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(quiet.txn(&[], &[Mutation::put("quiet", b"1".to_vec())])).await);
+    assert!(applied(loud.txn(&[], &[Mutation::put("loud", b"1".to_vec())])).await);
     let first = tokio::time::timeout(Duration::from_secs(10), listener.recv())
         .await
         .expect("no notification within 10 s")
@@ -1606,13 +1548,7 @@ async fn single_key_rejections_answer_the_current_entry() {
     let Some(base) = base_url() else { return };
     let namespace = unique_namespace("fast_reject");
     let store = connect(&base, &namespace, PostgresOptions::default()).await;
-    assert!(
-        store
-            .put_if("k", Version(0), b"a".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if("k", Version(0), b"a".to_vec())).await);
     let out = store.put_if("k", Version(0), b"b".to_vec()).await.unwrap();
     assert!(!out.applied);
     assert_eq!(
@@ -1634,13 +1570,7 @@ async fn single_key_rejections_answer_the_current_entry() {
     let out = store.put_if("k", Version(2), b"c".to_vec()).await.unwrap();
     assert!(!out.applied);
     assert_eq!(out.current, vec![Entry::missing("k")]);
-    assert!(
-        store
-            .put_if("k", Version(0), b"c".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if("k", Version(0), b"c".to_vec())).await);
     assert_eq!(
         store.get("k").await.unwrap(),
         Entry::present("k", Version(3), b"c".to_vec())
@@ -1665,15 +1595,9 @@ async fn reclaim_deletes_tombstone_rows_and_listings_skip_them() {
     let store = connect(&scoped, "ns", PostgresOptions::default()).await;
     for i in 0..300 {
         let key = format!("t/{i:03}");
-        assert!(
-            store
-                .put_if(&key, Version::MISSING, vec![])
-                .await
-                .unwrap()
-                .applied
-        );
+        assert!(applied(store.put_if(&key, Version::MISSING, vec![])).await);
         if i % 2 == 0 {
-            assert!(store.delete_if(&key, Version(1)).await.unwrap().applied);
+            assert!(applied(store.delete_if(&key, Version(1))).await);
         } else {
             let out = store
                 .txn(
@@ -1710,13 +1634,7 @@ async fn reclaim_deletes_tombstone_rows_and_listings_skip_them() {
         1,
         "only the live row is left"
     );
-    assert!(
-        store
-            .put_if("t/000", Version::MISSING, b"x".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if("t/000", Version::MISSING, b"x".to_vec())).await);
     assert_eq!(store.get("t/000").await.unwrap().version, Version(3));
     // Plans made for the namespace at hand: a pooled session's generic plan
     // walked every deleted row again on each batch (O(N²) per reclaim).

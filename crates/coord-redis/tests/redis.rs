@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use coord_backend::{Assert, Backend, BackendExt, Error, Mutation, StoreUrl, Version};
 use coord_conformance::fault::FaultProxy;
+use coord_conformance::support::applied;
 use coord_conformance::{factory, server_env, unique_namespace, BackendFactory};
 use coord_redis::{RedisBackend, RedisOptions};
 
@@ -61,18 +62,12 @@ async fn semantics(base: &str) {
         .unwrap();
     assert!(put.applied);
     assert_eq!(store.get("k").await.unwrap().version, Version(1));
-    assert!(store.delete_if("k", Version(1)).await.unwrap().applied);
+    assert!(applied(store.delete_if("k", Version(1))).await);
     let gone = store.get("k").await.unwrap();
     assert_eq!((gone.version, gone.value), (Version::MISSING, None));
     let stale = store.put_if("k", Version(1), b"x".to_vec()).await.unwrap();
     assert!(!stale.applied, "a stale assert passed after delete");
-    assert!(
-        store
-            .put_if("k", Version::MISSING, b"2".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if("k", Version::MISSING, b"2".to_vec())).await);
     let again = store.get("k").await.unwrap();
     assert_eq!(
         again.version,
@@ -142,13 +137,7 @@ async fn semantics(base: &str) {
     assert_eq!(all[0].version, Version(4));
     assert_eq!(all[1].version, Version(1));
     assert!(!all[2].exists());
-    assert!(
-        store
-            .put_if("never", Version::MISSING, b"n".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if("never", Version::MISSING, b"n".to_vec())).await);
     assert_eq!(store.get("never").await.unwrap().version, Version(2));
 
     // Prefixes are literal bytes; tombstones are not listed; namespaces are disjoint.
@@ -167,15 +156,9 @@ async fn semantics(base: &str) {
         "q",
     ];
     for key in keys {
-        assert!(
-            store
-                .put_if(key, Version::MISSING, b"x".to_vec())
-                .await
-                .unwrap()
-                .applied
-        );
+        assert!(applied(store.put_if(key, Version::MISSING, b"x".to_vec())).await);
     }
-    assert!(store.delete_if("pa", Version(1)).await.unwrap().applied);
+    assert!(applied(store.delete_if("pa", Version(1))).await);
     let listed = |prefix: &'static str| {
         let store = store.clone();
         async move { store.keys(prefix).await.unwrap() }
@@ -250,7 +233,7 @@ mod cluster {
         }
         // Forty keys in one script: a cross-slot script would be refused by the cluster.
         use coord_backend::Backend;
-        assert!(store.txn(&[], &mutations).await.unwrap().applied);
+        assert!(super::applied(store.txn(&[], &mutations)).await);
         assert_eq!(store.keys("key-").await.unwrap().len(), 40);
     }
 }
@@ -372,13 +355,7 @@ async fn txn_cut_after_send_is_indeterminate() {
     let (proxy, url) = proxied(&base).await;
     let store = connect(&url, &ns).await;
     // Also makes sure the server has the script cached, so the cut hits the real EVALSHA.
-    assert!(
-        store
-            .put_if("k", Version::MISSING, b"1".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if("k", Version::MISSING, b"1".to_vec())).await);
 
     proxy.cut_next_reply(b"EVALSHA");
     let result = store.put_if("k", Version(1), b"2".to_vec()).await;
@@ -395,13 +372,7 @@ async fn txn_cut_after_send_is_indeterminate() {
     // The old client reconnects by itself.
     let again = store.get("k").await.unwrap();
     assert_eq!(again.version, Version(2));
-    assert!(
-        store
-            .put_if("k", Version(2), b"3".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if("k", Version(2), b"3".to_vec())).await);
 }
 
 /// Nothing listens: connecting fails as Unavailable, never a success.
@@ -566,13 +537,7 @@ async fn idle_connection_killed_by_server() {
     for protocol in ["resp2", "resp3"] {
         let ns = unique_namespace(&format!("kill_{protocol}"));
         let store = connect(&format!("{base}/7?protocol={protocol}"), &ns).await;
-        assert!(
-            store
-                .put_if("k", Version::MISSING, b"1".to_vec())
-                .await
-                .unwrap()
-                .applied
-        );
+        assert!(applied(store.put_if("k", Version::MISSING, b"1".to_vec())).await);
         let list: String = redis::cmd("CLIENT")
             .arg("LIST")
             .query_async(&mut raw)
@@ -606,13 +571,7 @@ async fn idle_connection_killed_by_server() {
         let now = store.get("k").await.unwrap();
         assert_eq!(now.version, Version(expected), "{protocol}: {first:?}");
         eprintln!("{protocol}: first txn after the kill: {first:?}");
-        assert!(
-            store
-                .put_if("k", now.version, b"3".to_vec())
-                .await
-                .unwrap()
-                .applied
-        );
+        assert!(applied(store.put_if("k", now.version, b"3".to_vec())).await);
     }
 }
 
@@ -814,13 +773,7 @@ async fn damaged_version_fields_are_malformed_and_nothing_is_written() {
     let client = redis::Client::open(base.as_str()).unwrap();
     let mut raw = client.get_multiplexed_async_connection().await.unwrap();
     let record = format!("coord:{{{ns}}}:k:damaged");
-    assert!(
-        store
-            .put_if("other", Version::MISSING, b"before".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if("other", Version::MISSING, b"before".to_vec())).await);
     for version in [
         "18446744073709551615",
         "9223372036854775808",
@@ -907,13 +860,7 @@ async fn eviction_policy_is_checked_once_at_connect() {
             RedisBackend::connect_with(&url, RedisOptions::default().with_allow_eviction(true))
                 .await
                 .unwrap();
-        assert!(
-            allowed
-                .put_if("k", Version::MISSING, b"x".to_vec())
-                .await
-                .unwrap()
-                .applied
-        );
+        assert!(applied(allowed.put_if("k", Version::MISSING, b"x".to_vec())).await);
     }
 
     // CONFIG renamed away: the policy cannot be read; connect warns and proceeds.
@@ -929,13 +876,7 @@ async fn eviction_policy_is_checked_once_at_connect() {
     let store = RedisBackend::connect(&with_namespace(&hidden.url(), &ns))
         .await
         .unwrap();
-    assert!(
-        store
-            .put_if("k", Version::MISSING, b"x".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if("k", Version::MISSING, b"x".to_vec())).await);
 
     // noeviction: connects, and the policy is read once, not per call.
     let Some(server) = private::PrivateRedis::start(&[]) else {
@@ -946,13 +887,7 @@ async fn eviction_policy_is_checked_once_at_connect() {
         .unwrap();
     for i in 0..20u64 {
         let version = if i == 0 { Version::MISSING } else { Version(i) };
-        assert!(
-            store
-                .put_if("k", version, b"x".to_vec())
-                .await
-                .unwrap()
-                .applied
-        );
+        assert!(applied(store.put_if("k", version, b"x".to_vec())).await);
     }
     let stats: String = raw_cmd(server.port, &["INFO", "commandstats"]).unwrap();
     // Successful calls (the first EVALSHA fails with NOSCRIPT, then loads).
@@ -1069,13 +1004,7 @@ async fn cluster_redirects_are_followed_during_resharding() {
     let ns = unique_namespace("reshard");
     let store = connect(&cluster.url(), &ns).await;
     for key in ["a", "b"] {
-        assert!(
-            store
-                .put_if(key, Version::MISSING, b"1".to_vec())
-                .await
-                .unwrap()
-                .applied
-        );
+        assert!(applied(store.put_if(key, Version::MISSING, b"1".to_vec())).await);
     }
     let index = format!("coord:{{{ns}}}:idx");
     let slot: u16 = raw_cmd(cluster.nodes[0].port, &["CLUSTER", "KEYSLOT", &index]).unwrap();
@@ -1137,13 +1066,7 @@ async fn cluster_redirects_are_followed_during_resharding() {
         matches!(&out, Ok(o) if o.applied),
         "txn after migration: {out:?}"
     );
-    assert!(
-        store
-            .put_if("c", Version::MISSING, b"1".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if("c", Version::MISSING, b"1".to_vec())).await);
     let seen = store
         .snapshot(&["a".into(), "b".into(), "c".into()])
         .await
@@ -1227,14 +1150,8 @@ async fn reclaim_deletes_tombstone_records() {
     let store = connect(&base, &ns).await;
     for i in 0..20 {
         let key = format!("t/{i}");
-        assert!(
-            store
-                .put_if(&key, Version::MISSING, vec![])
-                .await
-                .unwrap()
-                .applied
-        );
-        assert!(store.delete_if(&key, Version(1)).await.unwrap().applied);
+        assert!(applied(store.put_if(&key, Version::MISSING, vec![])).await);
+        assert!(applied(store.delete_if(&key, Version(1))).await);
     }
     let client = redis::Client::open(base.as_str()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
@@ -1259,12 +1176,6 @@ async fn reclaim_deletes_tombstone_records() {
         .await
         .unwrap();
     assert_eq!(dead, 1, "only the placeholder member is left");
-    assert!(
-        store
-            .put_if("t/3", Version::MISSING, b"x".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if("t/3", Version::MISSING, b"x".to_vec())).await);
     assert_eq!(store.get("t/3").await.unwrap().version, Version(3));
 }

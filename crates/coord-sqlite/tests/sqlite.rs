@@ -8,6 +8,7 @@ use std::sync::Arc;
 use coord_backend::{
     Assert, Backend, BackendExt, Entry, Error, InvalidInput, Mutation, StoreUrl, Version,
 };
+use coord_conformance::support::applied;
 use coord_conformance::{unique_namespace, BackendFactory};
 use coord_sqlite::{SqliteBackend, SqliteOptions};
 
@@ -196,7 +197,7 @@ async fn data_and_versions_survive_reopen() {
         .await
         .unwrap();
     assert!(out.applied);
-    assert!(store.delete_if("gone", Version(1)).await.unwrap().applied);
+    assert!(applied(store.delete_if("gone", Version(1))).await);
     store.close().await;
     drop(store);
 
@@ -207,13 +208,7 @@ async fn data_and_versions_survive_reopen() {
     );
     assert_eq!(store.get("gone").await.unwrap(), Entry::missing("gone"));
     // The tombstone survived too: the re-created key continues the count.
-    assert!(
-        store
-            .put_if("gone", Version::MISSING, b"y".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if("gone", Version::MISSING, b"y".to_vec())).await);
     assert_eq!(store.get("gone").await.unwrap().version, Version(3));
     assert_eq!(store.keys("").await.unwrap(), vec!["gone", "kept"]);
     store.close().await;
@@ -223,61 +218,31 @@ async fn data_and_versions_survive_reopen() {
 #[tokio::test]
 async fn versions_are_never_reused() {
     let store = open(&unique_namespace("versions")).await;
-    assert!(
-        store
-            .put_if("k", Version::MISSING, vec![])
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if("k", Version::MISSING, vec![])).await);
     // An empty value is a value, not a tombstone.
     assert_eq!(
         store.get("k").await.unwrap(),
         Entry::present("k", Version(1), vec![])
     );
-    assert!(store.delete_if("k", Version(1)).await.unwrap().applied);
+    assert!(applied(store.delete_if("k", Version(1))).await);
     assert_eq!(store.get("k").await.unwrap(), Entry::missing("k"));
     assert!(store.keys("k").await.unwrap().is_empty());
     // A stale assert at the old version must not pass again (ABA).
     let stale = store.put_if("k", Version(1), b"x".to_vec()).await.unwrap();
     assert!(!stale.applied);
     assert_eq!(stale.current, vec![Entry::missing("k")]);
-    assert!(
-        store
-            .put_if("k", Version::MISSING, b"again".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if("k", Version::MISSING, b"again".to_vec())).await);
     assert_eq!(store.get("k").await.unwrap().version, Version(3));
     // Deleting a key that never existed still moves its hidden counter.
-    assert!(
-        store
-            .txn(&[], &[Mutation::delete("m")])
-            .await
-            .unwrap()
-            .applied
-    );
-    assert!(
-        store
-            .put_if("m", Version::MISSING, b"1".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.txn(&[], &[Mutation::delete("m")])).await);
+    assert!(applied(store.put_if("m", Version::MISSING, b"1".to_vec())).await);
     assert_eq!(store.get("m").await.unwrap().version, Version(2));
 }
 
 #[tokio::test]
 async fn rejected_txn_writes_nothing_and_returns_current_entries() {
     let store = open(&unique_namespace("reject")).await;
-    assert!(
-        store
-            .txn(&[], &[put("a", "1"), put("b", "1")])
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.txn(&[], &[put("a", "1"), put("b", "1")])).await);
     let out = store
         .txn(
             &[
@@ -321,7 +286,7 @@ async fn prefixes_are_literal_and_sorted_by_bytes() {
         "\u{80}",
     ];
     let mutations: Vec<_> = keys.iter().map(|k| put(k, "v")).collect();
-    assert!(store.txn(&[], &mutations).await.unwrap().applied);
+    assert!(applied(store.txn(&[], &mutations)).await);
     let mut all: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
     all.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
     assert_eq!(store.keys("").await.unwrap(), all);
@@ -340,7 +305,7 @@ async fn namespaces_are_isolated_and_clients_share_a_namespace() {
     let base = unique_namespace("ns");
     let short = open(&base).await;
     let long = open(&format!("{base}x")).await;
-    assert!(short.txn(&[], &[put("k", "short")]).await.unwrap().applied);
+    assert!(applied(short.txn(&[], &[put("k", "short")])).await);
     assert!(long.keys("").await.unwrap().is_empty());
     assert_eq!(long.get("k").await.unwrap(), Entry::missing("k"));
     let second_client = open(&base).await;
@@ -407,7 +372,7 @@ async fn urls_open_files_and_bad_ones_are_config_errors() {
     let store = SqliteBackend::connect(&url).await.unwrap();
     assert_eq!(store.namespace(), "app");
     assert_eq!(store.path(), path);
-    assert!(store.txn(&[], &[put("k", "v")]).await.unwrap().applied);
+    assert!(applied(store.txn(&[], &[put("k", "v")])).await);
     store.close().await;
     assert!(path.is_file());
     std::fs::remove_file(&path).unwrap();
@@ -557,14 +522,8 @@ async fn reclaim_deletes_tombstone_rows_and_upgrades_revision_1_files() {
     assert_eq!(store.keys("").await.unwrap(), vec!["live".to_owned()]);
     for i in 0..10 {
         let key = format!("t/{i}");
-        assert!(
-            store
-                .put_if(&key, Version::MISSING, vec![])
-                .await
-                .unwrap()
-                .applied
-        );
-        assert!(store.delete_if(&key, Version(1)).await.unwrap().applied);
+        assert!(applied(store.put_if(&key, Version::MISSING, vec![])).await);
+        assert!(applied(store.delete_if(&key, Version(1))).await);
     }
     assert_eq!(rows(&path, "ns").await, 12);
     let options = coord_backend::ReclaimOptions::DEFAULT.with_max_tombstones(8);
@@ -573,31 +532,13 @@ async fn reclaim_deletes_tombstone_rows_and_upgrades_revision_1_files() {
     let second = store.reclaim(&options).await.unwrap();
     assert_eq!((second.removed, second.more), (3, false));
     assert_eq!(rows(&path, "ns").await, 1, "only the live row is left");
-    assert!(
-        store
-            .put_if("gone", Version::MISSING, b"g".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if("gone", Version::MISSING, b"g".to_vec())).await);
     assert_eq!(store.get("gone").await.unwrap().version, Version(5));
-    assert!(
-        store
-            .put_if("t/0", Version::MISSING, b"t".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(store.put_if("t/0", Version::MISSING, b"t".to_vec())).await);
     assert_eq!(store.get("t/0").await.unwrap().version, Version(5));
     store.close().await;
     // Reopened, the file is at the new revision and keeps its floor.
     let reopened = SqliteBackend::open(&path, "ns").await.unwrap();
-    assert!(
-        reopened
-            .put_if("t/1", Version::MISSING, b"t".to_vec())
-            .await
-            .unwrap()
-            .applied
-    );
+    assert!(applied(reopened.put_if("t/1", Version::MISSING, b"t".to_vec())).await);
     assert_eq!(reopened.get("t/1").await.unwrap().version, Version(5));
 }
