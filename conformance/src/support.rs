@@ -51,3 +51,14 @@ pub fn counters(recorder: &DebuggingRecorder) -> BTreeMap<String, u64> {
     }
     out
 }
+
+/// The runtime the stores' benches drive their clients on: multi-thread
+/// with one worker, timers and I/O enabled, so every store is measured
+/// the same way.
+pub fn bench_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}

@@ -25,10 +25,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use coord_backend::{Assert, Backend, Mutation, Version};
+use coord_conformance::support::bench_runtime;
 use coord_etcd::{EtcdBackend, EtcdOptions};
 use criterion::Criterion;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
-use tokio::runtime::Runtime;
 
 const VALUE: [u8; 64] = [7; 64];
 
@@ -40,14 +40,6 @@ struct Setup {
     /// The raw key's current etcd version.
     raw_version: Arc<AtomicI64>,
     raw_key: Vec<u8>,
-}
-
-fn runtime() -> Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 async fn setup(endpoints: &str) -> Setup {
@@ -156,7 +148,7 @@ fn main() {
         );
         return;
     };
-    let rt = runtime();
+    let rt = bench_runtime();
     let s = rt.block_on(setup(&endpoints));
     let mut c = Criterion::default().configure_from_args();
     {

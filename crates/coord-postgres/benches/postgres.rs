@@ -21,12 +21,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use coord_backend::{Assert, Backend, Mutation, StoreUrl, Version};
+use coord_conformance::support::bench_runtime;
 use coord_postgres::{PostgresBackend, PostgresOptions};
 use criterion::{criterion_group, criterion_main, Criterion};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::runtime::Runtime;
 
 const VALUE: [u8; 64] = [7; 64];
 const KEY: &str = "k";
@@ -36,14 +36,6 @@ const RAW_SELECT: &str = "SELECT version, value FROM coord_bench_raw WHERE k = $
 
 fn base_url() -> Option<String> {
     coord_conformance::server_env("COORD_TEST_POSTGRES_URL")
-}
-
-fn runtime() -> Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 fn with_params(base: &str, params: &str) -> String {
@@ -151,7 +143,7 @@ async fn raw_select(r: &Raw) {
 
 fn primitives(c: &mut Criterion) {
     let Some(url) = base_url() else { return };
-    let rt = runtime();
+    let rt = bench_runtime();
     // Durable commits (the server's default) are dominated by the WAL flush;
     // with `synchronous_commit=off` on both sides the CPU cost of the
     // function itself shows.

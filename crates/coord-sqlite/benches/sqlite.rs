@@ -12,12 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use coord_backend::{Assert, Backend, Mutation, Version};
+use coord_conformance::support::bench_runtime;
 use coord_memory::SingleProcessMemoryBackend;
 use coord_sqlite::{Durability, SqliteBackend, SqliteOptions};
 use criterion::{criterion_group, criterion_main, Criterion};
 use sqlx::sqlite::SqliteSynchronous;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
-use tokio::runtime::Runtime;
 
 const VALUE: [u8; 64] = [7; 64];
 const KEYS: [&str; 8] = ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"];
@@ -27,14 +27,6 @@ fn bench_dir() -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-fn runtime() -> Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 async fn sqlite(path: &Path, durability: Durability) -> Arc<dyn Backend> {
@@ -86,7 +78,7 @@ async fn seed(store: &Arc<dyn Backend>) {
 }
 
 fn snapshots(c: &mut Criterion) {
-    let rt = runtime();
+    let rt = bench_runtime();
     let dir = bench_dir();
     let memory: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("bench").unwrap());
     let sqlite = rt.block_on(sqlite(&dir.join("snapshot.db"), Durability::Full));
@@ -121,7 +113,7 @@ fn snapshots(c: &mut Criterion) {
 }
 
 fn txns(c: &mut Criterion) {
-    let rt = runtime();
+    let rt = bench_runtime();
     let dir = bench_dir();
     let mut group = c.benchmark_group("txn_cas_1key");
 

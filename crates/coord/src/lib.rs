@@ -78,80 +78,19 @@ const fn scheme(
 }
 
 /// Every scheme [`connect`] knows, whether this build has its store or not.
+#[rustfmt::skip]
 pub const SCHEMES: &[Scheme] = &[
-    scheme("memory", "memory", false, false, None, true),
-    scheme(
-        "sqlite",
-        "sqlite",
-        false,
-        false,
-        Some("sqlite"),
-        cfg!(feature = "sqlite"),
-    ),
-    scheme(
-        "redis",
-        "redis",
-        false,
-        false,
-        Some("redis"),
-        cfg!(feature = "redis"),
-    ),
-    scheme(
-        "rediss",
-        "redis",
-        true,
-        false,
-        Some("redis"),
-        cfg!(feature = "redis"),
-    ),
-    scheme(
-        "redis+cluster",
-        "redis+cluster",
-        false,
-        true,
-        Some("redis"),
-        cfg!(feature = "redis"),
-    ),
-    scheme(
-        "rediss+cluster",
-        "redis+cluster",
-        true,
-        true,
-        Some("redis"),
-        cfg!(feature = "redis"),
-    ),
-    scheme(
-        "postgres",
-        "postgres",
-        false,
-        false,
-        Some("postgres"),
-        cfg!(feature = "postgres"),
-    ),
-    scheme(
-        "postgresql",
-        "postgres",
-        false,
-        false,
-        Some("postgres"),
-        cfg!(feature = "postgres"),
-    ),
-    scheme(
-        "etcd",
-        "etcd",
-        false,
-        false,
-        Some("etcd"),
-        cfg!(feature = "etcd"),
-    ),
-    scheme(
-        "etcds",
-        "etcd",
-        true,
-        false,
-        Some("etcd"),
-        cfg!(feature = "etcd"),
-    ),
+    //     name              store            tls    cluster feature           built
+    scheme("memory",         "memory",        false, false,  None,             true),
+    scheme("sqlite",         "sqlite",        false, false,  Some("sqlite"),   cfg!(feature = "sqlite")),
+    scheme("redis",          "redis",         false, false,  Some("redis"),    cfg!(feature = "redis")),
+    scheme("rediss",         "redis",         true,  false,  Some("redis"),    cfg!(feature = "redis")),
+    scheme("redis+cluster",  "redis+cluster", false, true,   Some("redis"),    cfg!(feature = "redis")),
+    scheme("rediss+cluster", "redis+cluster", true,  true,   Some("redis"),    cfg!(feature = "redis")),
+    scheme("postgres",       "postgres",      false, false,  Some("postgres"), cfg!(feature = "postgres")),
+    scheme("postgresql",     "postgres",      false, false,  Some("postgres"), cfg!(feature = "postgres")),
+    scheme("etcd",           "etcd",          false, false,  Some("etcd"),     cfg!(feature = "etcd")),
+    scheme("etcds",          "etcd",          true,  false,  Some("etcd"),     cfg!(feature = "etcd")),
 ];
 
 impl Scheme {
