@@ -49,6 +49,7 @@ impl Baseline {
 
     /// A store's native lock, one acquire + release cycle at a time (key
     /// `bench-native-lock`).
+    #[cfg(any(feature = "redis", feature = "postgres"))]
     fn native_lock(label: &str, lock: Arc<dyn Lock>) -> Baseline {
         Baseline::some(label, lock_cycle(lock, "bench-native-lock"))
     }
@@ -81,6 +82,12 @@ pub(crate) struct Raw {
     why_not: String,
 }
 
+#[cfg(any(
+    feature = "sqlite",
+    feature = "redis",
+    feature = "postgres",
+    feature = "etcd"
+))]
 impl Raw {
     /// A store's raw conditional write and point read, each with its label,
     /// beside the `lock` baseline.
