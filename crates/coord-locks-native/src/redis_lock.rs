@@ -33,41 +33,47 @@ end
 return 0
 ";
 
+/// The end of [`RENEW`] and [`RELEASE`] once the token did not match: why
+/// not (2 taken over: the fence counter, KEYS[2], is past this handle's
+/// fence, ARGV[3]; 0 not held; -1 the counter is damaged).
+macro_rules! not_held_lua {
+    () => {
+        r"
+local f = redis.pcall('GET', KEYS[2])
+if type(f) == 'table' then return -1 end
+f = tonumber(f or '0')
+if not f then return -1 end
+if f > tonumber(ARGV[3]) then
+  return 2
+end
+return 0
+"
+    };
+}
+
 /// Compare the token, then extend. Reply: 1 renewed; 2 someone was granted
 /// the key after this handle (taken over); 0 not held (expired or released:
 /// Redis cannot tell which once the key is gone); -1 the fence counter is
 /// damaged (nothing was written).
-const RENEW: &str = r"
+const RENEW: &str = concat!(
+    r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
-end
-local f = redis.pcall('GET', KEYS[2])
-if type(f) == 'table' then return -1 end
-f = tonumber(f or '0')
-if not f then return -1 end
-if f > tonumber(ARGV[3]) then
-  return 2
-end
-return 0
-";
+end",
+    not_held_lua!()
+);
 
 /// Compare the token, then delete. Same replies as [`RENEW`]. The fence
 /// counter is never deleted: it must survive the release.
-const RELEASE: &str = r"
+const RELEASE: &str = concat!(
+    r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   return 1
-end
-local f = redis.pcall('GET', KEYS[2])
-if type(f) == 'table' then return -1 end
-f = tonumber(f or '0')
-if not f then return -1 end
-if f > tonumber(ARGV[3]) then
-  return 2
-end
-return 0
-";
+end",
+    not_held_lua!()
+);
 
 static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
 static RENEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW));
