@@ -35,32 +35,34 @@ use crate::{ensure, unique_namespace, BackendFactory, CheckResult, Failure};
 /// Generous on purpose: this is a liveness check, not a speed assertion.
 pub const WAKE_BOUND: Duration = Duration::from_secs(10);
 
-/// Two clients of one fresh namespace: the watcher and the writer.
+/// Two clients of one fresh namespace, the watcher and the writer; or
+/// `None` (with a note) when the store offers no change notifications, so
+/// the check `case` has nothing to check.
 async fn clients(
     factory: &BackendFactory,
     label: &str,
-) -> Result<(Arc<dyn Backend>, Arc<dyn Backend>), Failure> {
+    case: &str,
+) -> Result<Option<(Arc<dyn Backend>, Arc<dyn Backend>)>, Failure> {
     let namespace = unique_namespace(label);
     let watcher = factory(namespace.clone()).await?;
-    let writer = factory(namespace).await?;
-    Ok((watcher, writer))
-}
-
-/// A watch on `prefix`, or `None` (with a note) when the store has no notifications.
-async fn watch(
-    backend: &Arc<dyn Backend>,
-    prefix: &str,
-    case: &str,
-) -> Result<Option<Box<dyn ChangeWatch>>, Failure> {
-    let Some(changes) = backend.changes() else {
+    if watcher.changes().is_none() {
         eprintln!(
             "NOTE: changes::{case}: {} offers no change notifications (its waiters poll); \
              nothing to check",
-            backend.store_name()
+            watcher.store_name()
         );
         return Ok(None);
-    };
-    Ok(Some(changes.watch(prefix).await?))
+    }
+    let writer = factory(namespace).await?;
+    Ok(Some((watcher, writer)))
+}
+
+/// A watch on `prefix` (the store offers notifications: see [`clients`]).
+async fn watch(backend: &Arc<dyn Backend>, prefix: &str) -> Result<Box<dyn ChangeWatch>, Failure> {
+    let changes = backend
+        .changes()
+        .ok_or_else(|| Failure::new("the store stopped offering change notifications"))?;
+    Ok(changes.watch(prefix).await?)
 }
 
 /// Wait for the next wake-up of `watch`, failing after [`WAKE_BOUND`].
@@ -99,10 +101,12 @@ async fn put(backend: &Arc<dyn Backend>, key: &str, value: &[u8]) -> CheckResult
 
 /// A put by another client under the watched prefix wakes a watch begun before it.
 pub async fn put_by_another_client_wakes(factory: BackendFactory) -> CheckResult {
-    let (watcher, writer) = clients(&factory, "changes_put").await?;
-    let Some(mut watch) = watch(&watcher, "w/", "put_by_another_client_wakes").await? else {
+    let Some((watcher, writer)) =
+        clients(&factory, "changes_put", "put_by_another_client_wakes").await?
+    else {
         return Ok(());
     };
+    let mut watch = watch(&watcher, "w/").await?;
     put(&writer, "w/k", b"1").await?;
     woken(&mut watch, "a put of w/k by another client").await
 }
@@ -110,17 +114,15 @@ pub async fn put_by_another_client_wakes(factory: BackendFactory) -> CheckResult
 /// A delete by another client wakes a watch begun before it (a watch begun
 /// after the key was created, once that creation was reported).
 pub async fn delete_wakes(factory: BackendFactory) -> CheckResult {
-    let (watcher, writer) = clients(&factory, "changes_delete").await?;
-    let Some(mut before_put) = watch(&watcher, "d/", "delete_wakes").await? else {
+    let Some((watcher, writer)) = clients(&factory, "changes_delete", "delete_wakes").await? else {
         return Ok(());
     };
+    let mut before_put = watch(&watcher, "d/").await?;
     put(&writer, "d/k", b"1").await?;
     // Once the put was reported, a new watch cannot be woken by it late.
     woken(&mut before_put, "a put of d/k").await?;
     drop(before_put);
-    let Some(mut watch) = watch(&watcher, "d/", "delete_wakes").await? else {
-        return Ok(());
-    };
+    let mut watch = watch(&watcher, "d/").await?;
     let out = writer.txn(&[], &[Mutation::delete("d/k")]).await?;
     ensure!(out.applied, "an unconditional delete was rejected");
     woken(&mut watch, "a delete of d/k by another client").await
@@ -129,10 +131,16 @@ pub async fn delete_wakes(factory: BackendFactory) -> CheckResult {
 /// A rejected txn may wake a watch or not (not asserted), and leaves it
 /// working: the next applied write is reported.
 pub async fn rejected_txn_leaves_watch_working(factory: BackendFactory) -> CheckResult {
-    let (watcher, writer) = clients(&factory, "changes_rejected").await?;
-    let Some(mut watch) = watch(&watcher, "r/", "rejected_txn_leaves_watch_working").await? else {
+    let Some((watcher, writer)) = clients(
+        &factory,
+        "changes_rejected",
+        "rejected_txn_leaves_watch_working",
+    )
+    .await?
+    else {
         return Ok(());
     };
+    let mut watch = watch(&watcher, "r/").await?;
     let out = writer
         .txn(
             &[Assert::at("r/k", Version(7))],
@@ -148,17 +156,14 @@ pub async fn rejected_txn_leaves_watch_working(factory: BackendFactory) -> Check
 /// not spoil it), `""` by anything, and a prefix of pattern characters by a
 /// key under it.
 pub async fn prefix_is_literal(factory: BackendFactory) -> CheckResult {
-    let (watcher, writer) = clients(&factory, "changes_prefix").await?;
-    let Some(mut under_a) = watch(&watcher, "a/", "prefix_is_literal").await? else {
+    let Some((watcher, writer)) = clients(&factory, "changes_prefix", "prefix_is_literal").await?
+    else {
         return Ok(());
     };
-    let Some(mut everything) = watch(&watcher, "", "prefix_is_literal").await? else {
-        return Ok(());
-    };
+    let mut under_a = watch(&watcher, "a/").await?;
+    let mut everything = watch(&watcher, "").await?;
     let odd_prefix = "p%_*?[{/";
-    let Some(mut odd) = watch(&watcher, odd_prefix, "prefix_is_literal").await? else {
-        return Ok(());
-    };
+    let mut odd = watch(&watcher, odd_prefix).await?;
     put(&writer, "b/y", b"1").await?;
     put(&writer, "a/x", b"1").await?;
     woken(&mut under_a, "a put of a/x, watched as a/").await?;
@@ -175,11 +180,16 @@ pub async fn prefix_is_literal(factory: BackendFactory) -> CheckResult {
 /// Several changes before `changed()` is called fold into at least one
 /// wake-up, and the same watch then reports a later change.
 pub async fn changes_fold_and_watch_keeps_working(factory: BackendFactory) -> CheckResult {
-    let (watcher, writer) = clients(&factory, "changes_fold").await?;
-    let Some(mut watch) = watch(&watcher, "f/", "changes_fold_and_watch_keeps_working").await?
+    let Some((watcher, writer)) = clients(
+        &factory,
+        "changes_fold",
+        "changes_fold_and_watch_keeps_working",
+    )
+    .await?
     else {
         return Ok(());
     };
+    let mut watch = watch(&watcher, "f/").await?;
     for i in 0..5 {
         put(&writer, &format!("f/{i}"), b"1").await?;
     }
@@ -199,13 +209,15 @@ pub async fn changes_fold_and_watch_keeps_working(factory: BackendFactory) -> Ch
 /// Dropping watches (idle, and in the middle of `changed()`) releases them:
 /// nothing hangs or panics, the store keeps working, and a new watch works.
 pub async fn dropped_watches_release(factory: BackendFactory) -> CheckResult {
-    let (watcher, writer) = clients(&factory, "changes_drop").await?;
+    let Some((watcher, writer)) =
+        clients(&factory, "changes_drop", "dropped_watches_release").await?
+    else {
+        return Ok(());
+    };
     for _ in 0..3 {
         let mut watches = Vec::new();
         for _ in 0..16 {
-            let Some(w) = watch(&watcher, "x/", "dropped_watches_release").await? else {
-                return Ok(());
-            };
+            let w = watch(&watcher, "x/").await?;
             watches.push(w);
         }
         // Half are dropped while waiting, half idle.
@@ -228,9 +240,7 @@ pub async fn dropped_watches_release(factory: BackendFactory) -> CheckResult {
             }
         }
     }
-    let Some(mut fresh) = watch(&watcher, "x/", "dropped_watches_release").await? else {
-        return Ok(());
-    };
+    let mut fresh = watch(&watcher, "x/").await?;
     put(&writer, "x/k", b"1").await?;
     woken(
         &mut fresh,
