@@ -9,8 +9,8 @@ use coord_adapters::sideeffect::{Acquired, Fence, Outcome, RetrySafety, SideEffe
 use coord_backend::Clock;
 
 use super::helpers::{
-    action, contended_to_another, dump, expect_err, expect_outcome, expect_replayed, grant, join,
-    make_uncertain, result, uncertain_to_another,
+    action, contended_to_another, dump, expect_err, expect_outcome, grant, granted_to_another,
+    join, make_uncertain, replayed_to_another, result, uncertain_to_another,
 };
 use super::{Fixture, PAST_TTL, TTL};
 use crate::{ensure, CheckResult, Failure};
@@ -126,13 +126,7 @@ pub async fn rule_03_completed_outranks_busy(fx: Fixture) -> CheckResult {
     let la = grant(&store, &a).await?;
     store.complete(&a, &la, result("ra")).await?;
     let lb = grant(&store, &b).await?;
-    expect_replayed(
-        &fx.store().await?,
-        &a,
-        "ra",
-        "completed key while the resource is held",
-    )
-    .await?;
+    replayed_to_another(&fx, &a, "ra", "completed key while the resource is held").await?;
     store.complete(&b, &lb, result("rb")).await?;
     fx.advance(PAST_TTL);
     let lc = grant(&store, &c).await?;
@@ -194,9 +188,7 @@ pub async fn rule_06_dead_intent_uncertain(fx: Fixture) -> CheckResult {
     let safe = action("safe", "r3").with_retry_safety(RetrySafety::Safe);
     let first = grant(&store, &safe).await?;
     store.release(&safe, &first).await?;
-    let again = grant(&fx.store().await?, &safe)
-        .await
-        .map_err(|f| Failure::new(format!("retry-safe action after release: {f}")))?;
+    let again = granted_to_another(&fx, &safe, "retry-safe action after release").await?;
     ensure!(
         again.fence > first.fence,
         "re-grant of a retry-safe action reused {:?}",
@@ -224,9 +216,7 @@ pub async fn rule_07_busy_resource_contended(fx: Fixture) -> CheckResult {
     let la = grant(&store, &a).await?;
     contended_to_another(&fx, &b, "resource held by another key").await?;
     store.release(&a, &la).await?;
-    let lb = grant(&fx.store().await?, &b)
-        .await
-        .map_err(|f| Failure::new(format!("Contended was not retryable: {f}")))?;
+    let lb = granted_to_another(&fx, &b, "Contended was not retryable").await?;
     ensure!(
         lb.fence == Fence(la.fence.0 + 1),
         "the Contended answer issued a fence: next grant has {:?} after {:?}",
@@ -322,9 +312,7 @@ pub async fn rule_10_takeover_after_expiry(fx: Fixture) -> CheckResult {
     let la = grant(&store, &a).await?;
     expect_outcome(&store, &b, Outcome::Contended, "before expiry").await?;
     fx.advance(PAST_TTL);
-    let lb = grant(&fx.store().await?, &b)
-        .await
-        .map_err(|f| Failure::new(format!("takeover after expiry: {f}")))?;
+    let lb = granted_to_another(&fx, &b, "takeover after expiry").await?;
     ensure!(
         lb.fence > la.fence,
         "takeover fence {:?} is not above {:?}",

@@ -140,3 +140,26 @@ pub(super) async fn contended_to_another(
     expect_outcome(&fx.store().await?, action, Outcome::Contended, context).await?;
     Ok(())
 }
+
+/// Acquire through a new client (another process), which must get a grant
+/// (`Applied` with a lease); a failure says `context`.
+pub(super) async fn granted_to_another(
+    fx: &Fixture,
+    action: &Action,
+    context: &str,
+) -> Result<Lease, Failure> {
+    grant(&fx.store().await?, action)
+        .await
+        .map_err(|f| Failure::new(format!("{context}: {f}")))
+}
+
+/// Acquire through a new client (another process), which must get
+/// `Replayed` with `text` as result.
+pub(super) async fn replayed_to_another(
+    fx: &Fixture,
+    action: &Action,
+    text: &str,
+    context: &str,
+) -> CheckResult {
+    expect_replayed(&fx.store().await?, action, text, context).await
+}

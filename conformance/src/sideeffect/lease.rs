@@ -9,8 +9,8 @@ use coord_adapters::sideeffect::{Lease, Outcome, SideEffectError};
 use coord_backend::Clock;
 
 use super::helpers::{
-    action, contended_to_another, expect_err, expect_replayed, grant, join, result,
-    uncertain_to_another,
+    action, contended_to_another, expect_err, expect_replayed, grant, granted_to_another, join,
+    replayed_to_another, result, uncertain_to_another,
 };
 use super::{Fixture, PAST_TTL, TTL};
 use crate::{ensure, CheckResult, Failure};
@@ -26,15 +26,9 @@ pub async fn rule_11_complete_records_result(fx: Fixture) -> CheckResult {
     let la = grant(&store, &a).await?;
     let stored = store.complete(&a, &la, result("r1")).await?;
     ensure!(stored == result("r1"), "complete returned {stored:?}");
-    expect_replayed(&fx.store().await?, &a, "r1", "after complete").await?;
+    replayed_to_another(&fx, &a, "r1", "after complete").await?;
     fx.advance(PAST_TTL);
-    expect_replayed(
-        &fx.store().await?,
-        &a,
-        "r1",
-        "after complete, past the lease",
-    )
-    .await?;
+    replayed_to_another(&fx, &a, "r1", "after complete, past the lease").await?;
     let lb = grant(&fx.store().await?, &b).await?;
     ensure!(
         lb.fence > la.fence,
@@ -154,9 +148,7 @@ pub async fn rule_16_release_frees_resource_only(fx: Fixture) -> CheckResult {
     let (a, b) = (action("a", "r"), action("b", "r"));
     let la = grant(&store, &a).await?;
     store.release(&a, &la).await?;
-    let lb = grant(&fx.store().await?, &b)
-        .await
-        .map_err(|f| Failure::new(format!("release did not free the resource: {f}")))?;
+    let lb = granted_to_another(&fx, &b, "release did not free the resource").await?;
     uncertain_to_another(&fx, &a, "released key, resource held by another").await?;
     store.complete(&b, &lb, result("b")).await?;
     uncertain_to_another(&fx, &a, "released key, resource free").await?;
@@ -204,9 +196,7 @@ pub async fn rule_18_renew_extends(fx: Fixture) -> CheckResult {
     fx.advance(Duration::from_secs(5));
     contended_to_another(&fx, &b, "past the original expiry, within the renewal").await?;
     fx.advance(Duration::from_secs(6));
-    grant(&fx.store().await?, &b)
-        .await
-        .map_err(|f| Failure::new(format!("after the renewed expiry: {f}")))?;
+    granted_to_another(&fx, &b, "after the renewed expiry").await?;
     Ok(())
 }
 
@@ -241,9 +231,7 @@ pub async fn rule_20_renew_after_expiry(fx: Fixture) -> CheckResult {
         SideEffectError::LeaseLost,
         "renew of an expired lease nobody took over"
     );
-    grant(&fx.store().await?, &b)
-        .await
-        .map_err(|f| Failure::new(format!("the refused renew extended the lease: {f}")))?;
+    granted_to_another(&fx, &b, "the refused renew extended the lease").await?;
     Ok(())
 }
 
@@ -302,9 +290,7 @@ pub async fn rule_22_abandon_allows_rerun(fx: Fixture) -> CheckResult {
     let a = action("a", "r");
     let first = grant(&store, &a).await?;
     store.abandon(&a, &first, "nothing applied").await?;
-    let again = grant(&fx.store().await?, &a)
-        .await
-        .map_err(|f| Failure::new(format!("after abandon: {f}")))?;
+    let again = granted_to_another(&fx, &a, "after abandon").await?;
     ensure!(
         again.fence > first.fence,
         "re-grant reused {:?}",

@@ -9,8 +9,8 @@ use coord_adapters::sideeffect::{
 };
 
 use super::helpers::{
-    action, expect_err, expect_outcome, expect_replayed, grant, join, make_uncertain, result,
-    uncertain_to_another,
+    action, expect_err, expect_outcome, expect_replayed, grant, granted_to_another, join,
+    make_uncertain, replayed_to_another, result, uncertain_to_another,
 };
 use super::{Fixture, PAST_TTL, TTL};
 use crate::faults::{Fault, FaultyBackend, Target};
@@ -24,9 +24,7 @@ pub async fn rule_24_uncertain_per_key(fx: Fixture) -> CheckResult {
     let store = fx.store().await?;
     let (a, b) = (action("a", "r"), action("b", "r"));
     make_uncertain(&store, &a).await?;
-    let lb = grant(&fx.store().await?, &b)
-        .await
-        .map_err(|f| Failure::new(format!("another action on the resource: {f}")))?;
+    let lb = granted_to_another(&fx, &b, "another action on the resource").await?;
     uncertain_to_another(&fx, &a, "while another action holds the resource").await?;
     store.complete(&b, &lb, result("b")).await?;
     fx.advance(PAST_TTL);
@@ -145,9 +143,7 @@ pub async fn rule_29_resolve_not_applied(fx: Fixture) -> CheckResult {
     store
         .resolve_uncertain(&a, &Resolution::not_applied("downstream never saw it"))
         .await?;
-    let again = grant(&fx.store().await?, &a)
-        .await
-        .map_err(|f| Failure::new(format!("after resolve(not applied): {f}")))?;
+    let again = granted_to_another(&fx, &a, "after resolve(not applied)").await?;
     ensure!(
         again.fence > first.fence,
         "re-grant reused {:?}",
@@ -174,7 +170,7 @@ pub async fn rule_30_first_resolution_wins(fx: Fixture) -> CheckResult {
     store
         .resolve_uncertain(&a, &Resolution::not_applied("third"))
         .await?;
-    expect_replayed(&fx.store().await?, &a, "one", "after three resolutions").await?;
+    replayed_to_another(&fx, &a, "one", "after three resolutions").await?;
 
     let b = action("b", "r2");
     make_uncertain(&store, &b).await?;
@@ -188,9 +184,7 @@ pub async fn rule_30_first_resolution_wins(fx: Fixture) -> CheckResult {
         SideEffectError::NotUncertain,
         "second resolution after a cleared mark"
     );
-    grant(&fx.store().await?, &b)
-        .await
-        .map_err(|f| Failure::new(format!("the second resolution overwrote the first: {f}")))?;
+    granted_to_another(&fx, &b, "the second resolution overwrote the first").await?;
     Ok(())
 }
 
@@ -251,13 +245,7 @@ pub async fn rule_32_resolve_without_lease(fx: Fixture) -> CheckResult {
         .await?
         .resolve_uncertain(&a, &Resolution::applied("x", "found downstream"))
         .await?;
-    expect_replayed(
-        &fx.store().await?,
-        &a,
-        "x",
-        "resolved while another holds the resource",
-    )
-    .await?;
+    replayed_to_another(&fx, &a, "x", "resolved while another holds the resource").await?;
     store.complete(&b, &lb, result("b")).await?;
 
     // An attempt whose holder died (lease expired, resource taken over).
@@ -270,9 +258,7 @@ pub async fn rule_32_resolve_without_lease(fx: Fixture) -> CheckResult {
         .resolve_uncertain(&dead, &Resolution::not_applied("not downstream"))
         .await?;
     store.complete(&c, &lc, result("c")).await?;
-    grant(&fx.store().await?, &dead)
-        .await
-        .map_err(|f| Failure::new(format!("after resolving a dead attempt: {f}")))?;
+    granted_to_another(&fx, &dead, "after resolving a dead attempt").await?;
     Ok(())
 }
 
@@ -365,7 +351,7 @@ pub async fn rule_34_owned_resolve(fx: Fixture) -> CheckResult {
         resolved.result == Some(result("new")),
         "owned resolve answered {resolved:?}"
     );
-    expect_replayed(&fx.store().await?, &a, "new", "after the owned resolve").await?;
+    replayed_to_another(&fx, &a, "new", "after the owned resolve").await?;
 
     let b = action("b", "r2");
     make_uncertain(&store, &b).await?;
