@@ -160,8 +160,12 @@ impl SideEffectAdapter {
         Ok(crate::retention::due(&self.engine, &DONE_INDEX, self.now(), options).await?)
     }
 
-    /// Refuse an action that cannot be stored, before any I/O.
-    pub(crate) fn check_action(&self, action: &Action) -> Result<(), SideEffectError> {
+    /// Refuse an action that cannot be stored, before any I/O; answer its
+    /// record keys (`se/act/<key>`, `se/res/<resource>`) when it can be.
+    pub(crate) fn check_action(
+        &self,
+        action: &Action,
+    ) -> Result<(String, String), SideEffectError> {
         let max = self.engine.backend().limits().max_key_bytes;
         let invalid = |why: String| Err(SideEffectError::InvalidAction(why));
         if action.key.is_empty() {
@@ -170,9 +174,10 @@ impl SideEffectAdapter {
         if action.resource.is_empty() {
             return invalid("empty resource".into());
         }
+        let (ak, rk) = (act_key(&action.key), res_key(&action.resource));
         for (what, value, stored) in [
-            ("key", &action.key, act_key(&action.key)),
-            ("resource", &action.resource, res_key(&action.resource)),
+            ("key", &action.key, &ak),
+            ("resource", &action.resource, &rk),
         ] {
             if value.contains('\0') {
                 return invalid(format!("NUL byte in {what} {value:?}"));
@@ -184,14 +189,17 @@ impl SideEffectAdapter {
                 ));
             }
         }
-        Ok(())
+        Ok((ak, rk))
     }
 
-    pub(crate) fn check_ttl(ttl: Duration) -> Result<u64, SideEffectError> {
+    /// Now and the end of a lease of `ttl` counted from now, by the
+    /// adapter's clock; a zero TTL is refused.
+    pub(crate) fn lease_window(&self, ttl: Duration) -> Result<(u64, u64), SideEffectError> {
         if ttl.is_zero() {
             return Err(SideEffectError::InvalidAction("zero TTL".into()));
         }
-        Ok(whole_millis(ttl))
+        let now = self.now();
+        Ok((now, now.saturating_add(whole_millis(ttl))))
     }
 
     /// What the store holds for `key` (one consistent read; inspection only,
@@ -260,13 +268,9 @@ impl SideEffectStore for SideEffectAdapter {
         store = self.engine.backend().store_name(), fence = tracing::field::Empty,
     ))]
     async fn acquire(&self, action: &Action, ttl: Duration) -> Result<Acquired, SideEffectError> {
-        self.check_action(action)?;
-        let ttl_ms = Self::check_ttl(ttl)?;
-        let now = self.now();
-        let expires_ms = now.saturating_add(ttl_ms);
+        let (ak, rk) = self.check_action(action)?;
+        let (now, expires_ms) = self.lease_window(ttl)?;
         let token = mint_token();
-        let ak = act_key(&action.key);
-        let rk = res_key(&action.resource);
         let decided = self
             .engine
             .decide(&[ak.clone(), rk.clone()], |view| -> Step<Acquired> {
@@ -312,17 +316,13 @@ impl SideEffectStore for SideEffectAdapter {
                     }),
                     nonce: Nonce::default(),
                 };
-                let mut new_act = ActRecord {
-                    state: KeyState::Intent {
-                        resource: action.resource.clone(),
-                        fence,
-                        token: token.clone(),
-                        retry_safety: action.retry_safety,
-                        since_ms: now,
-                    },
-                    reconcile: None,
-                    nonce: Nonce::default(),
-                };
+                let mut new_act = ActRecord::new(KeyState::Intent {
+                    resource: action.resource.clone(),
+                    fence,
+                    token: token.clone(),
+                    retry_safety: action.retry_safety,
+                    since_ms: now,
+                });
                 let lease = Lease {
                     resource: action.resource.clone(),
                     fence: Fence(fence),
@@ -362,10 +362,8 @@ impl SideEffectStore for SideEffectAdapter {
         lease: &Lease,
         result: EffectResult,
     ) -> Result<EffectResult, SideEffectError> {
-        self.check_action(action)?;
+        let (ak, rk) = self.check_action(action)?;
         let now = self.now();
-        let ak = act_key(&action.key);
-        let rk = res_key(&action.resource);
         let cursor = DONE_INDEX.cursor();
         self.engine
             .decide(
@@ -393,16 +391,12 @@ impl SideEffectStore for SideEffectAdapter {
                             // The key is done: its lease has no purpose left, so
                             // it is freed in the same txn (saves the release round trip).
                             new_res.holder = None;
-                            let mut new_act = ActRecord {
-                                state: KeyState::Completed {
-                                    result: result.0.clone(),
-                                    fence: Some(lease.fence.0),
-                                    reason: None,
-                                    at_ms: now,
-                                },
-                                reconcile: None,
-                                nonce: Nonce::default(),
-                            };
+                            let mut new_act = ActRecord::new(KeyState::Completed {
+                                result: result.0.clone(),
+                                fence: Some(lease.fence.0),
+                                reason: None,
+                                at_ms: now,
+                            });
                             let (cursor, entry) = DONE_INDEX.final_writes(view, now, &action.key);
                             let mut mutations = vec![new_res.put(&rk), new_act.put(&ak)];
                             mutations.extend(cursor);
@@ -425,8 +419,7 @@ impl SideEffectStore for SideEffectAdapter {
         store = self.engine.backend().store_name(), fence = lease.fence.0,
     ))]
     async fn release(&self, action: &Action, lease: &Lease) -> Result<(), SideEffectError> {
-        self.check_action(action)?;
-        let rk = res_key(&action.resource);
+        let (_, rk) = self.check_action(action)?;
         self.engine
             .decide(std::slice::from_ref(&rk), |view| -> Step<()> {
                 let res = ResRecord::read(view, &rk)?;
@@ -453,12 +446,8 @@ impl SideEffectStore for SideEffectAdapter {
         lease: &Lease,
         ttl: Duration,
     ) -> Result<Lease, SideEffectError> {
-        self.check_action(action)?;
-        let ttl_ms = Self::check_ttl(ttl)?;
-        let now = self.now();
-        let expires_ms = now.saturating_add(ttl_ms);
-        let ak = act_key(&action.key);
-        let rk = res_key(&action.resource);
+        let (ak, rk) = self.check_action(action)?;
+        let (now, expires_ms) = self.lease_window(ttl)?;
         self.engine
             .decide(&[ak.clone(), rk.clone()], |view| -> Step<Lease> {
                 let act = ActRecord::read(view, &ak)?;
@@ -498,10 +487,8 @@ impl SideEffectStore for SideEffectAdapter {
         lease: &Lease,
         reason: &str,
     ) -> Result<(), SideEffectError> {
-        self.check_action(action)?;
+        let (ak, rk) = self.check_action(action)?;
         let now = self.now();
-        let ak = act_key(&action.key);
-        let rk = res_key(&action.resource);
         self.engine
             .decide(&[ak.clone(), rk.clone()], |view| -> Step<()> {
                 let act = ActRecord::read(view, &ak)?;
@@ -518,16 +505,12 @@ impl SideEffectStore for SideEffectAdapter {
                 }
                 // Marking and dropping the intent is one put of one record:
                 // if the txn fails, the intent is still there and still blocks.
-                let mut new_act = ActRecord {
-                    state: KeyState::Uncertain {
-                        resource: action.resource.clone(),
-                        fence: Some(lease.fence.0),
-                        reason: reason.to_owned(),
-                        since_ms: now,
-                    },
-                    reconcile: None,
-                    nonce: Nonce::default(),
-                };
+                let mut new_act = ActRecord::new(KeyState::Uncertain {
+                    resource: action.resource.clone(),
+                    fence: Some(lease.fence.0),
+                    reason: reason.to_owned(),
+                    since_ms: now,
+                });
                 // The entry exists since the grant; written again for keys
                 // granted before the attention entries existed.
                 Ok(Decision::CommitWithUnasserted {
@@ -561,12 +544,10 @@ impl SideEffectStore for SideEffectAdapter {
         lease: &Lease,
         reason: &str,
     ) -> Result<(), SideEffectError> {
-        self.check_action(action)?;
+        let (ak, rk) = self.check_action(action)?;
         if lease.resource != action.resource {
             return Err(SideEffectError::FenceStale);
         }
-        let ak = act_key(&action.key);
-        let rk = res_key(&action.resource);
         let decided = self
             .engine
             .decide(&[ak.clone(), rk.clone()], |view| -> Step<()> {
@@ -581,11 +562,7 @@ impl SideEffectStore for SideEffectAdapter {
                     // would erase a fact (or someone else's attempt).
                     return Err(SideEffectError::FenceStale);
                 }
-                let mut new_act = ActRecord {
-                    state: KeyState::Idle,
-                    reconcile: None,
-                    nonce: Nonce::default(),
-                };
+                let mut new_act = ActRecord::new(KeyState::Idle);
                 let mut mutations = vec![new_act.put(&ak)];
                 if let Some(mut new_res) = res.filter(|r| lease_is_current(Some(r), action, lease))
                 {

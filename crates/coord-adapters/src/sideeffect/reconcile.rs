@@ -15,12 +15,11 @@ use coord_backend::Mutation;
 use super::adapter::Step;
 use super::error::SideEffectError;
 use super::record::{
-    act_key, millis_to_time, open_key, standing, ActRecord, ClaimRecord, KeyState, Standing,
-    DONE_INDEX,
+    millis_to_time, open_key, standing, ActRecord, ClaimRecord, KeyState, Standing, DONE_INDEX,
 };
 use super::types::{Action, EffectResult, Execution, Outcome, ReconcileClaim, Resolution};
 use super::SideEffectAdapter;
-use crate::cas::{Nonce, Record};
+use crate::cas::Record;
 use crate::{mint_token, Decision};
 
 impl SideEffectAdapter {
@@ -30,9 +29,8 @@ impl SideEffectAdapter {
         resolution: &Resolution,
         holder: Option<&str>,
     ) -> Result<Execution, SideEffectError> {
-        self.check_action(action)?;
+        let (ak, _) = self.check_action(action)?;
         let now = self.now();
-        let ak = act_key(&action.key);
         let decided = self
             .engine()
             .decide(
@@ -82,11 +80,7 @@ impl SideEffectAdapter {
                             },
                         )
                     };
-                    let mut new_act = ActRecord {
-                        state,
-                        reconcile: None,
-                        nonce: Nonce::default(),
-                    };
+                    let mut new_act = ActRecord::new(state);
                     let mut mutations = vec![new_act.put(&ak)];
                     // Resolved either way: the key needs no attention any more.
                     let mut unasserted = vec![Mutation::delete(open_key(&action.key))];
@@ -120,12 +114,9 @@ impl SideEffectAdapter {
         action: &Action,
         ttl: Duration,
     ) -> Result<Option<ReconcileClaim>, SideEffectError> {
-        self.check_action(action)?;
-        let ttl_ms = Self::check_ttl(ttl)?;
-        let now = self.now();
-        let expires_ms = now.saturating_add(ttl_ms);
+        let (ak, _) = self.check_action(action)?;
+        let (now, expires_ms) = self.lease_window(ttl)?;
         let holder = mint_token();
-        let ak = act_key(&action.key);
         self.engine()
             .decide(
                 std::slice::from_ref(&ak),

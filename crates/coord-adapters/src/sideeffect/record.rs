@@ -126,6 +126,18 @@ pub(crate) struct ActRecord {
     pub(crate) nonce: Nonce,
 }
 
+impl ActRecord {
+    /// A record in `state` with no reconcile claim: what every state change
+    /// writes (a change ends any claim; only `begin_reconcile` sets one).
+    pub(crate) fn new(state: KeyState) -> Self {
+        ActRecord {
+            state,
+            reconcile: None,
+            nonce: Nonce::default(),
+        }
+    }
+}
+
 record_kind!(ActRecord, "a side-effect key record");
 
 record_kind!(ResRecord, "a side-effect resource record");
