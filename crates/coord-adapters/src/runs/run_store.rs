@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cas::{whole_millis, CasEngine, CasOptions, Record};
+use crate::cas::{whole_millis, CasEngine, CasOptions, Decision, Record, View};
 use async_trait::async_trait;
 use coord_backend::{Backend, Clock};
 
@@ -130,6 +130,25 @@ impl RunStore {
         validate_label("token", token)
     }
 
+    /// A decision of the owner `token` over the records of `(job, slot)`
+    /// (`finish`, `release`): `decide` gets the view, the slot's keys, now
+    /// and the history size.
+    async fn decide_owned(
+        &self,
+        job: &str,
+        slot: Slot,
+        token: &str,
+        mut decide: impl FnMut(&View, &SlotKeys, u64, usize) -> Result<Decision<()>, RunError>,
+    ) -> Result<(), RunError> {
+        Self::owner_check(job, token)?;
+        let keys = SlotKeys::new(job, slot);
+        let now = self.clock.now_millis();
+        let history_size = self.options.history_size;
+        self.engine
+            .decide(&keys.all(), |view| decide(view, &keys, now, history_size))
+            .await
+    }
+
     /// The record at `key` from one plain read (nothing to decide, so
     /// nothing to assert), or its default when there is none.
     async fn read<T: Record + Default>(&self, key: &str) -> Result<T, RunError> {
@@ -206,27 +225,17 @@ impl SlotStore for RunStore {
         token: &str,
         status: FinalStatus,
     ) -> Result<(), RunError> {
-        Self::owner_check(job, token)?;
-        let keys = SlotKeys::new(job, slot);
-        let now = self.clock.now_millis();
-        let history_size = self.options.history_size;
-        self.engine
-            .decide(&keys.all(), |view| {
-                decide::finish(view, &keys, token, &status, now, history_size)
-            })
-            .await
+        self.decide_owned(job, slot, token, |view, keys, now, history_size| {
+            decide::finish(view, keys, token, &status, now, history_size)
+        })
+        .await
     }
 
     async fn release(&self, job: &str, slot: Slot, token: &str) -> Result<(), RunError> {
-        Self::owner_check(job, token)?;
-        let keys = SlotKeys::new(job, slot);
-        let now = self.clock.now_millis();
-        let history_size = self.options.history_size;
-        self.engine
-            .decide(&keys.all(), |view| {
-                decide::release(view, &keys, token, now, history_size)
-            })
-            .await
+        self.decide_owned(job, slot, token, |view, keys, now, history_size| {
+            decide::release(view, keys, token, now, history_size)
+        })
+        .await
     }
 
     async fn active(&self, job: &str) -> Result<Vec<ActiveRun>, RunError> {
