@@ -53,7 +53,7 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use coord_backend::{Backend, Error, InvalidInput};
@@ -460,7 +460,7 @@ impl GenericElection {
                     l.candidate.clone(),
                     l.value.clone(),
                     record.term,
-                    UNIX_EPOCH + Duration::from_millis(l.lease.expires_ms),
+                    l.lease.expires_at(),
                 )
             })
     }
@@ -592,7 +592,7 @@ impl Election for GenericElection {
                     offer.token.clone(),
                     record.term,
                     ttl,
-                    UNIX_EPOCH + Duration::from_millis(offer.expires_ms),
+                    offer.expires_at(),
                 )
                 .requested_at(offer.sent);
                 Ok(Verdict::Write(record, Some(won)))

@@ -62,7 +62,7 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use coord_backend::Backend;
@@ -373,14 +373,7 @@ impl GenericRwLock {
                     fence: record.fence,
                     lease: LeaseRecord::new(offer.token.clone(), offer.expires_ms),
                 });
-                let handle = LockHandle::new(
-                    key,
-                    offer.token.clone(),
-                    record.fence,
-                    ttl,
-                    UNIX_EPOCH + Duration::from_millis(offer.expires_ms),
-                )
-                .requested_at(offer.sent);
+                let handle = LockHandle::offered(key, &offer, record.fence, ttl);
                 Ok(Verdict::Write(
                     record,
                     Grant::Granted(RwHandle::new(mode, handle)),
@@ -579,7 +572,7 @@ impl RwLock for GenericRwLock {
                 .map(|h| RwHolderStatus {
                     mode: h.mode,
                     fence: h.fence,
-                    expires_at: UNIX_EPOCH + Duration::from_millis(h.lease.expires_ms),
+                    expires_at: h.lease.expires_at(),
                     live: h.lease.is_live(now),
                 })
                 .collect(),

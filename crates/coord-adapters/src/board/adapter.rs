@@ -7,11 +7,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use coord_backend::{Backend, Error, InvalidInput, Mutation};
 
-use super::record::{at_millis, ClaimRecord, DoneRecord, TaskRecord};
+use super::record::{ClaimRecord, DoneRecord, TaskRecord};
 use super::{
     validate_claim, validate_spec, validate_task_id, validate_ttl, Board, BoardError, ClaimedTask,
     Task, TaskSpec,
 };
+use crate::cas::record::time_at;
 use crate::cas::{
     record_options, whole_millis, CasStats, Decision, LeaseRecord, Nonce, Record, RecordSpace, View,
 };
@@ -117,7 +118,7 @@ impl BoardAdapter {
                     return Err(BoardError::AlreadyClaimed {
                         id: spec.id.clone(),
                         agent: claim.agent.clone(),
-                        expires_at: at_millis(claim.lease.expires_ms),
+                        expires_at: time_at(claim.lease.expires_ms),
                     });
                 }
                 // A dependency met before stays met (its record may be
@@ -430,7 +431,7 @@ impl Board for BoardAdapter {
                     return Err(BoardError::AlreadyClaimed {
                         id: id.to_owned(),
                         agent: claim.agent.clone(),
-                        expires_at: at_millis(claim.lease.expires_ms),
+                        expires_at: time_at(claim.lease.expires_ms),
                     });
                 }
                 // The dependency list lives in the record, so its keys are only
@@ -486,7 +487,7 @@ impl Board for BoardAdapter {
                         agent: agent.to_owned(),
                         token: token.clone(),
                         fence,
-                        expires_at: at_millis(expires_ms),
+                        expires_at: time_at(expires_ms),
                     },
                 })
             })
@@ -533,7 +534,7 @@ impl Board for BoardAdapter {
                         agent: claim.agent,
                         token: token.to_owned(),
                         fence: record.fence,
-                        expires_at: at_millis(expires_ms),
+                        expires_at: time_at(expires_ms),
                     },
                 })
             })

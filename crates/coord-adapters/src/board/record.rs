@@ -1,11 +1,10 @@
 //! How a task is stored: one JSON record per task, state and fence included.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
 use coord_backend::Error;
 use serde::{Deserialize, Serialize};
 
 use super::{Task, TaskState};
+use crate::cas::record::time_at;
 use crate::cas::{record_kind, LeaseRecord, Nonce, Record};
 
 /// What is stored under `<prefix>task/<id>`. A record is only deleted by a
@@ -60,10 +59,6 @@ pub(super) struct DoneRecord {
     pub(super) at_ms: Option<u64>,
 }
 
-pub(super) fn at_millis(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
-}
-
 impl TaskRecord {
     /// The record in `bytes`, read from `key`, which must be `id`'s.
     pub(super) fn decode(key: &str, id: &str, bytes: &[u8]) -> Result<Self, Error> {
@@ -90,11 +85,11 @@ impl TaskRecord {
             },
             (None, Some(c)) if c.lease.is_live(now) => TaskState::Claimed {
                 agent: c.agent.clone(),
-                expires_at: at_millis(c.lease.expires_ms),
+                expires_at: time_at(c.lease.expires_ms),
             },
             (None, Some(c)) => TaskState::Expired {
                 agent: c.agent.clone(),
-                expired_at: at_millis(c.lease.expires_ms),
+                expired_at: time_at(c.lease.expires_ms),
             },
             (None, None) => TaskState::Open,
         };

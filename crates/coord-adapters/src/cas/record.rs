@@ -8,7 +8,7 @@
 //! lost (see the [engine's docs](super)): no two writes are byte-identical,
 //! even when they change nothing else.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use coord_backend::{Error, Mutation};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -56,6 +56,11 @@ impl LeaseRecord {
     /// Whether `token`'s lease is unexpired at `now`.
     pub fn is_held_by(&self, token: &str, now: u64) -> bool {
         self.token == token && self.is_live(now)
+    }
+
+    /// When the lease ends, as a time (see [`time_at`]).
+    pub(crate) fn expires_at(&self) -> SystemTime {
+        time_at(self.expires_ms)
     }
 
     /// Extend the lease to `until`, never shorten it (a clock stepping back
@@ -135,6 +140,12 @@ pub fn whole_millis(d: Duration) -> u64 {
         ms
     };
     u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+/// The time `ms` milliseconds after the epoch: a time a record stores (in
+/// milliseconds, see [`whole_millis`]) as callers are shown it.
+pub(crate) fn time_at(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
 }
 
 #[cfg(test)]

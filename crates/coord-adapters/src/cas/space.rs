@@ -32,6 +32,13 @@ pub(crate) struct LeaseOffer {
     pub(crate) token: String,
 }
 
+impl LeaseOffer {
+    /// When the offered lease ends, as a time.
+    pub(crate) fn expires_at(&self) -> std::time::SystemTime {
+        super::record::time_at(self.expires_ms)
+    }
+}
+
 /// An adapter's engine, clock and key prefix (see the [module docs](self)).
 #[derive(Clone, Debug)]
 pub struct RecordSpace {

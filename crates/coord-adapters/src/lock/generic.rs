@@ -1,7 +1,7 @@
 //! [`GenericLock`]: the lock decided over the three primitives of any backend.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use coord_backend::Backend;
@@ -124,19 +124,8 @@ impl Lock for GenericLock {
                     }),
                     nonce: Nonce::default(),
                 };
-                Ok(Verdict::Write(
-                    granted,
-                    Some(
-                        LockHandle::new(
-                            key,
-                            offer.token.clone(),
-                            fence + 1,
-                            ttl,
-                            UNIX_EPOCH + Duration::from_millis(offer.expires_ms),
-                        )
-                        .requested_at(offer.sent),
-                    ),
-                ))
+                let handle = LockHandle::offered(key, &offer, fence + 1, ttl);
+                Ok(Verdict::Write(granted, Some(handle)))
             })
             .await;
         if let Ok(Some(handle)) = &answer {
@@ -233,10 +222,7 @@ impl GenericLock {
         Ok(Some(LockStatus {
             key: key.to_owned(),
             fence: record.fence,
-            expires_at: record
-                .holder
-                .as_ref()
-                .map(|h| UNIX_EPOCH + Duration::from_millis(h.expires_ms)),
+            expires_at: record.holder.as_ref().map(LeaseRecord::expires_at),
             live: record.holder.as_ref().is_some_and(|h| h.is_live(now)),
         }))
     }
@@ -248,6 +234,7 @@ mod tests {
     use crate::cas::CasOptions;
     use coord_backend::{BackendExt, Error, InvalidInput, ManualClock};
     use coord_memory::SingleProcessMemoryBackend;
+    use std::time::UNIX_EPOCH;
 
     fn lock_with_clock(backend: Arc<dyn Backend>, clock: Arc<ManualClock>) -> GenericLock {
         GenericLock::with_options(backend, LockOptions::default().with_clock(clock))

@@ -172,6 +172,29 @@ impl LockHandle {
         }
     }
 
+    /// The handle of a grant to `token` whose lease ends at `expires_ms`
+    /// (milliseconds since the epoch, as the adapters' records keep it).
+    pub(crate) fn at(key: &str, token: &str, fence: u64, ttl: Duration, expires_ms: u64) -> Self {
+        Self::new(
+            key,
+            token,
+            fence,
+            ttl,
+            crate::cas::record::time_at(expires_ms),
+        )
+    }
+
+    /// The handle of the grant `offer` makes for `key` with `fence`: its
+    /// token and lease end, the lease counted from when it was asked for.
+    pub(crate) fn offered(
+        key: &str,
+        offer: &crate::cas::space::LeaseOffer,
+        fence: u64,
+        ttl: Duration,
+    ) -> Self {
+        Self::at(key, &offer.token, fence, ttl, offer.expires_ms).requested_at(offer.sent)
+    }
+
     /// Say when the request that granted this handle was sent (local
     /// monotonic time). The lease counts from then, not from the answer, so
     /// a slow answer cannot make the holder believe in a longer lease than

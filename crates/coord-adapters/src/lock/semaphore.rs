@@ -39,7 +39,7 @@
 //! places are dropped by every write, so storage is bounded.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use coord_backend::{Backend, InvalidInput};
@@ -47,6 +47,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::{validate_lock_input, LockError, LockHandle, LostReason, WaitOptions};
+use crate::cas::space::LeaseOffer;
 use crate::cas::{
     record_kind, record_options, whole_millis, CasStats, LeaseRecord, Nonce, RecordSpace, Verdict,
 };
@@ -205,21 +206,20 @@ fn validate_permits(permits: u32) -> Result<(), LockError> {
     Ok(())
 }
 
-/// A new permit for `token` (`key`, its TTL, lease end and when it was
-/// requested) beside the live `holders` and `waiters` of `record`: the
-/// record to write and the permit, with the next fence.
+/// The permit `offer` makes for `key` and `ttl` beside the live `holders`
+/// and `waiters` of `record`: the record to write and the permit, with the
+/// next fence.
 fn grant(
     record: &SemRecord,
     mut holders: Vec<SemHolder>,
     waiters: Vec<SemWaiter>,
     permits: u32,
-    token: &str,
-    (key, ttl, expires_ms, sent): (&str, Duration, u64, Instant),
+    (key, ttl, offer): (&str, Duration, &LeaseOffer),
 ) -> (SemRecord, Permit) {
     let fence = record.fence + 1;
     holders.push(SemHolder {
         fence,
-        lease: LeaseRecord::new(token, expires_ms),
+        lease: LeaseRecord::new(offer.token.clone(), offer.expires_ms),
     });
     let granted = SemRecord {
         fence,
@@ -228,15 +228,7 @@ fn grant(
         waiters,
         nonce: Nonce::default(),
     };
-    let permit = Permit::new(
-        key,
-        token.to_owned(),
-        fence,
-        ttl,
-        UNIX_EPOCH + Duration::from_millis(expires_ms),
-    )
-    .requested_at(sent);
-    (granted, permit)
+    (granted, Permit::offered(key, offer, fence, ttl))
 }
 
 impl SemRecord {
@@ -320,7 +312,7 @@ impl GenericSemaphore {
                 .iter()
                 .map(|h| PermitStatus {
                     fence: h.fence,
-                    expires_at: UNIX_EPOCH + Duration::from_millis(h.lease.expires_ms),
+                    expires_at: h.lease.expires_at(),
                     live: h.lease.is_live(now),
                 })
                 .collect(),
@@ -352,14 +344,8 @@ impl GenericSemaphore {
                 };
                 if served {
                     waiters.retain(|w| w.id != id);
-                    let (granted, permit) = grant(
-                        &record,
-                        holders,
-                        waiters,
-                        permits,
-                        &offer.token,
-                        (key, ttl, offer.expires_ms, offer.sent),
-                    );
+                    let (granted, permit) =
+                        grant(&record, holders, waiters, permits, (key, ttl, &offer));
                     return Ok(Verdict::Write(granted, Attempt::Granted(permit)));
                 }
                 let renew_from = offer.now.saturating_add(whole_millis(ttl) / 2);
@@ -454,14 +440,7 @@ impl Semaphore for GenericSemaphore {
                 if live.len() + waiters.len() >= permits as usize {
                     return Ok(Verdict::Keep(None));
                 }
-                let (granted, permit) = grant(
-                    &record,
-                    live,
-                    waiters,
-                    permits,
-                    &offer.token,
-                    (key, ttl, offer.expires_ms, offer.sent),
-                );
+                let (granted, permit) = grant(&record, live, waiters, permits, (key, ttl, &offer));
                 Ok(Verdict::Write(granted, Some(permit)))
             })
             .await;

@@ -15,14 +15,15 @@ use coord_backend::{Backend, Clock, Error, Mutation, SystemClock};
 
 use super::error::SideEffectError;
 use super::record::{
-    act_key, intent_is_live, lease_is_current, millis_to_time, open_key, res_key, standing,
-    ActRecord, Holder, KeyState, ResRecord, Standing, DONE_INDEX,
+    act_key, intent_is_live, lease_is_current, open_key, res_key, standing, ActRecord, Holder,
+    KeyState, ResRecord, Standing, DONE_INDEX,
 };
 use super::store::SideEffectStore;
 use super::types::{
     Acquired, Action, EffectResult, Execution, Fence, KeyStatus, Lease, ReconcileClaim, Resolution,
     ResourceStatus, RetrySafety,
 };
+use crate::cas::record::time_at;
 use crate::cas::{whole_millis, LeaseRecord, Nonce, Record};
 use crate::{mint_token, CasEngine, Decision};
 
@@ -251,10 +252,7 @@ impl SideEffectAdapter {
             Some(res) => ResourceStatus {
                 highest_fence: Fence(res.fence),
                 live: res.live_holder(now).is_some(),
-                expires_at: res
-                    .holder
-                    .as_ref()
-                    .map(|h| millis_to_time(h.lease.expires_ms)),
+                expires_at: res.holder.as_ref().map(|h| time_at(h.lease.expires_ms)),
                 holder: res.holder.map(|h| h.key),
             },
         })
@@ -328,7 +326,7 @@ impl SideEffectStore for SideEffectAdapter {
                     fence: Fence(fence),
                     token: token.clone(),
                     holder: action.key.clone(),
-                    expires_at: millis_to_time(expires_ms),
+                    expires_at: time_at(expires_ms),
                 };
                 Ok(Decision::CommitWithUnasserted {
                     mutations: vec![new_res.put(&rk), new_act.put(&ak)],
@@ -468,7 +466,7 @@ impl SideEffectStore for SideEffectAdapter {
                     holder.lease.expires_ms = expires_ms;
                 }
                 let mut renewed = lease.clone();
-                renewed.expires_at = millis_to_time(expires_ms);
+                renewed.expires_at = time_at(expires_ms);
                 Ok(Decision::Commit {
                     mutations: vec![new_res.put(&rk)],
                     then: renewed,

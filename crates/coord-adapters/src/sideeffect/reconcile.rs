@@ -14,11 +14,10 @@ use coord_backend::Mutation;
 
 use super::adapter::Step;
 use super::error::SideEffectError;
-use super::record::{
-    millis_to_time, open_key, standing, ActRecord, ClaimRecord, KeyState, Standing, DONE_INDEX,
-};
+use super::record::{open_key, standing, ActRecord, ClaimRecord, KeyState, Standing, DONE_INDEX};
 use super::types::{Action, EffectResult, Execution, Outcome, ReconcileClaim, Resolution};
 use super::SideEffectAdapter;
+use crate::cas::record::time_at;
 use crate::cas::Record;
 use crate::{mint_token, Decision};
 
@@ -146,7 +145,7 @@ impl SideEffectAdapter {
                         then: Some(ReconcileClaim {
                             key: action.key.clone(),
                             holder: holder.clone(),
-                            expires_at: millis_to_time(expires_ms),
+                            expires_at: time_at(expires_ms),
                         }),
                     })
                 },

@@ -16,8 +16,6 @@
 //! indeterminate txn landed (no two writes are byte-identical). Records
 //! written before it was named `nonce` carry it as `w`.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
 use serde::{Deserialize, Serialize};
 
 use super::types::{Action, Lease, RetrySafety};
@@ -239,8 +237,4 @@ pub(crate) fn standing<'a>(
 pub(crate) fn intent_is_live(token: &str, res: Option<&ResRecord>, now: u64) -> bool {
     res.and_then(|r| r.live_holder(now))
         .is_some_and(|h| h.lease.token == token)
-}
-
-pub(crate) fn millis_to_time(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
 }

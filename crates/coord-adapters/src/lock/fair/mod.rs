@@ -50,13 +50,14 @@
 //! when a watch is live, with its growing backoff otherwise.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use coord_backend::Backend;
 use tokio::time::Instant;
 
 use super::{validate_lock_input, Lock, LockError, LockHandle, WaitOptions};
+use crate::cas::record::time_at;
 use crate::cas::{record_options, whole_millis, CasStats, Decision, Record, RecordSpace};
 use crate::wake::Wake;
 use crate::{mint_token, telemetry};
@@ -160,7 +161,7 @@ impl FairLock {
                     .map_or(w.expires_ms, |t| t.expires_ms.max(w.expires_ms));
                 tickets_status.push(TicketStatus {
                     seq: w.seq,
-                    expires_at: Some(UNIX_EPOCH + Duration::from_millis(expires_ms)),
+                    expires_at: Some(time_at(expires_ms)),
                     live: expires_ms > now,
                 });
             }
@@ -168,10 +169,7 @@ impl FairLock {
         Ok(Some(FairLockStatus {
             key: key.to_owned(),
             fence: state.fence,
-            expires_at: state
-                .holder
-                .as_ref()
-                .map(|h| UNIX_EPOCH + Duration::from_millis(h.expires_ms)),
+            expires_at: state.holder.as_ref().map(|h| time_at(h.expires_ms)),
             live: state.holder.as_ref().is_some_and(|h| h.is_live(now)),
             waiting: tickets_status,
         }))

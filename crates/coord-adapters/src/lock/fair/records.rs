@@ -3,7 +3,7 @@
 //! a hand-over, skipping dead waiters. Pure functions of a view: the
 //! engine calls them, possibly several times per decision.
 
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use coord_backend::{Error, Mutation};
 use serde::{Deserialize, Serialize};
@@ -150,22 +150,6 @@ pub(super) fn skipped(state: &LockState, served: u64) -> LockState {
 
 /// How many served waiters the line may keep before a release prunes them.
 pub(super) const STALE_LIMIT: usize = LOOKAHEAD;
-
-pub(super) fn handle_at(
-    key: &str,
-    token: &str,
-    fence: u64,
-    ttl: Duration,
-    expires_ms: u64,
-) -> LockHandle {
-    LockHandle::new(
-        key,
-        token,
-        fence,
-        ttl,
-        UNIX_EPOCH + Duration::from_millis(expires_ms),
-    )
-}
 
 /// Who asks for the lock, and when (one per call, fixed across the
 /// engine's retries).
@@ -392,7 +376,7 @@ impl FairLock {
             },
             served,
         );
-        let handle = handle_at(key, token, state.fence, ttl, expires_ms).requested_at(sent);
+        let handle = LockHandle::at(key, token, state.fence, ttl, expires_ms).requested_at(sent);
         let writes = Writes {
             line: Self::prune(line, state.served),
             state: Some(state),

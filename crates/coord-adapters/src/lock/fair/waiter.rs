@@ -83,7 +83,10 @@ impl FairLock {
     ) -> Option<LockHandle> {
         let left = Duration::from_millis(holder.expires_ms.saturating_sub(now)).min(ttl);
         let requested = sent.checked_sub(ttl - left)?;
-        Some(handle_at(key, &holder.token, fence, ttl, holder.expires_ms).requested_at(requested))
+        Some(
+            LockHandle::at(key, &holder.token, fence, ttl, holder.expires_ms)
+                .requested_at(requested),
+        )
     }
 
     /// What the records say to the waiter holding `ticket`.
@@ -372,8 +375,9 @@ impl FairLock {
                             },
                             ticket.seq,
                         );
-                        let handle = handle_at(key, &ticket.token, state.fence, ttl, expires_ms)
-                            .requested_at(sent);
+                        let handle =
+                            LockHandle::at(key, &ticket.token, state.fence, ttl, expires_ms)
+                                .requested_at(sent);
                         dead.push(ticket.seq);
                         let writes = Writes {
                             line: Self::prune(&line, state.served),
