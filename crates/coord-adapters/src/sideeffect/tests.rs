@@ -18,6 +18,12 @@ async fn ok_apply(lease: Lease) -> Result<EffectResult, std::io::Error> {
 
 const TTL: Duration = Duration::from_secs(30);
 
+/// The lease of a grant of `action` for [`TTL`] (panics when not granted).
+async fn granted(adapter: &SideEffectAdapter, action: &Action) -> Lease {
+    let acquired = adapter.acquire(action, TTL).await.unwrap();
+    acquired.into_lease().expect("a grant")
+}
+
 #[tokio::test]
 async fn uncontended_execute_costs_three_round_trips() {
     let backend = memory("se-rt");
@@ -107,15 +113,11 @@ async fn status_reports_each_state() {
     let clock = Arc::new(ManualClock::at_millis(5_000));
     let adapter = SideEffectAdapter::with_clock(memory("se-status"), clock.clone());
     let action = Action::new("k", "r");
-    assert_eq!(adapter.key_status("k").await.unwrap(), KeyStatus::Idle);
-    let lease = adapter
-        .acquire(&action, TTL)
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+    let status = || async { adapter.key_status("k").await.unwrap() };
+    assert_eq!(status().await, KeyStatus::Idle);
+    let lease = granted(&adapter, &action).await;
     assert_eq!(
-        adapter.key_status("k").await.unwrap(),
+        status().await,
         KeyStatus::InFlight {
             resource: "r".into(),
             fence: Fence(1),
@@ -128,7 +130,7 @@ async fn status_reports_each_state() {
     assert!(res.live);
     clock.advance(TTL);
     assert!(matches!(
-        adapter.key_status("k").await.unwrap(),
+        status().await,
         KeyStatus::InFlight { live: false, .. }
     ));
     adapter
@@ -136,7 +138,7 @@ async fn status_reports_each_state() {
         .await
         .unwrap();
     assert_eq!(
-        adapter.key_status("k").await.unwrap(),
+        status().await,
         KeyStatus::Uncertain {
             reason: "test".into()
         }
@@ -146,7 +148,7 @@ async fn status_reports_each_state() {
         .await
         .unwrap();
     assert_eq!(
-        adapter.key_status("k").await.unwrap(),
+        status().await,
         KeyStatus::Completed {
             result: "r1".into()
         }
@@ -157,12 +159,7 @@ async fn status_reports_each_state() {
 async fn results_survive_binary_bytes() {
     let adapter = SideEffectAdapter::new(memory("se-bytes"));
     let action = Action::new("k", "r");
-    let lease = adapter
-        .acquire(&action, TTL)
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+    let lease = granted(&adapter, &action).await;
     let bytes: Vec<u8> = (0..=255).collect();
     adapter
         .complete(&action, &lease, EffectResult(bytes.clone()))
@@ -190,12 +187,7 @@ async fn an_intent_on_another_resource_is_judged_by_that_resource() {
     let adapter = SideEffectAdapter::with_clock(backend.clone(), clock.clone());
     let on_r1 = Action::new("k", "r1");
     let on_r2 = Action::new("k", "r2");
-    adapter
-        .acquire(&on_r1, TTL)
-        .await
-        .unwrap()
-        .into_lease()
-        .unwrap();
+    granted(&adapter, &on_r1).await;
     // Same key, other resource: still in flight on r1 (read through an expansion).
     let fresh = SideEffectAdapter::with_clock(backend.clone(), clock.clone());
     assert_eq!(
