@@ -105,24 +105,7 @@ impl ElectionError {
     }
 }
 
-impl crate::wake::WaitError for ElectionError {
-    /// Every txn of the attempt lost its race: a waiting call waits on.
-    fn is_contention(&self) -> bool {
-        matches!(
-            self,
-            ElectionError::Store(Error::ConflictRetriesExhausted { .. })
-        )
-    }
-}
-
-impl From<Error> for ElectionError {
-    fn from(error: Error) -> Self {
-        match error {
-            Error::InvalidInput(invalid) => ElectionError::Invalid(invalid),
-            other => ElectionError::Store(other),
-        }
-    }
-}
+crate::wake::store_errors!(ElectionError, waits);
 
 /// The checks every implementation runs first: a non-empty election name
 /// and candidate id without NUL bytes, and a TTL of at least 1 ms.

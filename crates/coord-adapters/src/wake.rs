@@ -81,6 +81,38 @@ pub trait WaitError {
     fn is_contention(&self) -> bool;
 }
 
+/// The store-error conversions of an adapter error with `Invalid(InvalidInput)`
+/// and `Store(coord_backend::Error)` variants: `From<coord_backend::Error>`
+/// (the store refusing the input itself, e.g. a key over its limit, is
+/// `Invalid`; any other error is `Store`) and, with `waits`, [`WaitError`]
+/// (a `Store(ConflictRetriesExhausted)` is contention).
+macro_rules! store_errors {
+    ($error:ident) => {
+        impl From<coord_backend::Error> for $error {
+            fn from(error: coord_backend::Error) -> Self {
+                match error {
+                    coord_backend::Error::InvalidInput(invalid) => $error::Invalid(invalid),
+                    other => $error::Store(other),
+                }
+            }
+        }
+    };
+    ($error:ident, waits) => {
+        $crate::wake::store_errors!($error);
+
+        impl $crate::wake::WaitError for $error {
+            /// Every txn of the attempt lost its race: a waiting call waits on.
+            fn is_contention(&self) -> bool {
+                matches!(
+                    self,
+                    $error::Store(coord_backend::Error::ConflictRetriesExhausted { .. })
+                )
+            }
+        }
+    };
+}
+pub(crate) use store_errors;
+
 /// When a waiting call started and when it gives up.
 #[derive(Clone, Copy, Debug)]
 pub struct Deadline {

@@ -287,14 +287,7 @@ pub enum BoardError {
     Store(#[source] coord_backend::Error),
 }
 
-impl From<coord_backend::Error> for BoardError {
-    fn from(error: coord_backend::Error) -> Self {
-        match error {
-            coord_backend::Error::InvalidInput(invalid) => BoardError::Invalid(invalid),
-            other => BoardError::Store(other),
-        }
-    }
-}
+crate::wake::store_errors!(BoardError);
 
 /// A task board. Object safe: use `Arc<dyn Board>`. See the [module docs](self)
 /// for the contract (checked by `coord_conformance::board`).

@@ -330,25 +330,7 @@ impl LockError {
     }
 }
 
-impl crate::wake::WaitError for LockError {
-    /// Every txn of the attempt lost its race: a waiting call waits on.
-    fn is_contention(&self) -> bool {
-        matches!(
-            self,
-            LockError::Store(coord_backend::Error::ConflictRetriesExhausted { .. })
-        )
-    }
-}
-
-impl From<coord_backend::Error> for LockError {
-    fn from(error: coord_backend::Error) -> Self {
-        match error {
-            // The store refused the input itself (e.g. a key over its limit).
-            coord_backend::Error::InvalidInput(invalid) => LockError::Invalid(invalid),
-            other => LockError::Store(other),
-        }
-    }
-}
+crate::wake::store_errors!(LockError, waits);
 
 /// The input checks every implementation should run first: a non-empty key
 /// without NUL bytes and a TTL of at least one millisecond.
