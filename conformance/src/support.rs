@@ -10,8 +10,17 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
 /// Whether the txn `call` applied; panics when the store answers an error.
 ///
-/// ```ignore
-/// assert!(applied(store.put_if("k", Version::MISSING, b"v".to_vec())).await);
+/// ```
+/// use coord_backend::{BackendExt, Version};
+/// use coord_conformance::support::applied;
+/// use coord_memory::SingleProcessMemoryBackend;
+///
+/// let store = SingleProcessMemoryBackend::new("support-doc").unwrap();
+/// let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+/// runtime.block_on(async {
+///     assert!(applied(store.put_if("k", Version::MISSING, b"v".to_vec())).await);
+///     assert!(!applied(store.put_if("k", Version::MISSING, b"w".to_vec())).await);
+/// });
 /// ```
 pub async fn applied(call: impl Future<Output = Result<TxnOutcome, Error>>) -> bool {
     call.await.expect("the txn answers").applied
