@@ -58,11 +58,11 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use coord_backend::{Backend, Error, InvalidInput};
 use serde::{Deserialize, Serialize};
-use tokio::time::Instant;
 
 use crate::cas::{
     record_kind, record_options, whole_millis, CasStats, LeaseRecord, Nonce, RecordSpace, Verdict,
 };
+use crate::grant::{grant_accessors, Grant};
 use crate::lock::LostReason;
 use crate::rwlock::fallback_pause;
 use crate::wake::Deadline;
@@ -187,11 +187,8 @@ impl Debug for LeaderInfo {
 pub struct Leadership {
     name: String,
     candidate: String,
-    token: String,
     term: u64,
-    ttl: Duration,
-    expires_at: SystemTime,
-    requested_at: Instant,
+    grant: Grant,
 }
 
 impl Leadership {
@@ -208,25 +205,12 @@ impl Leadership {
         Leadership {
             name: name.into(),
             candidate: candidate.into(),
-            token: token.into(),
             term,
-            ttl,
-            expires_at,
-            requested_at: Instant::now(),
+            grant: Grant::new(token.into(), ttl, expires_at),
         }
     }
 
-    /// Count the lease from when the winning request was sent.
-    pub fn requested_at(mut self, sent: Instant) -> Self {
-        self.requested_at = sent;
-        self
-    }
-
-    /// When the winning request was sent (local monotonic time): the lease
-    /// is surely over at this instant plus the TTL.
-    pub fn requested_instant(&self) -> Instant {
-        self.requested_at
-    }
+    grant_accessors!("this leadership");
 
     /// The election.
     pub fn name(&self) -> &str {
@@ -242,21 +226,6 @@ impl Leadership {
     pub fn term(&self) -> u64 {
         self.term
     }
-
-    /// The lease TTL (renewals extend by this much).
-    pub fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    /// When the lease granted at the win expires.
-    pub fn expires_at(&self) -> SystemTime {
-        self.expires_at
-    }
-
-    /// The random token of this win, for implementations only. Do not log it.
-    pub fn token(&self) -> &str {
-        &self.token
-    }
 }
 
 impl Debug for Leadership {
@@ -265,7 +234,7 @@ impl Debug for Leadership {
             .field("name", &self.name)
             .field("candidate", &self.candidate)
             .field("term", &self.term)
-            .field("ttl", &self.ttl)
+            .field("ttl", &self.grant.ttl)
             .finish_non_exhaustive()
     }
 }
@@ -453,7 +422,7 @@ impl GenericElection {
         leadership: &Leadership,
         change: Change<'_>,
     ) -> Result<(), ElectionError> {
-        validate_election_input(&leadership.name, &leadership.candidate, leadership.ttl)?;
+        validate_election_input(&leadership.name, &leadership.candidate, leadership.ttl())?;
         let now = self.space.now_millis();
         self.space
             .decide_record(&leadership.name, |record: Option<ElectionRecord>| {
@@ -468,7 +437,7 @@ impl GenericElection {
                     && record
                         .leader
                         .as_ref()
-                        .is_some_and(|l| l.lease.token == leadership.token);
+                        .is_some_and(|l| l.lease.token == leadership.token());
                 if !ours {
                     let reason = if record.term > leadership.term {
                         LostReason::TakenOver
@@ -485,7 +454,7 @@ impl GenericElection {
                     Change::Renew => {
                         leader
                             .lease
-                            .extend(now.saturating_add(whole_millis(leadership.ttl)));
+                            .extend(now.saturating_add(whole_millis(leadership.ttl())));
                     }
                     Change::Proclaim(value) => leader.value = (*value).to_owned(),
                     Change::Resign => record.leader = None,

@@ -21,6 +21,7 @@
 pub mod board;
 pub mod cas;
 pub mod election;
+mod grant;
 pub mod jitter;
 pub mod lock;
 pub mod maintenance;

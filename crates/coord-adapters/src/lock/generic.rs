@@ -143,7 +143,7 @@ impl Lock for GenericLock {
         key = %handle.key, store = self.space.engine().backend().store_name(), fence = handle.fence,
     ))]
     async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
-        validate_lock_input(&handle.key, handle.ttl)?;
+        validate_lock_input(&handle.key, handle.ttl())?;
         let now = self.space.now_millis();
         let renewed = self
             .space
@@ -153,7 +153,7 @@ impl Lock for GenericLock {
                 }
                 let mut renewed = record.expect("held implies a record");
                 if let Some(holder) = renewed.holder.as_mut() {
-                    holder.extend(now.saturating_add(whole_millis(handle.ttl)));
+                    holder.extend(now.saturating_add(whole_millis(handle.ttl())));
                 }
                 Ok(Verdict::Write(renewed, ()))
             })
@@ -168,7 +168,7 @@ impl Lock for GenericLock {
         key = %handle.key, store = self.space.engine().backend().store_name(), fence = handle.fence,
     ))]
     async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
-        validate_lock_input(&handle.key, handle.ttl)?;
+        validate_lock_input(&handle.key, handle.ttl())?;
         let now = self.space.now_millis();
         self.space
             .decide_record(&handle.key, |record: Option<LockRecord>| {

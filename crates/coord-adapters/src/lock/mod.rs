@@ -66,6 +66,7 @@ use std::time::{Duration, SystemTime};
 
 use coord_backend::InvalidInput;
 
+use crate::grant::{grant_accessors, Grant};
 use crate::wake::Wake;
 
 pub mod fair;
@@ -144,11 +145,8 @@ pub trait Lock: Send + Sync + Debug {
 #[derive(Clone, PartialEq, Eq)]
 pub struct LockHandle {
     key: String,
-    token: String,
     fence: u64,
-    ttl: Duration,
-    expires_at: SystemTime,
-    requested_at: tokio::time::Instant,
+    grant: Grant,
 }
 
 impl LockHandle {
@@ -164,11 +162,8 @@ impl LockHandle {
     ) -> Self {
         LockHandle {
             key: key.into(),
-            token: token.into(),
             fence,
-            ttl,
-            expires_at,
-            requested_at: tokio::time::Instant::now(),
+            grant: Grant::new(token.into(), ttl, expires_at),
         }
     }
 
@@ -195,22 +190,7 @@ impl LockHandle {
         Self::at(key, &offer.token, fence, ttl, offer.expires_ms).requested_at(offer.sent)
     }
 
-    /// Say when the request that granted this handle was sent (local
-    /// monotonic time). The lease counts from then, not from the answer, so
-    /// a slow answer cannot make the holder believe in a longer lease than
-    /// the store granted. Implementations should always call this; without
-    /// it the handle assumes the moment [`LockHandle::new`] was called.
-    pub fn requested_at(mut self, sent: tokio::time::Instant) -> Self {
-        self.requested_at = sent;
-        self
-    }
-
-    /// When the granting request was sent, in local monotonic time (see
-    /// [`LockHandle::requested_at`]): the lease is surely over at this
-    /// instant plus the TTL, whatever any clock says.
-    pub fn requested_instant(&self) -> tokio::time::Instant {
-        self.requested_at
-    }
+    grant_accessors!("this handle");
 
     /// The locked key.
     pub fn key(&self) -> &str {
@@ -221,23 +201,6 @@ impl LockHandle {
     pub fn fence(&self) -> u64 {
         self.fence
     }
-
-    /// The TTL the lock was taken with (renewals extend by this much).
-    pub fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    /// When the lease granted at acquisition expires, by the implementation's
-    /// clock. Renewals extend the stored lease, not this copy.
-    pub fn expires_at(&self) -> SystemTime {
-        self.expires_at
-    }
-
-    /// The random token of this grant, for [`Lock`] implementations only.
-    /// It is a credential: do not log it.
-    pub fn token(&self) -> &str {
-        &self.token
-    }
 }
 
 impl Debug for LockHandle {
@@ -246,8 +209,8 @@ impl Debug for LockHandle {
         f.debug_struct("LockHandle")
             .field("key", &self.key)
             .field("fence", &self.fence)
-            .field("ttl", &self.ttl)
-            .field("expires_at", &self.expires_at)
+            .field("ttl", &self.grant.ttl)
+            .field("expires_at", &self.grant.expires_at)
             .finish_non_exhaustive()
     }
 }
@@ -275,7 +238,9 @@ impl LostReason {
         now: u64,
     ) -> Option<LostReason> {
         match holder {
-            Some(h) if h.token == handle.token => (!h.is_live(now)).then_some(LostReason::Expired),
+            Some(h) if h.token == handle.token() => {
+                (!h.is_live(now)).then_some(LostReason::Expired)
+            }
             _ if fence > handle.fence => Some(LostReason::TakenOver),
             _ => Some(LostReason::NotHeld),
         }
