@@ -26,6 +26,17 @@ fn sum(counts: &BTreeMap<String, u64>, name: &str) -> u64 {
         .sum()
 }
 
+/// The count of one series: the metric `name` with `labels` (`""`: none);
+/// `None` when it was never recorded.
+fn series(counts: &BTreeMap<String, u64>, name: &str, labels: &str) -> Option<u64> {
+    let key = if labels.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{name}{{{labels}}}")
+    };
+    counts.get(&key).copied()
+}
+
 fn store(name: &str) -> Arc<dyn Backend> {
     Metered::wrap(
         "memory",
@@ -55,14 +66,12 @@ fn lock_metrics_count_grants_and_losses() {
     });
     let counts = counters(&recorder);
     assert_eq!(
-        counts.get(LOCK_ACQUIRED_TOTAL).copied(),
+        series(&counts, LOCK_ACQUIRED_TOTAL, ""),
         Some(3),
         "{counts:#?}"
     );
     assert_eq!(
-        counts
-            .get(&format!("{LOCK_LOST_TOTAL}{{reason=taken_over}}"))
-            .copied(),
+        series(&counts, LOCK_LOST_TOTAL, "reason=taken_over"),
         Some(1),
         "{counts:#?}"
     );
@@ -73,10 +82,7 @@ fn lock_metrics_count_grants_and_losses() {
     assert_eq!(attempts, sum(&counts, TXN_TOTAL), "{counts:#?}");
     assert_eq!(
         sum(&counts, CAS_CONFLICTS_TOTAL),
-        counts
-            .get(&format!("{TXN_TOTAL}{{store=memory,outcome=rejected}}"))
-            .copied()
-            .unwrap_or(0),
+        series(&counts, TXN_TOTAL, "store=memory,outcome=rejected").unwrap_or(0),
         "{counts:#?}"
     );
 }
@@ -115,7 +121,7 @@ fn a_guard_that_loses_its_lock_counts_one_loss() {
     });
     let counts = counters(&recorder);
     assert_eq!(
-        counts.get(LOCK_ACQUIRED_TOTAL).copied(),
+        series(&counts, LOCK_ACQUIRED_TOTAL, ""),
         Some(2),
         "{counts:#?}"
     );
@@ -166,9 +172,7 @@ fn sideeffect_metrics_count_each_outcome() {
     let counts = counters(&recorder);
     for outcome in ["applied", "replayed", "outcome_unknown", "uncertain"] {
         assert_eq!(
-            counts
-                .get(&format!("{SIDEEFFECT_TOTAL}{{outcome={outcome}}}"))
-                .copied(),
+            series(&counts, SIDEEFFECT_TOTAL, &format!("outcome={outcome}")),
             Some(1),
             "{outcome}: {counts:#?}"
         );
@@ -233,24 +237,24 @@ fn rwlock_and_election_metrics_count_grants_wins_and_losses() {
     });
     let counts = counters(&recorder);
     assert_eq!(
-        counts.get("coord_rwlock_acquired_total{mode=read}"),
-        Some(&2),
+        series(&counts, "coord_rwlock_acquired_total", "mode=read"),
+        Some(2),
         "{counts:?}"
     );
     assert_eq!(
-        counts.get("coord_rwlock_acquired_total{mode=write}"),
-        Some(&1),
+        series(&counts, "coord_rwlock_acquired_total", "mode=write"),
+        Some(1),
         "{counts:?}"
     );
     assert_eq!(sum(&counts, RWLOCK_LOST_TOTAL), 1, "{counts:?}");
     assert_eq!(
-        counts.get("coord_election_won_total"),
-        Some(&2),
+        series(&counts, "coord_election_won_total", ""),
+        Some(2),
         "{counts:?}"
     );
     assert_eq!(
-        counts.get("coord_election_lost_total{reason=taken_over}"),
-        Some(&2),
+        series(&counts, "coord_election_lost_total", "reason=taken_over"),
+        Some(2),
         "{counts:?}"
     );
 }
