@@ -580,6 +580,7 @@ pub async fn dependency_change_reexpanded(factory: BackendFactory) -> CheckResul
 crate::__define_suite! {$
     /// The board suite's one list of cases (see [`crate::__define_suite!`]).
     __board_suite "board";
+    checks(BoardEnv);
     /// Every case of the board suite, over [`BoardAdapter`]s on a backend
     /// factory with a `ManualClock` (see [`BoardEnv::generic`]).
     cases;

@@ -146,7 +146,8 @@ pub fn all_cases() -> Vec<Case> {
 ///   gives its own `=> |factory| ...`; without a template, `check` gets the
 ///   environment its suite builds for a case (see `SuiteEnv`);
 /// - with `checks(ENV);`, `pub fn checks()`: every check as `(name,
-///   function)`, runnable against any `ENV` (another implementation);
+///   function)`, runnable against any `ENV` (another implementation),
+///   except the cases with their own `=> |factory| ...`;
 /// - `x_tests!(FACTORY)` (exported): one `#[tokio::test]` per case;
 /// - `__x_suite!` (exported, hidden): the names, for [`__suite!`]'s modes.
 ///
@@ -178,6 +179,15 @@ macro_rules! __define_suite {
             $crate::__suite_cases!([$(|$f, $check, $n| $tmpl)?] $suite; $($name $(=> |$g| $run)?),*)
         }
 
+        // The list again, whole, for `checks()` to keep the plain cases of
+        // (a repetition of the names cannot sit inside the optional `checks`).
+        #[allow(unused_macros)]
+        macro_rules! __checks_over {
+            ($d env:ty) => {
+                $crate::__plain_checks!($d env; [] $($name $(=> |$g| $run)?),*)
+            };
+        }
+
         $(
             #[doc = concat!("Every check as `(name, function)`, runnable against any [`", stringify!($env), "`]")]
             /// (to check another implementation).
@@ -185,7 +195,7 @@ macro_rules! __define_suite {
                 &'static str,
                 fn($env) -> $crate::BoxFuture<'static, $crate::CheckResult>,
             )> {
-                $list!(names [$crate::__named_checks] ($env;))
+                __checks_over!($env)
             }
         )?
 
@@ -229,6 +239,23 @@ macro_rules! __suite_cases {
     ([|$f:ident, $check:ident, $n:ident| $tmpl:expr] $suite:literal;
         $($name:ident $(=> |$g:ident| $run:expr)?),* $(,)?) => {
         vec![$($crate::__case!($suite, |$f, $check, $n| $tmpl; $name $(=> |$g| $run)?)),*]
+    };
+}
+
+/// [`__named_checks!`] over the cases of a [`__define_suite!`] list that run
+/// the suite's environment: a case with its own `=> |factory| ...` runs on a
+/// factory instead, so it is left out of `checks()`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __plain_checks {
+    ($env:ty; [$($kept:ident),*]) => {
+        $crate::__named_checks!($env; $($kept),*)
+    };
+    ($env:ty; [$($kept:ident),*] $name:ident => |$g:ident| $run:expr $(, $($rest:tt)*)?) => {
+        $crate::__plain_checks!($env; [$($kept),*] $($($rest)*)?)
+    };
+    ($env:ty; [$($kept:ident),*] $name:ident $(, $($rest:tt)*)?) => {
+        $crate::__plain_checks!($env; [$($kept,)* $name] $($($rest)*)?)
     };
 }
 

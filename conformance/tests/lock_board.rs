@@ -21,7 +21,7 @@ use coord_adapters::mint_token;
 use coord_backend::{Backend, Clock, ManualClock, Mutation, SystemClock};
 use coord_conformance::board::{self as board_suite, BoardEnv};
 use coord_conformance::lock::{self as lock_suite, lock_factory, LockEnv, TimeControl};
-use coord_conformance::{unique_namespace, BoxFuture, CheckResult};
+use coord_conformance::unique_namespace;
 use coord_memory::SingleProcessMemoryBackend;
 
 mod common;
@@ -506,40 +506,6 @@ impl Board for BuggyBoard {
     }
 }
 
-/// Every board check that runs over a [`BoardEnv`] (all but the adapter-only
-/// `dependency_change_reexpanded`), by name.
-fn board_checks() -> Checks<BoardEnv> {
-    type BoardCheck = fn(BoardEnv) -> BoxFuture<'static, CheckResult>;
-    let checks: [(&'static str, BoardCheck); 9] = [
-        ("claim_race", |e| Box::pin(board_suite::claim_race(e))),
-        ("unmet_dependencies_refused", |e| {
-            Box::pin(board_suite::unmet_dependencies_refused(e))
-        }),
-        ("claim_after_dependencies_complete", |e| {
-            Box::pin(board_suite::claim_after_dependencies_complete(e))
-        }),
-        ("fence_increases_on_takeover", |e| {
-            Box::pin(board_suite::fence_increases_on_takeover(e))
-        }),
-        ("renew_checks_ownership", |e| {
-            Box::pin(board_suite::renew_checks_ownership(e))
-        }),
-        ("release_and_complete_by_token", |e| {
-            Box::pin(board_suite::release_and_complete_by_token(e))
-        }),
-        ("completed_not_claimable", |e| {
-            Box::pin(board_suite::completed_not_claimable(e))
-        }),
-        ("list_shows_everything", |e| {
-            Box::pin(board_suite::list_shows_everything(e))
-        }),
-        ("board_bad_input", |e| {
-            Box::pin(board_suite::board_bad_input(e))
-        }),
-    ];
-    checks.into()
-}
-
 /// The lock suite's checks, by name.
 fn lock_checks() -> Checks<LockEnv> {
     let cases = lock_suite::native_cases().into_iter();
@@ -554,7 +520,12 @@ async fn bug_free_doubles_pass_every_check() {
     let bug_free = || BuggyLock::env(LockBugs::default());
     all_pass(lock_checks(), bug_free, "bug-free BuggyLock, lock").await;
     let bug_free = || BuggyBoard::env(BoardBugs::default());
-    all_pass(board_checks(), bug_free, "bug-free BuggyBoard, board").await;
+    all_pass(
+        board_suite::checks(),
+        bug_free,
+        "bug-free BuggyBoard, board",
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------
@@ -597,5 +568,5 @@ async fn board_suite_red_on_each_bug() {
         ),
         (|b| b.racy_claim = true, &["claim_race"]),
     ];
-    red_on_each_bug(&board_checks(), BuggyBoard::env, reds).await;
+    red_on_each_bug(&board_suite::checks(), BuggyBoard::env, reds).await;
 }
