@@ -5,12 +5,13 @@
 //! workload runs on a current-thread runtime to stay on this thread.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use coord_adapters::lock::{GenericLock, GuardOptions, Lock, LockGuard, LockOptions};
 use coord_adapters::sideeffect::{
-    Action, EffectResult, Outcome, Runner, SideEffectAdapter, SideEffectError,
+    Action, EffectResult, Execution, Outcome, Runner, SideEffectAdapter, SideEffectError,
 };
 use coord_adapters::telemetry::*;
 use coord_backend::{Backend, ManualClock, Metered, TXN_TOTAL};
@@ -37,6 +38,39 @@ fn series(counts: &BTreeMap<String, u64>, name: &str, labels: &str) -> Option<u6
     counts.get(&key).copied()
 }
 
+/// Check that the series `name{labels}` counted `expected`.
+#[track_caller]
+fn assert_series(counts: &BTreeMap<String, u64>, name: &str, labels: &str, expected: u64) {
+    assert_eq!(
+        series(counts, name, labels),
+        Some(expected),
+        "{name}{{{labels}}}: {counts:#?}"
+    );
+}
+
+/// Every counter `workload` records, run on this thread (see `with_recorder`).
+fn count(workload: impl Future<Output = ()>) -> BTreeMap<String, u64> {
+    let recorder = DebuggingRecorder::new();
+    with_recorder(&recorder, workload);
+    counters(&recorder)
+}
+
+/// `runner` executes `action` with an effect that answers `effect` (an
+/// `Err` is the effect failing, its outcome unknown).
+async fn execute(
+    runner: &Runner,
+    action: &Action,
+    effect: Result<&'static str, &'static str>,
+) -> Result<Execution, SideEffectError> {
+    runner
+        .execute(action, Duration::from_secs(30), |_| async move {
+            effect
+                .map(EffectResult::from)
+                .map_err(std::io::Error::other)
+        })
+        .await
+}
+
 fn store(name: &str) -> Arc<dyn Backend> {
     Metered::wrap(
         "memory",
@@ -46,8 +80,7 @@ fn store(name: &str) -> Arc<dyn Backend> {
 
 #[test]
 fn lock_metrics_count_grants_and_losses() {
-    let recorder = DebuggingRecorder::new();
-    with_recorder(&recorder, async {
+    let counts = count(async {
         let clock = Arc::new(ManualClock::starting_now());
         let lock = GenericLock::with_options(
             store("lock-metrics"),
@@ -64,17 +97,8 @@ fn lock_metrics_count_grants_and_losses() {
         let third = lock.try_lock("b", ttl).await.unwrap().unwrap();
         lock.release(third).await.unwrap();
     });
-    let counts = counters(&recorder);
-    assert_eq!(
-        series(&counts, LOCK_ACQUIRED_TOTAL, ""),
-        Some(3),
-        "{counts:#?}"
-    );
-    assert_eq!(
-        series(&counts, LOCK_LOST_TOTAL, "reason=taken_over"),
-        Some(1),
-        "{counts:#?}"
-    );
+    assert_series(&counts, LOCK_ACQUIRED_TOTAL, "", 3);
+    assert_series(&counts, LOCK_LOST_TOTAL, "reason=taken_over", 1);
     assert_eq!(sum(&counts, LOCK_LOST_TOTAL), 1, "{counts:#?}");
     // Every txn the engine sent went through the metered store, and the other way round.
     let attempts = sum(&counts, CAS_ATTEMPTS_TOTAL);
@@ -89,8 +113,7 @@ fn lock_metrics_count_grants_and_losses() {
 
 #[test]
 fn a_guard_that_loses_its_lock_counts_one_loss() {
-    let recorder = DebuggingRecorder::new();
-    with_recorder(&recorder, async {
+    let counts = count(async {
         let clock = Arc::new(ManualClock::starting_now());
         let lock: Arc<dyn Lock> = Arc::new(GenericLock::with_options(
             store("guard-metrics"),
@@ -119,63 +142,33 @@ fn a_guard_that_loses_its_lock_counts_one_loss() {
         drop(guard);
         lock.release(other).await.unwrap();
     });
-    let counts = counters(&recorder);
-    assert_eq!(
-        series(&counts, LOCK_ACQUIRED_TOTAL, ""),
-        Some(2),
-        "{counts:#?}"
-    );
+    assert_series(&counts, LOCK_ACQUIRED_TOTAL, "", 2);
     // Counted once: by the lock's renew, not again by the guard.
     assert_eq!(sum(&counts, LOCK_LOST_TOTAL), 1, "{counts:#?}");
 }
 
 #[test]
 fn sideeffect_metrics_count_each_outcome() {
-    let recorder = DebuggingRecorder::new();
-    with_recorder(&recorder, async {
+    let counts = count(async {
         let runner = Runner::new(Arc::new(SideEffectAdapter::new(store("se-metrics"))));
-        let ttl = Duration::from_secs(30);
         let ok = Action::new("refund/1", "payments");
-        let ran = runner
-            .execute(&ok, ttl, |_| async {
-                Ok::<_, std::io::Error>(EffectResult::from("r"))
-            })
-            .await
-            .unwrap();
+        let ran = execute(&runner, &ok, Ok("r")).await.unwrap();
         assert_eq!(ran.outcome, Outcome::Applied);
-        let again = runner
-            .execute(&ok, ttl, |_| async {
-                Ok::<_, std::io::Error>(EffectResult::from("x"))
-            })
-            .await
-            .unwrap();
+        let again = execute(&runner, &ok, Ok("x")).await.unwrap();
         assert_eq!(again.outcome, Outcome::Replayed);
         let failing = Action::new("refund/2", "payments");
-        let error = runner
-            .execute(&failing, ttl, |_| async {
-                Err::<EffectResult, _>(std::io::Error::other("timeout"))
-            })
+        let error = execute(&runner, &failing, Err("timeout"))
             .await
             .unwrap_err();
         assert!(
             matches!(error, SideEffectError::OutcomeUnknown { .. }),
             "{error}"
         );
-        let blocked = runner
-            .execute(&failing, ttl, |_| async {
-                Ok::<_, std::io::Error>(EffectResult::from("r"))
-            })
-            .await
-            .unwrap();
+        let blocked = execute(&runner, &failing, Ok("r")).await.unwrap();
         assert_eq!(blocked.outcome, Outcome::Uncertain);
     });
-    let counts = counters(&recorder);
     for outcome in ["applied", "replayed", "outcome_unknown", "uncertain"] {
-        assert_eq!(
-            series(&counts, SIDEEFFECT_TOTAL, &format!("outcome={outcome}")),
-            Some(1),
-            "{outcome}: {counts:#?}"
-        );
+        assert_series(&counts, SIDEEFFECT_TOTAL, &format!("outcome={outcome}"), 1);
     }
     assert_eq!(sum(&counts, SIDEEFFECT_TOTAL), 4, "{counts:#?}");
     assert_eq!(
@@ -190,8 +183,7 @@ fn rwlock_and_election_metrics_count_grants_wins_and_losses() {
     use coord_adapters::election::{Election, ElectionError, ElectionOptions, GenericElection};
     use coord_adapters::rwlock::{GenericRwLock, RwLock, RwLockOptions};
     use coord_adapters::LockError;
-    let recorder = DebuggingRecorder::new();
-    with_recorder(&recorder, async {
+    let counts = count(async {
         let clock = Arc::new(ManualClock::starting_now());
         let ttl = Duration::from_secs(10);
         let rw = GenericRwLock::with_options(
@@ -235,26 +227,9 @@ fn rwlock_and_election_metrics_count_grants_wins_and_losses() {
         ));
         election.renew(&second).await.unwrap();
     });
-    let counts = counters(&recorder);
-    assert_eq!(
-        series(&counts, "coord_rwlock_acquired_total", "mode=read"),
-        Some(2),
-        "{counts:?}"
-    );
-    assert_eq!(
-        series(&counts, "coord_rwlock_acquired_total", "mode=write"),
-        Some(1),
-        "{counts:?}"
-    );
+    assert_series(&counts, "coord_rwlock_acquired_total", "mode=read", 2);
+    assert_series(&counts, "coord_rwlock_acquired_total", "mode=write", 1);
     assert_eq!(sum(&counts, RWLOCK_LOST_TOTAL), 1, "{counts:?}");
-    assert_eq!(
-        series(&counts, "coord_election_won_total", ""),
-        Some(2),
-        "{counts:?}"
-    );
-    assert_eq!(
-        series(&counts, "coord_election_lost_total", "reason=taken_over"),
-        Some(2),
-        "{counts:?}"
-    );
+    assert_series(&counts, "coord_election_won_total", "", 2);
+    assert_series(&counts, "coord_election_lost_total", "reason=taken_over", 2);
 }
