@@ -119,6 +119,40 @@ fn req(job: &str, slot: u64, token: &str, instance: &str) -> ClaimRequest {
     ClaimRequest::new(job, slot, token, instance, TTL)
 }
 
+/// `store` wins `request`, or the check fails.
+async fn must_claim(store: &dyn SlotStore, request: &ClaimRequest) -> CheckResult {
+    let claim = store.claim(request).await?;
+    ensure!(
+        claim.won,
+        "{} could not claim slot {} of {}: {claim:?}",
+        request.instance,
+        request.slot,
+        request.job
+    );
+    Ok(())
+}
+
+/// `N` clients ("instances") of a fresh namespace named after `prefix`,
+/// with default options, sharing one clock at [`T0`].
+async fn instances<const N: usize>(
+    env: &SchedulerEnv,
+    prefix: &str,
+) -> Result<(Arc<ManualClock>, [Arc<dyn SlotStore>; N]), Failure> {
+    let ns = unique_namespace(prefix);
+    let clock = clock_at(T0);
+    let mut stores = Vec::with_capacity(N);
+    for _ in 0..N {
+        stores.push(
+            env.store(&ns, clock.clone(), RunStoreOptions::default())
+                .await?,
+        );
+    }
+    match stores.try_into() {
+        Ok(stores) => Ok((clock, stores)),
+        Err(_) => unreachable!("exactly N stores were made"),
+    }
+}
+
 /// `instances` clients race to claim each of `rounds` slots of one job:
 /// exactly one wins each slot (store errors are failures, never losers),
 /// and the slot's history record names the winner.
@@ -187,17 +221,7 @@ pub async fn claim_race(env: &SchedulerEnv, instances: usize, rounds: u64) -> Ch
 /// The winning token claiming again still wins (from the same client and
 /// from a fresh client, as after a reconnect); another token loses.
 pub async fn repeat_safety(env: &SchedulerEnv) -> CheckResult {
-    let ns = unique_namespace("sched_repeat");
-    let clock = clock_at(T0);
-    let a = env
-        .store(&ns, clock.clone(), RunStoreOptions::default())
-        .await?;
-    let b = env
-        .store(&ns, clock.clone(), RunStoreOptions::default())
-        .await?;
-    let a_again = env
-        .store(&ns, clock.clone(), RunStoreOptions::default())
-        .await?;
+    let (_, [a, b, a_again]) = instances(env, "sched_repeat").await?;
     let mine = req("repeat", T0, "token-a", "a");
     let theirs = req("repeat", T0, "token-b", "b");
     let first = a.claim(&mine).await?;
@@ -240,32 +264,15 @@ pub async fn repeat_safety(env: &SchedulerEnv) -> CheckResult {
 /// Runs from several instances, and a manual run, come back newest first
 /// with instance, status, message, duration; `limit` is honoured.
 pub async fn history_newest_first(env: &SchedulerEnv) -> CheckResult {
-    let ns = unique_namespace("sched_history");
-    let clock = clock_at(T0);
-    let store = |_: &str| env.store(&ns, clock.clone(), RunStoreOptions::default());
-    let (a, b, c, reader) = (
-        store("a").await?,
-        store("b").await?,
-        store("c").await?,
-        store("r").await?,
-    );
+    let (clock, [a, b, c, reader]) = instances(env, "sched_history").await?;
     let job = "history";
-    ensure!(
-        a.claim(&req(job, T0, "ta", "a")).await?.won,
-        "a could not claim"
-    );
+    must_claim(&*a, &req(job, T0, "ta", "a")).await?;
     clock.advance(Duration::from_millis(1_500));
     a.finish(job, T0, "ta", FinalStatus::Succeeded).await?;
-    ensure!(
-        b.claim(&req(job, T0 + 2_000, "tb", "b")).await?.won,
-        "b could not claim"
-    );
+    must_claim(&*b, &req(job, T0 + 2_000, "tb", "b")).await?;
     b.finish(job, T0 + 2_000, "tb", FinalStatus::Failed("boom".into()))
         .await?;
-    ensure!(
-        c.claim(&req(job, T0 + 3_000, "tc", "c")).await?.won,
-        "c could not claim"
-    );
+    must_claim(&*c, &req(job, T0 + 3_000, "tc", "c")).await?;
     a.record_manual(&ManualRun::new(job, T0 + 2_500, "tm", "a"))
         .await?;
     clock.advance(Duration::from_millis(200));
@@ -310,19 +317,9 @@ pub async fn history_newest_first(env: &SchedulerEnv) -> CheckResult {
 /// A heartbeat extends the owner's lease (so a backup cannot take over when
 /// the first lease would have expired); anyone else's heartbeat is refused.
 pub async fn heartbeat_ownership(env: &SchedulerEnv) -> CheckResult {
-    let ns = unique_namespace("sched_heartbeat");
-    let clock = clock_at(T0);
-    let a = env
-        .store(&ns, clock.clone(), RunStoreOptions::default())
-        .await?;
-    let b = env
-        .store(&ns, clock.clone(), RunStoreOptions::default())
-        .await?;
+    let (clock, [a, b]) = instances(env, "sched_heartbeat").await?;
     let job = "heartbeat";
-    ensure!(
-        a.claim(&req(job, T0, "ta", "a")).await?.won,
-        "a could not claim"
-    );
+    must_claim(&*a, &req(job, T0, "ta", "a")).await?;
     clock.advance(Duration::from_secs(5));
     let lease = a.heartbeat(job, T0, "ta", TTL).await?;
     ensure!(
@@ -363,22 +360,9 @@ pub async fn heartbeat_ownership(env: &SchedulerEnv) -> CheckResult {
 /// with the takeover counted; the old holder then cannot heartbeat, finish
 /// or release.
 pub async fn takeover_after_expiry(env: &SchedulerEnv) -> CheckResult {
-    let ns = unique_namespace("sched_takeover");
-    let clock = clock_at(T0);
-    let a = env
-        .store(&ns, clock.clone(), RunStoreOptions::default())
-        .await?;
-    let b = env
-        .store(&ns, clock.clone(), RunStoreOptions::default())
-        .await?;
-    let c = env
-        .store(&ns, clock.clone(), RunStoreOptions::default())
-        .await?;
+    let (clock, [a, b, c]) = instances(env, "sched_takeover").await?;
     let job = "takeover";
-    ensure!(
-        a.claim(&req(job, T0, "ta", "a")).await?.won,
-        "a could not claim"
-    );
+    must_claim(&*a, &req(job, T0, "ta", "a")).await?;
     clock.advance(Duration::from_secs(9));
     let early = b.claim(&req(job, T0, "tb", "b")).await?;
     ensure!(!early.won, "a live lease was taken over: {early:?}");
@@ -443,20 +427,10 @@ pub async fn takeover_after_expiry(env: &SchedulerEnv) -> CheckResult {
 /// A live run of one slot blocks another slot of the same job unless the
 /// claim allows overlap; finished and expired runs block nothing.
 pub async fn overlap_protection(env: &SchedulerEnv) -> CheckResult {
-    let ns = unique_namespace("sched_overlap");
-    let clock = clock_at(T0);
-    let a = env
-        .store(&ns, clock.clone(), RunStoreOptions::default())
-        .await?;
-    let b = env
-        .store(&ns, clock.clone(), RunStoreOptions::default())
-        .await?;
+    let (clock, [a, b]) = instances(env, "sched_overlap").await?;
     let job = "overlap";
     let (s1, s2, s3, s4) = (T0, T0 + 1_000, T0 + 2_000, T0 + 3_000);
-    ensure!(
-        a.claim(&req(job, s1, "t1", "a")).await?.won,
-        "slot 1 could not be claimed"
-    );
+    must_claim(&*a, &req(job, s1, "t1", "a")).await?;
     let blocked = b.claim(&req(job, s2, "t2", "b")).await?;
     ensure!(
         !blocked.won && blocked.outcome == (ClaimOutcome::Overlap { running_slot: s1 }),
@@ -493,19 +467,9 @@ pub async fn overlap_protection(env: &SchedulerEnv) -> CheckResult {
 /// Finish and release act only with the owning token (and are idempotent
 /// for it); a release lets a backup take over at once.
 pub async fn finish_release_by_token(env: &SchedulerEnv) -> CheckResult {
-    let ns = unique_namespace("sched_token");
-    let clock = clock_at(T0);
-    let a = env
-        .store(&ns, clock.clone(), RunStoreOptions::default())
-        .await?;
-    let b = env
-        .store(&ns, clock.clone(), RunStoreOptions::default())
-        .await?;
+    let (_, [a, b]) = instances(env, "sched_token").await?;
     let job = "token";
-    ensure!(
-        a.claim(&req(job, T0, "ta", "a")).await?.won,
-        "a could not claim"
-    );
+    must_claim(&*a, &req(job, T0, "ta", "a")).await?;
     for (what, result) in [
         (
             "finish",
@@ -568,14 +532,7 @@ pub async fn finish_release_by_token(env: &SchedulerEnv) -> CheckResult {
 /// A skipped slot is recorded by exactly one of several instances, never
 /// over a claimed slot, and does not stop an on-time instance from claiming it.
 pub async fn skip_recorded_once(env: &SchedulerEnv) -> CheckResult {
-    let ns = unique_namespace("sched_skip");
-    let clock = clock_at(T0);
-    let a = env
-        .store(&ns, clock.clone(), RunStoreOptions::default())
-        .await?;
-    let b = env
-        .store(&ns, clock.clone(), RunStoreOptions::default())
-        .await?;
+    let (_, [a, b]) = instances(env, "sched_skip").await?;
     let job = "skip";
     let (ra, rb) = tokio::join!(
         a.record_skip(job, T0, "a", SkipReason::Late),
@@ -607,14 +564,7 @@ pub async fn skip_recorded_once(env: &SchedulerEnv) -> CheckResult {
 /// Manual runs are never deduplicated: two at the same instant are both
 /// recorded, and each is finished only with its own token.
 pub async fn manual_runs_not_deduplicated(env: &SchedulerEnv) -> CheckResult {
-    let ns = unique_namespace("sched_manual");
-    let clock = clock_at(T0);
-    let a = env
-        .store(&ns, clock.clone(), RunStoreOptions::default())
-        .await?;
-    let b = env
-        .store(&ns, clock.clone(), RunStoreOptions::default())
-        .await?;
+    let (_, [a, b]) = instances(env, "sched_manual").await?;
     let job = "manual";
     a.record_manual(&ManualRun::new(job, T0, "m1", "a")).await?;
     b.record_manual(&ManualRun::new(job, T0, "m2", "b")).await?;
