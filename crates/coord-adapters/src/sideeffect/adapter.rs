@@ -24,7 +24,7 @@ use super::types::{
     ResourceStatus, RetrySafety,
 };
 use crate::cas::record::time_at;
-use crate::cas::{whole_millis, LeaseRecord, Nonce, Record};
+use crate::cas::{whole_millis, LeaseRecord, Nonce, Record, View};
 use crate::{mint_token, CasEngine, Decision};
 
 /// What a decision returns: what to write and answer, or a refusal.
@@ -203,6 +203,26 @@ impl SideEffectAdapter {
         Ok((now, now.saturating_add(whole_millis(ttl))))
     }
 
+    /// Decide over the key's record `ak` and its resource's record `rk`
+    /// (both read, so both asserted), plus the `more` keys the decision
+    /// reads; `decide` gets the view and the two records as it holds them.
+    async fn decide_on_action<T>(
+        &self,
+        (ak, rk): (&str, &str),
+        more: &[String],
+        mut decide: impl FnMut(&View, Option<ActRecord>, Option<ResRecord>) -> Step<T>,
+    ) -> Result<T, SideEffectError> {
+        let mut keys = vec![ak.to_owned(), rk.to_owned()];
+        keys.extend_from_slice(more);
+        self.engine
+            .decide(&keys, |view| {
+                let act = ActRecord::read(view, ak)?;
+                let res = ResRecord::read(view, rk)?;
+                decide(view, act, res)
+            })
+            .await
+    }
+
     /// What the store holds for `key` (one consistent read; inspection only,
     /// never a basis for a decision).
     pub async fn key_status(&self, key: &str) -> Result<KeyStatus, SideEffectError> {
@@ -270,10 +290,7 @@ impl SideEffectStore for SideEffectAdapter {
         let (now, expires_ms) = self.lease_window(ttl)?;
         let token = mint_token();
         let decided = self
-            .engine
-            .decide(&[ak.clone(), rk.clone()], |view| -> Step<Acquired> {
-                let act = ActRecord::read(view, &ak)?;
-                let res = ResRecord::read(view, &rk)?;
+            .decide_on_action((&ak, &rk), &[], |view, act, res| -> Step<Acquired> {
                 // Key-level states outrank the resource: a done or unknown key
                 // must never be reported as merely "busy".
                 let refused = |acquired| Ok(Decision::Return(acquired));
@@ -363,53 +380,49 @@ impl SideEffectStore for SideEffectAdapter {
         let (ak, rk) = self.check_action(action)?;
         let now = self.now();
         let cursor = DONE_INDEX.cursor();
-        self.engine
-            .decide(
-                &[ak.clone(), rk.clone(), cursor],
-                |view| -> Step<EffectResult> {
-                    let act = ActRecord::read(view, &ak)?;
-                    let res = ResRecord::read(view, &rk)?;
-                    if let Some(KeyState::Completed { result, .. }) = act.as_ref().map(|a| &a.state)
-                    {
-                        // First result wins; nothing is written.
-                        return Ok(Decision::Return(EffectResult(result.clone())));
+        self.decide_on_action(
+            (&ak, &rk),
+            &[cursor],
+            |view, act, res| -> Step<EffectResult> {
+                if let Some(KeyState::Completed { result, .. }) = act.as_ref().map(|a| &a.state) {
+                    // First result wins; nothing is written.
+                    return Ok(Decision::Return(EffectResult(result.clone())));
+                }
+                let Some(mut new_res) = res.filter(|r| lease_is_current(Some(r), action, lease))
+                else {
+                    return Err(SideEffectError::FenceStale);
+                };
+                match act.map(|a| a.state) {
+                    Some(KeyState::Uncertain { .. }) => Err(SideEffectError::OutcomeUnknown {
+                        reason: "the key is marked uncertain; only a resolution completes it"
+                            .into(),
+                        source: None,
+                    }),
+                    Some(KeyState::Intent { token, .. }) if token == lease.token => {
+                        // The key is done: its lease has no purpose left, so
+                        // it is freed in the same txn (saves the release round trip).
+                        new_res.holder = None;
+                        let mut new_act = ActRecord::new(KeyState::Completed {
+                            result: result.0.clone(),
+                            fence: Some(lease.fence.0),
+                            reason: None,
+                            at_ms: now,
+                        });
+                        let (cursor, entry) = DONE_INDEX.final_writes(view, now, &action.key);
+                        let mut mutations = vec![new_res.put(&rk), new_act.put(&ak)];
+                        mutations.extend(cursor);
+                        Ok(Decision::CommitWithUnasserted {
+                            mutations,
+                            unasserted: vec![entry, Mutation::delete(open_key(&action.key))],
+                            then: result.clone(),
+                        })
                     }
-                    let Some(mut new_res) =
-                        res.filter(|r| lease_is_current(Some(r), action, lease))
-                    else {
-                        return Err(SideEffectError::FenceStale);
-                    };
-                    match act.map(|a| a.state) {
-                        Some(KeyState::Uncertain { .. }) => Err(SideEffectError::OutcomeUnknown {
-                            reason: "the key is marked uncertain; only a resolution completes it"
-                                .into(),
-                            source: None,
-                        }),
-                        Some(KeyState::Intent { token, .. }) if token == lease.token => {
-                            // The key is done: its lease has no purpose left, so
-                            // it is freed in the same txn (saves the release round trip).
-                            new_res.holder = None;
-                            let mut new_act = ActRecord::new(KeyState::Completed {
-                                result: result.0.clone(),
-                                fence: Some(lease.fence.0),
-                                reason: None,
-                                at_ms: now,
-                            });
-                            let (cursor, entry) = DONE_INDEX.final_writes(view, now, &action.key);
-                            let mut mutations = vec![new_res.put(&rk), new_act.put(&ak)];
-                            mutations.extend(cursor);
-                            Ok(Decision::CommitWithUnasserted {
-                                mutations,
-                                unasserted: vec![entry, Mutation::delete(open_key(&action.key))],
-                                then: result.clone(),
-                            })
-                        }
-                        // The attempt was abandoned or resolved meanwhile.
-                        _ => Err(SideEffectError::FenceStale),
-                    }
-                },
-            )
-            .await
+                    // The attempt was abandoned or resolved meanwhile.
+                    _ => Err(SideEffectError::FenceStale),
+                }
+            },
+        )
+        .await
     }
 
     #[tracing::instrument(name = "sideeffect.release", skip_all, fields(
@@ -446,33 +459,30 @@ impl SideEffectStore for SideEffectAdapter {
     ) -> Result<Lease, SideEffectError> {
         let (ak, rk) = self.check_action(action)?;
         let (now, expires_ms) = self.lease_window(ttl)?;
-        self.engine
-            .decide(&[ak.clone(), rk.clone()], |view| -> Step<Lease> {
-                let act = ActRecord::read(view, &ak)?;
-                let res = ResRecord::read(view, &rk)?;
-                let attempt_open = matches!(
-                    act.map(|a| a.state),
-                    Some(KeyState::Intent { token, .. }) if token == lease.token
-                );
-                let held = res
-                    .filter(|r| lease_is_current(Some(r), action, lease))
-                    .filter(|r| r.live_holder(now).is_some());
-                // Renewing an expired lease is a fake renew even if nobody
-                // took over yet: the holder may already have been judged dead.
-                let (Some(mut new_res), true) = (held, attempt_open) else {
-                    return Err(SideEffectError::LeaseLost);
-                };
-                if let Some(holder) = new_res.holder.as_mut() {
-                    holder.lease.expires_ms = expires_ms;
-                }
-                let mut renewed = lease.clone();
-                renewed.expires_at = time_at(expires_ms);
-                Ok(Decision::Commit {
-                    mutations: vec![new_res.put(&rk)],
-                    then: renewed,
-                })
+        self.decide_on_action((&ak, &rk), &[], |_, act, res| -> Step<Lease> {
+            let attempt_open = matches!(
+                act.map(|a| a.state),
+                Some(KeyState::Intent { token, .. }) if token == lease.token
+            );
+            let held = res
+                .filter(|r| lease_is_current(Some(r), action, lease))
+                .filter(|r| r.live_holder(now).is_some());
+            // Renewing an expired lease is a fake renew even if nobody
+            // took over yet: the holder may already have been judged dead.
+            let (Some(mut new_res), true) = (held, attempt_open) else {
+                return Err(SideEffectError::LeaseLost);
+            };
+            if let Some(holder) = new_res.holder.as_mut() {
+                holder.lease.expires_ms = expires_ms;
+            }
+            let mut renewed = lease.clone();
+            renewed.expires_at = time_at(expires_ms);
+            Ok(Decision::Commit {
+                mutations: vec![new_res.put(&rk)],
+                then: renewed,
             })
-            .await
+        })
+        .await
     }
 
     #[tracing::instrument(name = "sideeffect.mark_uncertain", skip_all, fields(
@@ -487,37 +497,34 @@ impl SideEffectStore for SideEffectAdapter {
     ) -> Result<(), SideEffectError> {
         let (ak, rk) = self.check_action(action)?;
         let now = self.now();
-        self.engine
-            .decide(&[ak.clone(), rk.clone()], |view| -> Step<()> {
-                let act = ActRecord::read(view, &ak)?;
-                let res = ResRecord::read(view, &rk)?;
-                match act.as_ref().map(|a| &a.state) {
-                    // Idempotent: already marked, nothing to write.
-                    Some(KeyState::Uncertain { .. }) => return Ok(Decision::Return(())),
-                    // Never turn a known result into an unknown one.
-                    Some(KeyState::Completed { .. }) => return Err(SideEffectError::FenceStale),
-                    _ => {}
-                }
-                if !lease_is_current(res.as_ref(), action, lease) {
-                    return Err(SideEffectError::FenceStale);
-                }
-                // Marking and dropping the intent is one put of one record:
-                // if the txn fails, the intent is still there and still blocks.
-                let mut new_act = ActRecord::new(KeyState::Uncertain {
-                    resource: action.resource.clone(),
-                    fence: Some(lease.fence.0),
-                    reason: reason.to_owned(),
-                    since_ms: now,
-                });
-                // The entry exists since the grant; written again for keys
-                // granted before the attention entries existed.
-                Ok(Decision::CommitWithUnasserted {
-                    mutations: vec![new_act.put(&ak)],
-                    unasserted: vec![Mutation::put(open_key(&action.key), Vec::new())],
-                    then: (),
-                })
+        self.decide_on_action((&ak, &rk), &[], |_, act, res| -> Step<()> {
+            match act.as_ref().map(|a| &a.state) {
+                // Idempotent: already marked, nothing to write.
+                Some(KeyState::Uncertain { .. }) => return Ok(Decision::Return(())),
+                // Never turn a known result into an unknown one.
+                Some(KeyState::Completed { .. }) => return Err(SideEffectError::FenceStale),
+                _ => {}
+            }
+            if !lease_is_current(res.as_ref(), action, lease) {
+                return Err(SideEffectError::FenceStale);
+            }
+            // Marking and dropping the intent is one put of one record:
+            // if the txn fails, the intent is still there and still blocks.
+            let mut new_act = ActRecord::new(KeyState::Uncertain {
+                resource: action.resource.clone(),
+                fence: Some(lease.fence.0),
+                reason: reason.to_owned(),
+                since_ms: now,
+            });
+            // The entry exists since the grant; written again for keys
+            // granted before the attention entries existed.
+            Ok(Decision::CommitWithUnasserted {
+                mutations: vec![new_act.put(&ak)],
+                unasserted: vec![Mutation::put(open_key(&action.key), Vec::new())],
+                then: (),
             })
-            .await
+        })
+        .await
     }
 
     #[tracing::instrument(name = "sideeffect.resolve_uncertain", skip_all, fields(
@@ -547,10 +554,7 @@ impl SideEffectStore for SideEffectAdapter {
             return Err(SideEffectError::FenceStale);
         }
         let decided = self
-            .engine
-            .decide(&[ak.clone(), rk.clone()], |view| -> Step<()> {
-                let act = ActRecord::read(view, &ak)?;
-                let res = ResRecord::read(view, &rk)?;
+            .decide_on_action((&ak, &rk), &[], |_, act, res| -> Step<()> {
                 let own_intent = matches!(
                     act.as_ref().map(|a| &a.state),
                     Some(KeyState::Intent { token, .. }) if *token == lease.token
