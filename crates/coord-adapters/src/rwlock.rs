@@ -398,6 +398,22 @@ impl GenericRwLock {
             .await
     }
 
+    /// One attempt without waiting (`try_read`, `try_write`).
+    async fn try_once(
+        &self,
+        key: &str,
+        ttl: Duration,
+        mode: RwMode,
+    ) -> Result<Option<RwHandle>, LockError> {
+        match self.attempt(key, ttl, mode, None).await? {
+            Grant::Granted(handle) => {
+                crate::telemetry::rwlock_acquired(mode.label());
+                Ok(Some(handle))
+            }
+            Grant::Refused => Ok(None),
+        }
+    }
+
     async fn wait(
         &self,
         key: &str,
@@ -503,24 +519,12 @@ impl GenericRwLock {
 impl RwLock for GenericRwLock {
     #[tracing::instrument(name = "rwlock.try_read", skip_all, fields(key = %key))]
     async fn try_read(&self, key: &str, ttl: Duration) -> Result<Option<RwHandle>, LockError> {
-        match self.attempt(key, ttl, RwMode::Read, None).await? {
-            Grant::Granted(handle) => {
-                crate::telemetry::rwlock_acquired(RwMode::Read.label());
-                Ok(Some(handle))
-            }
-            Grant::Refused => Ok(None),
-        }
+        self.try_once(key, ttl, RwMode::Read).await
     }
 
     #[tracing::instrument(name = "rwlock.try_write", skip_all, fields(key = %key))]
     async fn try_write(&self, key: &str, ttl: Duration) -> Result<Option<RwHandle>, LockError> {
-        match self.attempt(key, ttl, RwMode::Write, None).await? {
-            Grant::Granted(handle) => {
-                crate::telemetry::rwlock_acquired(RwMode::Write.label());
-                Ok(Some(handle))
-            }
-            Grant::Refused => Ok(None),
-        }
+        self.try_once(key, ttl, RwMode::Write).await
     }
 
     #[tracing::instrument(name = "rwlock.read", skip_all, fields(key = %key))]
