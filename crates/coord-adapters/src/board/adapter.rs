@@ -94,12 +94,7 @@ impl BoardAdapter {
     /// Claims racing this change are decided again on the new dependency
     /// list (their txn asserts the task record).
     pub async fn redefine(&self, spec: TaskSpec) -> Result<(), BoardError> {
-        let spec = normalize(spec)?;
-        self.check_fits(&spec)?;
-        let key = self.task_key(&spec.id);
-        let keys: Vec<String> = std::iter::once(key.clone())
-            .chain(spec.deps.iter().map(|d| self.task_key(d)))
-            .collect();
+        let (spec, key, keys) = self.prepare(spec)?;
         let now = self.space.now_millis();
         self.space
             .engine()
@@ -303,6 +298,19 @@ impl BoardAdapter {
         Ok(())
     }
 
+    /// `spec` normalized and checked to fit (see [`Self::check_fits`]), its
+    /// task's key, and the keys adding or redefining it reads: the task's,
+    /// then its dependencies'.
+    fn prepare(&self, spec: TaskSpec) -> Result<(TaskSpec, String, Vec<String>), BoardError> {
+        let spec = normalize(spec)?;
+        self.check_fits(&spec)?;
+        let key = self.task_key(&spec.id);
+        let keys = std::iter::once(key.clone())
+            .chain(spec.deps.iter().map(|d| self.task_key(d)))
+            .collect();
+        Ok((spec, key, keys))
+    }
+
     /// Which of `deps` are completed for good (in `met`, or completed in
     /// the view), and the reverse-dependency entries of the others.
     fn settle_deps(
@@ -345,6 +353,28 @@ impl BoardAdapter {
     }
 }
 
+/// Write `record` (at `key`) holding `claim`, and answer the claim to its
+/// holder: what a claim and a renewal decide once they may.
+fn grant(key: &str, record: TaskRecord, claim: ClaimRecord) -> Decision<ClaimedTask> {
+    let mut granted = TaskRecord {
+        claim: Some(claim.clone()),
+        nonce: Nonce::default(),
+        ..record
+    };
+    Decision::Commit {
+        mutations: vec![granted.put(key)],
+        then: granted.claimed_task(claim),
+    }
+}
+
+/// `answer`, its fence (if granted) recorded on the current span.
+fn with_fence(answer: Result<ClaimedTask, BoardError>) -> Result<ClaimedTask, BoardError> {
+    if let Ok(claimed) = &answer {
+        tracing::Span::current().record("fence", claimed.fence);
+    }
+    answer
+}
+
 /// Validate a spec and drop duplicate dependencies (keeping their order).
 fn normalize(mut spec: TaskSpec) -> Result<TaskSpec, BoardError> {
     validate_spec(&spec)?;
@@ -359,16 +389,11 @@ impl Board for BoardAdapter {
         key = %task.id, store = self.space.engine().backend().store_name(), fence = tracing::field::Empty,
     ))]
     async fn add(&self, task: TaskSpec) -> Result<(), BoardError> {
-        let spec = normalize(task)?;
-        self.check_fits(&spec)?;
-        let key = self.task_key(&spec.id);
         // The dependencies are read (and asserted) too: one completed now is
         // met for good; the others get a reverse-dependency entry, which a
         // prune of a dependency will find (it can only complete after this
         // txn, which asserts its version).
-        let keys: Vec<String> = std::iter::once(key.clone())
-            .chain(spec.deps.iter().map(|d| self.task_key(d)))
-            .collect();
+        let (spec, key, keys) = self.prepare(task)?;
         self.space
             .engine()
             .decide::<(), BoardError, _>(&keys, |view| {
@@ -469,33 +494,14 @@ impl Board for BoardAdapter {
                 } else {
                     record.fence + 1
                 };
-                let mut claimed = TaskRecord {
-                    fence,
-                    claim: Some(ClaimRecord {
-                        agent: agent.to_owned(),
-                        lease: LeaseRecord::new(token.clone(), expires_ms),
-                    }),
-                    nonce: Nonce::default(),
-                    ..record.clone()
+                let claim = ClaimRecord {
+                    agent: agent.to_owned(),
+                    lease: LeaseRecord::new(token.clone(), expires_ms),
                 };
-                Ok(Decision::Commit {
-                    mutations: vec![claimed.put(&key)],
-                    then: ClaimedTask {
-                        id: id.to_owned(),
-                        payload: record.payload,
-                        deps: record.deps,
-                        agent: agent.to_owned(),
-                        token: token.clone(),
-                        fence,
-                        expires_at: time_at(expires_ms),
-                    },
-                })
+                Ok(grant(&key, TaskRecord { fence, ..record }, claim))
             })
             .await;
-        if let Ok(claimed) = &answer {
-            tracing::Span::current().record("fence", claimed.fence);
-        }
-        answer
+        with_fence(answer)
     }
 
     #[tracing::instrument(name = "board.renew", skip_all, fields(
@@ -516,33 +522,10 @@ impl Board for BoardAdapter {
                 // A clock stepping back must not shorten a lease already granted.
                 let mut lease = claim.lease.clone();
                 lease.extend(now.saturating_add(whole_millis(ttl)));
-                let expires_ms = lease.expires_ms;
-                let mut renewed = TaskRecord {
-                    claim: Some(ClaimRecord {
-                        lease,
-                        ..claim.clone()
-                    }),
-                    nonce: Nonce::default(),
-                    ..record.clone()
-                };
-                Ok(Decision::Commit {
-                    mutations: vec![renewed.put(&key)],
-                    then: ClaimedTask {
-                        id: id.to_owned(),
-                        payload: record.payload,
-                        deps: record.deps,
-                        agent: claim.agent,
-                        token: token.to_owned(),
-                        fence: record.fence,
-                        expires_at: time_at(expires_ms),
-                    },
-                })
+                Ok(grant(&key, record, ClaimRecord { lease, ..claim }))
             })
             .await;
-        if let Ok(claimed) = &answer {
-            tracing::Span::current().record("fence", claimed.fence);
-        }
-        answer
+        with_fence(answer)
     }
 
     #[tracing::instrument(name = "board.release", skip_all, fields(
@@ -679,44 +662,42 @@ mod tests {
     use coord_backend::ManualClock;
     use coord_memory::SingleProcessMemoryBackend;
 
-    fn board(backend: Arc<dyn Backend>, clock: Arc<ManualClock>) -> BoardAdapter {
+    /// A board over a fresh store, its clock standing still.
+    fn board() -> BoardAdapter {
+        let backend = Arc::new(SingleProcessMemoryBackend::new("b").unwrap());
+        let clock = Arc::new(ManualClock::at_millis(1_000_000));
         BoardAdapter::with_options(backend, BoardOptions::default().with_clock(clock))
+    }
+
+    /// Task `id` claimed for 5 s (by "agent").
+    async fn claimed(board: &BoardAdapter, id: &str) -> ClaimedTask {
+        board
+            .claim(id, "agent", Duration::from_secs(5))
+            .await
+            .unwrap()
     }
 
     #[tokio::test]
     async fn warm_uncontended_claim_costs_one_round_trip() {
-        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("b").unwrap());
-        let clock = Arc::new(ManualClock::at_millis(1_000_000));
-        let board = board(backend, clock);
+        let board = board();
         board.add(TaskSpec::new("a", b"x".to_vec())).await.unwrap();
         board
             .add(TaskSpec::new("b", b"y".to_vec()).with_deps(["a"]))
             .await
             .unwrap();
-        let a = board
-            .claim("a", "agent", Duration::from_secs(5))
-            .await
-            .unwrap();
+        let a = claimed(&board, "a").await;
         board.complete("a", &a.token, vec![]).await.unwrap();
         let before = board.stats();
-        let b = board
-            .claim("b", "agent", Duration::from_secs(5))
-            .await
-            .unwrap();
+        let b = claimed(&board, "b").await;
         assert_eq!(board.stats().round_trips() - before.round_trips(), 1);
         assert_eq!(b.fence, 1);
     }
 
     #[tokio::test]
     async fn completing_twice_with_the_same_token_is_a_no_op() {
-        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("b").unwrap());
-        let clock = Arc::new(ManualClock::at_millis(1_000_000));
-        let board = board(backend, clock);
+        let board = board();
         board.add(TaskSpec::new("a", b"x".to_vec())).await.unwrap();
-        let a = board
-            .claim("a", "agent", Duration::from_secs(5))
-            .await
-            .unwrap();
+        let a = claimed(&board, "a").await;
         board.complete("a", &a.token, b"r".to_vec()).await.unwrap();
         board.complete("a", &a.token, b"r".to_vec()).await.unwrap();
         assert!(matches!(

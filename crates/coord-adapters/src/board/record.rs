@@ -3,7 +3,7 @@
 use coord_backend::Error;
 use serde::{Deserialize, Serialize};
 
-use super::{Task, TaskState};
+use super::{ClaimedTask, Task, TaskState};
 use crate::cas::record::time_at;
 use crate::cas::{record_kind, LeaseRecord, Nonce, Record};
 
@@ -70,6 +70,20 @@ impl TaskRecord {
             ));
         }
         Ok(record)
+    }
+
+    /// What the holder of `claim` learns from this record, written with it
+    /// (what a claim and a renewal answer).
+    pub(super) fn claimed_task(self, claim: ClaimRecord) -> ClaimedTask {
+        ClaimedTask {
+            id: self.id,
+            payload: self.payload,
+            deps: self.deps,
+            agent: claim.agent,
+            token: claim.lease.token,
+            fence: self.fence,
+            expires_at: time_at(claim.lease.expires_ms),
+        }
     }
 
     /// The live claim at `now`, if any.
