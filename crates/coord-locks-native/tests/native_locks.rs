@@ -9,17 +9,45 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_adapters::lock::{Lock, LockError, LostReason};
+use coord_adapters::lock::{Lock, LockError, LockHandle, LostReason};
 use coord_conformance::lock::{lock_factory, LockEnv, TimeControl};
 use coord_conformance::server_env;
+use metrics_util::debugging::DebuggingRecorder;
 
 fn random_key(label: &str) -> String {
     format!("{label}-{}", &coord_adapters::mint_token()[..16])
 }
 
+/// `lock` takes the free `key` for 30 s.
+async fn hold(lock: &dyn Lock, key: &str) -> LockHandle {
+    lock.try_lock(key, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("the key is free")
+}
+
+/// Checks the counters `recorder` saw against `expected` (name with labels, value).
+fn assert_counters(recorder: &DebuggingRecorder, expected: &[(&str, u64)]) {
+    let counts = coord_conformance::support::counters(recorder);
+    for (name, value) in expected {
+        assert_eq!(counts.get(*name), Some(value), "{name}: {counts:?}");
+    }
+}
+
+/// A test needing the server binary `what` passes when it is not installed,
+/// but fails under `COORD_REQUIRE_SERVERS=1`.
+fn skip_not_installed(what: &str) {
+    assert_ne!(
+        std::env::var("COORD_REQUIRE_SERVERS").as_deref(),
+        Ok("1"),
+        "{what} is not installed but COORD_REQUIRE_SERVERS=1"
+    );
+    eprintln!("SKIPPED: {what} is not installed");
+}
+
 mod redis_lock {
     use super::*;
-    use coord_adapters::lock::{async_trait, LockHandle};
+    use coord_adapters::lock::async_trait;
     use coord_locks_native::{RedisLock, RedisLockOptions};
     use redis::AsyncCommands;
 
@@ -42,6 +70,10 @@ mod redis_lock {
     }
 
     coord_conformance::native_lock_tests!(env());
+
+    async fn connect(url: &str) -> RedisLock {
+        RedisLock::connect(&store_url(url)).await.unwrap()
+    }
 
     async fn raw(url: &str) -> redis::aio::ConnectionManager {
         let url = coord_backend::StoreUrl::parse(url).unwrap();
@@ -118,14 +150,10 @@ mod redis_lock {
         let Some(url) = server_env("COORD_TEST_REDIS_URL") else {
             return;
         };
-        let lock = RedisLock::connect(&store_url(&url)).await.unwrap();
+        let lock = connect(&url).await;
         let mut conn = raw(&url).await;
         let key = random_key("layout");
-        let h = lock
-            .try_lock(&key, Duration::from_secs(30))
-            .await
-            .unwrap()
-            .unwrap();
+        let h = hold(&lock, &key).await;
         let token: String = conn.get(lock.lock_key(&key)).await.unwrap();
         assert_eq!(token, h.token());
         let pttl: i64 = conn.pttl(lock.lock_key(&key)).await.unwrap();
@@ -148,12 +176,9 @@ mod redis_lock {
             return;
         };
         // This test's metrics only: a current-thread runtime on this thread.
-        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let recorder = DebuggingRecorder::new();
         let _local = metrics::set_default_local_recorder(&recorder);
-        let (a, b) = (
-            RedisLock::connect(&store_url(&url)).await.unwrap(),
-            RedisLock::connect(&store_url(&url)).await.unwrap(),
-        );
+        let (a, b) = (connect(&url).await, connect(&url).await);
         let key = random_key("takeover");
         let old = a
             .try_lock(&key, Duration::from_millis(50))
@@ -161,11 +186,7 @@ mod redis_lock {
             .unwrap()
             .unwrap();
         tokio::time::sleep(Duration::from_millis(120)).await;
-        let new = b
-            .try_lock(&key, Duration::from_secs(30))
-            .await
-            .unwrap()
-            .unwrap();
+        let new = hold(&b, &key).await;
         match a.renew(&old).await {
             Err(LockError::Lost {
                 reason: LostReason::TakenOver,
@@ -182,16 +203,12 @@ mod redis_lock {
                 ..
             })
         ));
-        let counts = coord_conformance::support::counters(&recorder);
-        assert_eq!(
-            counts.get("coord_lock_acquired_total"),
-            Some(&2),
-            "{counts:?}"
-        );
-        assert_eq!(
-            counts.get("coord_lock_lost_total{reason=taken_over}"),
-            Some(&1),
-            "{counts:?}"
+        assert_counters(
+            &recorder,
+            &[
+                ("coord_lock_acquired_total", 2),
+                ("coord_lock_lost_total{reason=taken_over}", 1),
+            ],
         );
     }
 
@@ -233,7 +250,7 @@ mod redis_lock {
         let Some(url) = server_env("COORD_TEST_REDIS_URL") else {
             return;
         };
-        let lock = RedisLock::connect(&store_url(&url)).await.unwrap();
+        let lock = connect(&url).await;
         let mut conn = raw(&url).await;
         for damaged in [
             "x",
@@ -276,12 +293,7 @@ mod redis_lock {
                 .status()
                 .is_err()
             {
-                assert_ne!(
-                    std::env::var("COORD_REQUIRE_SERVERS").as_deref(),
-                    Ok("1"),
-                    "redis-server is not installed but COORD_REQUIRE_SERVERS=1"
-                );
-                eprintln!("SKIPPED: redis-server is not installed");
+                skip_not_installed("redis-server");
                 return None;
             }
             for _ in 0..20 {
@@ -392,6 +404,27 @@ mod pg_advisory {
 
     coord_conformance::native_lock_tests!(env());
 
+    async fn connect(url: &str) -> PgAdvisoryLock {
+        PgAdvisoryLock::connect(&store_url(url)).await.unwrap()
+    }
+
+    async fn connect_with_max_idle(url: &str, max_idle: usize) -> PgAdvisoryLock {
+        let options = PgAdvisoryOptions::default().with_max_idle(max_idle);
+        PgAdvisoryLock::connect_with(&store_url(url), options)
+            .await
+            .unwrap()
+    }
+
+    /// Ends the backend `pid` as an operator would.
+    async fn terminate(admin: &mut sqlx::PgConnection, pid: i32) {
+        let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .fetch_one(admin)
+            .await
+            .unwrap();
+        assert!(killed, "pg_terminate_backend({pid})");
+    }
+
     async fn admin(url: &str) -> sqlx::PgConnection {
         let url = coord_backend::StoreUrl::parse(url).unwrap();
         sqlx::PgConnection::connect(url.without_namespace())
@@ -417,27 +450,19 @@ mod pg_advisory {
             return;
         };
         // This test's metrics only: a current-thread runtime on this thread.
-        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let recorder = DebuggingRecorder::new();
         let _local = metrics::set_default_local_recorder(&recorder);
-        let (a, b) = (
-            PgAdvisoryLock::connect(&store_url(&url)).await.unwrap(),
-            PgAdvisoryLock::connect(&store_url(&url)).await.unwrap(),
-        );
+        let (a, b) = (connect(&url).await, connect(&url).await);
         let mut admin = admin(&url).await;
         let key = random_key("killed");
         let ttl = Duration::from_secs(30);
-        let h = a.try_lock(&key, ttl).await.unwrap().unwrap();
+        let h = hold(&a, &key).await;
         assert_eq!(a.held_count(), 1);
         a.renew(&h).await.unwrap();
         let pid = holder_pid(&mut admin, &a.lock_name(&key))
             .await
             .expect("the advisory lock is visible in pg_locks");
-        let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-            .bind(pid)
-            .fetch_one(&mut admin)
-            .await
-            .unwrap();
-        assert!(killed);
+        terminate(&mut admin, pid).await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         let hb = loop {
             if let Some(hb) = b.try_lock(&key, ttl).await.unwrap() {
@@ -451,16 +476,12 @@ mod pg_advisory {
         assert_eq!(a.held_count(), 0, "a lost lock's connection is dropped");
         assert!(a.release(h).await.unwrap_err().is_lost());
         b.release(hb).await.unwrap();
-        let counts = coord_conformance::support::counters(&recorder);
-        assert_eq!(
-            counts.get("coord_lock_acquired_total"),
-            Some(&2),
-            "{counts:?}"
-        );
-        assert_eq!(
-            counts.get("coord_lock_lost_total{reason=not_held}"),
-            Some(&1),
-            "{counts:?}"
+        assert_counters(
+            &recorder,
+            &[
+                ("coord_lock_acquired_total", 2),
+                ("coord_lock_lost_total{reason=not_held}", 1),
+            ],
         );
     }
 
@@ -499,14 +520,10 @@ mod pg_advisory {
         let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
             return;
         };
-        let a = PgAdvisoryLock::connect(&store_url(&url)).await.unwrap();
+        let a = connect(&url).await;
         let mut admin = admin(&url).await;
         let key = random_key("reuses");
-        let h = a
-            .try_lock(&key, Duration::from_secs(30))
-            .await
-            .unwrap()
-            .unwrap();
+        let h = hold(&a, &key).await;
         assert_eq!((a.held_count(), a.idle_count()), (1, 0));
         let name = a.lock_name(&key);
         let pid = holder_pid(&mut admin, &name).await.expect("held");
@@ -523,20 +540,12 @@ mod pg_advisory {
         );
         // The same key again, then another key: both on the parked session,
         // with the fence still increasing.
-        let again = a
-            .try_lock(&key, Duration::from_secs(30))
-            .await
-            .unwrap()
-            .unwrap();
+        let again = hold(&a, &key).await;
         assert!(again.fence() > h_fence(fence));
         assert_eq!(holder_pid(&mut admin, &name).await, Some(pid));
         a.release(again).await.unwrap();
         let other = random_key("reuses-other");
-        let h = a
-            .try_lock(&other, Duration::from_secs(30))
-            .await
-            .unwrap()
-            .unwrap();
+        let h = hold(&a, &other).await;
         assert_eq!(
             holder_pid(&mut admin, &a.lock_name(&other)).await,
             Some(pid)
@@ -553,19 +562,10 @@ mod pg_advisory {
         let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
             return;
         };
-        let a = PgAdvisoryLock::connect_with(
-            &store_url(&url),
-            PgAdvisoryOptions::default().with_max_idle(0),
-        )
-        .await
-        .unwrap();
+        let a = connect_with_max_idle(&url, 0).await;
         let mut admin = admin(&url).await;
         let key = random_key("closes");
-        let h = a
-            .try_lock(&key, Duration::from_secs(30))
-            .await
-            .unwrap()
-            .unwrap();
+        let h = hold(&a, &key).await;
         let name = a.lock_name(&key);
         let pid = holder_pid(&mut admin, &name).await.expect("held");
         a.release(h).await.unwrap();
@@ -579,17 +579,10 @@ mod pg_advisory {
         let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
             return;
         };
-        let a = PgAdvisoryLock::connect_with(
-            &store_url(&url),
-            PgAdvisoryOptions::default().with_max_idle(2),
-        )
-        .await
-        .unwrap();
-        let ttl = Duration::from_secs(30);
+        let a = connect_with_max_idle(&url, 2).await;
         let mut handles = Vec::new();
         for i in 0..4 {
-            let key = random_key(&format!("bounded-{i}"));
-            handles.push(a.try_lock(&key, ttl).await.unwrap().expect("free"));
+            handles.push(hold(&a, &random_key(&format!("bounded-{i}"))).await);
         }
         // Each held lock pins its own session.
         assert_eq!((a.held_count(), a.idle_count()), (4, 0));
@@ -607,27 +600,17 @@ mod pg_advisory {
         let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
             return;
         };
-        let a = PgAdvisoryLock::connect_with(
-            &store_url(&url),
-            PgAdvisoryOptions::default().with_max_idle(1),
-        )
-        .await
-        .unwrap();
+        let a = connect_with_max_idle(&url, 1).await;
         let mut admin = admin(&url).await;
         let ttl = Duration::from_secs(30);
         let key = random_key("dead-idle");
-        let h = a.try_lock(&key, ttl).await.unwrap().unwrap();
+        let h = hold(&a, &key).await;
         let pid = holder_pid(&mut admin, &a.lock_name(&key))
             .await
             .expect("held");
         a.release(h).await.unwrap();
         assert_eq!(a.idle_count(), 1);
-        let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-            .bind(pid)
-            .fetch_one(&mut admin)
-            .await
-            .unwrap();
-        assert!(killed);
+        terminate(&mut admin, pid).await;
         wait_gone(&mut admin, pid).await;
         let h = a
             .try_lock(&key, ttl)
@@ -647,13 +630,10 @@ mod pg_advisory {
         let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
             return;
         };
-        let (a, b) = (
-            PgAdvisoryLock::connect(&store_url(&url)).await.unwrap(),
-            PgAdvisoryLock::connect(&store_url(&url)).await.unwrap(),
-        );
+        let (a, b) = (connect(&url).await, connect(&url).await);
         let key = random_key("refused");
         let ttl = Duration::from_secs(30);
-        let h = a.try_lock(&key, ttl).await.unwrap().unwrap();
+        let h = hold(&a, &key).await;
         assert!(b.try_lock(&key, ttl).await.unwrap().is_none());
         // The refused session holds nothing: it is parked, not pinned.
         assert_eq!((b.held_count(), b.idle_count()), (0, 1));
@@ -685,7 +665,7 @@ mod pg_advisory {
             .await
             .unwrap();
         let ttl = Duration::from_secs(30);
-        let ha = a.try_lock("b:lock:c", ttl).await.unwrap().expect("free");
+        let ha = hold(&a, "b:lock:c").await;
         let hb = b.try_lock("c", ttl).await.unwrap();
         let hb = hb.expect("namespace N:lock:b, key c was refused: it shares N's lock on b:lock:c");
         assert_ne!(a.lock_name("b:lock:c"), b.lock_name("c"));
@@ -800,7 +780,7 @@ mod pg_advisory {
         let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
             return;
         };
-        let a = PgAdvisoryLock::connect(&store_url(&url)).await.unwrap();
+        let a = connect(&url).await;
         let mut admin = admin(&url).await;
         let key = random_key("ceiling");
         let name = a.lock_name(&key);
@@ -897,7 +877,7 @@ mod pg_advisory {
         for worker in 0..4 {
             let (url, key, order) = (url.clone(), key.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let lock = PgAdvisoryLock::connect(&store_url(&url)).await.unwrap();
+                let lock = connect(&url).await;
                 let mut admin = admin(&url).await;
                 let mut got = 0;
                 while got < 25 {
@@ -960,12 +940,7 @@ mod pg_advisory {
                         .max()
                 });
             let Some(bin) = bin else {
-                assert_ne!(
-                    std::env::var("COORD_REQUIRE_SERVERS").as_deref(),
-                    Ok("1"),
-                    "initdb is not installed but COORD_REQUIRE_SERVERS=1"
-                );
-                eprintln!("SKIPPED: no /usr/lib/postgresql/*/bin/initdb");
+                skip_not_installed("initdb (/usr/lib/postgresql/*/bin/initdb)");
                 return None;
             };
             let dir = std::env::temp_dir().join(format!(
