@@ -32,6 +32,8 @@
 //! with the generic lock on every store, and says what each guarantees under
 //! pauses, crashes, partitions and failovers.
 
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod common;
 #[cfg(feature = "postgres")]
 mod pg_lock;
 #[cfg(feature = "redis")]

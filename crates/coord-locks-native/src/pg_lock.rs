@@ -15,6 +15,8 @@ use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{AssertSqlSafe, Connection};
 use tokio::sync::Mutex;
 
+use crate::common::{default_prefix, observed_lock, require_scheme};
+
 /// Options of a [`PgAdvisoryLock`].
 ///
 /// ```
@@ -264,12 +266,11 @@ impl PgAdvisoryLock {
 
     /// Connect with explicit options.
     pub async fn connect_with(url: &StoreUrl, options: PgAdvisoryOptions) -> Result<Self, Error> {
-        if !matches!(url.scheme(), "postgres" | "postgresql") {
-            return Err(Error::Config(format!(
-                "PgAdvisoryLock needs a postgres:// URL, got {}://",
-                url.scheme()
-            )));
-        }
+        require_scheme(
+            url,
+            &["postgres", "postgresql"],
+            "PgAdvisoryLock needs a postgres:// URL",
+        )?;
         let connect = PgConnectOptions::from_str(url.without_namespace())
             .map_err(|e| Error::Config(format!("PostgreSQL URL: {e}")))?
             .application_name("coord-locks-native");
@@ -501,11 +502,6 @@ impl PgAdvisoryLock {
             None
         }
     }
-}
-
-/// The default key prefix of `namespace`: see [`PgAdvisoryLock::lock_name`].
-fn default_prefix(namespace: &str) -> String {
-    format!("{}:lock:", namespace.replace(':', "{}"))
 }
 
 /// How many fences one durable write reserves (see "Fences" in
@@ -787,40 +783,11 @@ impl PgAdvisoryLock {
     }
 }
 
-#[async_trait]
-impl Lock for PgAdvisoryLock {
-    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
-        telemetry::observe_try_lock("postgres", key, self.try_lock_inner(key, ttl)).await
-    }
-
-    async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
-        telemetry::observe_renew("postgres", handle, self.renew_inner(handle)).await
-    }
-
-    async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
-        let (key, fence) = (handle.key().to_owned(), handle.fence());
-        telemetry::observe_release("postgres", &key, fence, self.release_inner(handle)).await
-    }
-}
+observed_lock!(PgAdvisoryLock, "postgres");
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn default_names_are_injective() {
-        let name = |ns: &str, key: &str| format!("{}{key}", default_prefix(ns));
-        assert_eq!(name("coord", "job:1"), "coord:lock:job:1");
-        assert_ne!(name("a", "b:lock:c"), name("a:lock:b", "c"));
-        assert_ne!(name("a:", "lock:x"), name("a", ":lock:x"));
-        // Decoding: the namespace ends at the first ':', `{}` is a ':' of it.
-        for (ns, key) in [("a:lock:b", "c"), ("a", "b:lock:c"), (":", ":"), ("x", "")] {
-            let full = name(ns, key);
-            let (escaped, rest) = full.split_once(':').unwrap();
-            assert_eq!(escaped.replace("{}", ":"), ns);
-            assert_eq!(rest.strip_prefix("lock:"), Some(key));
-        }
-    }
 
     #[test]
     fn table_names_are_plain_identifiers() {

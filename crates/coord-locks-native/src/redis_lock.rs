@@ -12,6 +12,8 @@ use coord_backend::{Error, InvalidInput, StoreUrl};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, Script};
 
+use crate::common::{default_prefix, observed_lock, require_scheme};
+
 /// SET NX PX and, only when it took the key, the fence: one atomic step, so
 /// no grant goes without a fence and no fence is spent on a refusal.
 /// The fence counter is checked before the `SET`: a script that fails at
@@ -241,12 +243,11 @@ impl RedisLock {
 
     /// Connect with explicit options.
     pub async fn connect_with(url: &StoreUrl, options: RedisLockOptions) -> Result<Self, Error> {
-        if !matches!(url.scheme(), "redis" | "rediss") {
-            return Err(Error::Config(format!(
-                "RedisLock needs a redis:// or rediss:// URL (single node), got {}://",
-                url.scheme()
-            )));
-        }
+        require_scheme(
+            url,
+            &["redis", "rediss"],
+            "RedisLock needs a redis:// or rediss:// URL (single node)",
+        )?;
         let endpoint = coord_backend::redact::url(url.without_namespace());
         let client = redis::Client::open(url.without_namespace())
             .map_err(|e| Error::Config(format!("redis URL {endpoint}: {e}")))?;
@@ -442,21 +443,7 @@ impl RedisLock {
     }
 }
 
-#[async_trait]
-impl Lock for RedisLock {
-    async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
-        telemetry::observe_try_lock("redis", key, self.try_lock_inner(key, ttl)).await
-    }
-
-    async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
-        telemetry::observe_renew("redis", handle, self.renew_inner(handle)).await
-    }
-
-    async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
-        let (key, fence) = (handle.key().to_owned(), handle.fence());
-        telemetry::observe_release("redis", &key, fence, self.release_inner(handle)).await
-    }
-}
+observed_lock!(RedisLock, "redis");
 
 /// Refuse a server that may evict keys: an evicted fence counter restarts
 /// at 1 and hands fences out again (docs/locks.md). A server that does not
@@ -517,25 +504,9 @@ fn ran_nothing(error: &RedisError) -> bool {
         )
 }
 
-/// The default key prefix of `namespace`: `<namespace>:lock:` with each `:`
-/// of the namespace written `{}` (namespaces never contain braces), so that
-/// namespace `a` + key `b:lock:c` and namespace `a:lock:b` + key `c` never
-/// share a Redis key.
-fn default_prefix(namespace: &str) -> String {
-    format!("{}:lock:", namespace.replace(':', "{}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn default_prefixes_keep_namespaces_apart() {
-        let key = |ns: &str, k: &str| format!("{}{k}", default_prefix(ns));
-        assert_eq!(key("coord", "job:1"), "coord:lock:job:1");
-        assert_ne!(key("a", "b:lock:c"), key("a:lock:b", "c"));
-        assert_ne!(key("a:", "lock:x"), key("a", ":lock:x"));
-    }
 
     #[test]
     fn ttl_is_rounded_up_to_whole_milliseconds() {
