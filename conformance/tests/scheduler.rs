@@ -5,6 +5,7 @@
 //! broken store).
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
@@ -17,9 +18,10 @@ use coord_conformance::scheduler::{self as suite, run_store_maker, SchedulerEnv,
 use coord_conformance::{factory, unique_namespace, BackendFactory, CheckResult};
 use coord_memory::SingleProcessMemoryBackend;
 use coord_scheduler::{
-    handler, ActiveRun, Claim, ClaimRequest, Error, FinalStatus, Handler, Job, JobOptions, Lease,
-    LockingHint, ManualRun, RunError, RunRecord, RunStatus, RunStore, RunStoreOptions, Schedule,
-    Scheduler, SchedulerOptions, SkipReason, Slot, SlotStore, TickAction,
+    handler, ActiveRun, Claim, ClaimRequest, Error, FinalStatus, Handler, HandlerResult, Job,
+    JobOptions, Lease, LockingHint, ManualRun, RunContext, RunError, RunRecord, RunStatus,
+    RunStore, RunStoreOptions, Schedule, Scheduler, SchedulerOptions, SkipReason, Slot, SlotStore,
+    TickAction,
 };
 
 mod common;
@@ -235,72 +237,57 @@ async fn every_check_runs_through_the_name_table() {
     let _ = run_store_maker();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn red_on_a_read_then_write_claim() {
-    assert_red(
-        &SchedulerEnv::new(non_atomic()),
-        "a store whose txn ignores asserts",
-        &["claim_race", "repeat_safety"],
-    )
-    .await;
+/// One test per broken env: each check listed must go red on it.
+macro_rules! red_on {
+    ($($test:ident: $env:expr, $what:literal, [$($check:literal),+ $(,)?];)+) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $test() {
+            assert_red(&$env, $what, &[$($check),+]).await;
+        }
+    )+};
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn red_on_a_claim_that_ignores_the_token() {
-    assert_red(
-        &broken(Flaw::FreshTokenPerClaim),
-        "a claim that ignores the token",
-        &["repeat_safety"],
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn red_on_unchecked_ownership() {
-    assert_red(
-        &broken(Flaw::UncheckedOwner),
+red_on! {
+    red_on_a_read_then_write_claim: SchedulerEnv::new(non_atomic()),
+        "a store whose txn ignores asserts", ["claim_race", "repeat_safety"];
+    red_on_a_claim_that_ignores_the_token: broken(Flaw::FreshTokenPerClaim),
+        "a claim that ignores the token", ["repeat_safety"];
+    red_on_unchecked_ownership: broken(Flaw::UncheckedOwner),
         "heartbeat/finish/release without an ownership check",
-        &[
-            "heartbeat_ownership",
-            "takeover_after_expiry",
-            "finish_release_by_token",
-        ],
-    )
-    .await;
+        ["heartbeat_ownership", "takeover_after_expiry", "finish_release_by_token"];
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn red_on_the_other_flaws() {
-    assert_red(
-        &broken(Flaw::IgnoresOverlap),
-        "a claim without overlap check",
-        &["overlap_protection"],
-    )
-    .await;
-    assert_red(
-        &broken(Flaw::OldestFirst),
-        "history oldest first",
-        &["history_newest_first"],
-    )
-    .await;
-    assert_red(
-        &broken(Flaw::HidesWindow),
-        "a store hiding its dedupe window",
-        &["dedupe_window_refusal"],
-    )
-    .await;
-    assert_red(
-        &broken(Flaw::SkipAlwaysRecorded),
-        "skips recorded twice",
-        &["skip_recorded_once"],
-    )
-    .await;
-    assert_red(
-        &broken(Flaw::DedupesManual),
-        "deduplicated manual runs",
-        &["manual_runs_not_deduplicated"],
-    )
-    .await;
+    for (flaw, what, check) in [
+        (
+            Flaw::IgnoresOverlap,
+            "a claim without overlap check",
+            "overlap_protection",
+        ),
+        (
+            Flaw::OldestFirst,
+            "history oldest first",
+            "history_newest_first",
+        ),
+        (
+            Flaw::HidesWindow,
+            "a store hiding its dedupe window",
+            "dedupe_window_refusal",
+        ),
+        (
+            Flaw::SkipAlwaysRecorded,
+            "skips recorded twice",
+            "skip_recorded_once",
+        ),
+        (
+            Flaw::DedupesManual,
+            "deduplicated manual runs",
+            "manual_runs_not_deduplicated",
+        ),
+    ] {
+        assert_red(&broken(flaw), what, &[check]).await;
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -315,14 +302,37 @@ const T0: u64 = 1_700_000_000_000;
 
 type RunLog = Arc<Mutex<Vec<(String, Slot, bool)>>>;
 
-fn recorder(log: &RunLog, instance: &str) -> Handler {
-    let log = log.clone();
-    let instance = instance.to_owned();
+/// A handler that logs each run under `instance`, then does `rest`.
+fn logging<F, Fut>(log: &RunLog, instance: &str, rest: F) -> Handler
+where
+    F: Fn(RunContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = HandlerResult> + Send + 'static,
+{
+    let (log, instance) = (log.clone(), instance.to_owned());
     handler(move |ctx| {
-        let log = log.clone();
-        let instance = instance.clone();
+        let (log, instance, slot, manual) = (log.clone(), instance.clone(), ctx.slot, ctx.manual);
+        let rest = rest(ctx);
         async move {
-            log.lock().unwrap().push((instance, ctx.slot, ctx.manual));
+            log.lock().unwrap().push((instance, slot, manual));
+            rest.await
+        }
+    })
+}
+
+fn recorder(log: &RunLog, instance: &str) -> Handler {
+    logging(log, instance, |_| async { Ok(()) })
+}
+
+/// A handler that waits for a permit of `gate` (spent, not returned) after logging.
+fn gated(log: &RunLog, gate: &Arc<tokio::sync::Semaphore>, instance: &str) -> Handler {
+    let gate = gate.clone();
+    logging(log, instance, move |_| {
+        let gate = gate.clone();
+        async move {
+            gate.acquire()
+                .await
+                .map(|p| p.forget())
+                .map_err(|e| e.to_string())?;
             Ok(())
         }
     })
@@ -344,16 +354,31 @@ struct Instance {
     store: Arc<dyn SlotStore>,
 }
 
+/// A scheduler over a [`RunStore`] (default options) on `backend`, and that store.
+fn scheduler_over(
+    backend: Arc<dyn Backend>,
+    clock: Arc<dyn Clock>,
+    options: SchedulerOptions,
+) -> (Scheduler, Arc<dyn SlotStore>) {
+    scheduler_with(backend, clock, RunStoreOptions::default(), options)
+}
+
+fn scheduler_with(
+    backend: Arc<dyn Backend>,
+    clock: Arc<dyn Clock>,
+    store_options: RunStoreOptions,
+    options: SchedulerOptions,
+) -> (Scheduler, Arc<dyn SlotStore>) {
+    let store: Arc<dyn SlotStore> =
+        Arc::new(RunStore::new(backend, clock.clone(), store_options).unwrap());
+    (Scheduler::new(Some(store.clone()), clock, options), store)
+}
+
 fn instance(ns: &str, name: &str, start_ms: u64) -> Instance {
     let clock = Arc::new(ManualClock::at_millis(start_ms));
     let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::shared(ns).unwrap());
-    let store: Arc<dyn SlotStore> =
-        Arc::new(RunStore::new(backend, clock.clone(), RunStoreOptions::default()).unwrap());
-    let scheduler = Scheduler::new(
-        Some(store.clone()),
-        clock.clone(),
-        SchedulerOptions::instance(name),
-    );
+    let (scheduler, store) =
+        scheduler_over(backend, clock.clone(), SchedulerOptions::instance(name));
     Instance {
         scheduler,
         clock,
@@ -361,7 +386,39 @@ fn instance(ns: &str, name: &str, start_ms: u64) -> Instance {
     }
 }
 
+/// Instances named `names` of one fresh namespace, their clocks at `start_ms`.
+fn instances<const N: usize>(prefix: &str, names: [&str; N], start_ms: u64) -> [Instance; N] {
+    let ns = unique_namespace(prefix);
+    names.map(|name| instance(&ns, name, start_ms))
+}
+
+/// One instance at [`T0`] running "job" every second (overlapping runs
+/// allowed), catching up `max_late`.
+fn alone_every_second(prefix: &str, max_late: Duration, log: &RunLog) -> Instance {
+    let [a] = instances(prefix, ["a"], T0);
+    let opts = JobOptions::default().max_late(max_late).allow_overlap(true);
+    a.add_recorded("every 1s", opts, log);
+    a
+}
+
+/// Options of a job holding a lease of `ttl`, catching up `max_late`.
+fn leased(ttl: Duration, max_late: Duration) -> JobOptions {
+    JobOptions::default().lease_ttl(ttl).max_late(max_late)
+}
+
+fn started_slots(report: &coord_scheduler::TickReport) -> Vec<Slot> {
+    report.started().iter().map(|(_, s)| *s).collect()
+}
+
 impl Instance {
+    /// Adds the job "job" on `period`, its runs logged under this instance's name.
+    fn add_recorded(&self, period: &str, opts: JobOptions, log: &RunLog) {
+        let handler = recorder(log, self.scheduler.instance_id());
+        self.scheduler
+            .add_job(every(period, opts, handler))
+            .unwrap();
+    }
+
     async fn tick_to(&self, ms: u64) -> coord_scheduler::TickReport {
         self.clock.set(UNIX_EPOCH + Duration::from_millis(ms));
         let report = self.scheduler.tick_at(ms).await;
@@ -376,19 +433,12 @@ fn every(period: &str, options: JobOptions, h: Handler) -> Job {
 
 #[tokio::test]
 async fn catches_up_within_max_late_and_records_older_slots_as_skipped() {
-    let ns = unique_namespace("catch_up");
     let log: RunLog = Arc::default();
-    let a = instance(&ns, "a", T0);
-    let opts = JobOptions::default()
-        .max_late(Duration::from_secs(5))
-        .allow_overlap(true);
-    a.scheduler
-        .add_job(every("every 1s", opts, recorder(&log, "a")))
-        .unwrap();
+    let a = alone_every_second("catch_up", Duration::from_secs(5), &log);
 
     // Started 10.5 s after T0: looks back max_late, runs the 5 slots inside it.
     let report = a.tick_to(T0 + 10_500).await;
-    let started: Vec<Slot> = report.started().iter().map(|(_, s)| *s).collect();
+    let started = started_slots(&report);
     assert_eq!(started, (6..=10).map(|i| T0 + i * SEC).collect::<Vec<_>>());
 
     // A 10 s stall: slots older than max_late are skipped and recorded, the rest caught up.
@@ -408,7 +458,7 @@ async fn catches_up_within_max_late_and_records_older_slots_as_skipped() {
         .map(|e| e.slot)
         .collect();
     assert_eq!(late, (11..=15).map(|i| T0 + i * SEC).collect::<Vec<_>>());
-    let started: Vec<Slot> = report.started().iter().map(|(_, s)| *s).collect();
+    let started = started_slots(&report);
     assert_eq!(started, (16..=20).map(|i| T0 + i * SEC).collect::<Vec<_>>());
 
     let history = a.store.history("job", 100).await.unwrap();
@@ -432,15 +482,8 @@ async fn catches_up_within_max_late_and_records_older_slots_as_skipped() {
 // exactly at max_late (started here) must not turn late because the machine is busy.
 #[tokio::test(start_paused = true)]
 async fn a_long_gap_skips_without_listing_every_slot() {
-    let ns = unique_namespace("long_gap");
     let log: RunLog = Arc::default();
-    let a = instance(&ns, "a", T0);
-    let opts = JobOptions::default()
-        .max_late(Duration::from_secs(3))
-        .allow_overlap(true);
-    a.scheduler
-        .add_job(every("every 1s", opts, recorder(&log, "a")))
-        .unwrap();
+    let a = alone_every_second("long_gap", Duration::from_secs(3), &log);
     a.tick_to(T0).await;
     let report = a.tick_to(T0 + HOUR).await;
     let listed = report
@@ -453,7 +496,7 @@ async fn a_long_gap_skips_without_listing_every_slot() {
         .events
         .iter()
         .any(|e| matches!(e.action, TickAction::LateUnlisted { .. })));
-    let started: Vec<Slot> = report.started().iter().map(|(_, s)| *s).collect();
+    let started = started_slots(&report);
     assert_eq!(
         started,
         (0..=3)
@@ -465,24 +508,11 @@ async fn a_long_gap_skips_without_listing_every_slot() {
 
 #[tokio::test]
 async fn run_now_is_recorded_and_never_deduplicated() {
-    let ns = unique_namespace("run_now");
     let log: RunLog = Arc::default();
-    let a = instance(&ns, "a", T0);
-    let b = instance(&ns, "b", T0);
-    a.scheduler
-        .add_job(every(
-            "every 1h",
-            JobOptions::default().hint(LockingHint::RequireGlobal),
-            recorder(&log, "a"),
-        ))
-        .unwrap();
-    b.scheduler
-        .add_job(every(
-            "every 1h",
-            JobOptions::default(),
-            recorder(&log, "b"),
-        ))
-        .unwrap();
+    let [a, b] = instances("run_now", ["a", "b"], T0);
+    let global = JobOptions::default().hint(LockingHint::RequireGlobal);
+    a.add_recorded("every 1h", global, &log);
+    b.add_recorded("every 1h", JobOptions::default(), &log);
     let first = a.scheduler.run_now("job").await.unwrap();
     let second = b.scheduler.run_now("job").await.unwrap();
     let third = a.scheduler.run_now("job").await.unwrap();
@@ -523,8 +553,7 @@ async fn run_now_is_recorded_and_never_deduplicated() {
 
 #[tokio::test]
 async fn timeout_stops_the_handler_and_is_recorded() {
-    let ns = unique_namespace("timeout");
-    let a = instance(&ns, "a", T0);
+    let [a] = instances("timeout", ["a"], T0);
     let slow = handler(|_| async {
         tokio::time::sleep(Duration::from_secs(30)).await;
         Ok(())
@@ -539,44 +568,21 @@ async fn timeout_stops_the_handler_and_is_recorded() {
 
 #[tokio::test]
 async fn two_instances_run_each_slot_once_and_overlap_waits() {
-    let ns = unique_namespace("overlap_runtime");
     let log: RunLog = Arc::default();
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let blocking = |instance: &str| {
-        let log = log.clone();
-        let gate = gate.clone();
-        let instance = instance.to_owned();
-        handler(move |ctx| {
-            let (log, gate, instance) = (log.clone(), gate.clone(), instance.clone());
-            async move {
-                log.lock().unwrap().push((instance, ctx.slot, false));
-                gate.acquire()
-                    .await
-                    .map(|p| p.forget())
-                    .map_err(|e| e.to_string())?;
-                Ok(())
-            }
-        })
-    };
-    let a = instance(&ns, "a", T0);
-    let b = instance(&ns, "b", T0);
+    let [a, b] = instances("overlap_runtime", ["a", "b"], T0);
     let opts = JobOptions::default().max_late(Duration::from_millis(1_500));
     a.scheduler
-        .add_job(every("every 1s", opts.clone(), blocking("a")))
+        .add_job(every("every 1s", opts.clone(), gated(&log, &gate, "a")))
         .unwrap();
     b.scheduler
-        .add_job(every("every 1s", opts, blocking("b")))
+        .add_job(every("every 1s", opts, gated(&log, &gate, "b")))
         .unwrap();
     // First ticks look back max_late: slots T0-1s and T0 are due. One instance
     // runs T0-1s; T0 is blocked by it everywhere (no overlap).
     let ra = a.scheduler.tick_at(T0).await;
     let rb = b.scheduler.tick_at(T0).await;
-    let started: Vec<Slot> = ra
-        .started()
-        .iter()
-        .chain(rb.started().iter())
-        .map(|(_, s)| *s)
-        .collect();
+    let started = [started_slots(&ra), started_slots(&rb)].concat();
     assert_eq!(started, vec![T0 - SEC], "{ra:?} {rb:?}");
     for r in [&ra, &rb] {
         assert!(
@@ -591,12 +597,7 @@ async fn two_instances_run_each_slot_once_and_overlap_waits() {
     // Retried on the next tick, within max_late, by exactly one instance.
     let ra = a.scheduler.tick_at(T0 + 500).await;
     let rb = b.scheduler.tick_at(T0 + 500).await;
-    let both: Vec<Slot> = ra
-        .started()
-        .iter()
-        .chain(rb.started().iter())
-        .map(|(_, s)| *s)
-        .collect();
+    let both = [started_slots(&ra), started_slots(&rb)].concat();
     assert_eq!(both, vec![T0]);
     gate.add_permits(10);
     a.scheduler.wait_idle().await;
@@ -611,39 +612,14 @@ async fn two_instances_run_each_slot_once_and_overlap_waits() {
 async fn a_backup_takes_over_an_expired_lease_and_shutdown_releases() {
     let ns = unique_namespace("takeover_runtime");
     let log: RunLog = Arc::default();
-    let hang = |instance: &str| {
-        let log = log.clone();
-        let instance = instance.to_owned();
-        handler(move |ctx| {
-            let (log, instance) = (log.clone(), instance.clone());
-            async move {
-                log.lock().unwrap().push((instance, ctx.slot, false));
-                std::future::pending::<()>().await;
-                Ok(())
-            }
-        })
-    };
+    let hang = |instance: &str| logging(&log, instance, |_| std::future::pending());
     let max_late = Duration::from_secs(10);
-    let opts = JobOptions::default()
-        .lease_ttl(Duration::from_secs(3))
-        .max_late(max_late);
+    let opts = leased(Duration::from_secs(3), max_late);
     let slot = Schedule::parse("every 1h", None)
         .unwrap()
         .next_after(T0)
         .unwrap();
-    let make = |name: &str| {
-        let clock = TokioClock::at(slot);
-        let backend = FaultyBackend::new(&ns);
-        let (s, store) = scheduler_on(
-            backend.clone(),
-            clock.clone(),
-            name,
-            RunStoreOptions::default(),
-        );
-        s.add_job(every("every 1h", opts.clone(), hang(name)))
-            .unwrap();
-        (s, store, clock, backend)
-    };
+    let make = |name: &str| on_faulty(&ns, name, slot, every("every 1h", opts.clone(), hang(name)));
     let (a, _, ca, a_backend) = make("a");
     let (b, b_store, cb, _) = make("b");
     let (c, c_store, cc, _) = make("c");
@@ -711,9 +687,8 @@ async fn a_backup_takes_over_an_expired_lease_and_shutdown_releases() {
 
 /// Tick two instances every 15 minutes across a DST change of New York.
 async fn dst_runs(schedule: &str, from: u64, to: u64) -> (Vec<Slot>, BTreeMap<Slot, usize>) {
-    let ns = unique_namespace("dst");
     let log: RunLog = Arc::default();
-    let (a, b) = (instance(&ns, "a", from), instance(&ns, "b", from));
+    let [a, b] = instances("dst", ["a", "b"], from);
     for (i, name) in [(&a, "a"), (&b, "b")] {
         let job = Job::new(
             "nightly",
@@ -773,12 +748,8 @@ async fn a_clock_jump_on_one_instance_never_runs_a_slot_twice() {
     let log: RunLog = Arc::default();
     let (a, b) = (instance(&ns, "a", T0), instance(&ns, "b", T0));
     let opts = JobOptions::default().max_late(Duration::from_secs(120));
-    a.scheduler
-        .add_job(every("every 1m", opts.clone(), recorder(&log, "a")))
-        .unwrap();
-    b.scheduler
-        .add_job(every("every 1m", opts, recorder(&log, "b")))
-        .unwrap();
+    a.add_recorded("every 1m", opts.clone(), &log);
+    b.add_recorded("every 1m", opts, &log);
     let start = T0 - T0 % MIN;
     let mut real = start;
     // Normal operation for 10 minutes.
@@ -796,9 +767,7 @@ async fn a_clock_jump_on_one_instance_never_runs_a_slot_twice() {
     // A restarted instance whose clock is an hour behind re-examines old slots: all done.
     let c = instance(&ns, "c", real);
     let looks_back = JobOptions::default().max_late(Duration::from_secs(20 * 60));
-    c.scheduler
-        .add_job(every("every 1m", looks_back, recorder(&log, "c")))
-        .unwrap();
+    c.add_recorded("every 1m", looks_back, &log);
     let report = c.tick_to(real - SEC).await;
     assert!(report.events.len() >= 19, "{report:?}");
     assert!(
@@ -855,9 +824,8 @@ async fn locking_hints_with_a_broken_store_and_without_a_store() {
     let log: RunLog = Arc::default();
     let down = down_backend();
     let clock = Arc::new(ManualClock::at_millis(T0));
-    let store: Arc<dyn SlotStore> =
-        Arc::new(RunStore::new(down.clone(), clock.clone(), RunStoreOptions::default()).unwrap());
-    let with_down = Scheduler::new(Some(store), clock.clone(), SchedulerOptions::instance("x"));
+    let (with_down, _) =
+        scheduler_over(down.clone(), clock.clone(), SchedulerOptions::instance("x"));
     let opts = |hint| {
         JobOptions::default()
             .hint(hint)
@@ -880,16 +848,8 @@ async fn locking_hints_with_a_broken_store_and_without_a_store() {
 
     // NodeLocal over the broken store: runs, and never calls the store.
     let down_local = down_backend();
-    let local_store: Arc<dyn SlotStore> = Arc::new(
-        RunStore::new(
-            down_local.clone(),
-            clock.clone(),
-            RunStoreOptions::default(),
-        )
-        .unwrap(),
-    );
-    let local_only = Scheduler::new(
-        Some(local_store),
+    let (local_only, _) = scheduler_over(
+        down_local.clone(),
         clock.clone(),
         SchedulerOptions::instance("l"),
     );
@@ -996,21 +956,16 @@ async fn locking_hints_with_a_broken_store_and_without_a_store() {
 
 #[tokio::test]
 async fn node_local_runs_on_every_instance() {
-    let ns = unique_namespace("node_local");
     let log: RunLog = Arc::default();
-    let (a, b) = (instance(&ns, "a", T0), instance(&ns, "b", T0));
+    let [a, b] = instances("node_local", ["a", "b"], T0);
     let opts = JobOptions::default()
         .hint(LockingHint::NodeLocal)
         // Looks back less than a period (no catch-up of T0 - 1 s), with
         // most of a second of slack: a tick judges lateness again with the
         // monotonic time it took, which a loaded machine stretches.
         .max_late(Duration::from_millis(900));
-    a.scheduler
-        .add_job(every("every 1s", opts.clone(), recorder(&log, "a")))
-        .unwrap();
-    b.scheduler
-        .add_job(every("every 1s", opts, recorder(&log, "b")))
-        .unwrap();
+    a.add_recorded("every 1s", opts.clone(), &log);
+    b.add_recorded("every 1s", opts, &log);
     a.tick_to(T0).await;
     b.tick_to(T0).await;
     assert_eq!(
@@ -1026,8 +981,7 @@ async fn node_local_runs_on_every_instance() {
 
 #[tokio::test]
 async fn add_job_refusals_are_typed() {
-    let ns = unique_namespace("refusals");
-    let a = instance(&ns, "a", T0);
+    let [a] = instances("refusals", ["a"], T0);
     let h = handler(|_| async { Ok(()) });
     let s = Schedule::parse("every 1s", None).unwrap();
     a.scheduler
@@ -1059,10 +1013,8 @@ async fn the_tick_loop_runs_each_slot_once_across_instances() {
     let mut schedulers = Vec::new();
     for name in ["a", "b"] {
         let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::shared(&ns).unwrap());
-        let store: Arc<dyn SlotStore> =
-            Arc::new(RunStore::new(backend, clock.clone(), RunStoreOptions::default()).unwrap());
         let options = SchedulerOptions::instance(name).poll_interval(Duration::from_millis(20));
-        let scheduler = Scheduler::new(Some(store), clock.clone(), options);
+        let (scheduler, _) = scheduler_over(backend, clock.clone(), options);
         let opts = JobOptions::default().max_late(Duration::from_millis(300));
         scheduler
             .add_job(every("every 100ms", opts, recorder(&log, name)))
@@ -1098,16 +1050,16 @@ async fn a_claim_whose_reply_was_lost_is_retried_with_the_same_token() {
         coord_conformance::faults::Target::Any,
         coord_conformance::faults::Fault::Drop,
     );
-    let store: Arc<dyn SlotStore> =
-        Arc::new(RunStore::new(flaky.clone(), clock.clone(), RunStoreOptions::default()).unwrap());
-    let a = Scheduler::new(Some(store), clock.clone(), SchedulerOptions::instance("a"));
+    let (a, _) = scheduler_over(
+        flaky.clone(),
+        clock.clone(),
+        SchedulerOptions::instance("a"),
+    );
     let b = instance(&ns, "b", T0);
     let opts = JobOptions::default().max_late(Duration::from_secs(5));
     a.add_job(every("every 1m", opts.clone(), recorder(&log, "a")))
         .unwrap();
-    b.scheduler
-        .add_job(every("every 1m", opts, recorder(&log, "b")))
-        .unwrap();
+    b.add_recorded("every 1m", opts, &log);
     let slot = T0 - T0 % MIN + MIN;
     clock.set(UNIX_EPOCH + Duration::from_millis(slot));
 
@@ -1274,20 +1226,39 @@ impl Backend for FaultyBackend {
     }
 }
 
+/// `name`'s scheduler on its own [`FaultyBackend`] client of `ns` and its own
+/// wall clock (at `at` when made), running `job`.
+fn on_faulty(
+    ns: &str,
+    name: &str,
+    at: u64,
+    job: Job,
+) -> (
+    Scheduler,
+    Arc<dyn SlotStore>,
+    Arc<TokioClock>,
+    Arc<FaultyBackend>,
+) {
+    let clock = TokioClock::at(at);
+    let backend = FaultyBackend::new(ns);
+    let (scheduler, store) = scheduler_on(
+        backend.clone(),
+        clock.clone(),
+        name,
+        RunStoreOptions::default(),
+    );
+    scheduler.add_job(job).unwrap();
+    (scheduler, store, clock, backend)
+}
+
 fn scheduler_on(
     backend: Arc<dyn Backend>,
     clock: Arc<dyn Clock>,
     name: &str,
     options: RunStoreOptions,
 ) -> (Scheduler, Arc<dyn SlotStore>) {
-    let store: Arc<dyn SlotStore> =
-        Arc::new(RunStore::new(backend, clock.clone(), options).unwrap());
-    let scheduler = Scheduler::new(
-        Some(store.clone()),
-        clock,
-        SchedulerOptions::instance(name).poll_interval(Duration::from_millis(200)),
-    );
-    (scheduler, store)
+    let poll = SchedulerOptions::instance(name).poll_interval(Duration::from_millis(200));
+    scheduler_with(backend, clock, options, poll)
 }
 
 /// `(instant the handler saw its lease lost, or None)` per run.
@@ -1295,11 +1266,10 @@ type LostLog = Arc<Mutex<Vec<(Slot, Option<tokio::time::Instant>)>>>;
 
 /// A handler that runs up to `work`, stopping early when its lease is lost.
 fn lease_watcher(lost: &LostLog, log: &RunLog, instance: &str, work: Duration) -> Handler {
-    let (lost, log, instance) = (lost.clone(), log.clone(), instance.to_owned());
-    handler(move |ctx| {
-        let (lost, log, instance) = (lost.clone(), log.clone(), instance.clone());
+    let lost = lost.clone();
+    logging(log, instance, move |ctx| {
+        let lost = lost.clone();
         async move {
-            log.lock().unwrap().push((instance, ctx.slot, false));
             let seen = tokio::select! {
                 _ = ctx.lease_lost() => Some(tokio::time::Instant::now()),
                 _ = tokio::time::sleep(work) => None,
@@ -1335,24 +1305,10 @@ async fn a_holder_cut_off_from_the_store_learns_its_lease_ran_out() {
     ] {
         let ns = unique_namespace("cut_off");
         let slot = T0 - T0 % HOUR + HOUR;
-        let clock = TokioClock::at(slot);
-        let backend = FaultyBackend::new(&ns);
-        let (a, _) = scheduler_on(
-            backend.clone(),
-            clock.clone(),
-            "a",
-            RunStoreOptions::default(),
-        );
         let (lost, log): (LostLog, RunLog) = Default::default();
-        let opts = JobOptions::default()
-            .lease_ttl(ttl)
-            .max_late(Duration::from_secs(10));
-        a.add_job(every(
-            "every 1h",
-            opts,
-            lease_watcher(&lost, &log, "a", 10 * ttl),
-        ))
-        .unwrap();
+        let opts = leased(ttl, Duration::from_secs(10));
+        let watcher = lease_watcher(&lost, &log, "a", 10 * ttl);
+        let (a, _, clock, backend) = on_faulty(&ns, "a", slot, every("every 1h", opts, watcher));
         // The claim's reply arrives 0.5 s after it was sent (before the
         // first heartbeat is due): the lease counts from the sending.
         backend.reply_delay_ms.store(500, Ordering::SeqCst);
@@ -1384,36 +1340,22 @@ async fn a_hung_heartbeat_is_timed_out_and_the_lease_kept() {
     let ttl = Duration::from_secs(3);
     let ns = unique_namespace("hung_heartbeat");
     let slot = T0 - T0 % HOUR + HOUR;
-    let clock = TokioClock::at(slot);
-    let backend = FaultyBackend::new(&ns);
-    let (a, _) = scheduler_on(
-        backend.clone(),
-        clock.clone(),
-        "a",
-        RunStoreOptions::default(),
-    );
-    let (b, _) = scheduler_on(
-        FaultyBackend::new(&ns),
-        clock.clone(),
-        "b",
-        RunStoreOptions::default(),
-    );
     let (lost, log): (LostLog, RunLog) = Default::default();
-    let opts = JobOptions::default()
-        .lease_ttl(ttl)
-        .max_late(Duration::from_secs(60));
-    a.add_job(every(
-        "every 1h",
-        opts.clone(),
-        lease_watcher(&lost, &log, "a", 8 * ttl),
-    ))
-    .unwrap();
-    b.add_job(every(
-        "every 1h",
-        opts,
-        lease_watcher(&lost, &log, "b", 8 * ttl),
-    ))
-    .unwrap();
+    let opts = leased(ttl, Duration::from_secs(60));
+    // One wall clock for both: b looks at the slot exactly when a does.
+    let clock = TokioClock::at(slot);
+    let [(a, backend), (b, _)] = ["a", "b"].map(|name| {
+        let backend = FaultyBackend::new(&ns);
+        let (s, _) = scheduler_on(
+            backend.clone(),
+            clock.clone(),
+            name,
+            RunStoreOptions::default(),
+        );
+        let watcher = lease_watcher(&lost, &log, name, 8 * ttl);
+        s.add_job(every("every 1h", opts.clone(), watcher)).unwrap();
+        (s, backend)
+    });
     assert_eq!(a.tick_at(clock.now_millis()).await.started().len(), 1);
     backend.hang_next.store(1, Ordering::SeqCst); // a's first heartbeat
     for _ in 0..40 {
@@ -1447,26 +1389,11 @@ async fn a_paused_follower_never_claims_a_forgotten_slot() {
     let (a, _) = scheduler_on(memory(), ca.clone(), "a", options.clone());
     let (b, b_store) = scheduler_on(memory(), cb.clone(), "b", options);
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let gated = |instance: &str| {
-        let (log, gate, instance) = (log.clone(), gate.clone(), instance.to_owned());
-        handler(move |ctx| {
-            let (log, gate, instance) = (log.clone(), gate.clone(), instance.clone());
-            async move {
-                log.lock().unwrap().push((instance, ctx.slot, false));
-                gate.acquire()
-                    .await
-                    .map(|p| p.forget())
-                    .map_err(|e| e.to_string())?;
-                Ok(())
-            }
-        })
-    };
-    let opts = JobOptions::default()
-        .lease_ttl(Duration::from_secs(3))
-        .max_late(Duration::from_secs(5));
-    a.add_job(every("every 1m", opts.clone(), gated("a")))
+    let opts = leased(Duration::from_secs(3), Duration::from_secs(5));
+    a.add_job(every("every 1m", opts.clone(), gated(&log, &gate, "a")))
         .unwrap();
-    b.add_job(every("every 1m", opts, gated("b"))).unwrap();
+    b.add_job(every("every 1m", opts, gated(&log, &gate, "b")))
+        .unwrap();
     assert_eq!(a.tick_at(start).await.started(), vec![("job", start)]);
     let rb = b.tick_at(start + 100).await;
     assert!(
@@ -1512,29 +1439,14 @@ async fn a_clock_step_on_a_follower_never_takes_over_a_live_holder() {
     let ns = unique_namespace("stepped_follower");
     let slot = T0 - T0 % (24 * HOUR) + 24 * HOUR;
     let (lost, log): (LostLog, RunLog) = Default::default();
-    let opts = JobOptions::default()
-        .lease_ttl(ttl)
-        .max_late(Duration::from_secs(2 * 3600));
+    let opts = leased(ttl, Duration::from_secs(2 * 3600));
     let make = |name: &str| {
-        let clock = TokioClock::at(slot);
-        let backend = FaultyBackend::new(&ns);
-        let (s, _) = scheduler_on(
-            backend.clone(),
-            clock.clone(),
-            name,
-            RunStoreOptions::default(),
-        );
-        s.add_job(every(
-            "every 1d",
-            opts.clone(),
-            lease_watcher(&lost, &log, name, 20 * ttl),
-        ))
-        .unwrap();
-        (s, clock, backend)
+        let watcher = lease_watcher(&lost, &log, name, 20 * ttl);
+        on_faulty(&ns, name, slot, every("every 1d", opts.clone(), watcher))
     };
-    let (a, ca, a_backend) = make("a");
-    let (b, cb, _) = make("b");
-    let (c, cc, _) = make("c");
+    let (a, _, ca, a_backend) = make("a");
+    let (b, _, cb, _) = make("b");
+    let (c, _, cc, _) = make("c");
     cc.step_forward(Duration::from_secs(3600));
     assert_eq!(a.tick_at(ca.now_millis()).await.started().len(), 1);
     let rb = b.tick_at(cb.now_millis()).await;
@@ -1605,9 +1517,7 @@ async fn a_stopped_instance_holding_the_store_does_not_stall_the_survivor() {
     );
     let log: RunLog = Arc::default();
     let max_late = Duration::from_secs(5);
-    let opts = JobOptions::default()
-        .lease_ttl(Duration::from_secs(3))
-        .max_late(max_late);
+    let opts = leased(Duration::from_secs(3), max_late);
     for i in 0..20 {
         let job = Job::new(
             format!("soak-{i:02}"),
