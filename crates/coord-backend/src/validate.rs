@@ -4,20 +4,12 @@ use std::collections::HashMap;
 
 use crate::{Assert, InvalidInput, Limits, Mutation, Version};
 
+/// A key is a prefix that is not empty.
 fn validate_key(key: &str, limits: &Limits) -> Result<(), InvalidInput> {
     if key.is_empty() {
         return Err(InvalidInput::EmptyKey);
     }
-    if key.len() > limits.max_key_bytes {
-        return Err(InvalidInput::KeyTooLong {
-            len: key.len(),
-            max: limits.max_key_bytes,
-        });
-    }
-    if key.contains('\0') {
-        return Err(InvalidInput::NulByte(key.to_owned()));
-    }
-    Ok(())
+    validate_prefix(key, limits)
 }
 
 /// Check the keys of a snapshot.
