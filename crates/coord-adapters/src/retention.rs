@@ -154,6 +154,29 @@ pub(crate) enum Verdict {
     Keep,
 }
 
+/// Where a pass at `now_ms` starts, once `options` are checked: the cutoff
+/// (ms), the last minute the pass may reach, and the minute the index's
+/// cursor names (`None`: nothing was ever indexed, or it is unreadable).
+async fn pass_start(
+    engine: &CasEngine,
+    index: &RetentionIndex,
+    now_ms: u64,
+    options: &PruneOptions,
+) -> Result<(u64, u64, Option<u64>), Error> {
+    options.check()?;
+    let cutoff_ms = now_ms.saturating_sub(options.retention.as_millis() as u64);
+    let cursor = engine.snapshot(&[index.cursor()]).await?;
+    let first = cursor
+        .first()
+        .and_then(|e| cursor_minute(e.value.as_deref()));
+    Ok((cutoff_ms, minute_of(cutoff_ms), first))
+}
+
+/// The minute a cursor's stored value names, if it is readable.
+fn cursor_minute(value: Option<&[u8]>) -> Option<u64> {
+    std::str::from_utf8(value?).ok()?.parse().ok()
+}
+
 /// How many index entries a prune at `now_ms` would look at: the entries of
 /// the minutes from the cursor up to the cutoff, at most
 /// `options.max_minutes` of them (then `more`). An upper bound of what it
@@ -164,18 +187,9 @@ pub(crate) async fn due(
     now_ms: u64,
     options: &PruneOptions,
 ) -> Result<Pruned, Error> {
-    options.check()?;
-    let cutoff_ms = now_ms.saturating_sub(options.retention.as_millis() as u64);
-    let last = minute_of(cutoff_ms);
-    let cursor_key = index.cursor();
-    let cursor = engine.snapshot(std::slice::from_ref(&cursor_key)).await?;
+    let (_, last, first) = pass_start(engine, index, now_ms, options).await?;
     let mut counted = Pruned::default();
-    let Some(first) = cursor
-        .first()
-        .and_then(|e| e.value.as_deref())
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .and_then(|v| v.parse::<u64>().ok())
-    else {
+    let Some(first) = first else {
         return Ok(counted);
     };
     for (listed, minute) in (first..=last).enumerate() {
@@ -251,19 +265,11 @@ where
     R: Fn(String, String, u64) -> F,
     F: Future<Output = Result<Removal, Error>>,
 {
-    options.check()?;
-    let cutoff_ms = now_ms.saturating_sub(options.retention.as_millis() as u64);
-    let last = minute_of(cutoff_ms);
+    let (cutoff_ms, last, first) = pass_start(engine, index, now_ms, options).await?;
     let cursor_key = index.cursor();
     let mut pruned = Pruned::default();
     let mut listed = 0usize;
-    let cursor = engine.snapshot(std::slice::from_ref(&cursor_key)).await?;
-    let Some(mut minute) = cursor
-        .first()
-        .and_then(|e| e.value.as_deref())
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .and_then(|v| v.parse::<u64>().ok())
-    else {
+    let Some(mut minute) = first else {
         // Nothing was ever indexed (or the cursor is unreadable: keep all).
         return Ok(pruned);
     };
@@ -304,11 +310,7 @@ where
             .decide(
                 std::slice::from_ref(&cursor_key),
                 |view| -> Result<Decision<u64>, Error> {
-                    let now_at = view
-                        .value(&cursor_key)
-                        .and_then(|v| std::str::from_utf8(v).ok())
-                        .and_then(|v| v.parse::<u64>().ok())
-                        .unwrap_or(minute);
+                    let now_at = cursor_minute(view.value(&cursor_key)).unwrap_or(minute);
                     if now_at > minute {
                         return Ok(Decision::Return(now_at));
                     }
