@@ -240,6 +240,11 @@ mod tests {
         GenericLock::with_options(backend, LockOptions::default().with_clock(clock))
     }
 
+    /// `key` taken by `lock` for `ttl` (it must be free).
+    async fn taken(lock: &GenericLock, key: &str, ttl: Duration) -> LockHandle {
+        lock.try_lock(key, ttl).await.unwrap().unwrap()
+    }
+
     #[tokio::test]
     async fn uncontended_lock_and_release_cost_one_round_trip_each_once_warm() {
         let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("lk").unwrap());
@@ -266,11 +271,7 @@ mod tests {
         use crate::lock::LockExt;
         let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("lk").unwrap());
         let holder = GenericLock::new(backend.clone());
-        let held = holder
-            .try_lock("k", Duration::from_secs(30))
-            .await
-            .unwrap()
-            .unwrap();
+        let held = taken(&holder, "k", Duration::from_secs(30)).await;
         // A waiter that gives up at its first rejected txn: its cold cache
         // guesses wrong, which is contention to wait through, not a failure.
         let cas = CasOptions {
@@ -293,11 +294,7 @@ mod tests {
     async fn release_keeps_the_fence_counter_in_the_record() {
         let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("lk").unwrap());
         let lock = GenericLock::new(backend.clone());
-        let h = lock
-            .try_lock("a", Duration::from_secs(5))
-            .await
-            .unwrap()
-            .unwrap();
+        let h = taken(&lock, "a", Duration::from_secs(5)).await;
         assert_eq!(h.fence(), 1);
         lock.release(h).await.unwrap();
         let stored = backend.get("lock/a").await.unwrap();
@@ -353,11 +350,7 @@ mod tests {
         let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("lk").unwrap());
         let clock = Arc::new(ManualClock::at_millis(1_000_000));
         let lock = lock_with_clock(backend, clock.clone());
-        let h = lock
-            .try_lock("k", Duration::from_millis(100))
-            .await
-            .unwrap()
-            .unwrap();
+        let h = taken(&lock, "k", Duration::from_millis(100)).await;
         clock.advance(Duration::from_millis(100));
         let err = lock.renew(&h).await.unwrap_err();
         assert!(

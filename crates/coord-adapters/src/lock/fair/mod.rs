@@ -322,18 +322,28 @@ mod tests {
     use coord_backend::ManualClock;
     use coord_memory::SingleProcessMemoryBackend;
 
-    fn fair(backend: &Arc<dyn Backend>, clock: &Arc<ManualClock>) -> FairLock {
-        FairLock::with_options(
+    /// A fair lock over a fresh store, and the store and clock it uses.
+    fn fair() -> (Arc<dyn Backend>, Arc<ManualClock>, FairLock) {
+        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("fl").unwrap());
+        let clock = Arc::new(ManualClock::at_millis(1_000));
+        let lock = FairLock::with_options(
             backend.clone(),
             FairLockOptions::default().with_clock(clock.clone()),
-        )
+        );
+        (backend, clock, lock)
+    }
+
+    /// Check that no ticket is left in key `k`'s line.
+    async fn assert_no_tickets(backend: &Arc<dyn Backend>) {
+        assert_eq!(
+            backend.keys("fairlock/k/q/").await.unwrap(),
+            Vec::<String>::new()
+        );
     }
 
     #[tokio::test]
     async fn try_lock_and_release_keep_the_fence_and_leave_no_tickets() {
-        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("fl").unwrap());
-        let clock = Arc::new(ManualClock::at_millis(1_000));
-        let lock = fair(&backend, &clock);
+        let (backend, _, lock) = fair();
         let ttl = Duration::from_secs(10);
         let h = lock.try_lock("k", ttl).await.unwrap().unwrap();
         assert_eq!(h.fence(), 1);
@@ -342,10 +352,7 @@ mod tests {
         let h = lock.lock("k", ttl, Duration::from_secs(1)).await.unwrap();
         assert_eq!(h.fence(), 2);
         lock.release(h).await.unwrap();
-        assert_eq!(
-            backend.keys("fairlock/k/q/").await.unwrap(),
-            Vec::<String>::new()
-        );
+        assert_no_tickets(&backend).await;
         let status = lock.status("k").await.unwrap().unwrap();
         assert_eq!(
             (status.fence, status.live, status.waiting.len()),
@@ -408,9 +415,7 @@ mod tests {
 
     #[tokio::test]
     async fn more_dead_tickets_than_one_decision_reads_are_cleared_in_batches() {
-        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("fl").unwrap());
-        let clock = Arc::new(ManualClock::at_millis(1_000));
-        let lock = fair(&backend, &clock);
+        let (backend, clock, lock) = fair();
         let short = Duration::from_millis(100);
         for _ in 0..(LOOKAHEAD * 2 + 3) {
             lock.join_slow("k", short).await.unwrap();
@@ -419,9 +424,6 @@ mod tests {
         clock.advance(Duration::from_millis(101));
         let h = lock.try_lock("k", short).await.unwrap().unwrap();
         assert_eq!(h.fence(), 1);
-        assert_eq!(
-            backend.keys("fairlock/k/q/").await.unwrap(),
-            Vec::<String>::new()
-        );
+        assert_no_tickets(&backend).await;
     }
 }
