@@ -9,7 +9,7 @@ use std::sync::Arc;
 use coord_adapters::sideeffect::{Acquired, Action, EffectResult, Lease, Outcome, SideEffectStore};
 use coord_backend::{Backend, Entry};
 
-use super::{Fixture, TTL};
+use super::{Fixture, PAST_TTL, TTL};
 use crate::{ensure, CheckResult, Failure};
 
 /// Fail unless `$result` is an `Err` matching `$pattern`.
@@ -53,6 +53,37 @@ pub(super) async fn grant(
     acquired
         .into_lease()
         .ok_or_else(|| Failure::new("Applied without a lease"))
+}
+
+/// `first` is granted, then `second` takes its resource over once the lease
+/// has expired: both leases.
+pub(super) async fn taken_over(
+    fx: &Fixture,
+    store: &Arc<dyn SideEffectStore>,
+    first: &Action,
+    second: &Action,
+) -> Result<(Lease, Lease), Failure> {
+    let old = grant(store, first).await?;
+    fx.advance(PAST_TTL);
+    let new = grant(store, second).await?;
+    Ok((old, new))
+}
+
+/// After a stale call of the old holder, the newer `holder` still holds:
+/// `other` is contended (a failure says `context`) and the holder renews.
+pub(super) async fn newer_holder_intact(
+    fx: &Fixture,
+    store: &Arc<dyn SideEffectStore>,
+    (holder, lease): (&Action, &Lease),
+    other: &Action,
+    context: &str,
+) -> CheckResult {
+    contended_to_another(fx, other, context).await?;
+    store
+        .renew(holder, lease, TTL)
+        .await
+        .map_err(|e| Failure::new(format!("the newer holder lost its lease: {e}")))?;
+    Ok(())
 }
 
 /// Acquire; the outcome must be `expected`, with no lease (and no result unless replayed).

@@ -10,7 +10,7 @@ use coord_backend::Clock;
 
 use super::helpers::{
     action, contended_to_another, expect_err, expect_replayed, grant, granted_to_another, join,
-    replayed_to_another, result, uncertain_to_another,
+    newer_holder_intact, replayed_to_another, result, taken_over, uncertain_to_another,
 };
 use super::{Fixture, PAST_TTL, TTL};
 use crate::{ensure, CheckResult, Failure};
@@ -58,9 +58,7 @@ pub async fn rule_12_complete_first_result_wins(fx: Fixture) -> CheckResult {
 pub async fn rule_13_complete_stale_fence(fx: Fixture) -> CheckResult {
     let store = fx.store().await?;
     let (a, b) = (action("a", "r"), action("b", "r"));
-    let la = grant(&store, &a).await?;
-    fx.advance(PAST_TTL);
-    let lb = grant(&store, &b).await?;
+    let (la, lb) = taken_over(&fx, &store, &a, &b).await?;
     expect_err!(
         store.complete(&a, &la, result("late")).await,
         SideEffectError::FenceStale,
@@ -159,19 +157,13 @@ pub async fn rule_16_release_frees_resource_only(fx: Fixture) -> CheckResult {
 pub async fn rule_17_stale_release(fx: Fixture) -> CheckResult {
     let store = fx.store().await?;
     let (a, b, c) = (action("a", "r"), action("b", "r"), action("c", "r"));
-    let la = grant(&store, &a).await?;
-    fx.advance(PAST_TTL);
-    let lb = grant(&store, &b).await?;
+    let (la, lb) = taken_over(&fx, &store, &a, &b).await?;
     expect_err!(
         store.release(&a, &la).await,
         SideEffectError::FenceStale,
         "release with a taken-over lease"
     );
-    contended_to_another(&fx, &c, "after the stale release").await?;
-    store
-        .renew(&b, &lb, TTL)
-        .await
-        .map_err(|e| Failure::new(format!("the newer holder lost its lease: {e}")))?;
+    newer_holder_intact(&fx, &store, (&b, &lb), &c, "after the stale release").await?;
     Ok(())
 }
 
@@ -204,19 +196,13 @@ pub async fn rule_18_renew_extends(fx: Fixture) -> CheckResult {
 pub async fn rule_19_renew_after_takeover(fx: Fixture) -> CheckResult {
     let store = fx.store().await?;
     let (a, b, c) = (action("a", "r"), action("b", "r"), action("c", "r"));
-    let la = grant(&store, &a).await?;
-    fx.advance(PAST_TTL);
-    let lb = grant(&store, &b).await?;
+    let (la, lb) = taken_over(&fx, &store, &a, &b).await?;
     expect_err!(
         store.renew(&a, &la, TTL).await,
         SideEffectError::LeaseLost,
         "renew after a takeover"
     );
-    contended_to_another(&fx, &c, "after the refused renew").await?;
-    store
-        .renew(&b, &lb, TTL)
-        .await
-        .map_err(|e| Failure::new(format!("the newer holder lost its lease: {e}")))?;
+    newer_holder_intact(&fx, &store, (&b, &lb), &c, "after the refused renew").await?;
     Ok(())
 }
 
@@ -303,18 +289,12 @@ pub async fn rule_22_abandon_allows_rerun(fx: Fixture) -> CheckResult {
 pub async fn rule_23_abandon_stale_lease(fx: Fixture) -> CheckResult {
     let store = fx.store().await?;
     let (a, b, c) = (action("a", "r"), action("b", "r"), action("c", "r"));
-    let la = grant(&store, &a).await?;
-    fx.advance(PAST_TTL);
-    let lb = grant(&store, &b).await?;
+    let (la, lb) = taken_over(&fx, &store, &a, &b).await?;
     match store.abandon(&a, &la, "late").await {
         Ok(()) | Err(SideEffectError::FenceStale) => {}
         Err(other) => return Err(other.into()),
     }
-    contended_to_another(&fx, &c, "after the stale abandon").await?;
-    store
-        .renew(&b, &lb, TTL)
-        .await
-        .map_err(|e| Failure::new(format!("the newer holder lost its lease: {e}")))?;
+    newer_holder_intact(&fx, &store, (&b, &lb), &c, "after the stale abandon").await?;
     store.complete(&b, &lb, result("b")).await?;
     Ok(())
 }

@@ -10,7 +10,7 @@ use coord_adapters::sideeffect::{
 
 use super::helpers::{
     action, expect_err, expect_outcome, expect_replayed, grant, granted_to_another, join,
-    make_uncertain, replayed_to_another, result, uncertain_to_another,
+    make_uncertain, replayed_to_another, result, taken_over, uncertain_to_another,
 };
 use super::{Fixture, PAST_TTL, TTL};
 use crate::faults::{Fault, FaultyBackend, Target};
@@ -51,9 +51,7 @@ pub async fn rule_25_mark_uncertain_idempotent(fx: Fixture) -> CheckResult {
 pub async fn rule_26_mark_uncertain_stale_fence(fx: Fixture) -> CheckResult {
     let store = fx.store().await?;
     let (a, b) = (action("a", "r"), action("b", "r"));
-    let la = grant(&store, &a).await?;
-    fx.advance(PAST_TTL);
-    let lb = grant(&store, &b).await?;
+    let (la, lb) = taken_over(&fx, &store, &a, &b).await?;
     expect_err!(
         store.mark_uncertain(&a, &la, "late").await,
         SideEffectError::FenceStale,
@@ -65,9 +63,7 @@ pub async fn rule_26_mark_uncertain_stale_fence(fx: Fixture) -> CheckResult {
     // The same key granted again (declared retry-safe) and completed by the
     // newer holder: the old holder's mark must not make it unknown.
     let k = action("k", "r2").with_retry_safety(RetrySafety::Safe);
-    let old = grant(&store, &k).await?;
-    fx.advance(PAST_TTL);
-    let new = grant(&store, &k).await?;
+    let (old, new) = taken_over(&fx, &store, &k, &k).await?;
     store.complete(&k, &new, result("new")).await?;
     expect_err!(
         store.mark_uncertain(&k, &old, "late").await,
