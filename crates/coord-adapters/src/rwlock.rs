@@ -72,7 +72,7 @@ use tokio::time::Instant;
 use crate::cas::{
     record_kind, record_options, whole_millis, CasStats, LeaseRecord, Nonce, RecordSpace, Verdict,
 };
-use crate::lock::{validate_lock_input, LockError, LockHandle, LostReason};
+use crate::lock::{inspect_status, validate_lock_input, LockError, LockHandle, LostReason};
 use crate::mint_token;
 use crate::wake::WaitError;
 
@@ -562,11 +562,9 @@ impl RwLock for GenericRwLock {
     }
 
     async fn status(&self, key: &str) -> Result<Option<RwStatus>, LockError> {
-        validate_lock_input(key, Duration::from_millis(1))?;
-        let Some(record) = self.space.inspect::<RwRecord>(key).await? else {
+        let Some((record, now)) = inspect_status::<RwRecord>(&self.space, key).await? else {
             return Ok(None);
         };
-        let now = self.space.now_millis();
         Ok(Some(RwStatus {
             key: key.to_owned(),
             fence: record.fence,

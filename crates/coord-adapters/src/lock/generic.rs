@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use coord_backend::Backend;
 use serde::{Deserialize, Serialize};
 
-use super::{validate_lock_input, Lock, LockError, LockHandle, LostReason};
+use super::{inspect_status, validate_lock_input, Lock, LockError, LockHandle, LostReason};
 use crate::cas::{
     record_kind, record_options, whole_millis, CasStats, LeaseRecord, Nonce, RecordSpace, Verdict,
 };
@@ -214,11 +214,9 @@ impl GenericLock {
     /// What the store holds for `key`: one consistent read, for inspection
     /// only (never a basis for a decision). `Ok(None)`: never locked.
     pub async fn status(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
-        validate_lock_input(key, Duration::from_millis(1))?;
-        let Some(record) = self.space.inspect::<LockRecord>(key).await? else {
+        let Some((record, now)) = inspect_status::<LockRecord>(&self.space, key).await? else {
             return Ok(None);
         };
-        let now = self.space.now_millis();
         Ok(Some(LockStatus {
             key: key.to_owned(),
             fence: record.fence,

@@ -66,6 +66,7 @@ use std::time::{Duration, SystemTime};
 
 use coord_backend::InvalidInput;
 
+use crate::cas::{Record, RecordSpace};
 use crate::grant::{grant_accessors, Grant};
 use crate::wake::Wake;
 
@@ -312,4 +313,18 @@ pub fn validate_lock_input(key: &str, ttl: Duration) -> Result<(), LockError> {
         ))));
     }
     Ok(())
+}
+
+/// The record of lock `key` in `space`, and now by the space's clock, for a
+/// status read (one consistent read; inspection only, never a basis for a
+/// decision): the key is checked first; `None` when it has no record.
+pub(crate) async fn inspect_status<R: Record>(
+    space: &RecordSpace,
+    key: &str,
+) -> Result<Option<(R, u64)>, LockError> {
+    validate_lock_input(key, Duration::from_millis(1))?;
+    let Some(record) = space.inspect::<R>(key).await? else {
+        return Ok(None);
+    };
+    Ok(Some((record, space.now_millis())))
 }

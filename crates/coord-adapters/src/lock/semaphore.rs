@@ -46,7 +46,7 @@ use coord_backend::{Backend, InvalidInput};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::{validate_lock_input, LockError, LockHandle, LostReason, WaitOptions};
+use super::{inspect_status, validate_lock_input, LockError, LockHandle, LostReason, WaitOptions};
 use crate::cas::space::LeaseOffer;
 use crate::cas::{
     record_kind, record_options, whole_millis, CasStats, LeaseRecord, Nonce, RecordSpace, Verdict,
@@ -298,11 +298,9 @@ impl GenericSemaphore {
     /// What the store holds for `key` (one read, for inspection only).
     /// `Ok(None)`: never used.
     pub async fn status(&self, key: &str) -> Result<Option<SemaphoreStatus>, LockError> {
-        validate_lock_input(key, Duration::from_millis(1))?;
-        let Some(record) = self.space.inspect::<SemRecord>(key).await? else {
+        let Some((record, now)) = inspect_status::<SemRecord>(&self.space, key).await? else {
             return Ok(None);
         };
-        let now = self.space.now_millis();
         Ok(Some(SemaphoreStatus {
             key: key.to_owned(),
             fence: record.fence,
