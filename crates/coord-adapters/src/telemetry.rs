@@ -178,6 +178,15 @@ pub fn lock_lost_if(error: &crate::LockError) {
     }
 }
 
+/// The answer of a `renew`, counted in [`LOCK_LOST_TOTAL`] when it is
+/// [`crate::LockError::Lost`].
+pub(crate) fn lock_renewed(renewed: Result<(), LockError>) -> Result<(), LockError> {
+    if let Err(error) = &renewed {
+        lock_lost_if(error);
+    }
+    renewed
+}
+
 pub(crate) fn lock_lost(reason: &'static str) {
     metrics::counter!(LOCK_LOST_TOTAL, "reason" => reason).increment(1);
 }
@@ -243,11 +252,7 @@ pub async fn observe_renew(
 ) -> Result<(), LockError> {
     let span =
         tracing::info_span!("lock.renew", key = %handle.key(), store, fence = handle.fence());
-    let renewed = attempt.instrument(span).await;
-    if let Err(error) = &renewed {
-        lock_lost_if(error);
-    }
-    renewed
+    lock_renewed(attempt.instrument(span).await)
 }
 
 /// The span of one `release` of the lock on `key` held with `fence` (see

@@ -158,10 +158,7 @@ impl Lock for GenericLock {
                 Ok(Verdict::Write(renewed, ()))
             })
             .await;
-        if let Err(error) = &renewed {
-            telemetry::lock_lost_if(error);
-        }
-        renewed
+        telemetry::lock_renewed(renewed)
     }
 
     #[tracing::instrument(name = "lock.release", skip_all, fields(

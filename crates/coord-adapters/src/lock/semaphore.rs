@@ -482,10 +482,7 @@ impl Semaphore for GenericSemaphore {
                 Ok(Verdict::Write(renewed, ()))
             })
             .await;
-        if let Err(error) = &renewed {
-            telemetry::lock_lost_if(error);
-        }
-        renewed
+        telemetry::lock_renewed(renewed)
     }
 
     #[tracing::instrument(name = "semaphore.release", skip_all, fields(

@@ -243,10 +243,7 @@ impl Lock for FairLock {
                 })
             })
             .await;
-        if let Err(error) = &renewed {
-            telemetry::lock_lost_if(error);
-        }
-        renewed
+        telemetry::lock_renewed(renewed)
     }
 
     /// Release, handing the lock to the first live waiter in the same txn
