@@ -470,20 +470,22 @@ impl Driver {
             tail
         });
         let waited = if phase == "random" {
-            Ok(())
+            Ok(Marker::Reached)
         } else {
             wait_for_marker(&rx, phase, &mut child)
         };
-        if let Err(why) = waited {
-            let _ = child.kill();
-            let _ = child.wait();
-            let tail = reader.join().unwrap_or_default();
-            return Err(format!("{why}; child stderr: {}", tail.trim()));
-        }
-        let deadline = if phase == "random" {
-            started + kill_after
-        } else {
-            Instant::now() + kill_after
+        let deadline = match waited {
+            Err(why) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let tail = reader.join().unwrap_or_default();
+                return Err(format!("{why}; child stderr: {}", tail.trim()));
+            }
+            // Nothing left to kill: the iteration goes on as "exited",
+            // and settling it checks the counter like any other.
+            Ok(Marker::ExitedFirst) => Instant::now(),
+            Ok(Marker::Reached) if phase == "random" => started + kill_after,
+            Ok(Marker::Reached) => Instant::now() + kill_after,
         };
         std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
         let finished = matches!(child.try_wait(), Ok(Some(_)));
@@ -670,16 +672,26 @@ impl Driver {
     }
 }
 
+/// How a child met the point it was to be killed at.
+enum Marker {
+    /// It printed the point's marker.
+    Reached,
+    /// It ended with success before the point, without applying: for one,
+    /// a stall on a loaded machine outlived its lease between the grant and
+    /// the apply, and it abandoned the action, as it must.
+    ExitedFirst,
+}
+
 fn wait_for_marker(
     rx: &mpsc::Receiver<String>,
     phase: &str,
     child: &mut Child,
-) -> Result<(), String> {
+) -> Result<Marker, String> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left.min(Duration::from_millis(200))) {
-            Ok(seen) if seen == phase => return Ok(()),
+            Ok(seen) if seen == phase => return Ok(Marker::Reached),
             Ok(_) => {}
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 if Instant::now() >= deadline {
@@ -687,8 +699,13 @@ fn wait_for_marker(
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
-                return Err(format!("child exited ({status}) before reaching {phase}"));
+                return match child.wait() {
+                    Ok(status) if status.success() => Ok(Marker::ExitedFirst),
+                    status => Err(format!(
+                        "child exited ({}) before reaching {phase}",
+                        status.map(|s| s.to_string()).unwrap_or_default()
+                    )),
+                };
             }
         }
     }
