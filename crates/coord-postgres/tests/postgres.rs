@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use coord_backend::{
-    Assert, Backend, BackendExt, Entry, Error, Mutation, StoreUrl, TxnOutcome, Version,
+    Assert, Backend, BackendExt, ChangeWatch, Entry, Error, Mutation, StoreUrl, TxnOutcome, Version,
 };
 use coord_conformance::fault::FaultProxy;
 use coord_conformance::support::applied;
@@ -45,6 +45,24 @@ async fn connect(base: &str, namespace: &str, options: PostgresOptions) -> Postg
     PostgresBackend::connect_with(&store_url(base, namespace), options)
         .await
         .unwrap()
+}
+
+/// Connects to `url` (namespace `namespace`), giving up after `timeout`.
+async fn connect_within(
+    url: &str,
+    namespace: &str,
+    timeout: Duration,
+) -> Result<PostgresBackend, Error> {
+    let options = PostgresOptions::default().with_connect_timeout(timeout);
+    PostgresBackend::connect_with(&store_url(url, namespace), options).await
+}
+
+#[track_caller]
+fn assert_unavailable<T: std::fmt::Debug>(result: &Result<T, Error>) {
+    assert!(
+        matches!(result, Err(Error::Unavailable { .. })),
+        "{result:?}"
+    );
 }
 
 /// A plain sqlx connection for looking behind the backend's back.
@@ -100,23 +118,33 @@ async fn upstream(base: &str) -> std::net::SocketAddr {
     addr
 }
 
-fn factory() -> Option<BackendFactory> {
-    let mut base = base_url()?;
-    // Suites open a store per case; TLS handshakes (slow in debug builds) add
-    // nothing there. `sslmode_is_honoured` covers TLS.
-    if !base.contains("sslmode=") {
-        base = with_params(&base, "sslmode=disable");
+/// The server's URL for the suites: without TLS unless it names a mode.
+/// Suites open a store per case; TLS handshakes (slow in debug builds) add
+/// nothing there. `sslmode_is_honoured` covers TLS.
+fn suite_base() -> Option<String> {
+    let base = base_url()?;
+    if base.contains("sslmode=") {
+        Some(base)
+    } else {
+        Some(with_params(&base, "sslmode=disable"))
     }
+}
+
+/// The store one suite case runs against.
+async fn suite_store(url: &str, namespace: &str) -> Result<Arc<dyn Backend>, Error> {
+    let store = PostgresBackend::connect_with(
+        &store_url(url, namespace),
+        PostgresOptions::default().with_max_connections(8),
+    )
+    .await?;
+    Ok(Arc::new(store))
+}
+
+fn factory() -> Option<BackendFactory> {
+    let base = suite_base()?;
     Some(coord_conformance::factory(move |namespace| {
         let base = base.clone();
-        async move {
-            let store = PostgresBackend::connect_with(
-                &store_url(&base, &namespace),
-                PostgresOptions::default().with_max_connections(8),
-            )
-            .await?;
-            Ok(Arc::new(store) as Arc<dyn Backend>)
-        }
+        async move { suite_store(&base, &namespace).await }
     }))
 }
 
@@ -220,10 +248,7 @@ async fn isolation_database_once(
 /// Like [`factory`], against database `name` whose sessions default to
 /// `isolation` (created on first use).
 fn isolation_factory(name: &'static str, isolation: &'static str) -> Option<BackendFactory> {
-    let mut base = base_url()?;
-    if !base.contains("sslmode=") {
-        base = with_params(&base, "sslmode=disable");
-    }
+    let base = suite_base()?;
     Some(coord_conformance::factory(move |namespace| {
         let base = base.clone();
         async move {
@@ -233,12 +258,7 @@ fn isolation_factory(name: &'static str, isolation: &'static str) -> Option<Back
                     message,
                     source: None,
                 })?;
-            let store = PostgresBackend::connect_with(
-                &store_url(&url, &namespace),
-                PostgresOptions::default().with_max_connections(8),
-            )
-            .await?;
-            Ok(Arc::new(store) as Arc<dyn Backend>)
+            suite_store(&url, &namespace).await
         }
     }))
 }
@@ -715,15 +735,8 @@ async fn closed_port_is_unavailable() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     drop(listener);
-    let result = PostgresBackend::connect_with(
-        &store_url(&via(&base, addr), "down"),
-        PostgresOptions::default().with_connect_timeout(Duration::from_secs(1)),
-    )
-    .await;
-    assert!(
-        matches!(result, Err(Error::Unavailable { .. })),
-        "{result:?}"
-    );
+    let result = connect_within(&via(&base, addr), "down", Duration::from_secs(1)).await;
+    assert_unavailable(&result);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -749,9 +762,9 @@ async fn server_gone_before_sending_is_unavailable() {
             &[Mutation::put("k", b"v".to_vec())],
         )
         .await;
-    assert!(matches!(txn, Err(Error::Unavailable { .. })), "{txn:?}");
+    assert_unavailable(&txn);
     let read = store.snapshot(&["k".to_owned()]).await;
-    assert!(matches!(read, Err(Error::Unavailable { .. })), "{read:?}");
+    assert_unavailable(&read);
 }
 
 // ---------------------------------------------------------------- schema
@@ -812,12 +825,10 @@ async fn sslmode_is_honoured() {
         .await
         .unwrap();
     let app = unique_namespace("tls").replace('-', "_");
-    let required = PostgresBackend::connect_with(
-        &store_url(
-            &with_params(&base, &format!("sslmode=require&application_name={app}")),
-            "tls",
-        ),
-        PostgresOptions::default().with_connect_timeout(Duration::from_secs(2)),
+    let required = connect_within(
+        &with_params(&base, &format!("sslmode=require&application_name={app}")),
+        "tls",
+        Duration::from_secs(2),
     )
     .await;
     if ssl != "on" {
@@ -839,15 +850,13 @@ async fn sslmode_is_honoured() {
 
     // verify-full checks the certificate and the host name against the
     // system trust store: a local server's self-signed certificate fails.
-    let verified = PostgresBackend::connect_with(
-        &store_url(&with_params(&base, "sslmode=verify-full"), "tls"),
-        PostgresOptions::default().with_connect_timeout(Duration::from_secs(2)),
+    let verified = connect_within(
+        &with_params(&base, "sslmode=verify-full"),
+        "tls",
+        Duration::from_secs(2),
     )
     .await;
-    assert!(
-        matches!(verified, Err(Error::Unavailable { .. })),
-        "{verified:?}"
-    );
+    assert_unavailable(&verified);
 }
 
 // ---------------------------------------------------------------- store specifics
@@ -1082,7 +1091,7 @@ async fn urls_and_schema_options() {
     assert!(written.unwrap().applied);
     // The table is gone: a read is an error, never an empty answer.
     let gone = installed.keys("").await;
-    assert!(matches!(gone, Err(Error::Unavailable { .. })), "{gone:?}");
+    assert_unavailable(&gone);
 }
 
 // ---------------------------------------------------------------- change notifications
@@ -1092,11 +1101,10 @@ async fn urls_and_schema_options() {
 /// deletes; a rejected one leaves the watch working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_key_writes_notify() {
-    let Some(base) = base_url() else { return };
-    let namespace = unique_namespace("pg_notify_fast");
-    let watcher = connect(&base, &namespace, PostgresOptions::default()).await;
-    let writer = connect(&base, &namespace, PostgresOptions::default()).await;
-    let mut watch = watcher.changes().unwrap().watch("k/").await.unwrap();
+    let Some((_, _, watcher, writer)) = notified("pg_notify_fast").await else {
+        return;
+    };
+    let mut watch = watch(&watcher, "k/").await;
     let steps: [(&str, Assert, Mutation); 3] = [
         (
             "create",
@@ -1117,10 +1125,7 @@ async fn single_key_writes_notify() {
     for (what, assert, mutation) in steps {
         let out = writer.txn(&[assert], &[mutation]).await.unwrap();
         assert!(out.applied, "{what}: not applied");
-        tokio::time::timeout(coord_conformance::changes::WAKE_BOUND, watch.changed())
-            .await
-            .unwrap_or_else(|_| panic!("{what}: no wake-up from a single-key txn"))
-            .unwrap();
+        woken(&mut watch, &format!("{what} (a single-key txn)")).await;
     }
 }
 
@@ -1130,27 +1135,18 @@ async fn single_key_writes_notify() {
 /// the namespace, also one on a prefix none of the keys has.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_or_multiline_key_lists_notify_anything() {
-    let Some(base) = base_url() else { return };
-    let namespace = unique_namespace("pg_notify_payload");
-    let watcher = connect(&base, &namespace, PostgresOptions::default()).await;
-    let writer = connect(&base, &namespace, PostgresOptions::default()).await;
+    let Some((_, _, watcher, writer)) = notified("pg_notify_payload").await else {
+        return;
+    };
     let long: Vec<Mutation> = (0..60)
         .map(|i| Mutation::put(format!("k/{i:03}/{}", "x".repeat(150)), b"1".to_vec()))
         .collect();
     let multiline = vec![Mutation::put("k/two\nlines", b"1".to_vec())];
     for (what, mutations) in [("9 KB of keys", long), ("a key with a newline", multiline)] {
-        let mut watch = watcher
-            .changes()
-            .unwrap()
-            .watch("elsewhere/")
-            .await
-            .unwrap();
+        let mut watch = watch(&watcher, "elsewhere/").await;
         let out = writer.txn(&[], &mutations).await.unwrap();
         assert!(out.applied, "{what}: not applied");
-        tokio::time::timeout(coord_conformance::changes::WAKE_BOUND, watch.changed())
-            .await
-            .unwrap_or_else(|_| panic!("{what}: no wake-up"))
-            .unwrap();
+        woken(&mut watch, what).await;
     }
 }
 
@@ -1169,21 +1165,61 @@ async fn notify_changes_off_sends_nothing() {
     .await;
     let loud = connect(&base, &namespace, PostgresOptions::default()).await;
     // Notifications are sent only while someone listens through coord (its lease).
-    let _watch = loud.changes().unwrap().watch("").await.unwrap();
-    let mut listener = sqlx::postgres::PgListener::connect(&base).await.unwrap();
-    let channel: String = sqlx::query_scalar("SELECT 'coord_' || md5($1)")
-        .bind(&namespace)
-        .fetch_one(&mut listener)
-        .await
-        .unwrap();
-    listener.listen(&channel).await.unwrap();
+    let _watch = watch(&loud, "").await;
+    let mut listener = raw_listener(&base, &namespace).await;
     assert!(applied(quiet.txn(&[], &[Mutation::put("quiet", b"1".to_vec())])).await);
     assert!(applied(loud.txn(&[], &[Mutation::put("loud", b"1".to_vec())])).await);
-    let first = tokio::time::timeout(Duration::from_secs(10), listener.recv())
-        .await
-        .expect("no notification within 10 s")
-        .unwrap();
+    let first = notification(&mut listener, "from the loud client").await;
     assert_eq!(first.payload(), "loud");
+}
+
+/// A fresh namespace (`label`-…) with a client that watches it and one that
+/// writes to it: `(base URL, namespace, watcher, writer)`; `None` without a server.
+async fn notified(label: &str) -> Option<(String, String, PostgresBackend, PostgresBackend)> {
+    let base = base_url()?;
+    let namespace = unique_namespace(label);
+    let watcher = connect(&base, &namespace, PostgresOptions::default()).await;
+    let writer = connect(&base, &namespace, PostgresOptions::default()).await;
+    Some((base, namespace, watcher, writer))
+}
+
+/// A coord watch of `prefix` on `store`.
+async fn watch(store: &PostgresBackend, prefix: &str) -> Box<dyn ChangeWatch> {
+    store.changes().unwrap().watch(prefix).await.unwrap()
+}
+
+/// Fails the test (saying `what`) unless `watch` wakes within the changes
+/// suite's bound.
+async fn woken(watch: &mut Box<dyn ChangeWatch>, what: &str) {
+    tokio::time::timeout(coord_conformance::changes::WAKE_BOUND, watch.changed())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no wake-up"))
+        .unwrap();
+}
+
+/// The next notification on `listener`, within 10 s (else fails saying `what`).
+async fn notification(
+    listener: &mut sqlx::postgres::PgListener,
+    what: &str,
+) -> sqlx::postgres::PgNotification {
+    tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .unwrap_or_else(|_| panic!("no notification within 10 s {what}"))
+        .unwrap()
+}
+
+/// A session inside a transaction that already checked `namespace` for a
+/// lease (finding none, it will not notify) and has not committed yet.
+async fn writer_that_missed_the_lease(base: &str, namespace: &str) -> PgConnection {
+    let mut writer = admin(base).await;
+    sqlx::query("BEGIN").execute(&mut writer).await.unwrap();
+    let answered: bool = sqlx::query_scalar("SELECT coord_notify($1, ARRAY['k/1'])")
+        .bind(namespace)
+        .fetch_one(&mut writer)
+        .await
+        .unwrap();
+    assert!(answered);
+    writer
 }
 
 /// A LISTEN on the namespace's channel, outside coord (so it holds no lease).
@@ -1203,10 +1239,9 @@ async fn raw_listener(base: &str, namespace: &str) -> sqlx::postgres::PgListener
 /// holds the namespace's lease, every write notifies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_watched_namespace_is_notified() {
-    let Some(base) = base_url() else { return };
-    let namespace = unique_namespace("pg_notify_watched");
-    let writer = connect(&base, &namespace, PostgresOptions::default()).await;
-    let watcher = connect(&base, &namespace, PostgresOptions::default()).await;
+    let Some((base, namespace, watcher, writer)) = notified("pg_notify_watched").await else {
+        return;
+    };
     let mut listener = raw_listener(&base, &namespace).await;
     let writer = &writer;
     let put = |key: &'static str| async move {
@@ -1220,17 +1255,11 @@ async fn only_a_watched_namespace_is_notified() {
         "an unwatched namespace was notified: {early:?}"
     );
 
-    let mut watch = watcher.changes().unwrap().watch("").await.unwrap();
+    let mut watch = watch(&watcher, "").await;
     put("watched").await;
-    let first = tokio::time::timeout(Duration::from_secs(10), listener.recv())
-        .await
-        .expect("no notification within 10 s while watched")
-        .unwrap();
+    let first = notification(&mut listener, "while watched").await;
     assert_eq!(first.payload(), "watched");
-    tokio::time::timeout(coord_conformance::changes::WAKE_BOUND, watch.changed())
-        .await
-        .expect("the coord watch was not woken")
-        .unwrap();
+    woken(&mut watch, "the coord watch").await;
 }
 
 /// A writer that checked for a lease before the first watch registered one
@@ -1242,15 +1271,8 @@ async fn a_first_watch_waits_for_writers_that_missed_its_lease() {
     let Some(base) = base_url() else { return };
     let namespace = unique_namespace("pg_notify_barrier");
     let watcher = connect(&base, &namespace, PostgresOptions::default()).await;
-    let mut writer = admin(&base).await;
     // A writer between its check (no lease yet: nothing will be sent) and its commit.
-    sqlx::query("BEGIN").execute(&mut writer).await.unwrap();
-    let answered: bool = sqlx::query_scalar("SELECT coord_notify($1, ARRAY['k/1'])")
-        .bind(&namespace)
-        .fetch_one(&mut writer)
-        .await
-        .unwrap();
-    assert!(answered);
+    let mut writer = writer_that_missed_the_lease(&base, &namespace).await;
     first_watch_across_a_commit(watcher, async move {
         sqlx::query("COMMIT").execute(&mut writer).await.unwrap();
     })
@@ -1261,23 +1283,12 @@ async fn a_first_watch_waits_for_writers_that_missed_its_lease() {
 /// other writer: the listener requests no lock, so nobody queues behind it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_first_watch_holds_up_no_writer() {
-    let Some(base) = base_url() else { return };
-    let namespace = unique_namespace("pg_notify_no_queue");
-    let watcher = connect(&base, &namespace, PostgresOptions::default()).await;
-    let writer = connect(&base, &namespace, PostgresOptions::default()).await;
-    let mut open_writer = admin(&base).await;
-    sqlx::query("BEGIN")
-        .execute(&mut open_writer)
-        .await
-        .unwrap();
-    let answered: bool = sqlx::query_scalar("SELECT coord_notify($1, ARRAY['k/1'])")
-        .bind(&namespace)
-        .fetch_one(&mut open_writer)
-        .await
-        .unwrap();
-    assert!(answered);
+    let Some((base, namespace, watcher, writer)) = notified("pg_notify_no_queue").await else {
+        return;
+    };
+    let mut open_writer = writer_that_missed_the_lease(&base, &namespace).await;
     let watching = tokio::spawn(async move {
-        let watch = watcher.changes().unwrap().watch("k/").await.unwrap();
+        let watch = watch(&watcher, "k/").await;
         (watcher, watch)
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -1318,7 +1329,7 @@ async fn a_waiting_first_watch_holds_up_no_writer() {
 /// commit.
 async fn first_watch_across_a_commit(watcher: PostgresBackend, commit: impl Future<Output = ()>) {
     let watching = tokio::spawn(async move {
-        let watch = watcher.changes().unwrap().watch("k/").await.unwrap();
+        let watch = watch(&watcher, "k/").await;
         (watcher, watch)
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1343,10 +1354,9 @@ async fn first_watch_across_a_commit(watcher: PostgresBackend, commit: impl Futu
 /// the watch waits for it, or is woken by it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_watch_waits_for_single_key_writers_that_missed_its_lease() {
-    let Some(base) = base_url() else { return };
-    let namespace = unique_namespace("pg_notify_barrier_fast");
-    let watcher = connect(&base, &namespace, PostgresOptions::default()).await;
-    let writer = connect(&base, &namespace, PostgresOptions::default()).await;
+    let Some((base, namespace, watcher, writer)) = notified("pg_notify_barrier_fast").await else {
+        return;
+    };
     let mut blocker = admin(&base).await;
     sqlx::query("BEGIN").execute(&mut blocker).await.unwrap();
     sqlx::query(
@@ -1393,15 +1403,14 @@ async fn a_first_watch_waits_for_single_key_writers_that_missed_its_lease() {
 /// reconnects, registers its lease again, and writes notify again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconnected_listener_registers_its_lease_again() {
-    let Some(base) = base_url() else { return };
-    let namespace = unique_namespace("pg_notify_reconnect");
-    let watcher = connect(&base, &namespace, PostgresOptions::default()).await;
-    let writer = connect(&base, &namespace, PostgresOptions::default()).await;
-    let mut admin = admin(&base).await;
-    let _watch = watcher.changes().unwrap().watch("").await.unwrap();
+    let Some((base, namespace, watcher, writer)) = notified("pg_notify_reconnect").await else {
+        return;
+    };
+    let mut conn = admin(&base).await;
+    let _watch = watch(&watcher, "").await;
     sqlx::query("DELETE FROM coord_watch WHERE ns = $1")
         .bind(&namespace)
-        .execute(&mut admin)
+        .execute(&mut conn)
         .await
         .unwrap();
     let killed: i64 = sqlx::query_scalar(
@@ -1409,37 +1418,27 @@ async fn a_reconnected_listener_registers_its_lease_again() {
           WHERE query LIKE 'LISTEN %' || md5($1) || '%'",
     )
     .bind(&namespace)
-    .fetch_one(&mut admin)
+    .fetch_one(&mut conn)
     .await
     .unwrap();
     assert_eq!(killed, 1, "the listener's connection");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    wait_for("the lease to be registered again", || async {
         let back: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM coord_watch WHERE ns = $1 AND until > clock_timestamp())",
         )
         .bind(&namespace)
-        .fetch_one(&mut admin)
+        .fetch_one(&mut admin(&base).await)
         .await
         .unwrap();
-        if back {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the lease was not registered again"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        back.then_some(())
+    })
+    .await;
     let mut listener = raw_listener(&base, &namespace).await;
     let out = writer
         .txn(&[], &[Mutation::put("after", b"1".to_vec())])
         .await;
     assert!(out.unwrap().applied);
-    let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
-        .await
-        .expect("no notification after the listener came back")
-        .unwrap();
+    let note = notification(&mut listener, "after the listener came back").await;
     assert_eq!(note.payload(), "after");
 }
 
@@ -1462,18 +1461,11 @@ async fn single_key_txns_take_the_coord_txn_lock() {
             let store = store.clone();
             tokio::spawn(async move { store.put_if("k", current, b"v".to_vec()).await })
         };
-        let mut watcher = admin(&base).await;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while txn_lock_waiters(&mut watcher, &namespace, "k")
-            .await
-            .is_empty()
-        {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the single-key txn never waited for the key's lock"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for("the single-key txn to wait for the key's lock", || async {
+            let waiters = txn_lock_waiters(&mut admin(&base).await, &namespace, "k").await;
+            (!waiters.is_empty()).then_some(())
+        })
+        .await;
         free_txn_lock(&mut holder, &namespace, "k").await;
         let out = waiting.await.unwrap().unwrap();
         assert!(out.applied, "round {round}");
