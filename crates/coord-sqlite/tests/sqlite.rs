@@ -57,12 +57,17 @@ fn counter(entry: &Entry) -> u64 {
     }
 }
 
-/// CAS-increment the counter at `key` once; returns the rejected attempts.
-async fn increment_one(store: &SqliteBackend, key: &str) -> u64 {
-    let mut current = store.get(key).await.unwrap();
-    let mut rejections = 0;
+/// Writes the counter `current` (the entry last seen) + 1, re-deciding from
+/// the entry each rejected txn returns, and counting the rejections in
+/// `rejections` (which must stay below `limit`); returns the entry written.
+async fn cas_increment(
+    store: &SqliteBackend,
+    mut current: Entry,
+    rejections: &mut u64,
+    limit: u64,
+) -> Entry {
     loop {
-        let n = counter(&current);
+        let (key, n) = (current.key.as_str(), counter(&current));
         let out = store
             .txn(
                 &[Assert::at(key, current.version)],
@@ -71,12 +76,26 @@ async fn increment_one(store: &SqliteBackend, key: &str) -> u64 {
             .await
             .unwrap();
         if out.applied {
-            return rejections;
+            let version = Version(current.version.0 + 1);
+            return Entry::present(current.key, version, (n + 1).to_string().into_bytes());
         }
-        rejections += 1;
-        assert!(rejections < 10_000, "CAS loop does not converge");
+        *rejections += 1;
+        assert!(*rejections < limit, "CAS loop does not converge");
         current = out.current.into_iter().next().unwrap();
     }
+}
+
+/// CAS-increment the counter at `key` once; returns the rejected attempts.
+async fn increment_one(store: &SqliteBackend, key: &str) -> u64 {
+    let mut rejections = 0;
+    cas_increment(
+        store,
+        store.get(key).await.unwrap(),
+        &mut rejections,
+        10_000,
+    )
+    .await;
+    rejections
 }
 
 /// CAS-increment the counter at `key` `INCREMENTS` times, re-deciding from
@@ -88,27 +107,7 @@ async fn increment_many(store: &SqliteBackend, key: &str) -> u64 {
         // Let the other writers in: SQLite's busy handler sleeps, so a tight
         // loop would mostly run its increments in one uncontended burst.
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        loop {
-            let n = counter(&current);
-            let out = store
-                .txn(
-                    &[Assert::at(key, current.version)],
-                    &[put(key, &(n + 1).to_string())],
-                )
-                .await
-                .unwrap();
-            if out.applied {
-                current = Entry::present(
-                    key,
-                    Version(current.version.0 + 1),
-                    (n + 1).to_string().into_bytes(),
-                );
-                break;
-            }
-            rejections += 1;
-            assert!(rejections < 100_000, "CAS loop does not converge");
-            current = out.current.into_iter().next().unwrap();
-        }
+        current = cas_increment(store, current, &mut rejections, 100_000).await;
     }
     rejections
 }
