@@ -30,6 +30,12 @@ async fn connect(base: &str, namespace: &str) -> RedisBackend {
         .unwrap_or_else(|e| panic!("cannot connect to {base}: {e}"))
 }
 
+/// A plain client connection to `base`, for looking behind the store's back.
+async fn raw_connection(base: &str) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(base).unwrap();
+    client.get_multiplexed_async_connection().await.unwrap()
+}
+
 fn factory_for(var: &str) -> Option<BackendFactory> {
     let base = server_env(var)?;
     Some(factory(move |namespace| {
@@ -191,16 +197,20 @@ async fn semantics(base: &str) {
     ));
 }
 
+/// [`semantics`] against the server named by the variable `var` (skipped when unset).
+async fn semantics_on(var: &str) {
+    if let Some(base) = coord_conformance::server_env(var) {
+        semantics(&base).await;
+    }
+}
+
 mod standalone {
     use super::{factory_for, STANDALONE};
     coord_conformance::all_suites_tests!(factory_for(STANDALONE));
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redis_semantics() {
-        let Some(base) = coord_conformance::server_env(super::STANDALONE) else {
-            return;
-        };
-        super::semantics(&base).await;
+        super::semantics_on(super::STANDALONE).await;
     }
 }
 
@@ -210,10 +220,7 @@ mod cluster {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redis_semantics() {
-        let Some(base) = coord_conformance::server_env(super::CLUSTER) else {
-            return;
-        };
-        super::semantics(&base).await;
+        super::semantics_on(super::CLUSTER).await;
     }
 
     /// Every Redis key of one namespace hashes to one slot (one shard).
@@ -450,8 +457,7 @@ async fn foreign_records_are_malformed() {
     };
     let ns = unique_namespace("malformed");
     let store = connect(&base, &ns).await;
-    let client = redis::Client::open(base.as_str()).unwrap();
-    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let mut raw = raw_connection(&base).await;
     let record = |key: &str| format!("coord:{{{ns}}}:k:{key}");
     let _: () = redis::cmd("SET")
         .arg(record("string"))
@@ -532,8 +538,7 @@ async fn idle_connection_killed_by_server() {
         return;
     }
     let base = base.trim_end_matches('/').to_owned();
-    let raw_client = redis::Client::open(base.as_str()).unwrap();
-    let mut raw = raw_client.get_multiplexed_async_connection().await.unwrap();
+    let mut raw = raw_connection(&base).await;
     for protocol in ["resp2", "resp3"] {
         let ns = unique_namespace(&format!("kill_{protocol}"));
         let store = connect(&format!("{base}/7?protocol={protocol}"), &ns).await;
@@ -770,8 +775,7 @@ async fn damaged_version_fields_are_malformed_and_nothing_is_written() {
     };
     let ns = unique_namespace("damaged");
     let store = connect(&base, &ns).await;
-    let client = redis::Client::open(base.as_str()).unwrap();
-    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let mut raw = raw_connection(&base).await;
     let record = format!("coord:{{{ns}}}:k:damaged");
     assert!(applied(store.put_if("other", Version::MISSING, b"before".to_vec())).await);
     for version in [
@@ -1153,8 +1157,7 @@ async fn reclaim_deletes_tombstone_records() {
         assert!(applied(store.put_if(&key, Version::MISSING, vec![])).await);
         assert!(applied(store.delete_if(&key, Version(1))).await);
     }
-    let client = redis::Client::open(base.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = raw_connection(&base).await;
     let records = |conn: &mut redis::aio::MultiplexedConnection| {
         let mut cmd = redis::cmd("EXISTS");
         for i in 0..20 {
