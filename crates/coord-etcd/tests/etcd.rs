@@ -290,16 +290,9 @@ async fn cross_process_cas_race() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_txn_answer_is_indeterminate() {
     let Some(raw) = server_env(ENV) else { return };
-    let upstream: SocketAddr = endpoints(&raw)[0]
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
-    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let proxy = FaultProxy::start(upstream(&raw)).await.unwrap();
     let ns = unique_namespace("fault");
-    let options = EtcdOptions::default().with_request_timeout(Duration::from_secs(3));
-    let store = EtcdBackend::connect_endpoints(&[proxy.addr().to_string()], &ns, options)
-        .await
-        .unwrap();
+    let store = through(&proxy, &ns, Duration::from_secs(3)).await;
     let key = "fault-target-7f3a";
     assert!(applied(store.put_if(key, Version(0), b"before".to_vec())).await);
     let seen = store.get(key).await.unwrap();
@@ -335,6 +328,15 @@ fn upstream(raw: &str) -> SocketAddr {
         .expect("COORD_TEST_ETCD_ENDPOINTS starts with host:port")
 }
 
+/// A client of namespace `ns` through `proxy`, waiting at most `timeout` for
+/// each request.
+async fn through(proxy: &FaultProxy, ns: &str, timeout: Duration) -> EtcdBackend {
+    let options = EtcdOptions::default().with_request_timeout(timeout);
+    EtcdBackend::connect_endpoints(&[proxy.addr().to_string()], ns, options)
+        .await
+        .unwrap()
+}
+
 /// How long the proxy holds the late request back (and then gives etcd to run it).
 const LATE: Duration = Duration::from_millis(600);
 
@@ -364,10 +366,7 @@ async fn late_commit_after_cut_connection_is_indeterminate() {
     let Some(raw) = server_env(ENV) else { return };
     let proxy = FaultProxy::start(upstream(&raw)).await.unwrap();
     let ns = unique_namespace("late");
-    let options = EtcdOptions::default().with_request_timeout(Duration::from_secs(5));
-    let store = EtcdBackend::connect_endpoints(&[proxy.addr().to_string()], &ns, options)
-        .await
-        .unwrap();
+    let store = through(&proxy, &ns, Duration::from_secs(5)).await;
     let direct = connect(&raw, &ns).await.unwrap();
     let key = "late-commit-target-5c1e";
     assert!(applied(store.put_if(key, Version(0), b"before".to_vec())).await);
@@ -412,12 +411,7 @@ async fn lock_after_a_late_commit_is_the_callers_or_indeterminate() {
     let Some(raw) = server_env(ENV) else { return };
     let proxy = FaultProxy::start(upstream(&raw)).await.unwrap();
     let ns = unique_namespace("latelock");
-    let options = EtcdOptions::default().with_request_timeout(Duration::from_secs(5));
-    let proxied: Arc<dyn Backend> = Arc::new(
-        EtcdBackend::connect_endpoints(&[proxy.addr().to_string()], &ns, options)
-            .await
-            .unwrap(),
-    );
+    let proxied: Arc<dyn Backend> = Arc::new(through(&proxy, &ns, Duration::from_secs(5)).await);
     let direct = connect(&raw, &ns).await.unwrap();
     let mut failures = Vec::new();
     for round in 1..=3u64 {
