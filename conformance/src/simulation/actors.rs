@@ -21,6 +21,38 @@ use tokio::time::Instant;
 
 use super::*;
 
+/// What every seeded actor works with: its instance, the log, the shared
+/// facts, its own random stream and when to stop.
+pub(super) struct Actor {
+    inst: Arc<Instance>,
+    log: Arc<Log>,
+    shared: Shared,
+    rng: StdRng,
+    end: Instant,
+}
+
+impl Actor {
+    pub(super) fn new(
+        inst: &Arc<Instance>,
+        log: &Arc<Log>,
+        shared: &Shared,
+        seed: u64,
+        end: Instant,
+    ) -> Self {
+        Actor {
+            inst: inst.clone(),
+            log: log.clone(),
+            shared: shared.clone(),
+            rng: StdRng::seed_from_u64(seed),
+            end,
+        }
+    }
+
+    fn parts(self) -> (Arc<Instance>, Arc<Log>, Shared, StdRng, Instant) {
+        (self.inst, self.log, self.shared, self.rng, self.end)
+    }
+}
+
 /// Reclaim a few tombstones every 1.5 s until `end` (through the store
 /// itself: a reclaim changes nothing any reader can see, so it is not
 /// faulted), logging what went.
@@ -41,16 +73,10 @@ pub(super) async fn reclaimer(store: Arc<dyn Backend>, log: Arc<Log>, end: Insta
 
 /// Prune completed board tasks, or add a pruned task again (as its next
 /// life), every second until `end`, through a faulty instance.
-pub(super) async fn board_maintainer(
-    inst: Arc<Instance>,
-    log: Arc<Log>,
-    shared: Shared,
-    seed: u64,
-    end: Instant,
-) {
+pub(super) async fn board_maintainer(actor: Actor) {
     use coord_adapters::board::BoardError;
     use coord_adapters::retention::PruneOptions;
-    let mut rng = StdRng::seed_from_u64(seed);
+    let (inst, log, shared, mut rng, end) = actor.parts();
     // Two hours ahead with a one-hour retention: every completion is past it.
     let ahead = Arc::new(SimClock {
         start: inst.clock.start,
@@ -58,10 +84,7 @@ pub(super) async fn board_maintainer(
     });
     let pruner =
         BoardAdapter::with_options(inst.backend(), BoardOptions::default().with_clock(ahead));
-    let board = BoardAdapter::with_options(
-        inst.backend(),
-        BoardOptions::default().with_clock(inst.clock.clone()),
-    );
+    let board = inst.board();
     let mut lives = [0u32; TASKS];
     let who = inst.name.as_str();
     while Instant::now() < end {
@@ -105,15 +128,8 @@ pub(super) async fn board_maintainer(
     }
 }
 
-pub(super) async fn lock_actor(
-    lock_kind: LockKind,
-    inst: Arc<Instance>,
-    log: Arc<Log>,
-    shared: Shared,
-    seed: u64,
-    end: Instant,
-) {
-    let mut rng = StdRng::seed_from_u64(seed);
+pub(super) async fn lock_actor(lock_kind: LockKind, actor: Actor) {
+    let (inst, log, shared, mut rng, end) = actor.parts();
     let lock = lock_kind.make(&inst);
     let key = lock_kind.key();
     let sink = BackendFencedSink::new(inst.backend());
@@ -190,18 +206,9 @@ pub(super) async fn lock_actor(
     }
 }
 
-pub(super) async fn board_actor(
-    inst: Arc<Instance>,
-    log: Arc<Log>,
-    shared: Shared,
-    seed: u64,
-    end: Instant,
-) {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let board = BoardAdapter::with_options(
-        inst.backend(),
-        BoardOptions::default().with_clock(inst.clock.clone()),
-    );
+pub(super) async fn board_actor(actor: Actor) {
+    let (inst, log, shared, mut rng, end) = actor.parts();
+    let board = inst.board();
     let who = inst.name.as_str();
     while Instant::now() < end {
         let id = format!(
@@ -245,14 +252,8 @@ pub(super) async fn board_actor(
     }
 }
 
-pub(super) async fn runner_actor(
-    inst: Arc<Instance>,
-    log: Arc<Log>,
-    shared: Shared,
-    seed: u64,
-    end: Instant,
-) {
-    let mut rng = StdRng::seed_from_u64(seed);
+pub(super) async fn runner_actor(actor: Actor) {
+    let (inst, log, shared, mut rng, end) = actor.parts();
     let runner = Runner::new(Arc::new(SideEffectAdapter::with_clock(
         inst.backend(),
         inst.clock.clone(),

@@ -65,7 +65,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use coord_adapters::board::{Board, BoardAdapter, TaskSpec};
+use coord_adapters::board::{Board, BoardAdapter, BoardOptions, TaskSpec};
 use coord_adapters::jitter::seed_thread_jitter;
 use coord_adapters::lock::{FairLock, FairLockOptions, GenericLock, Lock, LockOptions};
 use coord_backend::{Backend, Clock};
@@ -80,7 +80,9 @@ use crate::faults::{Fault, FaultyBackend, Target};
 mod actors;
 mod check;
 
-use actors::{board_actor, board_maintainer, lock_actor, reclaimer, runner_actor, start_scheduler};
+use actors::{
+    board_actor, board_maintainer, lock_actor, reclaimer, runner_actor, start_scheduler, Actor,
+};
 use check::check;
 
 /// What a simulation run covers.
@@ -210,6 +212,14 @@ impl Instance {
 
     fn backend(&self) -> Arc<dyn Backend> {
         self.faulty.clone()
+    }
+
+    /// A board on this process's faulty client and clock.
+    fn board(&self) -> BoardAdapter {
+        BoardAdapter::with_options(
+            self.backend(),
+            BoardOptions::default().with_clock(self.clock.clone()),
+        )
     }
 }
 
@@ -357,52 +367,23 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
     }
 
     let mut tasks = Vec::new();
+    let actor = |inst: &Arc<Instance>, salt: u64| Actor::new(inst, &log, &shared, seed ^ salt, end);
     for (i, inst) in lockers.iter().enumerate() {
-        tasks.push(tokio::spawn(lock_actor(
-            LockKind::Generic,
-            inst.clone(),
-            log.clone(),
-            shared.clone(),
-            seed ^ (100 + i as u64),
-            end,
-        )));
+        let actor = actor(inst, 100 + i as u64);
+        tasks.push(tokio::spawn(lock_actor(LockKind::Generic, actor)));
     }
     for (i, inst) in fair_lockers.iter().enumerate() {
-        tasks.push(tokio::spawn(lock_actor(
-            LockKind::Fair,
-            inst.clone(),
-            log.clone(),
-            shared.clone(),
-            seed ^ (500 + i as u64),
-            end,
-        )));
+        let actor = actor(inst, 500 + i as u64);
+        tasks.push(tokio::spawn(lock_actor(LockKind::Fair, actor)));
     }
     for (i, inst) in workers.iter().enumerate() {
-        tasks.push(tokio::spawn(board_actor(
-            inst.clone(),
-            log.clone(),
-            shared.clone(),
-            seed ^ (200 + i as u64),
-            end,
-        )));
+        tasks.push(tokio::spawn(board_actor(actor(inst, 200 + i as u64))));
     }
     for (i, inst) in runners.iter().enumerate() {
-        tasks.push(tokio::spawn(runner_actor(
-            inst.clone(),
-            log.clone(),
-            shared.clone(),
-            seed ^ (300 + i as u64),
-            end,
-        )));
+        tasks.push(tokio::spawn(runner_actor(actor(inst, 300 + i as u64))));
     }
     tasks.push(tokio::spawn(reclaimer(store.clone(), log.clone(), end)));
-    tasks.push(tokio::spawn(board_maintainer(
-        board_keeper.clone(),
-        log.clone(),
-        shared.clone(),
-        seed ^ 600,
-        end,
-    )));
+    tasks.push(tokio::spawn(board_maintainer(actor(&board_keeper, 600))));
     let mut schedulers = Vec::new();
     for inst in &crons {
         schedulers.push(start_scheduler(inst, &log, &shared));
