@@ -155,17 +155,24 @@ struct Setup {
     skipped: Vec<String>,
 }
 
+impl Setup {
+    /// The generic lock and the fair lock over `backend`: a cycle subject
+    /// and a contention subject each (the fair lock's contention only).
+    fn add_generic(&mut self, store: &'static str, backend: Arc<dyn Backend>) {
+        self.subjects.push(generic(store, backend.clone()));
+        self.contention
+            .push(generic_contention(store, backend.clone()));
+        self.contention.push(fair_contention(store, backend));
+    }
+}
+
 async fn setup() -> Setup {
     let mut setup = Setup::default();
 
     // memory (one process only: a floor, never production)
     let memory: Arc<dyn Backend> =
         Arc::new(coord_memory::SingleProcessMemoryBackend::new(&namespace("mem")).unwrap());
-    setup.subjects.push(generic("memory", memory.clone()));
-    setup
-        .contention
-        .push(generic_contention("memory", memory.clone()));
-    setup.contention.push(fair_contention("memory", memory));
+    setup.add_generic("memory", memory);
 
     // SQLite: a temporary file
     let path = std::env::temp_dir().join(format!("coord-lock-bench-{}.db", &mint_token()[..12]));
@@ -174,11 +181,7 @@ async fn setup() -> Setup {
             .await
             .unwrap(),
     );
-    setup.subjects.push(generic("sqlite", sqlite.clone()));
-    setup
-        .contention
-        .push(generic_contention("sqlite", sqlite.clone()));
-    setup.contention.push(fair_contention("sqlite", sqlite));
+    setup.add_generic("sqlite", sqlite);
 
     match env("COORD_TEST_REDIS_URL") {
         None => setup
@@ -265,10 +268,8 @@ async fn redis_subjects(setup: &mut Setup, base: &str) {
             .await
             .expect("COORD_TEST_REDIS_URL is set but Redis does not answer"),
     );
-    setup.subjects.push(generic("redis", store.clone()));
-    let native = RedisLock::connect(&StoreUrl::parse(&format!("{base}?namespace={ns}")).unwrap())
-        .await
-        .unwrap();
+    setup.add_generic("redis", store);
+    let native = RedisLock::connect(&url).await.unwrap();
     setup.subjects.push(Subject {
         store: "redis",
         name: "native RedisLock",
@@ -314,10 +315,6 @@ async fn redis_subjects(setup: &mut Setup, base: &str) {
         round_trips: RoundTrips::ByConstruction("2 (SET, EVALSHA)"),
     });
 
-    setup
-        .contention
-        .push(generic_contention("redis", store.clone()));
-    setup.contention.push(fair_contention("redis", store));
     setup.contention.push(native_contention(
         "redis",
         "native RedisLock",
@@ -333,7 +330,7 @@ async fn etcd_subjects(setup: &mut Setup, endpoints: &str) {
             .await
             .expect("COORD_TEST_ETCD_ENDPOINTS is set but etcd does not answer"),
     );
-    setup.subjects.push(generic("etcd", store.clone()));
+    setup.add_generic("etcd", store);
 
     let list: Vec<String> = endpoints.split(',').map(|e| e.trim().to_owned()).collect();
     let client = etcd_client::Client::connect(&list, None).await.unwrap();
@@ -393,10 +390,6 @@ async fn etcd_subjects(setup: &mut Setup, endpoints: &str) {
         }),
         round_trips: RoundTrips::ByConstruction("2 (Txn, Txn)"),
     });
-    setup
-        .contention
-        .push(generic_contention("etcd", store.clone()));
-    setup.contention.push(fair_contention("etcd", store));
     setup.contention.push(ContentionSubject {
         store: "etcd",
         name: "etcd Lock RPC + Unlock (lease)",
@@ -413,13 +406,9 @@ async fn postgres_subjects(setup: &mut Setup, base: &str) {
             .await
             .expect("COORD_TEST_POSTGRES_URL is set but PostgreSQL does not answer"),
     );
-    setup.subjects.push(generic("postgres", store.clone()));
+    setup.add_generic("postgres", store);
 
-    let native = Arc::new(
-        PgAdvisoryLock::connect(&StoreUrl::parse(&format!("{base}?namespace={ns}")).unwrap())
-            .await
-            .unwrap(),
-    );
+    let native = Arc::new(PgAdvisoryLock::connect(&url).await.unwrap());
     setup.subjects.push(Subject {
         store: "postgres",
         name: "native PgAdvisoryLock",
@@ -430,7 +419,7 @@ async fn postgres_subjects(setup: &mut Setup, base: &str) {
     // Without idle sessions: a connection per acquisition, as before the
     // pool (TLS set-up and the OS trust store load are part of every cycle).
     let unpooled = PgAdvisoryLock::connect_with(
-        &StoreUrl::parse(&format!("{base}?namespace={ns}")).unwrap(),
+        &url,
         coord_locks_native::PgAdvisoryOptions::default().with_max_idle(0),
     )
     .await
@@ -472,10 +461,6 @@ async fn postgres_subjects(setup: &mut Setup, base: &str) {
         round_trips: RoundTrips::ByConstruction("2 (lock + fence, unlock)"),
     });
 
-    setup
-        .contention
-        .push(generic_contention("postgres", store.clone()));
-    setup.contention.push(fair_contention("postgres", store));
     setup.contention.push(native_contention(
         "postgres",
         "native PgAdvisoryLock",
