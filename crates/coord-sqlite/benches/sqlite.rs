@@ -5,6 +5,7 @@
 //!
 //! `cargo bench -p coord-sqlite --bench sqlite -- --warm-up-time 1 --measurement-time 3`
 
+use std::future::Future;
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,9 +16,11 @@ use coord_backend::{Assert, Backend, Mutation, Version};
 use coord_conformance::support::bench_runtime;
 use coord_memory::SingleProcessMemoryBackend;
 use coord_sqlite::{Durability, SqliteBackend, SqliteOptions};
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::measurement::WallTime;
+use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion};
 use sqlx::sqlite::SqliteSynchronous;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use tokio::runtime::Runtime;
 
 const VALUE: [u8; 64] = [7; 64];
 const KEYS: [&str; 8] = ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"];
@@ -112,56 +115,59 @@ fn snapshots(c: &mut Criterion) {
     group.finish();
 }
 
+/// Benchmarks `write(v)` as `name`: one uncontended CAS of `KEYS[0]` that
+/// knows its version `v`, which starts at 1 and goes up by one a write.
+fn bench_cas<F, Fut>(group: &mut BenchmarkGroup<'_, WallTime>, rt: &Runtime, name: String, write: F)
+where
+    F: Fn(u64) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let version = AtomicU64::new(1);
+    group.bench_function(name, |b| {
+        b.to_async(rt).iter(|| async {
+            let v = version.load(Ordering::Relaxed);
+            write(v).await;
+            version.store(v + 1, Ordering::Relaxed);
+        })
+    });
+}
+
 fn txns(c: &mut Criterion) {
     let rt = bench_runtime();
     let dir = bench_dir();
     let mut group = c.benchmark_group("txn_cas_1key");
 
-    // Every iteration is an uncontended CAS: assert the version it knows, write, bump.
-    let cas =
-        |name: String, store: Arc<dyn Backend>, group: &mut criterion::BenchmarkGroup<'_, _>| {
-            rt.block_on(seed(&store));
-            let version = Arc::new(AtomicU64::new(1));
-            group.bench_function(name, |b| {
-                b.to_async(&rt).iter(|| {
-                    let store = store.clone();
-                    let version = version.clone();
-                    async move {
-                        let v = version.load(Ordering::Relaxed);
-                        let out = store
-                            .txn(
-                                &[Assert::at(KEYS[0], Version(v))],
-                                &[Mutation::put(KEYS[0], VALUE)],
-                            )
-                            .await
-                            .unwrap();
-                        assert!(out.applied);
-                        version.store(v + 1, Ordering::Relaxed);
-                    }
-                })
-            });
-        };
-    let raw_cas = |name: String, pool: SqlitePool, group: &mut criterion::BenchmarkGroup<'_, _>| {
-        let version = Arc::new(AtomicU64::new(1));
-        group.bench_function(name, |b| {
-            b.to_async(&rt).iter(|| {
-                let pool = pool.clone();
-                let version = version.clone();
-                async move {
-                    let v = version.load(Ordering::Relaxed);
-                    let done = sqlx::query(
-                        "UPDATE t SET value = ?, version = version + 1 WHERE k = ? AND version = ?",
+    let cas = |name: String, store: Arc<dyn Backend>, group: &mut BenchmarkGroup<'_, WallTime>| {
+        rt.block_on(seed(&store));
+        bench_cas(group, &rt, name, |v| {
+            let store = store.clone();
+            async move {
+                let out = store
+                    .txn(
+                        &[Assert::at(KEYS[0], Version(v))],
+                        &[Mutation::put(KEYS[0], VALUE)],
                     )
-                    .bind(&VALUE[..])
-                    .bind(KEYS[0])
-                    .bind(v as i64)
-                    .execute(&pool)
                     .await
                     .unwrap();
-                    assert_eq!(done.rows_affected(), 1);
-                    version.store(v + 1, Ordering::Relaxed);
-                }
-            })
+                assert!(out.applied);
+            }
+        });
+    };
+    let raw_cas = |name: String, pool: SqlitePool, group: &mut BenchmarkGroup<'_, WallTime>| {
+        bench_cas(group, &rt, name, |v| {
+            let pool = pool.clone();
+            async move {
+                let done = sqlx::query(
+                    "UPDATE t SET value = ?, version = version + 1 WHERE k = ? AND version = ?",
+                )
+                .bind(&VALUE[..])
+                .bind(KEYS[0])
+                .bind(v as i64)
+                .execute(&pool)
+                .await
+                .unwrap();
+                assert_eq!(done.rows_affected(), 1);
+            }
         });
     };
 
