@@ -37,6 +37,7 @@ use coord_adapters::election::{Election, ElectionError, GenericElection};
 use coord_adapters::lock::{
     GenericLock, GenericSemaphore, Lock, LockError, LockOptions, Semaphore, WaitOptions,
 };
+use coord_adapters::retention::{PruneOptions, Pruned};
 use coord_adapters::rwlock::{GenericRwLock, RwLock};
 use coord_adapters::sideeffect::{
     Action, BackendFencedSink, EffectResult, Fence, FencedSink, Outcome, Runner, SideEffectAdapter,
@@ -66,44 +67,103 @@ const LATE: [u32; 3] = [0, 1, 2];
 /// A `try_lock` whose grant lands late: `Some(handle)` holding the record,
 /// or indeterminate; never `None` (nobody else is there).
 pub async fn late_commit_try_lock(factory: BackendFactory) -> CheckResult {
+    late_grant(&factory, "late_try_lock", GenericLock::new).await
+}
+
+/// A lock whose free key "k" one caller takes, for [`late_grant`].
+trait LateGrant {
+    /// Where the record of "k" is.
+    const RECORD: &'static str;
+    /// The call that takes "k", as failures name it.
+    const CALL: &'static str;
+    /// Take "k" and give it back, so the engine then starts from a
+    /// remembered record, not a guess of "missing".
+    async fn warm_up(&self) -> CheckResult;
+    /// Try to take "k": the grant's token, if granted.
+    async fn try_grant(&self) -> Result<Option<String>, LockError>;
+}
+
+impl LateGrant for GenericLock {
+    const RECORD: &'static str = "lock/k";
+    const CALL: &'static str = "try_lock";
+    async fn warm_up(&self) -> CheckResult {
+        let h = self.try_lock("k", TTL).await.map_err(lock_failure)?;
+        let h = h.ok_or_else(|| Failure::new("a free lock was not granted"))?;
+        self.release(h).await.map_err(lock_failure)
+    }
+    async fn try_grant(&self) -> Result<Option<String>, LockError> {
+        Ok(self.try_lock("k", TTL).await?.map(|h| h.token().to_owned()))
+    }
+}
+
+impl LateGrant for GenericRwLock {
+    const RECORD: &'static str = "rwlock/k";
+    const CALL: &'static str = "try_write";
+    async fn warm_up(&self) -> CheckResult {
+        let h = self.try_read("k", TTL).await.map_err(lock_failure)?;
+        let h = h.ok_or_else(|| Failure::new("a free key was not granted"))?;
+        self.release(h).await.map_err(lock_failure)
+    }
+    async fn try_grant(&self) -> Result<Option<String>, LockError> {
+        Ok(self
+            .try_write("k", TTL)
+            .await?
+            .map(|h| h.lease().token().to_owned()))
+    }
+}
+
+/// [`LateGrant::try_grant`] whose grant lands late (after each delay of
+/// [`LATE`], from a cold and a warm engine): a token the record holds, or
+/// indeterminate; never "held" (nobody else is there).
+async fn late_grant<L: LateGrant>(
+    factory: &BackendFactory,
+    label: &str,
+    make: fn(Arc<dyn Backend>) -> L,
+) -> CheckResult {
     for after_calls in LATE {
         for warm in [false, true] {
-            let (faulty, store) =
-                wrapped(&factory, "late_try_lock", u64::from(after_calls)).await?;
-            let lock = GenericLock::new(faulty.clone());
+            let (faulty, store) = wrapped(factory, label, u64::from(after_calls)).await?;
+            let lock = make(faulty.clone());
             if warm {
-                // The engine then starts from a remembered record, not a guess of "missing".
-                let h = lock.try_lock("k", TTL).await.map_err(lock_failure)?;
-                let h = h.ok_or_else(|| Failure::new("a free lock was not granted"))?;
-                lock.release(h).await.map_err(lock_failure)?;
+                lock.warm_up().await?;
             }
-            faulty.once(Target::WritingTxn, Fault::LateCommit { after_calls });
-            let answer = lock.try_lock("k", TTL).await;
-            faulty.flush().await;
-            let record = store.get("lock/k").await?;
+            let answer = landing_late(&faulty, after_calls, lock.try_grant()).await;
+            let record = store.get(L::RECORD).await?;
             let record =
                 String::from_utf8_lossy(record.value.as_deref().unwrap_or_default()).into_owned();
+            let what = format!("late commit ({after_calls}, warm {warm})");
             match answer {
-                Ok(Some(handle)) => ensure!(
-                    record.contains(handle.token()),
-                    "late commit ({after_calls}, warm {warm}): granted, but the record is not ours: {record}"
+                Ok(Some(token)) => ensure!(
+                    record.contains(&token),
+                    "{what}: {} granted, but the record does not hold it: {record}",
+                    L::CALL
                 ),
                 Ok(None) => {
                     return Err(Failure::new(format!(
-                        "late commit ({after_calls}, warm {warm}): try_lock said \"held by someone else\" \
-                         with nobody else there; record: {record}"
+                        "{what}: {} said \"held by someone else\" with nobody else there; \
+                         record: {record}",
+                        L::CALL
                     )))
                 }
                 Err(LockError::Store(e)) if e.is_indeterminate() => {}
-                Err(e) => {
-                    return Err(Failure::new(format!(
-                        "late commit ({after_calls}, warm {warm}): {e}"
-                    )))
-                }
+                Err(e) => return Err(Failure::new(format!("{what}: {e}"))),
             }
         }
     }
     Ok(())
+}
+
+/// `call`, with the next write it sends held back until `after_calls` more
+/// calls have gone by; then every held-back write lands.
+async fn landing_late<F: std::future::Future>(
+    faulty: &FaultyBackend,
+    after_calls: u32,
+    call: F,
+) -> F::Output {
+    faulty.once(Target::WritingTxn, Fault::LateCommit { after_calls });
+    let answer = call.await;
+    faulty.flush().await;
+    answer
 }
 
 /// A waiting semaphore `acquire` whose writes (its place in line, then
@@ -182,9 +242,7 @@ pub async fn late_commit_release(factory: BackendFactory) -> CheckResult {
             .await
             .map_err(lock_failure)?
             .ok_or_else(|| Failure::new("a free lock was not granted"))?;
-        faulty.once(Target::WritingTxn, Fault::LateCommit { after_calls });
-        let answer = lock.release(held).await;
-        faulty.flush().await;
+        let answer = landing_late(&faulty, after_calls, lock.release(held)).await;
         match answer {
             Ok(()) => {
                 let other = GenericLock::new(store.clone());
@@ -209,44 +267,7 @@ pub async fn late_commit_release(factory: BackendFactory) -> CheckResult {
 /// whose token is in the record, or indeterminate; never `None` (nobody
 /// else is there).
 pub async fn late_commit_try_write(factory: BackendFactory) -> CheckResult {
-    for after_calls in LATE {
-        for warm in [false, true] {
-            let (faulty, store) =
-                wrapped(&factory, "late_try_write", u64::from(after_calls)).await?;
-            let rw = GenericRwLock::new(faulty.clone());
-            if warm {
-                let h = rw.try_read("k", TTL).await.map_err(lock_failure)?;
-                let h = h.ok_or_else(|| Failure::new("a free key was not granted"))?;
-                rw.release(h).await.map_err(lock_failure)?;
-            }
-            faulty.once(Target::WritingTxn, Fault::LateCommit { after_calls });
-            let answer = rw.try_write("k", TTL).await;
-            faulty.flush().await;
-            let record = store.get("rwlock/k").await?;
-            let record =
-                String::from_utf8_lossy(record.value.as_deref().unwrap_or_default()).into_owned();
-            match answer {
-                Ok(Some(handle)) => ensure!(
-                    record.contains(handle.lease().token()),
-                    "late commit ({after_calls}, warm {warm}): write granted, but the record does \
-                     not hold it"
-                ),
-                Ok(None) => {
-                    return Err(Failure::new(format!(
-                        "late commit ({after_calls}, warm {warm}): try_write said \"held\" with \
-                         nobody else there"
-                    )))
-                }
-                Err(LockError::Store(e)) if e.is_indeterminate() => {}
-                Err(e) => {
-                    return Err(Failure::new(format!(
-                        "late commit ({after_calls}, warm {warm}): {e}"
-                    )))
-                }
-            }
-        }
-    }
-    Ok(())
+    late_grant(&factory, "late_try_write", GenericRwLock::new).await
 }
 
 /// A campaign whose win lands late: the caller leads (the store's leader
@@ -269,11 +290,12 @@ pub async fn late_commit_campaign(factory: BackendFactory) -> CheckResult {
                     .await
                     .map_err(|e| Failure::new(format!("resign: {e}")))?;
             }
-            faulty.once(Target::WritingTxn, Fault::LateCommit { after_calls });
-            let answer = election
-                .campaign("e", "me", "v", TTL, Duration::from_millis(200))
-                .await;
-            faulty.flush().await;
+            let answer = landing_late(
+                &faulty,
+                after_calls,
+                election.campaign("e", "me", "v", TTL, Duration::from_millis(200)),
+            )
+            .await;
             let truth = GenericElection::new(store.clone());
             let leader = truth
                 .leader("e")
@@ -309,9 +331,7 @@ pub async fn late_commit_board_claim(factory: BackendFactory) -> CheckResult {
             .add(TaskSpec::new("t", b"payload".to_vec()))
             .await
             .map_err(board_failure)?;
-        faulty.once(Target::WritingTxn, Fault::LateCommit { after_calls });
-        let claimed = board.claim("t", "agent", TTL).await;
-        faulty.flush().await;
+        let claimed = landing_late(&faulty, after_calls, board.claim("t", "agent", TTL)).await;
         match claimed {
             Ok(task) => {
                 // The claim is ours: completing with its token works.
@@ -388,11 +408,12 @@ pub async fn late_commit_fenced_sink(factory: BackendFactory) -> CheckResult {
         sink.write_fenced("ledger", Fence(1), vec![Mutation::put("ledger/a", "1")])
             .await
             .map_err(|e| Failure::new(format!("first fenced write: {e}")))?;
-        faulty.once(Target::WritingTxn, Fault::LateCommit { after_calls });
-        let answer = sink
-            .write_fenced("ledger", Fence(2), vec![Mutation::put("ledger/a", "2")])
-            .await;
-        faulty.flush().await;
+        let answer = landing_late(
+            &faulty,
+            after_calls,
+            sink.write_fenced("ledger", Fence(2), vec![Mutation::put("ledger/a", "2")]),
+        )
+        .await;
         let now = store.get("ledger/a").await?;
         match answer {
             Ok(()) => ensure!(
@@ -412,25 +433,41 @@ pub async fn late_commit_fenced_sink(factory: BackendFactory) -> CheckResult {
     Ok(())
 }
 
-/// Prune passes through the faulty store until one says nothing is left,
-/// then (every late txn landed) one pass through the plain store, which
-/// settles whatever was left in doubt: the total reported removed.
-async fn prune_then_settle<E, F, Fut, G, Gut>(
+/// What prunes by retention: the side-effect keys and the board.
+trait Prunes {
+    async fn prune_by(&self, options: &PruneOptions) -> Result<Pruned, String>;
+}
+
+impl Prunes for SideEffectAdapter {
+    async fn prune_by(&self, options: &PruneOptions) -> Result<Pruned, String> {
+        self.prune(options).await.map_err(|e| e.to_string())
+    }
+}
+
+impl Prunes for BoardAdapter {
+    async fn prune_by(&self, options: &PruneOptions) -> Result<Pruned, String> {
+        self.prune(options).await.map_err(|e| e.to_string())
+    }
+}
+
+/// With the `nth` write of pruning landing late (after `after_calls`): prune
+/// passes through `faulty` (`through_faulty`) until one says nothing is left,
+/// then (every late txn landed) one pass through the plain store (`plain`),
+/// which settles whatever was left in doubt: the total reported removed.
+async fn late_prune<P: Prunes>(
     context: &str,
     faulty: &FaultyBackend,
-    mut faulty_pass: F,
-    plain_pass: G,
-) -> Result<u64, Failure>
-where
-    E: std::fmt::Display,
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<coord_adapters::retention::Pruned, E>>,
-    G: FnOnce() -> Gut,
-    Gut: std::future::Future<Output = Result<coord_adapters::retention::Pruned, E>>,
-{
+    (nth, after_calls): (u64, u32),
+    through_faulty: &P,
+    plain: &P,
+    window: Duration,
+) -> Result<u64, Failure> {
+    let window = PruneOptions::after(window);
+    faulty.nth(Target::WritingTxn, nth, Fault::LateCommit { after_calls });
     let mut removed = 0;
     for _ in 0..10 {
-        let pass = faulty_pass()
+        let pass = through_faulty
+            .prune_by(&window)
             .await
             .map_err(|e| Failure::new(format!("{context}: prune failed: {e}")))?;
         removed += pass.removed;
@@ -439,7 +476,8 @@ where
         }
     }
     faulty.flush().await;
-    let last = plain_pass()
+    let last = plain
+        .prune_by(&window)
         .await
         .map_err(|e| Failure::new(format!("{context}: last prune failed: {e}")))?;
     Ok(removed + last.removed)
@@ -449,7 +487,6 @@ where
 /// key past the window goes, the key inside it stays, and the passes never
 /// report more removals than keys went.
 pub async fn late_commit_prune(factory: BackendFactory) -> CheckResult {
-    use coord_adapters::retention::PruneOptions;
     use coord_adapters::sideeffect::KeyStatus;
     use coord_backend::ManualClock;
     const WINDOW: Duration = Duration::from_secs(3600);
@@ -476,16 +513,9 @@ pub async fn late_commit_prune(factory: BackendFactory) -> CheckResult {
             clock.advance(WINDOW * 2);
             run("new".to_owned()).await?;
             let adapter = SideEffectAdapter::with_clock(faulty.clone(), clock.clone());
-            faulty.nth(Target::WritingTxn, nth, Fault::LateCommit { after_calls });
             let context = format!("removal {nth} lands late ({after_calls})");
-            let window = PruneOptions::after(WINDOW);
-            let removed = prune_then_settle(
-                &context,
-                &faulty,
-                || adapter.prune(&window),
-                || plain.prune(&window),
-            )
-            .await?;
+            let late = (nth, after_calls);
+            let removed = late_prune(&context, &faulty, late, &adapter, &plain, WINDOW).await?;
             ensure!(
                 removed <= 4,
                 "{context}: passes reported {removed} removals of 4 expired keys"
@@ -513,7 +543,6 @@ pub async fn late_commit_prune(factory: BackendFactory) -> CheckResult {
 /// reverse-dependency entry is left.
 pub async fn late_commit_board_prune(factory: BackendFactory) -> CheckResult {
     use coord_adapters::board::BoardOptions;
-    use coord_adapters::retention::PruneOptions;
     use coord_backend::ManualClock;
     const WINDOW: Duration = Duration::from_secs(3600);
     const WAITERS: usize = 25;
@@ -542,16 +571,9 @@ pub async fn late_commit_board_prune(factory: BackendFactory) -> CheckResult {
             plain.add(TaskSpec::new("new", b"p".to_vec())).await?;
             complete("new").await?;
             let adapter = BoardAdapter::with_options(faulty.clone(), options);
-            faulty.nth(Target::WritingTxn, nth, Fault::LateCommit { after_calls });
             let context = format!("board removal txn {nth} lands late ({after_calls})");
-            let window = PruneOptions::after(WINDOW);
-            let removed = prune_then_settle(
-                &context,
-                &faulty,
-                || adapter.prune(&window),
-                || plain.prune(&window),
-            )
-            .await?;
+            let late = (nth, after_calls);
+            let removed = late_prune(&context, &faulty, late, &adapter, &plain, WINDOW).await?;
             ensure!(
                 removed <= 1,
                 "{context}: passes reported {removed} removals of 1 expired task"
