@@ -397,12 +397,16 @@ impl SqliteBackend {
             .collect()
     }
 
-    async fn reclaim_once(&self, max: usize) -> std::result::Result<Reclaimed, Attempt> {
-        let mut writer = self
-            .writer
+    /// The writer connection, for a write; failing to get it wrote nothing.
+    async fn hold_writer(&self) -> std::result::Result<changes::Held<'_>, Attempt> {
+        self.writer
             .hold()
             .await
-            .map_err(|e| before_commit("opening the writer connection", e))?;
+            .map_err(|e| before_commit("opening the writer connection", e))
+    }
+
+    async fn reclaim_once(&self, max: usize) -> std::result::Result<Reclaimed, Attempt> {
+        let mut writer = self.hold_writer().await?;
         let result = reclaim_on(writer.conn(), &self.namespace, max).await;
         if result.is_ok() {
             writer.finished();
@@ -415,11 +419,7 @@ impl SqliteBackend {
         asserts: &[Assert],
         mutations: &[Mutation],
     ) -> std::result::Result<TxnOutcome, Attempt> {
-        let mut writer = self
-            .writer
-            .hold()
-            .await
-            .map_err(|e| before_commit("opening the writer connection", e))?;
+        let mut writer = self.hold_writer().await?;
         let (result, clean) = txn_on(writer.conn(), &self.namespace, asserts, mutations).await;
         // After a failed COMMIT or ROLLBACK the connection's transaction
         // state is unknown: it is replaced before the next txn.
