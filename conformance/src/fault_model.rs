@@ -609,14 +609,8 @@ pub async fn late_commit_board_prune(factory: BackendFactory) -> CheckResult {
 pub async fn indeterminate_forever_ends(factory: BackendFactory) -> CheckResult {
     let (faulty, store) = wrapped(&factory, "indeterminate_forever", 1).await?;
     let lock = GenericLock::new(faulty.clone());
-    faulty.always(Target::WritingTxn, Fault::Drop);
-    let answer = tokio::time::timeout(Duration::from_secs(60), lock.try_lock("k", TTL))
-        .await
-        .map_err(|_| Failure::new("try_lock did not end while every txn was lost"))?;
-    ensure!(
-        matches!(&answer, Err(LockError::Store(e)) if e.is_indeterminate()),
-        "every txn lost: expected indeterminate, got {answer:?}"
-    );
+    let within = Duration::from_secs(60);
+    ends_indeterminate(&faulty, &lock, Fault::Drop, within, "every txn lost").await?;
     ensure!(
         faulty.fired() <= 128,
         "{} txns sent before giving up: the retries are not bounded",
@@ -637,20 +631,34 @@ pub async fn hung_writes_time_out(factory: BackendFactory) -> CheckResult {
     cas.call_timeout = Some(Duration::from_millis(200));
     cas.max_attempts = 4;
     let lock = GenericLock::with_options(faulty.clone(), LockOptions::default().with_cas(cas));
-    faulty.always(Target::WritingTxn, Fault::Hang);
-    let answer = tokio::time::timeout(Duration::from_secs(30), lock.try_lock("k", TTL))
-        .await
-        .map_err(|_| Failure::new("try_lock hung with the writes"))?;
-    ensure!(
-        matches!(&answer, Err(LockError::Store(e)) if e.is_indeterminate()),
-        "hung writes: expected indeterminate, got {answer:?}"
-    );
+    let within = Duration::from_secs(30);
+    ends_indeterminate(&faulty, &lock, Fault::Hang, within, "hung writes").await?;
     // Reads still answer during the partition.
     faulty.heal();
     let after = lock.try_lock("k", TTL).await.map_err(lock_failure)?;
     ensure!(
         after.is_some(),
         "after the partition healed the lock is not free"
+    );
+    Ok(())
+}
+
+/// `lock.try_lock` of a free key while every write meets `fault` (`what`):
+/// it ends within `within`, in "indeterminate".
+async fn ends_indeterminate(
+    faulty: &FaultyBackend,
+    lock: &GenericLock,
+    fault: Fault,
+    within: Duration,
+    what: &str,
+) -> CheckResult {
+    faulty.always(Target::WritingTxn, fault);
+    let answer = tokio::time::timeout(within, lock.try_lock("k", TTL))
+        .await
+        .map_err(|_| Failure::new(format!("{what}: try_lock did not end within {within:?}")))?;
+    ensure!(
+        matches!(&answer, Err(LockError::Store(e)) if e.is_indeterminate()),
+        "{what}: expected indeterminate, got {answer:?}"
     );
     Ok(())
 }
