@@ -46,12 +46,13 @@ use coord_backend::{Backend, InvalidInput};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use super::wait::wait_for;
 use super::{inspect_status, validate_lock_input, LockError, LockHandle, LostReason, WaitOptions};
 use crate::cas::space::LeaseOffer;
 use crate::cas::{
     record_kind, record_options, whole_millis, CasStats, LeaseRecord, Nonce, RecordSpace, Verdict,
 };
-use crate::wake::{Deadline, WaitError, Wake};
+use crate::wake::{WaitError, Wake};
 use crate::{mint_token, telemetry};
 
 /// A permit of a [`Semaphore`]: the same shape as a lock's handle (key,
@@ -102,17 +103,9 @@ pub trait Semaphore: Send + Sync + std::fmt::Debug {
         wait: &WaitOptions,
     ) -> Result<Permit, LockError> {
         validate_lock_input(key, ttl)?;
-        let deadline = Deadline::after(wait.timeout);
-        let mut wake = self.watch_key(key).await;
-        wake.retry(
-            deadline,
-            |refusals| wait.pause(refusals),
-            || self.try_acquire(key, permits, ttl),
-            |waited| LockError::Timeout {
-                key: key.to_owned(),
-                waited,
-            },
-        )
+        wait_for(key, wait, self.watch_key(key), || {
+            self.try_acquire(key, permits, ttl)
+        })
         .await
     }
 }

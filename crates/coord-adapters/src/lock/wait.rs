@@ -1,12 +1,13 @@
 //! Waiting for a lock: watch, try, then sleep until a change or an
 //! exponential backoff with jitter (the fallback poll), until a timeout.
 
+use std::future::Future;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::wake::Deadline;
+use crate::wake::{Deadline, Wake};
 
 use super::{validate_lock_input, Lock, LockError, LockHandle};
 
@@ -112,13 +113,29 @@ pub async fn retry_until_free<L: Lock + ?Sized>(
     wait: &WaitOptions,
 ) -> Result<LockHandle, LockError> {
     validate_lock_input(key, ttl)?;
+    wait_for(key, wait, lock.watch_key(key), || lock.try_lock(key, ttl)).await
+}
+
+/// Wait as `wait` says for `attempt` on `key` to answer `Some`: the
+/// deadline counts from now, `watch` is set before the first attempt (a
+/// release after it wakes the waiter), then [`Wake::retry`] with `wait`'s
+/// backoff, until [`LockError::Timeout`].
+pub(crate) async fn wait_for<T, Fut>(
+    key: &str,
+    wait: &WaitOptions,
+    watch: impl Future<Output = Wake>,
+    attempt: impl FnMut() -> Fut,
+) -> Result<T, LockError>
+where
+    Fut: Future<Output = Result<Option<T>, LockError>>,
+{
     let deadline = Deadline::after(wait.timeout);
     // Subscribe before the first read: a release after it wakes us.
-    let mut wake = lock.watch_key(key).await;
+    let mut wake = watch.await;
     wake.retry(
         deadline,
         |refusals| wait.pause(refusals),
-        || lock.try_lock(key, ttl),
+        attempt,
         |waited| LockError::Timeout {
             key: key.to_owned(),
             waited,
