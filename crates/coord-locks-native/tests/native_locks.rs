@@ -432,13 +432,18 @@ mod pg_advisory {
             .unwrap()
     }
 
-    /// The backend pid of the session holding the advisory lock on `hashtext(name)`.
-    async fn holder_pid(admin: &mut sqlx::PgConnection, name: &str) -> Option<i32> {
+    /// The backend pid of the session holding the advisory lock of `key`
+    /// (on `hashtext` of its lock name).
+    async fn holder_pid(
+        admin: &mut sqlx::PgConnection,
+        lock: &PgAdvisoryLock,
+        key: &str,
+    ) -> Option<i32> {
         sqlx::query_scalar(
             "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted \
              AND ((classid::bigint << 32) | objid::bigint) = hashtext($1)::bigint",
         )
-        .bind(name)
+        .bind(lock.lock_name(key))
         .fetch_optional(admin)
         .await
         .unwrap()
@@ -459,7 +464,7 @@ mod pg_advisory {
         let h = hold(&a, &key).await;
         assert_eq!(a.held_count(), 1);
         a.renew(&h).await.unwrap();
-        let pid = holder_pid(&mut admin, &a.lock_name(&key))
+        let pid = holder_pid(&mut admin, &a, &key)
             .await
             .expect("the advisory lock is visible in pg_locks");
         terminate(&mut admin, pid).await;
@@ -526,13 +531,13 @@ mod pg_advisory {
         let h = hold(&a, &key).await;
         assert_eq!((a.held_count(), a.idle_count()), (1, 0));
         let name = a.lock_name(&key);
-        let pid = holder_pid(&mut admin, &name).await.expect("held");
+        let pid = holder_pid(&mut admin, &a, &key).await.expect("held");
         let (fence, ceiling) = fence_rows(&mut admin, "coord_lock_fences", &name).await;
         assert_eq!(fence, Some(h.fence()), "the last grant is recorded");
         assert!(ceiling >= h.fence());
         a.release(h).await.unwrap();
         assert_eq!((a.held_count(), a.idle_count()), (0, 1));
-        assert_eq!(holder_pid(&mut admin, &name).await, None);
+        assert_eq!(holder_pid(&mut admin, &a, &key).await, None);
         assert_eq!(
             locks_of(&mut admin, pid).await,
             0,
@@ -542,14 +547,11 @@ mod pg_advisory {
         // with the fence still increasing.
         let again = hold(&a, &key).await;
         assert!(again.fence() > h_fence(fence));
-        assert_eq!(holder_pid(&mut admin, &name).await, Some(pid));
+        assert_eq!(holder_pid(&mut admin, &a, &key).await, Some(pid));
         a.release(again).await.unwrap();
         let other = random_key("reuses-other");
         let h = hold(&a, &other).await;
-        assert_eq!(
-            holder_pid(&mut admin, &a.lock_name(&other)).await,
-            Some(pid)
-        );
+        assert_eq!(holder_pid(&mut admin, &a, &other).await, Some(pid));
         a.release(h).await.unwrap();
         assert_eq!(locks_of(&mut admin, pid).await, 0);
         // Dropping the client closes its idle sessions.
@@ -566,11 +568,10 @@ mod pg_advisory {
         let mut admin = admin(&url).await;
         let key = random_key("closes");
         let h = hold(&a, &key).await;
-        let name = a.lock_name(&key);
-        let pid = holder_pid(&mut admin, &name).await.expect("held");
+        let pid = holder_pid(&mut admin, &a, &key).await.expect("held");
         a.release(h).await.unwrap();
         assert_eq!((a.held_count(), a.idle_count()), (0, 0));
-        assert_eq!(holder_pid(&mut admin, &name).await, None);
+        assert_eq!(holder_pid(&mut admin, &a, &key).await, None);
         wait_gone(&mut admin, pid).await;
     }
 
@@ -605,9 +606,7 @@ mod pg_advisory {
         let ttl = Duration::from_secs(30);
         let key = random_key("dead-idle");
         let h = hold(&a, &key).await;
-        let pid = holder_pid(&mut admin, &a.lock_name(&key))
-            .await
-            .expect("held");
+        let pid = holder_pid(&mut admin, &a, &key).await.expect("held");
         a.release(h).await.unwrap();
         assert_eq!(a.idle_count(), 1);
         terminate(&mut admin, pid).await;
@@ -617,9 +616,7 @@ mod pg_advisory {
             .await
             .unwrap()
             .expect("a new session takes the free key");
-        let new_pid = holder_pid(&mut admin, &a.lock_name(&key))
-            .await
-            .expect("held");
+        let new_pid = holder_pid(&mut admin, &a, &key).await.expect("held");
         assert_ne!(new_pid, pid);
         a.release(h).await.unwrap();
         assert_eq!((a.held_count(), a.idle_count()), (0, 1));
