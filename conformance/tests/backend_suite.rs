@@ -341,65 +341,37 @@ async fn caught_by(flaw: Flaw, must_fail: &[&str]) -> HashMap<&'static str, Stri
     failed
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn unflawed_copy_passes_everything() {
-    caught_by(Flaw::None, &[]).await;
+/// One test per flaw: each check listed must catch it (none may fail on `None`).
+macro_rules! caught {
+    ($($test:ident: $flaw:ident, [$($check:literal),* $(,)?];)+) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $test() {
+            caught_by(Flaw::$flaw, &[$($check),*]).await;
+        }
+    )+};
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn non_atomic_txn_is_caught() {
-    caught_by(Flaw::NonAtomicTxn, &["concurrent_txn", "increment_race"]).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn version_reuse_is_caught() {
-    caught_by(
-        Flaw::VersionReusedAfterDelete,
-        &["version_monotonic", "all_or_nothing", "model_sequences"],
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn torn_snapshot_is_caught() {
-    caught_by(Flaw::TornSnapshot, &["snapshot_consistency"]).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn prefix_as_pattern_is_caught() {
-    caught_by(
-        Flaw::PrefixAsPattern,
-        &["keys_literal_prefix", "model_sequences"],
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn stale_rejection_entries_are_caught() {
-    caught_by(
-        Flaw::StaleRejection,
-        &[
-            "rejected_txn_current",
-            "increment_race",
-            "assert_missing",
-            "model_sequences",
-        ],
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn empty_rejection_entries_are_caught() {
-    caught_by(
-        Flaw::EmptyRejection,
-        &["rejected_txn_current", "increment_race", "model_sequences"],
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn write_skew_is_caught() {
-    caught_by(Flaw::SnapshotIsolation, &["disjoint_write_skew"]).await;
+caught! {
+    unflawed_copy_passes_everything: None, [];
+    non_atomic_txn_is_caught: NonAtomicTxn, ["concurrent_txn", "increment_race"];
+    version_reuse_is_caught: VersionReusedAfterDelete,
+        ["version_monotonic", "all_or_nothing", "model_sequences"];
+    torn_snapshot_is_caught: TornSnapshot, ["snapshot_consistency"];
+    prefix_as_pattern_is_caught: PrefixAsPattern, ["keys_literal_prefix", "model_sequences"];
+    stale_rejection_entries_are_caught: StaleRejection,
+        ["rejected_txn_current", "increment_race", "assert_missing", "model_sequences"];
+    empty_rejection_entries_are_caught: EmptyRejection,
+        ["rejected_txn_current", "increment_race", "model_sequences"];
+    write_skew_is_caught: SnapshotIsolation, ["disjoint_write_skew"];
+    reclaim_that_forgets_the_floor_is_caught: ReclaimForgetsFloor, [
+        "reclaim_keeps_versions_unique",
+        "reclaim_is_bounded",
+        "reclaim_races_create",
+        // A task added again after a prune and a reclaim: its record
+        // restarts at v1, and so would its fences.
+        "completed_tasks_go_after_the_window",
+    ];
+    reclaim_that_races_a_create_is_caught: ReclaimRacesCreate, ["reclaim_races_create"];
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -422,25 +394,4 @@ fn pattern_matcher_of_the_flawed_store() {
     };
     assert!(m("a_", "ab") && m("a%", "abc") && m("a*", "aa") && m("", "x"));
     assert!(!m("a_", "a") && !m("b", "ab"));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn reclaim_that_forgets_the_floor_is_caught() {
-    caught_by(
-        Flaw::ReclaimForgetsFloor,
-        &[
-            "reclaim_keeps_versions_unique",
-            "reclaim_is_bounded",
-            "reclaim_races_create",
-            // A task added again after a prune and a reclaim: its record
-            // restarts at v1, and so would its fences.
-            "completed_tasks_go_after_the_window",
-        ],
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn reclaim_that_races_a_create_is_caught() {
-    caught_by(Flaw::ReclaimRacesCreate, &["reclaim_races_create"]).await;
 }
