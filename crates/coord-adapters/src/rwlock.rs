@@ -562,10 +562,8 @@ impl RwLock for GenericRwLock {
     }
 
     async fn status(&self, key: &str) -> Result<Option<RwStatus>, LockError> {
-        let Some((record, now)) = inspect_status::<RwRecord>(&self.space, key).await? else {
-            return Ok(None);
-        };
-        Ok(Some(RwStatus {
+        let status = inspect_status::<RwRecord>(&self.space, key).await?;
+        Ok(status.map(|(record, now)| RwStatus {
             key: key.to_owned(),
             fence: record.fence,
             holders: record

@@ -211,10 +211,8 @@ impl GenericLock {
     /// What the store holds for `key`: one consistent read, for inspection
     /// only (never a basis for a decision). `Ok(None)`: never locked.
     pub async fn status(&self, key: &str) -> Result<Option<LockStatus>, LockError> {
-        let Some((record, now)) = inspect_status::<LockRecord>(&self.space, key).await? else {
-            return Ok(None);
-        };
-        Ok(Some(LockStatus {
+        let status = inspect_status::<LockRecord>(&self.space, key).await?;
+        Ok(status.map(|(record, now)| LockStatus {
             key: key.to_owned(),
             fence: record.fence,
             expires_at: record.holder.as_ref().map(LeaseRecord::expires_at),

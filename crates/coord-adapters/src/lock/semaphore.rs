@@ -291,10 +291,8 @@ impl GenericSemaphore {
     /// What the store holds for `key` (one read, for inspection only).
     /// `Ok(None)`: never used.
     pub async fn status(&self, key: &str) -> Result<Option<SemaphoreStatus>, LockError> {
-        let Some((record, now)) = inspect_status::<SemRecord>(&self.space, key).await? else {
-            return Ok(None);
-        };
-        Ok(Some(SemaphoreStatus {
+        let status = inspect_status::<SemRecord>(&self.space, key).await?;
+        Ok(status.map(|(record, now)| SemaphoreStatus {
             key: key.to_owned(),
             fence: record.fence,
             permits: record.permits,
