@@ -325,10 +325,7 @@ async fn sink_comparing_and_writing_in_two_steps_goes_red() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sink_writing_before_its_check_goes_red() {
     let failed = failing_sink(write_before_check_sink).await;
-    assert!(
-        failed.contains(&"rule_45_sink_lower_fence_rejected"),
-        "{failed:?}"
-    );
+    assert_caught(&failed, &["rule_45_sink_lower_fence_rejected"]);
     // It is not atomic either, so the race (47) may or may not catch it too.
     assert!(
         failed.iter().all(|name| [
@@ -354,6 +351,13 @@ fn failed_names(results: Vec<(&'static str, coord_conformance::CheckResult)>) ->
         .collect()
 }
 
+/// Every check of `checks` is among the `failed` ones.
+fn assert_caught(failed: &[&str], checks: &[&str]) {
+    for check in checks {
+        assert!(failed.contains(check), "{check} not caught: {failed:?}");
+    }
+}
+
 /// The names of the retention checks `pruner` fails on the memory store.
 async fn retention_failures(pruner: coord_conformance::retention::Pruner) -> Vec<&'static str> {
     failed_names(coord_conformance::retention::check_all(memory(), pruner).await)
@@ -373,10 +377,7 @@ async fn pruner_ignoring_the_window_is_caught() {
         })
     });
     let failed = retention_failures(early).await;
-    assert!(
-        failed.contains(&"completed_keys_go_after_the_window"),
-        "{failed:?}"
-    );
+    assert_caught(&failed, &["completed_keys_go_after_the_window"]);
 }
 
 /// A naive pruner: list every side-effect key and delete it, whatever its
@@ -395,13 +396,14 @@ async fn pruner_deleting_every_key_is_caught() {
         })
     });
     let failed = retention_failures(naive).await;
-    for check in [
-        "completed_keys_go_after_the_window",
-        "pruners_race",
-        "prune_is_bounded",
-    ] {
-        assert!(failed.contains(&check), "{check} not caught: {failed:?}");
-    }
+    assert_caught(
+        &failed,
+        &[
+            "completed_keys_go_after_the_window",
+            "pruners_race",
+            "prune_is_bounded",
+        ],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -465,13 +467,14 @@ async fn board_pruner_ignoring_dependents_is_caught() {
             })
         });
     let failed = board_retention_failures(naive).await;
-    for check in [
-        "completed_tasks_go_after_the_window",
-        "dependents_stay_claimable",
-        "board_pruners_race",
-    ] {
-        assert!(failed.contains(&check), "{check} not caught: {failed:?}");
-    }
+    assert_caught(
+        &failed,
+        &[
+            "completed_tasks_go_after_the_window",
+            "dependents_stay_claimable",
+            "board_pruners_race",
+        ],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
