@@ -150,14 +150,7 @@ impl BuggyElection {
         if !self.bugs.term_not_bumped {
             return won;
         }
-        Leadership::new(
-            won.name(),
-            won.candidate(),
-            won.token(),
-            1,
-            won.ttl(),
-            won.expires_at(),
-        )
+        with_term(&won, 1)
     }
 
     /// The leadership the inner adapter knows (the buggy term undone).
@@ -169,15 +162,20 @@ impl BuggyElection {
             Ok(Some(status)) => status.term,
             _ => 1,
         };
-        Leadership::new(
-            leadership.name(),
-            leadership.candidate(),
-            leadership.token(),
-            term,
-            leadership.ttl(),
-            leadership.expires_at(),
-        )
+        with_term(leadership, term)
     }
+}
+
+/// `leadership` as it would read with another term.
+fn with_term(leadership: &Leadership, term: u64) -> Leadership {
+    Leadership::new(
+        leadership.name(),
+        leadership.candidate(),
+        leadership.token(),
+        term,
+        leadership.ttl(),
+        leadership.expires_at(),
+    )
 }
 
 #[async_trait]
