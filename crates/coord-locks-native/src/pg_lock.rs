@@ -341,21 +341,14 @@ impl PgAdvisoryLock {
     /// that table existed keeps the durable-per-grant statement).
     async fn has_last_table(&self, conn: &mut PgConnection) -> Result<bool, Error> {
         let last = last_table(&self.options.fence_table);
-        match self
+        let answer = self
             .timed(
                 sqlx::query_scalar::<_, bool>("SELECT to_regclass($1) IS NOT NULL")
                     .bind(&last)
                     .fetch_one(&mut *conn),
             )
-            .await
-        {
-            Ok(Ok(exists)) => Ok(exists),
-            Ok(Err(e)) => Err(Error::unavailable(format!("looking up table {last}"), e)),
-            Err(_) => Err(Error::Unavailable {
-                message: format!("looking up table {last}: timed out"),
-                source: None,
-            }),
-        }
+            .await;
+        setup_answer(&format!("looking up table {last}"), answer)
     }
 
     async fn create_tables(&self, conn: &mut PgConnection) -> Result<(), Error> {
@@ -371,22 +364,15 @@ impl PgAdvisoryLock {
                 .timed(sqlx::query(AssertSqlSafe(sql)).execute(&mut *conn))
                 .await
             {
-                Ok(Ok(_)) => {}
                 // Two clients creating it at once: the loser sees the winner's
                 // table (42P07) or its type row (23505). Either way it exists.
                 Ok(Err(sqlx::Error::Database(db)))
                     if matches!(db.code().as_deref(), Some("42P07" | "23505")) => {}
-                Ok(Err(e)) => {
-                    return Err(Error::unavailable(
-                        format!("creating the fence tables {table} and {last}"),
-                        e,
-                    ))
-                }
-                Err(_) => {
-                    return Err(Error::Unavailable {
-                        message: format!("creating the fence tables {table} and {last}: timed out"),
-                        source: None,
-                    })
+                answer => {
+                    setup_answer(
+                        &format!("creating the fence tables {table} and {last}"),
+                        answer,
+                    )?;
                 }
             }
         }
@@ -501,6 +487,22 @@ impl PgAdvisoryLock {
         } else {
             None
         }
+    }
+}
+
+/// The answer of a set-up statement (`what`) run under `timed`: a failure
+/// or a timeout leaves the lock unusable, `Unavailable`.
+fn setup_answer<T>(
+    what: &str,
+    answer: Result<Result<T, sqlx::Error>, tokio::time::error::Elapsed>,
+) -> Result<T, Error> {
+    match answer {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(Error::unavailable(what, e)),
+        Err(_) => Err(Error::Unavailable {
+            message: format!("{what}: timed out"),
+            source: None,
+        }),
     }
 }
 
