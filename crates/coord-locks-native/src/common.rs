@@ -22,10 +22,12 @@ pub(crate) fn default_prefix(namespace: &str) -> String {
 }
 
 /// `impl Lock for $lock`, labelled `$store` in spans and metrics: each call
-/// runs the type's own `try_lock_inner` / `renew_inner` / `release_inner`
-/// inside the `coord_adapters::telemetry` observer every lock reports
-/// through. Names resolve where it is called, which imports `async_trait`,
-/// `Lock`, `LockError`, `LockHandle`, `Duration` and `telemetry`.
+/// checks its input with `validate_lock_input`, then runs the type's own
+/// `try_lock_inner` / `renew_inner` / `release_inner` (which take the input
+/// as valid), inside the `coord_adapters::telemetry` observer every lock
+/// reports through. Names resolve where it is called, which imports
+/// `async_trait`, `validate_lock_input`, `Lock`, `LockError`, `LockHandle`,
+/// `Duration` and `telemetry`.
 macro_rules! observed_lock {
     ($lock:ty, $store:literal) => {
         #[async_trait]
@@ -35,16 +37,28 @@ macro_rules! observed_lock {
                 key: &str,
                 ttl: Duration,
             ) -> Result<Option<LockHandle>, LockError> {
-                telemetry::observe_try_lock($store, key, self.try_lock_inner(key, ttl)).await
+                let attempt = async {
+                    validate_lock_input(key, ttl)?;
+                    self.try_lock_inner(key, ttl).await
+                };
+                telemetry::observe_try_lock($store, key, attempt).await
             }
 
             async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
-                telemetry::observe_renew($store, handle, self.renew_inner(handle)).await
+                let attempt = async {
+                    validate_lock_input(handle.key(), handle.ttl())?;
+                    self.renew_inner(handle).await
+                };
+                telemetry::observe_renew($store, handle, attempt).await
             }
 
             async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
                 let (key, fence) = (handle.key().to_owned(), handle.fence());
-                telemetry::observe_release($store, &key, fence, self.release_inner(handle)).await
+                let attempt = async move {
+                    validate_lock_input(handle.key(), handle.ttl())?;
+                    self.release_inner(handle).await
+                };
+                telemetry::observe_release($store, &key, fence, attempt).await
             }
         }
     };

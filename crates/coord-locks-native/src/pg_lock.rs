@@ -609,14 +609,14 @@ fn after_sending(what: &str, name: &str, error: sqlx::Error) -> Error {
     }
 }
 
-/// The lock operations; the [`Lock`] impl below wraps them in spans and metrics.
+/// The lock operations, on valid input: the [`Lock`] impl below checks it
+/// and wraps them in spans and metrics.
 impl PgAdvisoryLock {
     async fn try_lock_inner(
         &self,
         key: &str,
         ttl: Duration,
     ) -> Result<Option<LockHandle>, LockError> {
-        validate_lock_input(key, ttl)?;
         let name = self.lock_name(key);
         let sent = tokio::time::Instant::now();
         let (conn, answer) = match self.unpark() {
@@ -703,7 +703,6 @@ impl PgAdvisoryLock {
     }
 
     async fn renew_inner(&self, handle: &LockHandle) -> Result<(), LockError> {
-        validate_lock_input(handle.key(), handle.ttl())?;
         let Some(held) = self.find(handle) else {
             return Err(Self::lost(handle, LostReason::NotHeld));
         };
@@ -736,7 +735,6 @@ impl PgAdvisoryLock {
     }
 
     async fn release_inner(&self, handle: LockHandle) -> Result<(), LockError> {
-        validate_lock_input(handle.key(), handle.ttl())?;
         let Some(held) = self.forget(&handle) else {
             return Err(Self::lost(&handle, LostReason::NotHeld));
         };

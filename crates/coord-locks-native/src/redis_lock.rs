@@ -338,7 +338,6 @@ impl RedisLock {
         handle: &LockHandle,
         what: &str,
     ) -> Result<(), LockError> {
-        validate_lock_input(handle.key(), handle.ttl())?;
         let reply: i64 = script
             .key(self.lock_key(handle.key()))
             .key(self.fence_key(handle.key()))
@@ -384,14 +383,14 @@ fn ttl_millis(ttl: Duration) -> Result<u64, LockError> {
     Ok(u64::try_from(ms).expect("bounded by MAX_TTL"))
 }
 
-/// The lock operations; the [`Lock`] impl below wraps them in spans and metrics.
+/// The lock operations, on valid input: the [`Lock`] impl below checks it
+/// and wraps them in spans and metrics.
 impl RedisLock {
     async fn try_lock_inner(
         &self,
         key: &str,
         ttl: Duration,
     ) -> Result<Option<LockHandle>, LockError> {
-        validate_lock_input(key, ttl)?;
         let ttl_ms = ttl_millis(ttl)?;
         let token = mint_token();
         // Read before sending: the server's lease starts later, so this
