@@ -4,11 +4,12 @@
 //! turns a failing prepare, apply or complete into the right outcome;
 //! `reconcile` and `run` go through the resolution rules.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use coord_adapters::sideeffect::{
-    Acquired, Execution, Fence, Lease, Outcome, Resolution, RetrySafety, Runner, SideEffectError,
+    Acquired, Action, Execution, Fence, Lease, Outcome, Resolution, RetrySafety, Runner,
+    SideEffectError,
 };
 
 use super::doubles::{failing_apply, flag, recording_apply, CompleteFails};
@@ -17,6 +18,28 @@ use super::{Fixture, PAST_TTL, TTL};
 use crate::{ensure, CheckResult, Failure};
 
 // ---------------------------------------------------------------- Runner
+
+/// `runner` executes `action` with an apply that records into `called` and
+/// answers `text`: `Applied` with that result, or the check fails (`context`).
+async fn applies(
+    runner: &Runner,
+    action: &Action,
+    called: &Arc<AtomicBool>,
+    text: &'static str,
+    context: &str,
+) -> CheckResult {
+    let done = runner
+        .execute(action, TTL, recording_apply(called, text))
+        .await?;
+    ensure!(
+        done == Execution {
+            outcome: Outcome::Applied,
+            result: Some(result(text))
+        },
+        "{context}: {done:?}"
+    );
+    Ok(())
+}
 
 /// Rule 35: no store → no-store error (never a silent success).
 pub async fn rule_35_runner_no_store(_fx: Fixture) -> CheckResult {
@@ -49,17 +72,7 @@ pub async fn rule_35_runner_no_store(_fx: Fixture) -> CheckResult {
 pub async fn rule_36_runner_replays_completed(fx: Fixture) -> CheckResult {
     let runner = fx.runner().await?;
     let (a, b) = (action("a", "r"), action("b", "r"));
-    let first = runner
-        .execute(&a, TTL, recording_apply(&flag(), "x"))
-        .await?;
-    ensure!(
-        first
-            == Execution {
-                outcome: Outcome::Applied,
-                result: Some(result("x"))
-            },
-        "first run: {first:?}"
-    );
+    applies(&runner, &a, &flag(), "x", "first run").await?;
     let store = fx.store().await?;
     let lb = grant(&store, &b).await?;
     let called = flag();
@@ -107,13 +120,7 @@ pub async fn rule_37_runner_contended(fx: Fixture) -> CheckResult {
         "the effect ran on a busy resource"
     );
     store.abandon(&b, &lb, "done").await?;
-    let later = runner
-        .execute(&a, TTL, recording_apply(&called, "x"))
-        .await?;
-    ensure!(
-        later.outcome == Outcome::Applied,
-        "retry after the holder left: {later:?}"
-    );
+    applies(&runner, &a, &called, "x", "retry after the holder left").await?;
     Ok(())
 }
 
@@ -144,17 +151,7 @@ pub async fn rule_38_runner_prepare_fails(fx: Fixture) -> CheckResult {
         !called.load(Ordering::SeqCst),
         "apply ran after prepare failed"
     );
-    let again = runner
-        .execute(&a, TTL, recording_apply(&called, "y"))
-        .await?;
-    ensure!(
-        again
-            == Execution {
-                outcome: Outcome::Applied,
-                result: Some(result("y"))
-            },
-        "rerun after a prepare failure: {again:?}"
-    );
+    applies(&runner, &a, &called, "y", "rerun after a prepare failure").await?;
     Ok(())
 }
 
@@ -212,13 +209,14 @@ pub async fn rule_39_runner_ownership_check(fx: Fixture) -> CheckResult {
         }
     }
     rival.complete(&b, &lb, result("b")).await?;
-    let retried = runner
-        .execute(&a, TTL, recording_apply(&called, "x"))
-        .await?;
-    ensure!(
-        retried.outcome == Outcome::Applied,
-        "retrying the whole action after lease-lost: {retried:?}"
-    );
+    applies(
+        &runner,
+        &a,
+        &called,
+        "x",
+        "retrying the whole action after lease-lost",
+    )
+    .await?;
     Ok(())
 }
 
@@ -271,17 +269,7 @@ pub async fn rule_41_runner_apply_fails_safe(fx: Fixture) -> CheckResult {
         SideEffectError::ApplyFailed { .. },
         "apply failure of a retry-safe action"
     );
-    let again = runner
-        .execute(&a, TTL, recording_apply(&flag(), "z"))
-        .await?;
-    ensure!(
-        again
-            == Execution {
-                outcome: Outcome::Applied,
-                result: Some(result("z"))
-            },
-        "retry of a retry-safe action: {again:?}"
-    );
+    applies(&runner, &a, &flag(), "z", "retry of a retry-safe action").await?;
     Ok(())
 }
 
