@@ -280,13 +280,18 @@ mod serializable_default {
 
 /// One CAS increment of the decimal counter at `key`, retried on conflict
 /// from the entries the rejected txn returns.
+/// The decimal counter `entry` holds (0 when missing).
+fn counter(entry: &Entry) -> u64 {
+    entry
+        .value
+        .as_deref()
+        .map_or(0, |v| std::str::from_utf8(v).unwrap().parse().unwrap())
+}
+
 async fn increment(store: &PostgresBackend, key: &str) {
     let mut entry = store.get(key).await.unwrap();
     for _ in 0..10_000 {
-        let n: u64 = match &entry.value {
-            Some(v) => std::str::from_utf8(v).unwrap().parse().unwrap(),
-            None => 0,
-        };
+        let n = counter(&entry);
         let out = store
             .put_if(key, entry.version, (n + 1).to_string().into_bytes())
             .await
@@ -1500,11 +1505,7 @@ async fn single_key_and_coord_txn_writers_never_lose_an_update() {
                 let keys = ["counter".to_owned(), other.clone()];
                 loop {
                     let entries = store.snapshot(&keys).await.unwrap();
-                    let n: u64 = entries[0]
-                        .value
-                        .as_deref()
-                        .map(|v| std::str::from_utf8(v).unwrap().parse().unwrap())
-                        .unwrap_or(0);
+                    let n = counter(&entries[0]);
                     let out = store
                         .txn(
                             &[
