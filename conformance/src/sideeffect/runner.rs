@@ -124,6 +124,23 @@ pub async fn rule_37_runner_contended(fx: Fixture) -> CheckResult {
     Ok(())
 }
 
+/// `answer` is `Err(OutcomeUnknown)` saying the key is `Uncertain`.
+fn outcome_unknown<T: std::fmt::Debug>(
+    answer: &Result<T, SideEffectError>,
+    context: &str,
+) -> CheckResult {
+    match answer {
+        Err(e @ SideEffectError::OutcomeUnknown { .. })
+            if e.outcome() == Some(Outcome::Uncertain) =>
+        {
+            Ok(())
+        }
+        other => Err(Failure::new(format!(
+            "{context}: expected Err(OutcomeUnknown), got {other:?}"
+        ))),
+    }
+}
+
 /// Rule 38: prepare fails → nothing applied, the attempt is abandoned, the
 /// same key can run again at once.
 pub async fn rule_38_runner_prepare_fails(fx: Fixture) -> CheckResult {
@@ -281,15 +298,7 @@ pub async fn rule_42_runner_apply_fails_unknown(fx: Fixture) -> CheckResult {
         let resource = format!("r-{safety}");
         let a = action(&format!("a-{safety}"), &resource).with_retry_safety(safety);
         let failed = runner.execute(&a, TTL, failing_apply).await;
-        match &failed {
-            Err(e @ SideEffectError::OutcomeUnknown { .. })
-                if e.outcome() == Some(Outcome::Uncertain) => {}
-            other => {
-                return Err(Failure::new(format!(
-                    "apply failure ({safety}): expected Err(OutcomeUnknown), got {other:?}"
-                )))
-            }
-        }
+        outcome_unknown(&failed, &format!("apply failure ({safety})"))?;
         uncertain_to_another(&fx, &a, &format!("after an apply failure ({safety})")).await?;
         let called = flag();
         let again = runner
@@ -317,15 +326,7 @@ pub async fn rule_43_runner_complete_fails(fx: Fixture) -> CheckResult {
     let called = flag();
     let failed = runner.execute(&a, TTL, recording_apply(&called, "x")).await;
     ensure!(called.load(Ordering::SeqCst), "apply was not called");
-    match &failed {
-        Err(e @ SideEffectError::OutcomeUnknown { .. })
-            if e.outcome() == Some(Outcome::Uncertain) => {}
-        other => {
-            return Err(Failure::new(format!(
-                "complete failed after apply: expected Err(OutcomeUnknown), got {other:?}"
-            )))
-        }
-    }
+    outcome_unknown(&failed, "complete failed after apply")?;
     uncertain_to_another(&fx, &a, "after a failed complete").await?;
     fx.advance(PAST_TTL);
     uncertain_to_another(&fx, &a, "after a failed complete, later").await?;
