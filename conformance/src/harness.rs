@@ -98,6 +98,15 @@ pub struct CaseReport {
     pub elapsed: std::time::Duration,
 }
 
+/// Await a racing task: its panic fails the check, naming `who`.
+pub(crate) async fn joined<T>(
+    task: tokio::task::JoinHandle<T>,
+    who: impl fmt::Display,
+) -> Result<T, Failure> {
+    task.await
+        .map_err(|e| Failure::new(format!("{who} panicked: {e}")))
+}
+
 /// A namespace no other run has used: `t<random>-<label>` (labels are cut to fit).
 pub fn unique_namespace(label: &str) -> String {
     let label: String = label

@@ -43,6 +43,7 @@ pub mod sideeffect;
 pub mod simulation;
 pub mod support;
 
+pub(crate) use harness::joined;
 pub use harness::{
     factory, run_case, run_cases, server_env, unique_namespace, BackendFactory, BoxFuture, Case,
     CaseReport, CheckResult, Failure,

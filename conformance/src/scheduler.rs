@@ -39,7 +39,7 @@ use coord_scheduler::{
     SlotStore,
 };
 
-use crate::{ensure, unique_namespace, BackendFactory, CheckResult, Failure};
+use crate::{ensure, joined, unique_namespace, BackendFactory, CheckResult, Failure};
 
 /// Builds the [`SlotStore`] under test over one backend client.
 pub type StoreMaker = Arc<
@@ -189,9 +189,7 @@ pub async fn claim_race(env: &SchedulerEnv, instances: usize, rounds: u64) -> Ch
         }
         let mut winners = Vec::new();
         for (i, task) in tasks.into_iter().enumerate() {
-            let claim = task
-                .await
-                .map_err(|e| Failure::new(format!("instance {i} panicked: {e}")))??;
+            let claim = joined(task, format!("instance {i}")).await??;
             if claim.won {
                 winners.push(i);
             } else {

@@ -9,7 +9,44 @@ use std::sync::Arc;
 use coord_backend::{Assert, Backend, Entry, Mutation, Version};
 
 use super::get;
-use crate::{ensure, unique_namespace, BackendFactory, BoxFuture, CheckResult, Failure};
+use crate::{ensure, joined, unique_namespace, BackendFactory, BoxFuture, CheckResult, Failure};
+
+/// Await every one of `tasks` (each named `who` and its index), also after
+/// one failed, so that none outlives the check: the answers of those that
+/// succeeded; the first failure goes to `failure` unless one is there.
+async fn settle<T>(
+    who: &str,
+    tasks: Vec<tokio::task::JoinHandle<Result<T, Failure>>>,
+    failure: &mut Option<Failure>,
+) -> Vec<T> {
+    let mut answers = Vec::new();
+    for (i, task) in tasks.into_iter().enumerate() {
+        match joined(task, format!("{who} {i}")).await.and_then(|r| r) {
+            Ok(answer) => answers.push(answer),
+            Err(f) => {
+                failure.get_or_insert(f);
+            }
+        }
+    }
+    answers
+}
+
+/// The first client of `namespace`, where none of `keys` may exist yet
+/// (`check` needs an empty namespace).
+async fn first_of_empty(
+    factory: &BackendFactory,
+    namespace: &str,
+    keys: &[String],
+    check: &str,
+) -> Result<Arc<dyn Backend>, Failure> {
+    let first = factory(namespace.to_owned()).await?;
+    let initial = first.snapshot(keys).await?;
+    ensure!(
+        initial.iter().all(|e| e.version == Version::MISSING),
+        "{check} needs an empty namespace, found {initial:?}"
+    );
+    Ok(first)
+}
 
 /// Exactly one of `workers` racing writers that assert the same version
 /// commits; the version moves by exactly one; store errors are reported as
@@ -35,10 +72,7 @@ pub async fn concurrent_txn(backend: Arc<dyn Backend>, key: &str, workers: usize
     }
     let mut winners = Vec::new();
     for (worker, task) in tasks.into_iter().enumerate() {
-        let outcome = task
-            .await
-            .map_err(|e| Failure::new(format!("worker {worker} panicked: {e}")))??;
-        if outcome.applied {
+        if joined(task, format!("worker {worker}")).await??.applied {
             winners.push(worker);
         }
     }
@@ -198,19 +232,11 @@ pub async fn increment_race(
             Ok::<usize, Failure>(attempts)
         }));
     }
-    let mut attempts = 0;
     let mut first_failure = None;
-    for (worker, task) in tasks.into_iter().enumerate() {
-        match task.await {
-            Ok(Ok(n)) => attempts += n,
-            Ok(Err(failure)) => {
-                first_failure.get_or_insert(failure);
-            }
-            Err(e) => {
-                first_failure.get_or_insert(Failure::new(format!("worker {worker} panicked: {e}")));
-            }
-        }
-    }
+    let attempts: usize = settle("worker", tasks, &mut first_failure)
+        .await
+        .into_iter()
+        .sum();
     if let Some(failure) = first_failure {
         return Err(failure);
     }
@@ -274,12 +300,7 @@ pub async fn snapshot_consistency(
         "snapshot_consistency needs at least one writer and one reader, got {options:?}"
     );
     let keys = vec!["pair/a".to_owned(), "pair/b".to_owned()];
-    let first = factory(namespace.to_owned()).await?;
-    let initial = first.snapshot(&keys).await?;
-    ensure!(
-        initial.iter().all(|e| e.version == Version::MISSING),
-        "snapshot_consistency needs an empty namespace, found {initial:?}"
-    );
+    let _first = first_of_empty(&factory, namespace, &keys, "snapshot_consistency").await?;
     // Open every client before spawning, so a failing factory leaves no task waiting at a barrier.
     let mut clients = Vec::new();
     for _ in 0..options.writers + options.readers {
@@ -338,30 +359,10 @@ pub async fn snapshot_consistency(
         }));
     }
     let mut first_failure = None;
-    for (reader, task) in readers.into_iter().enumerate() {
-        match task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(failure)) => {
-                first_failure.get_or_insert(failure);
-            }
-            Err(e) => {
-                first_failure.get_or_insert(Failure::new(format!("reader {reader} panicked: {e}")));
-            }
-        }
-    }
+    settle("reader", readers, &mut first_failure).await;
     // Stop the writers also when a reader failed, so no task outlives the check.
     stop.store(true, Ordering::SeqCst);
-    for (writer, task) in writers.into_iter().enumerate() {
-        match task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(failure)) => {
-                first_failure.get_or_insert(failure);
-            }
-            Err(e) => {
-                first_failure.get_or_insert(Failure::new(format!("writer {writer} panicked: {e}")));
-            }
-        }
-    }
+    settle("writer", writers, &mut first_failure).await;
     if let Some(failure) = first_failure {
         return Err(failure);
     }
@@ -430,12 +431,7 @@ pub async fn disjoint_write_skew(
     rounds: usize,
 ) -> CheckResult {
     let keys = vec!["skew/a".to_owned(), "skew/b".to_owned()];
-    let first = factory(namespace.to_owned()).await?;
-    let initial = first.snapshot(&keys).await?;
-    ensure!(
-        initial.iter().all(|e| e.version == Version::MISSING),
-        "disjoint_write_skew needs an empty namespace, found {initial:?}"
-    );
+    let first = first_of_empty(&factory, namespace, &keys, "disjoint_write_skew").await?;
     let clients = [
         factory(namespace.to_owned()).await?,
         factory(namespace.to_owned()).await?,
@@ -464,10 +460,7 @@ pub async fn disjoint_write_skew(
         }
         let mut winners = Vec::new();
         for (writer, task) in tasks.into_iter().enumerate() {
-            let outcome = task
-                .await
-                .map_err(|e| Failure::new(format!("writer {writer} panicked: {e}")))??;
-            if outcome.applied {
+            if joined(task, format!("writer {writer}")).await??.applied {
                 winners.push(writer);
             }
         }
