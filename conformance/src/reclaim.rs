@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use coord_backend::{Assert, Backend, Entry, Mutation, ReclaimOptions, Version};
 
-use crate::backend::applied as apply;
+use crate::backend::{applied as apply, created};
 use crate::{ensure, unique_namespace, BackendFactory, CheckResult, Failure};
 
 async fn open(factory: &BackendFactory, label: &str) -> Result<Arc<dyn Backend>, Failure> {
@@ -121,13 +121,7 @@ pub async fn reclaim_keeps_versions_unique(factory: BackendFactory) -> CheckResu
         "delete of a missing key",
     )
     .await?;
-    apply(
-        backend,
-        &[Assert::missing("live")],
-        &[Mutation::put("live", "a")],
-        "create live",
-    )
-    .await?;
+    created(backend, "live", "a", "create live").await?;
     let live_v1 = get(backend, "live").await?.version;
     apply(
         backend,
@@ -166,10 +160,10 @@ pub async fn reclaim_keeps_versions_unique(factory: BackendFactory) -> CheckResu
     // "ghost" had no live version; its counter was never visible.
     for (key, had) in [("deep", deep), ("shallow", shallow), ("ghost", Vec::new())] {
         let highest = highest(&had);
-        apply(
+        created(
             backend,
-            &[Assert::missing(key)],
-            &[Mutation::put(key, "again")],
+            key,
+            "again",
             &format!("re-create of {key} after reclaim"),
         )
         .await?;
@@ -194,13 +188,7 @@ pub async fn reclaim_keeps_versions_unique(factory: BackendFactory) -> CheckResu
         );
     }
     // A key never written starts at 1 or above, like any key.
-    apply(
-        backend,
-        &[Assert::missing("fresh")],
-        &[Mutation::put("fresh", "x")],
-        "create of a never-written key",
-    )
-    .await?;
+    created(backend, "fresh", "x", "create of a never-written key").await?;
     ensure!(
         !get(backend, "fresh").await?.version.is_missing(),
         "a created key reads as missing"
@@ -218,13 +206,7 @@ pub async fn reclaim_is_bounded(factory: BackendFactory) -> CheckResult {
         let key = format!("d/{i:02}");
         churned.push((key.clone(), churn(backend, &key, 2).await?));
     }
-    apply(
-        backend,
-        &[Assert::missing("keep")],
-        &[Mutation::put("keep", "k")],
-        "create keep",
-    )
-    .await?;
+    created(backend, "keep", "k", "create keep").await?;
     let removed = reclaim_all(backend, 7, 30).await?;
     ensure!(
         removed <= 30,
@@ -237,10 +219,10 @@ pub async fn reclaim_is_bounded(factory: BackendFactory) -> CheckResult {
     );
     for (key, had) in churned {
         let before = highest(&had);
-        apply(
+        created(
             backend,
-            &[Assert::missing(key.as_str())],
-            &[Mutation::put(key.as_str(), "again")],
+            key.as_str(),
+            "again",
             &format!("re-create of {key}"),
         )
         .await?;

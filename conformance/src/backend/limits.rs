@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use coord_backend::{Assert, Backend, Entry, Error, InvalidInput, Mutation, Version};
 
-use super::{get, must_apply, must_reject, names, require_empty};
+use super::{get, must_apply, must_create, must_reject, names, require_empty};
 use crate::{ensure, CheckResult, Failure};
 
 /// Whether an [`InvalidInput`] is the expected reason.
@@ -139,13 +139,7 @@ pub async fn bad_input(backend: Arc<dyn Backend>) -> CheckResult {
     );
     // The limit itself is allowed.
     let max_key = "m".repeat(limits.max_key_bytes);
-    must_apply(
-        backend,
-        &[Assert::missing(max_key.clone())],
-        &[Mutation::put(max_key.clone(), "edge")],
-        "key of exactly max_key_bytes",
-    )
-    .await?;
+    must_create(backend, &max_key, "edge", "key of exactly max_key_bytes").await?;
     let edge = get(backend, &max_key).await?;
     ensure!(
         edge.value.as_deref() == Some(&b"edge"[..]),
@@ -213,13 +207,7 @@ pub async fn large_values(backend: Arc<dyn Backend>) -> CheckResult {
             describe_bytes(&value, current.first().and_then(|e| e.value.as_deref()))
         );
     }
-    must_apply(
-        backend,
-        &[Assert::missing("empty")],
-        &[Mutation::put("empty", Vec::new())],
-        "put of an empty value",
-    )
-    .await?;
+    must_create(backend, "empty", Vec::new(), "put of an empty value").await?;
     let empty = get(backend, "empty").await?;
     ensure!(
         empty == Entry::present("empty", Version(1), Vec::new()),

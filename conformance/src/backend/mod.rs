@@ -94,6 +94,29 @@ pub(crate) async fn applied(
     Ok(outcome)
 }
 
+/// Create `key` holding `value`, asserting it missing: a txn that must apply
+/// (also used by the reclaim suite).
+pub(crate) async fn created(
+    backend: &dyn Backend,
+    key: &str,
+    value: impl Into<Vec<u8>>,
+    what: &str,
+) -> Result<TxnOutcome, Failure> {
+    let put = Mutation::put(key, value);
+    applied(backend, &[Assert::missing(key)], &[put], what).await
+}
+
+/// [`created`], answering as an applied txn does (no entries).
+async fn must_create(
+    backend: &dyn Backend,
+    key: &str,
+    value: impl Into<Vec<u8>>,
+    what: &str,
+) -> CheckResult {
+    let put = Mutation::put(key, value);
+    must_apply(backend, &[Assert::missing(key)], &[put], what).await
+}
+
 /// Run a txn that must apply, and answer as an applied txn does (no entries).
 async fn must_apply(
     backend: &dyn Backend,

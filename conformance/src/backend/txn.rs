@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use coord_backend::{Assert, Backend, Entry, Mutation, Version};
 
-use super::{get, must_apply, must_reject, names, require_empty};
+use super::{get, must_apply, must_create, must_reject, names, require_empty};
 use crate::{ensure, CheckResult};
 
 /// Versions move by exactly 1 per write (put or delete), a deleted key reads
@@ -60,13 +60,7 @@ pub async fn version_monotonic(backend: Arc<dyn Backend>) -> CheckResult {
     )
     .await?;
     expected += 1;
-    must_apply(
-        backend,
-        &[Assert::missing(key)],
-        &[Mutation::put(key, "again")],
-        "re-create after delete",
-    )
-    .await?;
+    must_create(backend, key, "again", "re-create after delete").await?;
     expected += 1;
     let recreated = get(backend, key).await?;
     ensure!(
@@ -83,13 +77,7 @@ pub async fn version_monotonic(backend: Arc<dyn Backend>) -> CheckResult {
 
     // ABA: a stale assert must not pass after delete + re-create reaches the same count.
     let aba = "aba";
-    must_apply(
-        backend,
-        &[Assert::missing(aba)],
-        &[Mutation::put(aba, "1")],
-        "aba put 1",
-    )
-    .await?;
+    must_create(backend, aba, "1", "aba put 1").await?;
     let stale = Version(2);
     must_apply(
         backend,
@@ -105,13 +93,7 @@ pub async fn version_monotonic(backend: Arc<dyn Backend>) -> CheckResult {
         "aba delete",
     )
     .await?;
-    must_apply(
-        backend,
-        &[Assert::missing(aba)],
-        &[Mutation::put(aba, "3")],
-        "aba re-create",
-    )
-    .await?;
+    must_create(backend, aba, "3", "aba re-create").await?;
     let now = get(backend, aba).await?.version;
     must_apply(
         backend,
@@ -147,13 +129,7 @@ pub async fn assert_missing(backend: Arc<dyn Backend>) -> CheckResult {
     let backend = &*backend;
     require_empty(backend, "assert_missing").await?;
     let key = "once";
-    must_apply(
-        backend,
-        &[Assert::missing(key)],
-        &[Mutation::put(key, "first")],
-        "first create",
-    )
-    .await?;
+    must_create(backend, key, "first", "first create").await?;
     let created = get(backend, key).await?;
     ensure!(
         created == Entry::present(key, Version(1), b"first".to_vec()),
@@ -181,13 +157,7 @@ pub async fn assert_missing(backend: Arc<dyn Backend>) -> CheckResult {
         "delete",
     )
     .await?;
-    must_apply(
-        backend,
-        &[Assert::missing(key)],
-        &[Mutation::put(key, "third")],
-        "create-if-missing on a deleted key",
-    )
-    .await?;
+    must_create(backend, key, "third", "create-if-missing on a deleted key").await?;
     let recreated = get(backend, key).await?;
     ensure!(
         recreated.value.as_deref() == Some(&b"third"[..]),
@@ -299,13 +269,7 @@ pub async fn all_or_nothing(backend: Arc<dyn Backend>) -> CheckResult {
         "keys(\"k\") lists {listed:?} after deleting k2 and k3"
     );
     // The deletes of the multi-key txn counted: re-creating k2 gives v3.
-    must_apply(
-        backend,
-        &[Assert::missing("k2")],
-        &[Mutation::put("k2", "back")],
-        "re-create k2",
-    )
-    .await?;
+    must_create(backend, "k2", "back", "re-create k2").await?;
     let k2 = get(backend, "k2").await?;
     ensure!(
         k2.version == Version(3),
