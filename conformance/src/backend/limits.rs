@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use coord_backend::{Assert, Backend, Entry, Error, InvalidInput, Mutation, Version};
 
-use super::{get, must_apply, must_create, must_reject, names, require_empty};
+use super::{get, must_apply, must_create, must_reject, names, require_empty, set_up};
 use crate::{ensure, CheckResult, Failure};
 
 /// Whether an [`InvalidInput`] is the expected reason.
@@ -37,11 +37,9 @@ pub async fn bad_input(backend: Arc<dyn Backend>) -> CheckResult {
     let backend = &*backend;
     require_empty(backend, "bad_input").await?;
     let limits = backend.limits();
-    must_apply(
+    set_up(
         backend,
-        &[],
         &[Mutation::put("keep1", "one"), Mutation::put("keep2", "two")],
-        "setup",
     )
     .await?;
     let kept = names(&["keep1", "keep2"]);

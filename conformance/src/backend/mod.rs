@@ -68,6 +68,11 @@ async fn require_empty(backend: &dyn Backend, check: &str) -> CheckResult {
     Ok(())
 }
 
+/// The first write of a check: `mutations`, asserting nothing; it must apply.
+async fn set_up(backend: &dyn Backend, mutations: &[Mutation]) -> CheckResult {
+    must_apply(backend, &[], mutations, "setup").await
+}
+
 async fn get(backend: &dyn Backend, key: &str) -> Result<Entry, Failure> {
     let mut entries = backend.snapshot(&[key.to_owned()]).await?;
     ensure!(

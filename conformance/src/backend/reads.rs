@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use coord_backend::{Assert, Backend, Entry, Mutation, Version};
 
-use super::{must_apply, must_reject, names, require_empty};
+use super::{must_apply, must_reject, names, require_empty, set_up};
 use crate::{ensure, unique_namespace, BackendFactory, CheckResult};
 
 /// A snapshot returns one entry per distinct key in the order of first
@@ -15,11 +15,9 @@ use crate::{ensure, unique_namespace, BackendFactory, CheckResult};
 pub async fn snapshot_semantics(backend: Arc<dyn Backend>) -> CheckResult {
     let backend = &*backend;
     require_empty(backend, "snapshot_semantics").await?;
-    must_apply(
+    set_up(
         backend,
-        &[],
         &[Mutation::put("x", "vx"), Mutation::put("z", "vz")],
-        "setup",
     )
     .await?;
     let empty = backend.snapshot(&[]).await?;

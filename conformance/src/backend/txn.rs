@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use coord_backend::{Assert, Backend, Entry, Mutation, Version};
 
-use super::{get, must_apply, must_create, must_reject, names, require_empty};
+use super::{get, must_apply, must_create, must_reject, names, require_empty, set_up};
 use crate::{ensure, CheckResult};
 
 /// Versions move by exactly 1 per write (put or delete), a deleted key reads
@@ -285,15 +285,13 @@ pub async fn all_or_nothing(backend: Arc<dyn Backend>) -> CheckResult {
 pub async fn rejected_txn_current(backend: Arc<dyn Backend>) -> CheckResult {
     let backend = &*backend;
     require_empty(backend, "rejected_txn_current").await?;
-    must_apply(
+    set_up(
         backend,
-        &[],
         &[
             Mutation::put("a", "a1"),
             Mutation::put("b", "b1"),
             Mutation::put("d", vec![0u8, 255, 7]),
         ],
-        "setup",
     )
     .await?;
     must_apply(
