@@ -91,11 +91,7 @@ pub async fn keys_literal_prefix(backend: Arc<dyn Backend>) -> CheckResult {
         .chain(stored.iter().map(String::as_str));
     for prefix in prefixes {
         let listed = backend.keys(prefix).await?;
-        let expected: Vec<String> = stored
-            .iter()
-            .filter(|k| k.starts_with(prefix))
-            .cloned()
-            .collect();
+        let expected = starting_with(&stored, prefix);
         ensure!(
             listed == expected,
             "keys({prefix:?}) returned {listed:?}, expected {expected:?} (sorted by bytes, \
@@ -155,11 +151,7 @@ pub async fn namespace_isolation(factory: BackendFactory) -> CheckResult {
         );
         for prefix in ["b", "k", "x", "a"] {
             let listed = backend.keys(prefix).await?;
-            let expected: Vec<String> = own
-                .keys()
-                .filter(|k| k.starts_with(prefix))
-                .cloned()
-                .collect();
+            let expected = starting_with(own.keys(), prefix);
             ensure!(
                 listed == expected,
                 "namespace {namespace:?}: keys({prefix:?}) returned {listed:?}, expected {expected:?}"
@@ -204,4 +196,12 @@ pub async fn namespace_isolation(factory: BackendFactory) -> CheckResult {
         }
     }
     Ok(())
+}
+
+/// The keys of `keys` that start with `prefix`, in their order.
+fn starting_with<'a>(keys: impl IntoIterator<Item = &'a String>, prefix: &str) -> Vec<String> {
+    keys.into_iter()
+        .filter(|k| k.starts_with(prefix))
+        .cloned()
+        .collect()
 }
