@@ -30,7 +30,7 @@ use coord_backend::ManualClock;
 
 use crate::clients::{ClientEnv, ClientFactory, Ctx};
 use crate::faults::{Fault, FaultyBackend, Target};
-use crate::{ensure, unique_namespace, BackendFactory, CheckResult, Failure};
+use crate::{ensure, joined, unique_namespace, BackendFactory, CheckResult, Failure};
 
 /// Makes a new client of the board under test.
 pub type BoardFactory = ClientFactory<dyn Board, BoardError>;
@@ -547,9 +547,7 @@ pub async fn dependency_change_reexpanded(factory: BackendFactory) -> CheckResul
     let redefined = plain.redefine(task("t").with_deps(["a", "b"])).await;
     window.resume();
     redefined.ctx("redefine t inside the claim's window")?;
-    let answer = claiming
-        .await
-        .map_err(|e| Failure::new(format!("the claim panicked: {e}")))?;
+    let answer = joined(claiming, "the claim").await?;
     match answer {
         Err(BoardError::DependenciesNotMet { pending, .. }) => {
             ensure!(pending == vec!["b".to_owned()], "pending should be [b], got {pending:?}")

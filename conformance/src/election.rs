@@ -25,7 +25,7 @@ use std::time::Duration;
 use coord_adapters::election::{Election, ElectionError, Leadership, Observer};
 
 use crate::clients::{granted as won, key as name, lost, ClientEnv, ClientFactory, Ctx};
-use crate::{ensure, BoxFuture, CheckResult, Failure};
+use crate::{ensure, joined, BoxFuture, CheckResult, Failure};
 
 /// Makes a new client of the election under test.
 pub type ElectionFactory = ClientFactory<dyn Election, ElectionError>;
@@ -64,9 +64,7 @@ pub async fn one_leader_race(env: ElectionEnv) -> CheckResult {
     }
     let mut winners = Vec::new();
     for task in tasks {
-        let (me, answer) = task
-            .await
-            .map_err(|e| Failure::new(format!("candidate panicked: {e}")))?;
+        let (me, answer) = joined(task, "candidate").await?;
         if let Some(l) = answer.ctx(&format!("{me} campaigning"))? {
             winners.push((me, l.term()));
         }
@@ -127,9 +125,8 @@ pub async fn resign_hands_over(env: ElectionEnv) -> CheckResult {
     let bn = n.clone();
     let waiting = tokio::spawn(async move { b.campaign(&bn, "b", "b", TTL, WAIT).await });
     a.resign(first.clone()).await.ctx("resign")?;
-    let second = waiting
-        .await
-        .map_err(|e| Failure::new(format!("campaign panicked: {e}")))?
+    let second = joined(waiting, "campaign")
+        .await?
         .ctx("the waiting campaign")?;
     ensure!(
         second.term() > first.term(),
@@ -280,9 +277,7 @@ pub async fn observe_sees_change(env: ElectionEnv) -> CheckResult {
     });
     let a = env.client().await?;
     let lead = won(a.try_campaign(&n, "a", "x", TTL).await, "leader")?;
-    let (mut observer, first) = waiting
-        .await
-        .map_err(|e| Failure::new(format!("observer panicked: {e}")))?;
+    let (mut observer, first) = joined(waiting, "observer").await?;
     let first = first.ctx("observing the win")?;
     ensure!(
         first.as_ref().map(|l| (l.candidate.as_str(), l.term)) == Some(("a", lead.term())),

@@ -31,7 +31,7 @@ use coord_adapters::lock::LockError;
 use coord_adapters::rwlock::{RwHandle, RwLock, RwMode};
 
 use crate::clients::{granted, key, lost, refused, ClientEnv, ClientFactory, Ctx};
-use crate::{ensure, BoxFuture, CheckResult, Failure};
+use crate::{ensure, joined, BoxFuture, CheckResult, Failure};
 
 /// Makes a new client of the read-write lock under test.
 pub type RwFactory = ClientFactory<dyn RwLock, LockError>;
@@ -146,9 +146,7 @@ pub async fn exclusion_race(env: RwEnv) -> CheckResult {
     }
     let mut expected = 0u64;
     for task in tasks {
-        expected +=
-            task.await
-                .map_err(|e| Failure::new(format!("worker panicked: {e}")))?? as u64;
+        expected += joined(task, "worker").await?? as u64;
     }
     let total = writes.load(Ordering::SeqCst);
     ensure!(
@@ -235,10 +233,7 @@ pub async fn writer_not_starved(env: RwEnv) -> CheckResult {
         .release(first)
         .await
         .ctx("releasing the first reader")?;
-    let w = waiting
-        .await
-        .map_err(|e| Failure::new(format!("writer panicked: {e}")))?
-        .ctx("the waiting writer")?;
+    let w = joined(waiting, "writer").await?.ctx("the waiting writer")?;
     ensure!(w.mode() == RwMode::Write, "writer got {:?}", w.mode());
     refused(
         stream_client.try_read(&k, TTL).await,

@@ -10,7 +10,7 @@ use coord_adapters::sideeffect::{Acquired, Action, EffectResult, Lease, Outcome,
 use coord_backend::{Backend, Entry};
 
 use super::{Fixture, PAST_TTL, TTL};
-use crate::{ensure, CheckResult, Failure};
+use crate::{ensure, joined, CheckResult, Failure};
 
 /// Fail unless `$result` is an `Err` matching `$pattern`.
 macro_rules! expect_err {
@@ -145,8 +145,7 @@ pub(super) fn io_error(text: &str) -> std::io::Error {
 }
 
 pub(super) async fn join<T>(task: tokio::task::JoinHandle<T>) -> Result<T, Failure> {
-    task.await
-        .map_err(|e| Failure::new(format!("a racing task panicked: {e}")))
+    joined(task, "a racing task").await
 }
 pub(super) use expect_err;
 
