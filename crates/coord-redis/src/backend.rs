@@ -41,6 +41,7 @@ impl Lua {
 
 static SNAPSHOT: LazyLock<Lua> = LazyLock::new(|| Lua::new(scripts::SNAPSHOT));
 static TXN: LazyLock<Lua> = LazyLock::new(|| Lua::new(scripts::TXN));
+static TXN_PUT_LIVE: LazyLock<Lua> = LazyLock::new(|| Lua::new(scripts::TXN_PUT_LIVE));
 static KEYS: LazyLock<Lua> = LazyLock::new(|| Lua::new(scripts::KEYS));
 
 /// One call of one script: its `KEYS` and `ARGV`.
@@ -574,6 +575,32 @@ impl RedisBackend {
     }
 }
 
+impl RedisBackend {
+    /// A txn that asserts one key at a live version and puts a new value
+    /// under it (a lock taken, renewed or released; a lease extended): the
+    /// `TXN_PUT_LIVE` script, whose replies read like `TXN`'s.
+    async fn put_live(&self, assert: &Assert, value: &[u8]) -> Result<TxnOutcome> {
+        let mut call = Call::new(&TXN_PUT_LIVE);
+        call.key(self.record_key(&assert.key))
+            .arg(self.record_prefix.len())
+            .arg(assert.version.0)
+            .arg(value)
+            .arg(self.subscriber.publish_command())
+            .arg(self.subscriber.channel());
+        let key = assert.key.as_str();
+        let reply = self.call(&call, Op::Txn, "txn").await?;
+        let mut reply = array(reply).map_err(|e| self.malformed_reply(e, key))?;
+        match reply.first().and_then(tag) {
+            Some(b"applied") if reply.len() == 1 => Ok(TxnOutcome::applied()),
+            Some(b"rejected") => {
+                reply.remove(0);
+                Ok(TxnOutcome::rejected(self.entries(reply, &[key])?))
+            }
+            _ => Err(self.malformed_reply(reply, key)),
+        }
+    }
+}
+
 #[async_trait]
 impl Backend for RedisBackend {
     fn namespace(&self) -> &str {
@@ -603,6 +630,11 @@ impl Backend for RedisBackend {
     }
 
     async fn raw_txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
+        if let ([assert], [Mutation::Put { key, value }]) = (asserts, mutations) {
+            if *key == assert.key && assert.version != Version::MISSING {
+                return self.put_live(assert, value).await;
+            }
+        }
         // KEYS[1] is the index; then one record key per distinct key, asserted keys first.
         let mut position: HashMap<&str, usize> = HashMap::new();
         let mut asserted: Vec<(&str, Version)> = Vec::new();

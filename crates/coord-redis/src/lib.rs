@@ -14,7 +14,7 @@
 //! | primitive | what runs | round trips |
 //! | --- | --- | --- |
 //! | [`snapshot`](coord_backend::Backend::snapshot) | one script: `HMGET v d` per key | 1 (`EVALSHA`) |
-//! | [`txn`](coord_backend::Backend::txn) | one script: read + check every touched key, compare every assert, then `HINCRBY v` / `HSET d` or `HDEL d` / `ZADD` or `ZREM` | 1 (`EVALSHA`) |
+//! | [`txn`](coord_backend::Backend::txn) | one script: read + check every touched key, compare every assert, then `HINCRBY v` / `HSET d` or `HDEL d` / `ZADD` or `ZREM`; a put over the one live key it asserts, a smaller script touching only that hash | 1 (`EVALSHA`) |
 //! | [`keys`](coord_backend::Backend::keys) | one script: `ZRANGEBYLEX idx [prefix (prefix\xff` | 1 (`EVALSHA`) |
 //!
 //! A script the server has not cached yet costs one extra `SCRIPT LOAD` round

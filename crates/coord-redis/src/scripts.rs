@@ -1,5 +1,5 @@
-//! The three Lua scripts. Each primitive is exactly one of them, so each is
-//! atomic on the server (Redis runs one script at a time).
+//! The Lua scripts. Each primitive call runs exactly one of them, so each
+//! is atomic on the server (Redis runs one script at a time).
 //!
 //! Record layout: one hash per key with field `v` (the version counter,
 //! written only by `HINCRBY`, or set to the floor when the record is
@@ -193,6 +193,35 @@ if nmut > 0 and publish ~= '' then
     written[#written + 1] = string.sub(KEYS[tonumber(ARGV[base + 1 + 3 * m])], plen + 1)
   end
   redis.pcall(publish, ARGV[#ARGV], table.concat(written, '\0'))
+end
+return {'applied'}
+"#
+);
+
+/// The hot case of [`TXN`] in a smaller script: one key asserted at a live
+/// version (never 0) and overwritten by a put. Such a txn changes no
+/// liveness, so it touches only its record hash, exactly like TXN's path
+/// that skips the floor, the index and the tombstone set; fewer keys,
+/// arguments and Lua steps make it about a third cheaper for the server.
+/// KEYS[1]: the record key. ARGV[1]: the byte length of the record-key
+/// prefix; ARGV[2]: the expected version; ARGV[3]: the value; ARGV[4],
+/// ARGV[5]: the publish command (or empty) and the change channel.
+/// Replies as TXN's (a rejection carries the one asserted key).
+pub(crate) const TXN_PUT_LIVE: &str = concat!(
+    record_lua!(),
+    r#"
+local ok, v, d = read_record(KEYS[1])
+if not ok then return v end
+if d and not v then return {'malformed', KEYS[1], 'value without a version field'} end
+if not d then return {'rejected', '0', false} end
+if v ~= ARGV[2] then return {'rejected', v, d} end
+if v == '9223372036854775807' then
+  return {'malformed', KEYS[1], 'version counter is exhausted (2^63 - 1)'}
+end
+redis.call('HINCRBY', KEYS[1], 'v', 1)
+redis.call('HSET', KEYS[1], 'd', ARGV[3])
+if ARGV[4] ~= '' then
+  redis.pcall(ARGV[4], ARGV[5], string.sub(KEYS[1], tonumber(ARGV[1]) + 1))
 end
 return {'applied'}
 "#

@@ -767,7 +767,8 @@ fn raw_cmd<T: redis::FromRedisValue>(port: u16, args: &[&str]) -> redis::RedisRe
 /// Bytes this crate could not have written in a version field (above what
 /// `HINCRBY` can reach, leading zeros, not a number, the last value
 /// `HINCRBY` can produce): every txn writing such a record is
-/// MalformedRecord and writes nothing, also when other keys come first.
+/// MalformedRecord and writes nothing, also when other keys come first,
+/// and also a put asserting only that key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damaged_version_fields_are_malformed_and_nothing_is_written() {
     let Some(base) = server_env(STANDALONE) else {
@@ -820,6 +821,23 @@ async fn damaged_version_fields_are_malformed_and_nothing_is_written() {
             "version {version}: half a txn applied"
         );
         assert_eq!(store.keys("").await.unwrap(), vec!["other"]);
+        // A put over the one key it asserts runs a script of its own: it
+        // judges the same bytes alike (at the last version HINCRBY reaches,
+        // asserting exactly that version, the counter is exhausted).
+        let asserted = match version.parse::<u64>() {
+            Ok(v) if v == i64::MAX as u64 => Version(v),
+            _ => Version(7),
+        };
+        let put = store
+            .txn(
+                &[Assert::at("damaged", asserted)],
+                &[Mutation::put("damaged", b"new".to_vec())],
+            )
+            .await;
+        assert!(
+            matches!(&put, Err(Error::MalformedRecord { key, .. }) if key == "damaged"),
+            "version {version}, one-key put: {put:?}"
+        );
         let fields: HashMap<String, String> = redis::cmd("HGETALL")
             .arg(&record)
             .query_async(&mut raw)
@@ -1102,7 +1120,7 @@ async fn cluster_redirects_are_followed_during_resharding() {
 
 // ---------------------------------------------------------------- change notifications
 
-/// The txn script publishes the written keys of an applied txn and nothing
+/// The txn scripts publish the written keys of an applied txn and nothing
 /// for a rejected one: a subscriber's first message is the applied txn's
 /// (messages of one server arrive in the order their scripts ran).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1128,6 +1146,15 @@ async fn rejected_txns_publish_nothing() {
         .await
         .unwrap();
     assert!(!rejected.applied);
+    // A put over the one key it asserts runs a script of its own.
+    let rejected = store
+        .txn(
+            &[Assert::at("b/1", Version(9))],
+            &[Mutation::put("b/1", b"y".to_vec())],
+        )
+        .await
+        .unwrap();
+    assert!(!rejected.applied);
     let applied = store
         .txn(
             &[],
@@ -1141,6 +1168,20 @@ async fn rejected_txns_publish_nothing() {
         .expect("no message within 10 s")
         .expect("the subscription ended");
     assert_eq!(first.get_payload_bytes(), b"b/1\0c");
+    let version = store.get("b/1").await.unwrap().version;
+    let applied = store
+        .txn(
+            &[Assert::at("b/1", version)],
+            &[Mutation::put("b/1", b"z".to_vec())],
+        )
+        .await
+        .unwrap();
+    assert!(applied.applied);
+    let second = tokio::time::timeout(Duration::from_secs(10), messages.next())
+        .await
+        .expect("no message within 10 s")
+        .expect("the subscription ended");
+    assert_eq!(second.get_payload_bytes(), b"b/1");
 }
 
 /// A reclaim deletes the tombstone records themselves (and their set
