@@ -588,15 +588,21 @@ impl RedisBackend {
             .arg(self.subscriber.publish_command())
             .arg(self.subscriber.channel());
         let key = assert.key.as_str();
-        let reply = self.call(&call, Op::Txn, "txn").await?;
-        let mut reply = array(reply).map_err(|e| self.malformed_reply(e, key))?;
+        self.run_txn(&call, &[key], key).await
+    }
+
+    /// Run a txn script and read its reply: `applied`, or `rejected` with
+    /// the current entries of `asserted` (the asserted keys, in order).
+    async fn run_txn(&self, call: &Call, asserted: &[&str], first_key: &str) -> Result<TxnOutcome> {
+        let reply = self.call(call, Op::Txn, "txn").await?;
+        let mut reply = array(reply).map_err(|e| self.malformed_reply(e, first_key))?;
         match reply.first().and_then(tag) {
             Some(b"applied") if reply.len() == 1 => Ok(TxnOutcome::applied()),
             Some(b"rejected") => {
                 reply.remove(0);
-                Ok(TxnOutcome::rejected(self.entries(reply, &[key])?))
+                Ok(TxnOutcome::rejected(self.entries(reply, asserted)?))
             }
-            _ => Err(self.malformed_reply(reply, key)),
+            _ => Err(self.malformed_reply(reply, first_key)),
         }
     }
 }
@@ -637,13 +643,15 @@ impl Backend for RedisBackend {
         }
         // KEYS[1] is the index; then one record key per distinct key, asserted keys first.
         let mut position: HashMap<&str, usize> = HashMap::new();
-        let mut asserted: Vec<(&str, Version)> = Vec::new();
+        let mut asserted: Vec<&str> = Vec::new();
+        let mut versions: Vec<Version> = Vec::new();
         let mut invocation = Call::new(&TXN);
         invocation.key(self.index_key.as_slice());
         for assert in asserts {
             if !position.contains_key(assert.key.as_str()) {
                 position.insert(&assert.key, position.len() + 2);
-                asserted.push((&assert.key, assert.version));
+                asserted.push(&assert.key);
+                versions.push(assert.version);
                 invocation.key(self.record_key(&assert.key));
             }
         }
@@ -657,7 +665,7 @@ impl Backend for RedisBackend {
         invocation.key(self.floor_key.as_slice());
         invocation.arg(self.record_prefix.len());
         invocation.arg(asserted.len());
-        for (_, version) in &asserted {
+        for version in &versions {
             invocation.arg(version.0);
         }
         invocation.arg(mutations.len());
@@ -676,18 +684,7 @@ impl Backend for RedisBackend {
             .map(|a| a.key.as_str())
             .or_else(|| mutations.first().map(Mutation::key))
             .unwrap_or("");
-
-        let reply = self.call(&invocation, Op::Txn, "txn").await?;
-        let mut reply = array(reply).map_err(|e| self.malformed_reply(e, first_key))?;
-        match reply.first().and_then(tag) {
-            Some(b"applied") if reply.len() == 1 => Ok(TxnOutcome::applied()),
-            Some(b"rejected") => {
-                reply.remove(0);
-                let keys: Vec<&str> = asserted.iter().map(|(k, _)| *k).collect();
-                Ok(TxnOutcome::rejected(self.entries(reply, &keys)?))
-            }
-            _ => Err(self.malformed_reply(reply, first_key)),
-        }
+        self.run_txn(&invocation, &asserted, first_key).await
     }
 
     async fn reclaim(&self, options: &ReclaimOptions) -> Result<Reclaimed> {

@@ -1138,50 +1138,27 @@ async fn rejected_txns_publish_nothing() {
         .await
         .unwrap();
     let mut messages = pubsub.into_on_message();
-    let rejected = store
-        .txn(
-            &[Assert::at("a", Version(3))],
-            &[Mutation::put("rejected", b"x".to_vec())],
-        )
-        .await
-        .unwrap();
-    assert!(!rejected.applied);
+    let (asserts, writes) = (
+        [Assert::at("a", Version(3))],
+        [Mutation::put("rejected", b"x".to_vec())],
+    );
+    assert!(!applied(store.txn(&asserts, &writes)).await);
     // A put over the one key it asserts runs a script of its own.
-    let rejected = store
-        .txn(
-            &[Assert::at("b/1", Version(9))],
-            &[Mutation::put("b/1", b"y".to_vec())],
-        )
-        .await
-        .unwrap();
-    assert!(!rejected.applied);
-    let applied = store
-        .txn(
-            &[],
-            &[Mutation::put("b/1", b"x".to_vec()), Mutation::delete("c")],
-        )
-        .await
-        .unwrap();
-    assert!(applied.applied);
-    let first = tokio::time::timeout(Duration::from_secs(10), messages.next())
-        .await
-        .expect("no message within 10 s")
-        .expect("the subscription ended");
-    assert_eq!(first.get_payload_bytes(), b"b/1\0c");
+    assert!(!applied(store.put_if("b/1", Version(9), b"y".to_vec())).await);
+    let writes = [Mutation::put("b/1", b"x".to_vec()), Mutation::delete("c")];
+    assert!(applied(store.txn(&[], &writes)).await);
+    async fn next(
+        messages: &mut (impl futures_util::Stream<Item = redis::Msg> + Unpin),
+    ) -> redis::Msg {
+        tokio::time::timeout(Duration::from_secs(10), messages.next())
+            .await
+            .expect("no message within 10 s")
+            .expect("the subscription ended")
+    }
+    assert_eq!(next(&mut messages).await.get_payload_bytes(), b"b/1\0c");
     let version = store.get("b/1").await.unwrap().version;
-    let applied = store
-        .txn(
-            &[Assert::at("b/1", version)],
-            &[Mutation::put("b/1", b"z".to_vec())],
-        )
-        .await
-        .unwrap();
-    assert!(applied.applied);
-    let second = tokio::time::timeout(Duration::from_secs(10), messages.next())
-        .await
-        .expect("no message within 10 s")
-        .expect("the subscription ended");
-    assert_eq!(second.get_payload_bytes(), b"b/1");
+    assert!(applied(store.put_if("b/1", version, b"z".to_vec())).await);
+    assert_eq!(next(&mut messages).await.get_payload_bytes(), b"b/1");
 }
 
 /// A reclaim deletes the tombstone records themselves (and their set
