@@ -361,11 +361,14 @@ async fn txn_cut_after_send_is_indeterminate() {
     let ns = unique_namespace("fault");
     let (proxy, url) = proxied(&base).await;
     let store = connect(&url, &ns).await;
-    // Also makes sure the server has the script cached, so the cut hits the real EVALSHA.
-    assert!(applied(store.put_if("k", Version::MISSING, b"1".to_vec())).await);
+    // Also makes sure the server has both txn scripts cached (the general
+    // one creates the key, the one-key put overwrites it), so the cut hits
+    // the real EVALSHA and not a NOSCRIPT answer.
+    assert!(applied(store.put_if("k", Version::MISSING, b"0".to_vec())).await);
+    assert!(applied(store.put_if("k", Version(1), b"1".to_vec())).await);
 
     proxy.cut_next_reply(b"EVALSHA");
-    let result = store.put_if("k", Version(1), b"2".to_vec()).await;
+    let result = store.put_if("k", Version(2), b"2".to_vec()).await;
     assert_eq!(proxy.cuts(), 1);
     assert!(
         matches!(result, Err(Error::Indeterminate { .. })),
@@ -373,13 +376,13 @@ async fn txn_cut_after_send_is_indeterminate() {
     );
 
     let fresh = connect(&base, &ns).await.get("k").await.unwrap();
-    assert_eq!(fresh.version, Version(2), "the cut txn did not commit");
+    assert_eq!(fresh.version, Version(3), "the cut txn did not commit");
     assert_eq!(fresh.value.as_deref(), Some(&b"2"[..]));
 
     // The old client reconnects by itself.
     let again = store.get("k").await.unwrap();
-    assert_eq!(again.version, Version(2));
-    assert!(applied(store.put_if("k", Version(2), b"3".to_vec())).await);
+    assert_eq!(again.version, Version(3));
+    assert!(applied(store.put_if("k", Version(3), b"3".to_vec())).await);
 }
 
 /// Nothing listens: connecting fails as Unavailable, never a success.
