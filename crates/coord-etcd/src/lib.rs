@@ -56,9 +56,12 @@
 //!   coord version `v` in the lifetime this backend last saw the key in,
 //!   with `create_revision == c` naming that lifetime; or, for a lifetime
 //!   from before the marker (or none seen), `version == v AND
-//!   create_revision < F`. Plus `value != tombstone` where a tombstone is
-//!   possible (lifetimes from before the marker) and this backend has not
-//!   seen that very write hold a live value.
+//!   create_revision < F`. Without the marker the version alone: a reclaim
+//!   creates the marker before it deletes anything, so while the txn's
+//!   marker compare holds no key has had a second lifetime. Plus `value !=
+//!   tombstone` where a tombstone is possible (lifetimes from before the
+//!   marker) and this backend has not seen that very write hold a live
+//!   value.
 //! - `key missing`: the key is either absent from etcd (`version == 0`) or a
 //!   tombstone at some etcd version `t` (`version == t AND value == tombstone`).
 //!   etcd compares cannot say "or", so the store guesses from what it last

@@ -113,7 +113,7 @@ impl Guess {
             } => {
                 out.push(Compare::version(key, CompareOp::Equal, version));
                 match (create, floor) {
-                    (Some(create), _) => {
+                    (Some(create), Some(_)) => {
                         out.push(Compare::create_revision(key, CompareOp::Equal, create))
                     }
                     // A lifetime from before the marker: a later lifetime
@@ -121,7 +121,11 @@ impl Guess {
                     (None, Some(floor)) => {
                         out.push(Compare::create_revision(key, CompareOp::Less, floor))
                     }
-                    (None, None) => {}
+                    // No marker (the txn compares its absence): nothing was
+                    // ever deleted in etcd, as a reclaim creates the marker
+                    // before its first delete, so every key has had one
+                    // lifetime and its version alone names the write.
+                    (_, None) => {}
                 }
                 // Only lifetimes from before the marker hold tombstones.
                 let may_be_tombstone = match (create, floor) {

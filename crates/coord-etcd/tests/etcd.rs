@@ -41,6 +41,33 @@ fn etcd_factory() -> Option<BackendFactory> {
 // Every contract suite, one module each (their case names overlap).
 coord_conformance::all_suites_tests!(etcd_factory());
 
+/// The fault-model suite again in floor mode: each namespace is reclaimed
+/// once before use, so deletes are real etcd deletes and a key can have
+/// several lifetimes. (The backend suite counts versions from 1, which only
+/// holds before a namespace's first reclaim.)
+mod floor_mode {
+    use super::*;
+
+    fn floor_factory() -> Option<BackendFactory> {
+        let raw = server_env(ENV)?;
+        Some(factory(move |namespace| {
+            let raw = raw.clone();
+            async move {
+                let store = connect(&raw, &namespace).await?;
+                store
+                    .reclaim(&coord_backend::ReclaimOptions::DEFAULT)
+                    .await?;
+                Ok(Arc::new(store) as Arc<dyn Backend>)
+            }
+        }))
+    }
+
+    mod fault_model {
+        use super::*;
+        coord_conformance::fault_model_tests!(floor_factory());
+    }
+}
+
 /// A raw etcd client, to look under coord's layout.
 async fn raw_client(raw: &str) -> etcd_client::Client {
     etcd_client::Client::connect(endpoints(raw), None)
@@ -576,4 +603,52 @@ async fn reclaim_switches_to_real_deletes() {
     );
     assert_eq!(store.keys("").await.unwrap(), vec!["live", "t/03"]);
     assert_eq!(store.reclaim(&options).await.unwrap().removed, 0);
+}
+
+/// After the marker a deleted key's next lifetime starts again at etcd
+/// version 1: an assert from the previous lifetime must still fail (ABA),
+/// although the etcd version it compares is the same. Before the marker the
+/// same holds through the tombstone's version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_assert_fails_on_the_next_lifetime() {
+    let Some(raw) = server_env(ENV) else { return };
+    for floor in [false, true] {
+        let ns = unique_namespace("aba");
+        let (stale, other) = (
+            connect(&raw, &ns).await.unwrap(),
+            connect(&raw, &ns).await.unwrap(),
+        );
+        if floor {
+            stale
+                .reclaim(&coord_backend::ReclaimOptions::DEFAULT)
+                .await
+                .unwrap();
+        }
+        assert!(applied(stale.put_if("k", Version(0), b"first".to_vec())).await);
+        let first = stale.get("k").await.unwrap().version;
+        let seen = other.get("k").await.unwrap();
+        assert_eq!(seen.version, first);
+        assert!(applied(other.delete_if("k", first)).await);
+        assert!(applied(other.put_if("k", Version(0), b"second".to_vec())).await);
+        let second = other.get("k").await.unwrap().version;
+        assert!(second > first, "floor {floor}: {second:?} after {first:?}");
+
+        // `stale` last saw `k` at `first`, in its first lifetime.
+        let out = stale
+            .txn(
+                &[Assert::at("k", first)],
+                &[Mutation::put("k", b"lost".to_vec())],
+            )
+            .await
+            .unwrap();
+        assert!(
+            !out.applied,
+            "floor {floor}: an assert at {first:?} passed on {second:?}"
+        );
+        assert_eq!(out.current[0].version, second, "floor {floor}");
+        assert_eq!(
+            other.get("k").await.unwrap().value.as_deref(),
+            Some(&b"second"[..])
+        );
+    }
 }
