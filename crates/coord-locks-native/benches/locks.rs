@@ -10,8 +10,8 @@
 //!
 //! 1. criterion: one uncontended cycle (`try_lock` + `release` of one key,
 //!    one client, sequential) per subject;
-//! 2. a cycle table, subjects interleaved round robin, each store's subjects
-//!    rotated by one per round (cycles/s, store round trips per
+//! 2. a cycle table, each store's subjects interleaved cycle by cycle in a
+//!    random order, in 20 rounds (cycles/s, store round trips per
 //!    cycle: counted from `GenericLock::stats()` for the generic lock, by
 //!    construction for the others), with the ratios the design targets;
 //! 3. a contention table: 32 tasks on one key, counted over
@@ -572,8 +572,8 @@ struct CycleRow {
 }
 
 /// The time ratio of `a` to `b` (b's rate over a's) round by round: the
-/// median and the range. A burst of load that hits one subject's slice
-/// moves one round, not the median.
+/// median and the range. A burst of load that hits one round moves that
+/// round, not the median.
 fn round_ratios(a: &CycleRow, b: &CycleRow) -> (f64, f64, f64) {
     let mut ratios: Vec<f64> = a
         .round_rates
@@ -591,12 +591,10 @@ fn round_ratios(a: &CycleRow, b: &CycleRow) -> (f64, f64, f64) {
     (median, ratios[0], ratios[n - 1])
 }
 
-/// The subjects' indices in the order round `round` runs them: store by
-/// store, as listed, but each store's subjects rotated by one per round, so
-/// each is first on its store (right after the other stores' slices) as
-/// often as the others, and none always follows the same neighbour.
-fn round_order(subjects: &[Subject], round: usize) -> Vec<usize> {
-    let mut order = Vec::with_capacity(subjects.len());
+/// Each store's subjects as `(first index, count)`: a store's subjects are
+/// listed next to each other.
+fn store_blocks(subjects: &[Subject]) -> Vec<(usize, usize)> {
+    let mut blocks = Vec::new();
     let mut start = 0;
     while start < subjects.len() {
         let store = subjects[start].store;
@@ -604,15 +602,31 @@ fn round_order(subjects: &[Subject], round: usize) -> Vec<usize> {
             .iter()
             .take_while(|s| s.store == store)
             .count();
-        order.extend((0..len).map(|k| start + (k + round) % len));
+        blocks.push((start, len));
         start += len;
+    }
+    blocks
+}
+
+/// A fresh order of `0..len` from the xorshift state `seed` (no dependency
+/// for a shuffle).
+fn shuffled(len: usize, seed: &mut u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..len).collect();
+    for i in (1..len).rev() {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        order.swap(i, (*seed % (i as u64 + 1)) as usize);
     }
     order
 }
 
-/// Measure every subject for `time` in total, interleaved in short slices
-/// (round robin), so that load from other processes on the machine hits all
-/// subjects alike and the ratios stay meaningful on a busy host.
+/// Measure every subject for `time` in total, in 20 rounds. In a round each
+/// store runs its subjects cycle by cycle: one cycle of each subject whose
+/// share of the round is not spent yet, in a fresh random order, again and
+/// again. Load from other processes and the server's drift (fsync timing,
+/// compaction) then hit a store's subjects alike within milliseconds, where
+/// slices of a subject each once drifted apart by several percent.
 async fn measure_cycles(subjects: &[Subject], time: Duration) -> Vec<CycleRow> {
     const ROUNDS: u32 = 20;
     let slice = time / ROUNDS;
@@ -626,19 +640,33 @@ async fn measure_cycles(subjects: &[Subject], time: Duration) -> Vec<CycleRow> {
     let mut cycles = vec![0u64; subjects.len()];
     let mut spent = vec![Duration::ZERO; subjects.len()];
     let mut round_rates = vec![Vec::new(); subjects.len()];
-    for round in 0..ROUNDS {
-        for i in round_order(subjects, round as usize) {
-            let subject = &subjects[i];
-            let started = Instant::now();
-            let mut done = 0u64;
-            while started.elapsed() < slice {
-                (subject.cycle)().await;
-                done += 1;
+    let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
+    for _ in 0..ROUNDS {
+        for (first, len) in store_blocks(subjects) {
+            let mut done = vec![0u64; len];
+            let mut took = vec![Duration::ZERO; len];
+            loop {
+                // A subject whose share is spent stops; the others go on
+                // (a slow one, like a connection per cycle, takes few turns).
+                let pending: Vec<usize> = (0..len).filter(|&k| took[k] < slice).collect();
+                if pending.is_empty() {
+                    break;
+                }
+                for k in shuffled(pending.len(), &mut seed)
+                    .into_iter()
+                    .map(|j| pending[j])
+                {
+                    let cycle_started = Instant::now();
+                    (subjects[first + k].cycle)().await;
+                    took[k] += cycle_started.elapsed();
+                    done[k] += 1;
+                }
             }
-            let took = started.elapsed();
-            cycles[i] += done;
-            spent[i] += took;
-            round_rates[i].push(done as f64 / took.as_secs_f64());
+            for k in 0..len {
+                cycles[first + k] += done[k];
+                spent[first + k] += took[k];
+                round_rates[first + k].push(done[k] as f64 / took[k].as_secs_f64());
+            }
         }
     }
     subjects
@@ -974,7 +1002,7 @@ fn uncontended(rt: &tokio::runtime::Runtime, setup: &Setup, time: Duration) {
     let rows = rt.block_on(measure_cycles(&setup.subjects, time));
     println!(
         "\nuncontended try_lock + release cycles (one client, sequential, {:.1} s each, \
-         interleaved in 20 rounds):",
+         in 20 rounds, a store's subjects interleaved cycle by cycle in random order):",
         time.as_secs_f64()
     );
     println!(
