@@ -621,6 +621,13 @@ fn shuffled(len: usize, seed: &mut u64) -> Vec<usize> {
     order
 }
 
+/// How long one cycle of `subject` takes.
+async fn timed_cycle(subject: &Subject) -> Duration {
+    let started = Instant::now();
+    (subject.cycle)().await;
+    started.elapsed()
+}
+
 /// Measure every subject for `time` in total, in 20 rounds. In a round each
 /// store runs its subjects cycle by cycle: one cycle of each subject whose
 /// share of the round is not spent yet, in a fresh random order, again and
@@ -632,6 +639,14 @@ async fn measure_cycles(subjects: &[Subject], time: Duration) -> Vec<CycleRow> {
     const ROUNDS: u32 = 20;
     const ALONE_ABOVE: Duration = Duration::from_millis(20);
     let slice = time / ROUNDS;
+    // A subject that takes a connection per cycle runs in a slice of its
+    // own: the server's work after each disconnect (a PostgreSQL backend
+    // process exiting) would land on its neighbours' next cycles.
+    let mut alone = Vec::with_capacity(subjects.len());
+    for subject in subjects {
+        alone.push(timed_cycle(subject).await > ALONE_ABOVE);
+    }
+    // Counted after that probe cycle, which is not in the table.
     let before: Vec<u64> = subjects
         .iter()
         .map(|s| match &s.round_trips {
@@ -642,15 +657,6 @@ async fn measure_cycles(subjects: &[Subject], time: Duration) -> Vec<CycleRow> {
     let mut cycles = vec![0u64; subjects.len()];
     let mut spent = vec![Duration::ZERO; subjects.len()];
     let mut round_rates = vec![Vec::new(); subjects.len()];
-    // A subject that takes a connection per cycle runs in a slice of its
-    // own: the server's work after each disconnect (a PostgreSQL backend
-    // process exiting) would land on its neighbours' next cycles.
-    let mut alone = Vec::with_capacity(subjects.len());
-    for subject in subjects {
-        let started = Instant::now();
-        (subject.cycle)().await;
-        alone.push(started.elapsed() > ALONE_ABOVE);
-    }
     let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
     for _ in 0..ROUNDS {
         for (first, len) in store_blocks(subjects) {
@@ -672,17 +678,13 @@ async fn measure_cycles(subjects: &[Subject], time: Duration) -> Vec<CycleRow> {
                     .into_iter()
                     .map(|j| pending[j])
                 {
-                    let cycle_started = Instant::now();
-                    (subjects[first + k].cycle)().await;
-                    took[k] += cycle_started.elapsed();
+                    took[k] += timed_cycle(&subjects[first + k]).await;
                     done[k] += 1;
                 }
             }
             for k in apart {
                 while took[k] < slice {
-                    let cycle_started = Instant::now();
-                    (subjects[first + k].cycle)().await;
-                    took[k] += cycle_started.elapsed();
+                    took[k] += timed_cycle(&subjects[first + k]).await;
                     done[k] += 1;
                 }
             }
