@@ -9,6 +9,7 @@ use coord_adapters::lock::{
 };
 use coord_adapters::{mint_token, telemetry};
 use coord_backend::{Error, InvalidInput, StoreUrl};
+use coord_redis::server::{check_eviction, eviction_policy_cmd, ran_nothing, EvictionCheck};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, Script};
 
@@ -267,12 +268,8 @@ impl RedisLock {
                 }
             })?;
         if !options.allow_eviction {
-            let reply = redis::cmd("CONFIG")
-                .arg("GET")
-                .arg("maxmemory-policy")
-                .query_async(&mut conn.clone())
-                .await;
-            check_eviction(&endpoint, reply)?;
+            let reply = eviction_policy_cmd().query_async(&mut conn.clone()).await;
+            check_eviction(&endpoint, reply, LOCK_EVICTION)?;
         }
         let prefix = options
             .key_prefix
@@ -444,64 +441,13 @@ impl RedisLock {
 
 observed_lock!(RedisLock, "redis");
 
-/// Refuse a server that may evict keys: an evicted fence counter restarts
-/// at 1 and hands fences out again (docs/locks.md). A server that does not
-/// let us read its configuration (`CONFIG` renamed or denied by an ACL) is
-/// accepted with a warning; an I/O failure is `Unavailable`.
-fn check_eviction(endpoint: &str, reply: redis::RedisResult<redis::Value>) -> Result<(), Error> {
-    let value = match reply {
-        Ok(value) => value,
-        Err(error) if matches!(error.kind(), ErrorKind::Server(_) | ErrorKind::Extension) => {
-            tracing::warn!(
-                endpoint,
-                %error,
-                "cannot read maxmemory-policy; RedisLock needs noeviction (an evicted fence \
-                 counter hands fences out again)"
-            );
-            return Ok(());
-        }
-        Err(error) => {
-            return Err(Error::unavailable(
-                format!("cannot read maxmemory-policy of {endpoint}"),
-                error,
-            ))
-        }
-    };
-    let policy: Option<String> = match value {
-        redis::Value::Array(mut pair) if pair.len() == 2 => pair.pop(),
-        redis::Value::Map(mut pairs) if pairs.len() == 1 => pairs.pop().map(|(_, v)| v),
-        _ => None,
-    }
-    .and_then(|v| redis::from_redis_value(v).ok());
-    match policy.as_deref() {
-        Some("noeviction") => Ok(()),
-        Some(policy) => Err(Error::Config(format!(
-            "{endpoint} runs with maxmemory-policy {policy}: Redis may evict lock and fence \
-             keys under memory pressure (a fence could be handed out twice). Set \
-             maxmemory-policy noeviction, or RedisLockOptions::allow_eviction"
-        ))),
-        None => {
-            tracing::warn!(
-                endpoint,
-                "maxmemory-policy not reported; RedisLock needs noeviction"
-            );
-            Ok(())
-        }
-    }
-}
-
-/// Errors raised before the command could run: nothing was written.
-fn ran_nothing(error: &RedisError) -> bool {
-    error.is_connection_refusal()
-        || matches!(
-            error.kind(),
-            ErrorKind::Server(_)
-                | ErrorKind::Extension
-                | ErrorKind::AuthenticationFailed
-                | ErrorKind::InvalidClientConfig
-                | ErrorKind::Client
-        )
-}
+/// An evicted fence counter restarts at 1 and hands fences out again
+/// (docs/locks.md).
+const LOCK_EVICTION: EvictionCheck<'static> = EvictionCheck {
+    client: "RedisLock",
+    at_risk: "an evicted fence counter restarts at 1 and hands fences out again",
+    override_option: "RedisLockOptions::allow_eviction",
+};
 
 #[cfg(test)]
 mod tests {

@@ -19,6 +19,7 @@ use redis::{
 };
 
 use crate::changes::{Source, Subscriber};
+use crate::server::{check_eviction, eviction_policy_cmd, ran_nothing, EvictionCheck};
 use crate::{scripts, RedisOptions};
 
 mod reclaim;
@@ -394,7 +395,7 @@ impl RedisBackend {
                 // Every master holds some namespaces: each must keep its records.
                 let reply = connection
                     .route_command(
-                        policy_cmd(),
+                        eviction_policy_cmd(),
                         RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
                     )
                     .await;
@@ -402,10 +403,10 @@ impl RedisBackend {
                     Ok(Value::Map(nodes)) => {
                         for (node, reply) in nodes {
                             let node = text(node);
-                            check_eviction(&node, reply.extract_error())?;
+                            check_eviction(&node, reply.extract_error(), STORE_EVICTION)?;
                         }
                     }
-                    other => check_eviction(&endpoint, other)?,
+                    other => check_eviction(&endpoint, other, STORE_EVICTION)?,
                 }
             }
             (Conn::Cluster(connection), source)
@@ -433,8 +434,10 @@ impl RedisBackend {
                 .await
                 .map_err(|e| connect_error(&endpoint, e))?;
             if !options.allow_eviction {
-                let reply = policy_cmd().query_async(&mut live.conn.clone()).await;
-                check_eviction(&endpoint, reply)?;
+                let reply = eviction_policy_cmd()
+                    .query_async(&mut live.conn.clone())
+                    .await;
+                check_eviction(&endpoint, reply, STORE_EVICTION)?;
             }
             (Conn::Standalone(Arc::new(standalone)), source)
         };
@@ -741,79 +744,14 @@ fn lex_range(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
     (min, max)
 }
 
-/// Errors after which the command certainly did not run: the connection
-/// was never made, or the server answered with an error. (The scripts check
-/// everything before their first write, and Redis refuses a script at its
-/// first write under OOM, so an error reply means nothing was applied.)
-fn ran_nothing(error: &RedisError) -> bool {
-    error.is_connection_refusal()
-        || matches!(
-            error.kind(),
-            ErrorKind::Server(_)
-                | ErrorKind::Extension
-                | ErrorKind::AuthenticationFailed
-                | ErrorKind::InvalidClientConfig
-                | ErrorKind::Client
-                | ErrorKind::ClusterConnectionNotFound
-                | ErrorKind::RESP3NotSupported
-        )
-}
-
-/// `CONFIG GET maxmemory-policy`
-fn policy_cmd() -> redis::Cmd {
-    let mut cmd = redis::cmd("CONFIG");
-    cmd.arg("GET").arg("maxmemory-policy");
-    cmd
-}
-
-/// Refuse a node that may evict keys: an evicted record takes its version
-/// counter and tombstone with it, so a version (and a fence kept in a
-/// record) could be handed out again (docs/shapes.md, Redis). A server that
-/// does not let us read its configuration (`CONFIG` renamed or denied by an
-/// ACL) is accepted with a warning; an I/O failure is `Unavailable`.
-fn check_eviction(node: &str, reply: RedisResult<Value>) -> Result<()> {
-    let value = match reply {
-        Ok(value) => value,
-        Err(error) if matches!(error.kind(), ErrorKind::Server(_) | ErrorKind::Extension) => {
-            tracing::warn!(
-                node,
-                %error,
-                "cannot read maxmemory-policy; coord needs noeviction (a record evicted \
-                 under memory pressure loses its version counter)"
-            );
-            return Ok(());
-        }
-        Err(error) => {
-            return Err(Error::unavailable(
-                format!("cannot read maxmemory-policy of {node}"),
-                error,
-            ))
-        }
-    };
-    let policy = match value {
-        Value::Array(mut pair) if pair.len() == 2 => pair.pop(),
-        Value::Map(mut pairs) if pairs.len() == 1 => pairs.pop().map(|(_, v)| v),
-        _ => None,
-    }
-    .and_then(bytes)
-    .map(|raw| String::from_utf8_lossy(&raw).into_owned());
-    match policy.as_deref() {
-        Some("noeviction") => Ok(()),
-        Some(policy) => Err(Error::Config(format!(
-            "{node} runs with maxmemory-policy {policy}: Redis may evict coord records under \
-             memory pressure, and with them versions, tombstones and fence counters (a version \
-             or fence could be handed out twice). Set maxmemory-policy noeviction, or \
-             RedisOptions::allow_eviction when the data can never reach maxmemory"
-        ))),
-        None => {
-            tracing::warn!(
-                node,
-                "maxmemory-policy not reported; coord needs noeviction"
-            );
-            Ok(())
-        }
-    }
-}
+/// A record evicted under memory pressure takes its version counter and
+/// tombstone with it (docs/shapes.md, Redis).
+const STORE_EVICTION: EvictionCheck<'static> = EvictionCheck {
+    client: "coord",
+    at_risk: "a record evicted takes its version counter, tombstone or fence with it, and \
+              a version or fence could be handed out twice",
+    override_option: "RedisOptions::allow_eviction when the data can never reach maxmemory",
+};
 
 /// Errors that repeating the same call cannot fix.
 fn is_permanent(error: &RedisError) -> bool {

@@ -107,6 +107,7 @@ mod backend;
 mod changes;
 mod options;
 mod scripts;
+pub mod server;
 
 pub use backend::RedisBackend;
 pub use options::RedisOptions;
