@@ -475,18 +475,7 @@ impl GenericRwLock {
                 .iter()
                 .find(|h| h.lease.token == handle.lease.token() && h.mode == handle.mode)
         });
-        match holder {
-            Some(h) if !h.lease.is_live(now) => Some(LostReason::Expired),
-            Some(_) => None,
-            None => Some(LostReason::NotHeld),
-        }
-    }
-
-    fn lost(handle: &RwHandle, reason: LostReason) -> LockError {
-        LockError::Lost {
-            key: handle.key().to_owned(),
-            reason,
-        }
+        LostReason::of_grant(holder.map(|h| &h.lease), now)
     }
 
     /// Renew (`Some(now)`) or release (`None`) the grant of `handle`.
@@ -496,7 +485,7 @@ impl GenericRwLock {
         self.space
             .decide_record(handle.key(), |record: Option<RwRecord>| {
                 if let Some(reason) = Self::why_not_held(handle, record.as_ref(), now) {
-                    return Err(Self::lost(handle, reason));
+                    return Err(LockError::lost(handle.key(), reason));
                 }
                 let mut record = record.expect("held implies a record");
                 let token = handle.lease.token();

@@ -462,13 +462,6 @@ impl PgAdvisoryLock {
         tokio::time::timeout(self.options.call_timeout, call).await
     }
 
-    fn lost(handle: &LockHandle, reason: LostReason) -> LockError {
-        LockError::Lost {
-            key: handle.key().to_owned(),
-            reason,
-        }
-    }
-
     /// The held lock of `handle`, if this client holds it.
     fn find(&self, handle: &LockHandle) -> Option<Arc<Held>> {
         let held = self.held.lock().expect("held map poisoned");
@@ -704,12 +697,12 @@ impl PgAdvisoryLock {
 
     async fn renew_inner(&self, handle: &LockHandle) -> Result<(), LockError> {
         let Some(held) = self.find(handle) else {
-            return Err(Self::lost(handle, LostReason::NotHeld));
+            return Err(LockError::lost(handle.key(), LostReason::NotHeld));
         };
         let mut slot = held.conn.lock().await;
         let Some(conn) = slot.as_mut() else {
             // Released while this renewal waited for the connection.
-            return Err(Self::lost(handle, LostReason::NotHeld));
+            return Err(LockError::lost(handle.key(), LostReason::NotHeld));
         };
         match self
             .timed(sqlx::query("SELECT 1").execute(&mut *conn))
@@ -729,18 +722,18 @@ impl PgAdvisoryLock {
                 slot.take();
                 drop(slot);
                 self.forget(handle);
-                Err(Self::lost(handle, LostReason::NotHeld))
+                Err(LockError::lost(handle.key(), LostReason::NotHeld))
             }
         }
     }
 
     async fn release_inner(&self, handle: LockHandle) -> Result<(), LockError> {
         let Some(held) = self.forget(&handle) else {
-            return Err(Self::lost(&handle, LostReason::NotHeld));
+            return Err(LockError::lost(handle.key(), LostReason::NotHeld));
         };
         // Waits for a renewal in flight; later ones find the slot empty.
         let Some(mut conn) = held.conn.lock().await.take() else {
-            return Err(Self::lost(&handle, LostReason::NotHeld));
+            return Err(LockError::lost(handle.key(), LostReason::NotHeld));
         };
         let answer = self
             .timed(
@@ -761,7 +754,7 @@ impl PgAdvisoryLock {
             // state is not what this client believes: never reuse it.
             Ok(Ok(false)) => {
                 let _ = self.timed(conn.close()).await;
-                Err(Self::lost(&handle, LostReason::NotHeld))
+                Err(LockError::lost(handle.key(), LostReason::NotHeld))
             }
             // Dropping the connection ends the session, which frees the lock
             // as soon as the server notices; report that the unlock itself failed.

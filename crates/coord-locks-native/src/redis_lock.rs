@@ -361,10 +361,7 @@ impl RedisLock {
                 )))
             }
         };
-        Err(LockError::Lost {
-            key: handle.key().to_owned(),
-            reason,
-        })
+        Err(LockError::lost(handle.key(), reason))
     }
 }
 

@@ -77,13 +77,6 @@ impl GenericLock {
         self.space.stats()
     }
 
-    fn lost(handle: &LockHandle, reason: LostReason) -> LockError {
-        LockError::Lost {
-            key: handle.key.clone(),
-            reason,
-        }
-    }
-
     /// Why `handle` does not hold the lock described by `record` (None = it holds a live lease).
     fn why_not_held(
         handle: &LockHandle,
@@ -149,7 +142,7 @@ impl Lock for GenericLock {
             .space
             .decide_record(&handle.key, |record: Option<LockRecord>| {
                 if let Some(reason) = Self::why_not_held(handle, record.as_ref(), now) {
-                    return Err(Self::lost(handle, reason));
+                    return Err(LockError::lost(handle.key(), reason));
                 }
                 let mut renewed = record.expect("held implies a record");
                 if let Some(holder) = renewed.holder.as_mut() {
@@ -170,7 +163,7 @@ impl Lock for GenericLock {
         self.space
             .decide_record(&handle.key, |record: Option<LockRecord>| {
                 if let Some(reason) = Self::why_not_held(&handle, record.as_ref(), now) {
-                    return Err(Self::lost(&handle, reason));
+                    return Err(LockError::lost(handle.key(), reason));
                 }
                 let record = record.expect("held implies a record");
                 // The record stays: its fence counter must survive the release.

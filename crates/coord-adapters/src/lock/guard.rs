@@ -263,10 +263,7 @@ async fn renew_loop(
         let sent = Instant::now();
         if sent >= valid_until {
             crate::telemetry::lock_lost("expired");
-            return lose(LockError::Lost {
-                key: handle.key().to_owned(),
-                reason: LostReason::Expired,
-            });
+            return lose(LockError::lost(handle.key(), LostReason::Expired));
         }
         match tokio::time::timeout_at(valid_until, lock.renew(&handle)).await {
             Ok(Ok(())) => {
@@ -283,10 +280,7 @@ async fn renew_loop(
             }
             Err(_) => {
                 crate::telemetry::lock_lost("expired");
-                return lose(LockError::Lost {
-                    key: handle.key().to_owned(),
-                    reason: LostReason::Expired,
-                });
+                return lose(LockError::lost(handle.key(), LostReason::Expired));
             }
         }
     }

@@ -246,6 +246,20 @@ impl LostReason {
             _ => Some(LostReason::NotHeld),
         }
     }
+
+    /// Why a handle whose grant is `grant` in a record of several grants
+    /// (permits, readers) does not hold it (`None`: the grant is there and
+    /// its lease is live). A grant gone from the record is `NotHeld`: such
+    /// records keep no fence to tell a take-over from a release.
+    pub(crate) fn of_grant(
+        grant: Option<&crate::cas::LeaseRecord>,
+        now: u64,
+    ) -> Option<LostReason> {
+        match grant {
+            Some(lease) => (!lease.is_live(now)).then_some(LostReason::Expired),
+            None => Some(LostReason::NotHeld),
+        }
+    }
 }
 
 impl std::fmt::Display for LostReason {
@@ -290,6 +304,14 @@ pub enum LockError {
 }
 
 impl LockError {
+    /// [`LockError::Lost`] for the lock `key`.
+    pub fn lost(key: &str, reason: LostReason) -> Self {
+        LockError::Lost {
+            key: key.to_owned(),
+            reason,
+        }
+    }
+
     /// Whether this is [`LockError::Lost`].
     pub fn is_lost(&self) -> bool {
         matches!(self, LockError::Lost { .. })

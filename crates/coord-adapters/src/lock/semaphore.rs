@@ -270,22 +270,11 @@ impl GenericSemaphore {
 
     /// Why `permit` is not held in `record` (None = held, lease live).
     fn why_not_held(permit: &Permit, record: &SemRecord, now: u64) -> Option<LostReason> {
-        match record
+        let grant = record
             .holders
             .iter()
-            .find(|h| h.lease.token == permit.token())
-        {
-            Some(h) if h.lease.is_live(now) => None,
-            Some(_) => Some(LostReason::Expired),
-            None => Some(LostReason::NotHeld),
-        }
-    }
-
-    fn lost(permit: &Permit, reason: LostReason) -> LockError {
-        LockError::Lost {
-            key: permit.key().to_owned(),
-            reason,
-        }
+            .find(|h| h.lease.token == permit.token());
+        LostReason::of_grant(grant.map(|h| &h.lease), now)
     }
 
     /// What the store holds for `key` (one read, for inspection only).
@@ -450,7 +439,7 @@ impl Semaphore for GenericSemaphore {
             .decide_record(permit.key(), |record: Option<SemRecord>| {
                 let record = record.unwrap_or_default();
                 if let Some(reason) = Self::why_not_held(permit, &record, now) {
-                    return Err(Self::lost(permit, reason));
+                    return Err(LockError::lost(permit.key(), reason));
                 }
                 let holders = record
                     .holders
@@ -486,7 +475,7 @@ impl Semaphore for GenericSemaphore {
             .decide_record(permit.key(), |record: Option<SemRecord>| {
                 let record = record.unwrap_or_default();
                 if let Some(reason) = Self::why_not_held(&permit, &record, now) {
-                    return Err(Self::lost(&permit, reason));
+                    return Err(LockError::lost(permit.key(), reason));
                 }
                 // The record stays, to keep the fence.
                 let released = record.pruned(now, Some(permit.token()), None);

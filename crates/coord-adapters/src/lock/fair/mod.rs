@@ -231,7 +231,7 @@ impl Lock for FairLock {
             .decide::<_, LockError, _>(&keys, |view| {
                 let state: LockState = parse(&state_key, view.value(&state_key))?;
                 if let Some(reason) = Self::why_not_held(handle, &state, now) {
-                    return Err(Self::lost(handle, reason));
+                    return Err(LockError::lost(handle.key(), reason));
                 }
                 let mut renewed = state;
                 if let Some(holder) = renewed.holder.as_mut() {
@@ -261,7 +261,7 @@ impl Lock for FairLock {
             .decide::<_, LockError, _>(&keys, |view| {
                 let (state, line) = self.decode(view, handle.key())?;
                 if let Some(reason) = Self::why_not_held(&handle, &state, now) {
-                    return Err(Self::lost(&handle, reason));
+                    return Err(LockError::lost(handle.key(), reason));
                 }
                 // The lock record stays: its fence must survive.
                 Ok(self.hand_over(view, handle.key(), &state, &line, now)?)

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::{FairLock, LOOKAHEAD};
 use crate::cas::{record_kind, whole_millis, Decision, LeaseRecord, Nonce, Record, View};
-use crate::lock::{LockError, LockHandle, LostReason};
+use crate::lock::{LockHandle, LostReason};
 
 /// The lock record, `<prefix><key>/m`: the fence, the holder, and how far
 /// the line has been served. Written by grants, renewals and releases,
@@ -219,13 +219,6 @@ impl FairLock {
             parse(&state_key, view.value(&state_key))?,
             parse(&line_key, view.value(&line_key))?,
         ))
-    }
-
-    pub(super) fn lost(handle: &LockHandle, reason: LostReason) -> LockError {
-        LockError::Lost {
-            key: handle.key().to_owned(),
-            reason,
-        }
     }
 
     pub(super) fn why_not_held(
