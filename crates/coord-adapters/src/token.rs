@@ -6,5 +6,35 @@
 /// that), so a loser's token never reaches the store, and the token in a
 /// record proves which attempt wrote it (used to resolve indeterminate txns).
 pub fn mint_token() -> String {
-    format!("{:032x}", rand::random::<u128>())
+    hex128(rand::random::<u128>())
+}
+
+/// `bits` as 32 lowercase hex digits, as `format!("{bits:032x}")` writes
+/// them: each lock cycle mints two tokens (token and nonce), and the
+/// formatting machinery cost more than the random numbers.
+fn hex128(bits: u128) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    (0..32)
+        .rev()
+        .map(|nibble| char::from(HEX[((bits >> (nibble * 4)) & 0xf) as usize]))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_32_hex_digits_as_format_writes_them() {
+        for bits in [0, 1, 0xabc, u128::MAX, u128::MAX / 3, 1 << 127] {
+            assert_eq!(hex128(bits), format!("{bits:032x}"));
+        }
+        let (a, b) = (mint_token(), mint_token());
+        assert_ne!(a, b);
+        assert!(
+            a.len() == 32
+                && a.bytes()
+                    .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+    }
 }

@@ -519,18 +519,15 @@ impl CasEngine {
     /// Remember what an applied txn wrote: each written key is one version
     /// past the version it was asserted at.
     fn remember_written(&self, asserts: &[Assert], mutations: &[Mutation]) {
-        let asserted: HashMap<&str, Version> = asserts
-            .iter()
-            .map(|a| (a.key.as_str(), a.version))
-            .collect();
         let written: Vec<Entry> = mutations
             .iter()
             .map(|m| match m {
                 Mutation::Put { key, value } => {
-                    let before = asserted
-                        .get(key.as_str())
-                        .copied()
-                        .unwrap_or(Version::MISSING);
+                    // A txn names a handful of keys: a scan beats hashing them.
+                    let before = asserts
+                        .iter()
+                        .find(|a| a.key == *key)
+                        .map_or(Version::MISSING, |a| a.version);
                     Entry::present(key.clone(), Version(before.0 + 1), value.clone())
                 }
                 // A deleted key reads as missing; its hidden counter is not needed to assert it.
