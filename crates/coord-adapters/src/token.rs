@@ -14,10 +14,12 @@ pub fn mint_token() -> String {
 /// formatting machinery cost more than the random numbers.
 fn hex128(bits: u128) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    (0..32)
-        .rev()
-        .map(|nibble| char::from(HEX[((bits >> (nibble * 4)) & 0xf) as usize]))
-        .collect()
+    let mut digits = [0u8; 32];
+    for (i, digit) in digits.iter_mut().enumerate() {
+        *digit = HEX[((bits >> ((31 - i) * 4)) & 0xf) as usize];
+    }
+    // Hex digits are ASCII: the check cannot fail.
+    String::from_utf8(digits.to_vec()).expect("hex digits are ASCII")
 }
 
 #[cfg(test)]
