@@ -9,7 +9,9 @@ use coord_adapters::lock::{
 };
 use coord_adapters::{mint_token, telemetry};
 use coord_backend::{Error, InvalidInput, StoreUrl};
-use coord_redis::server::{check_eviction, eviction_policy_cmd, ran_nothing, EvictionCheck};
+use coord_redis::server::{
+    check_eviction, connect_error, eviction_policy_cmd, ran_nothing, EvictionCheck,
+};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, Script};
 
@@ -260,13 +262,7 @@ impl RedisLock {
             .set_max_delay(Duration::from_millis(500));
         let conn = ConnectionManager::new_with_config(client, config)
             .await
-            .map_err(|e| {
-                if e.kind() == ErrorKind::InvalidClientConfig {
-                    Error::Config(format!("redis URL {endpoint}: {e}"))
-                } else {
-                    Error::unavailable(format!("cannot connect to {endpoint}"), e)
-                }
-            })?;
+            .map_err(|e| connect_error(&endpoint, e))?;
         if !options.allow_eviction {
             let reply = eviction_policy_cmd().query_async(&mut conn.clone()).await;
             check_eviction(&endpoint, reply, LOCK_EVICTION)?;

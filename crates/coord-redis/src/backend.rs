@@ -19,7 +19,9 @@ use redis::{
 };
 
 use crate::changes::{Source, Subscriber};
-use crate::server::{check_eviction, eviction_policy_cmd, ran_nothing, EvictionCheck};
+use crate::server::{
+    check_eviction, connect_error, eviction_policy_cmd, ran_nothing, EvictionCheck,
+};
 use crate::{scripts, RedisOptions};
 
 mod reclaim;
@@ -768,15 +770,9 @@ fn is_permanent(error: &RedisError) -> bool {
     )
 }
 
+/// A client that cannot be built from the URL: the URL is wrong.
 fn config_error(endpoint: &str, error: RedisError) -> Error {
     Error::Config(format!("redis URL {endpoint}: {error}"))
-}
-
-fn connect_error(endpoint: &str, error: RedisError) -> Error {
-    if error.kind() == ErrorKind::InvalidClientConfig {
-        return config_error(endpoint, error);
-    }
-    Error::unavailable(format!("cannot connect to {endpoint}"), error)
 }
 
 /// The seed nodes of a `redis[s]+cluster://[user:pass@]h:p,h:p[?query]` URL,

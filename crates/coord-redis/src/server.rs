@@ -11,7 +11,9 @@
 //!   counter or a fence counter, and a counter that restarts hands a version
 //!   or a fence out twice (docs/shapes.md, Redis).
 //!
-//! Both are judged from the reply alone; they send nothing themselves.
+//! - [`connect_error`]: which error a failed connection is.
+//!
+//! Each is judged from the reply alone; none sends anything itself.
 
 use coord_backend::{Error, Result};
 use redis::{ErrorKind, RedisError, RedisResult, Value};
@@ -33,6 +35,16 @@ pub fn ran_nothing(error: &RedisError) -> bool {
                 | ErrorKind::ClusterConnectionNotFound
                 | ErrorKind::RESP3NotSupported
         )
+}
+
+/// The error of a failed connection (or client set-up) for `endpoint`:
+/// [`Error::Config`] when the URL or the client's settings are wrong, which
+/// no retry mends; [`Error::Unavailable`] otherwise (nothing was sent).
+pub fn connect_error(endpoint: &str, error: RedisError) -> Error {
+    if error.kind() == ErrorKind::InvalidClientConfig {
+        return Error::Config(format!("redis URL {endpoint}: {error}"));
+    }
+    Error::unavailable(format!("cannot connect to {endpoint}"), error)
 }
 
 /// `CONFIG GET maxmemory-policy`, whose reply [`check_eviction`] judges.
