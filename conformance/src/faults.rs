@@ -43,7 +43,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -51,7 +51,7 @@ use coord_adapters::lock::async_trait;
 use coord_backend::{Assert, Backend, Entry, Error, Limits, Mutation, TxnOutcome};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 /// What happens to a call a rule picked.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -149,12 +149,51 @@ struct State {
 /// Events kept for [`FaultyBackend::events`] (older ones are dropped).
 const EVENTS_KEPT: usize = 4096;
 
+/// An on/off switch that tasks wait on while it is on: a process's pause.
+/// Switched off, it wakes its waiters in the order they began to wait.
+/// (tokio's `watch` channel wakes them in a random order, which made a
+/// seeded simulation run now and then differ from its replay.)
+#[derive(Debug, Default)]
+pub struct PauseSwitch {
+    on: AtomicBool,
+    switched_off: Notify,
+}
+
+impl PauseSwitch {
+    /// Switch on (new waits wait) or off (every waiter goes on).
+    pub fn set(&self, on: bool) {
+        self.on.store(on, Ordering::SeqCst);
+        if !on {
+            self.switched_off.notify_waiters();
+        }
+    }
+
+    /// Whether the switch is on.
+    pub fn is_on(&self) -> bool {
+        self.on.load(Ordering::SeqCst)
+    }
+
+    /// Return once the switch is off (at once when it is).
+    pub async fn wait_off(&self) {
+        loop {
+            // Registered before the check, so a switch-off in between is not missed.
+            let notified = self.switched_off.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !self.is_on() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
 /// A [`Backend`] decorator that injects seeded faults; see the [module docs](self).
 pub struct FaultyBackend {
     inner: Arc<dyn Backend>,
     label: String,
     state: Mutex<State>,
-    paused: watch::Sender<bool>,
+    paused: PauseSwitch,
     fired: AtomicU64,
 }
 
@@ -181,7 +220,7 @@ impl FaultyBackend {
                 events: VecDeque::new(),
                 calls: 0,
             }),
-            paused: watch::Sender::new(false),
+            paused: PauseSwitch::default(),
             fired: AtomicU64::new(0),
         }
     }
@@ -236,19 +275,19 @@ impl FaultyBackend {
 
     /// Hold every new call until [`FaultyBackend::resume`] (calls already in the store finish).
     pub fn pause(&self) {
-        self.paused.send_replace(true);
+        self.paused.set(true);
         self.log("paused".into());
     }
 
     /// Let held calls through again.
     pub fn resume(&self) {
-        self.paused.send_replace(false);
+        self.paused.set(false);
         self.log("resumed".into());
     }
 
     /// Whether calls are held.
     pub fn is_paused(&self) -> bool {
-        *self.paused.borrow()
+        self.paused.is_on()
     }
 
     /// How many faults fired so far.
@@ -319,9 +358,7 @@ impl FaultyBackend {
     }
 
     async fn wait_unpaused(&self) {
-        let mut paused = self.paused.subscribe();
-        // The sender lives in `self`: the wait cannot see a closed channel.
-        let _ = paused.wait_for(|p| !*p).await;
+        self.paused.wait_off().await;
     }
 
     /// After a call completed at the store: count it against every

@@ -58,7 +58,11 @@ impl Wake {
             tokio::time::sleep_until(deadline).await;
             return false;
         };
+        // Biased: a change that arrived by the deadline is reported (and
+        // consumed) rather than left for the next wait; and a random pick
+        // would make a seeded simulation run differ from its replay.
         tokio::select! {
+            biased;
             changed = watch.changed() => match changed {
                 Ok(()) => true,
                 Err(error) => {

@@ -436,10 +436,13 @@ impl Scheduler {
                 let now = me.inner.clock.now_millis();
                 me.tick_at(now).await;
                 let wait = me.next_wake(now);
+                // Biased (shutdown first): no random pick between branches
+                // ready at once, so a seeded simulation replays exactly.
                 tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = me.inner.wake.notified() => {}
+                    biased;
                     _ = wait_shutdown(&mut shutdown) => break,
+                    _ = me.inner.wake.notified() => {}
+                    _ = tokio::time::sleep(wait) => {}
                 }
             }
         }));

@@ -30,7 +30,10 @@ pub(super) async fn execute(
             None => std::future::pending().await,
         }
     };
+    // Biased, in this order: a handler that finished by its deadline
+    // succeeded; and no random pick, so a seeded simulation replays exactly.
     tokio::select! {
+        biased;
         joined = task => Some(match joined {
             Ok(Ok(())) => FinalStatus::Succeeded,
             Ok(Err(e)) => FinalStatus::Failed(e.to_string()),
@@ -101,7 +104,9 @@ impl Scheduler {
                     lost_tx.send_replace(true);
                 };
                 loop {
+                    // Biased: at a lease end that falls on a heartbeat, stop.
                     tokio::select! {
+                        biased;
                         _ = tokio::time::sleep_until(deadline) => break,
                         _ = tokio::time::sleep_until(next) => {}
                     }
