@@ -24,11 +24,11 @@ use super::*;
 /// What every seeded actor works with: its instance, the log, the shared
 /// facts, its own random stream and when to stop.
 pub(super) struct Actor {
-    inst: Arc<Instance>,
-    log: Arc<Log>,
-    shared: Shared,
-    rng: StdRng,
-    end: Instant,
+    pub(super) inst: Arc<Instance>,
+    pub(super) log: Arc<Log>,
+    pub(super) shared: Shared,
+    pub(super) rng: StdRng,
+    pub(super) end: Instant,
 }
 
 impl Actor {

@@ -9,6 +9,7 @@ use coord_adapters::board::{Board, BoardAdapter, BoardError, BoardOptions, TaskS
 use coord_adapters::sideeffect::{Action, Outcome, SideEffectAdapter, SideEffectStore};
 use coord_backend::{Backend, Clock};
 
+use super::recipes::{check_all_free, check_holdings};
 use super::{Facts, Grant, LockKind, SlotRun, ACTIONS, EPOCH_MS, LOCK_TTL, TASKS};
 
 /// The fence counter of a simulated lock's record (`None`: never granted).
@@ -76,6 +77,7 @@ pub(super) async fn check(
     for kind in [LockKind::Generic, LockKind::Fair] {
         check_lock(f, kind, store, violations).await;
     }
+    check_holdings(&f.holdings, violations);
     // Side effects: each closure at most once; answers carry the one result.
     for (key, runs) in &f.effects {
         if runs.len() > 1 {
@@ -129,8 +131,10 @@ pub(super) async fn check(
             ));
         }
     }
-    let board =
-        BoardAdapter::with_options(store.clone(), BoardOptions::default().with_clock(clock));
+    let board = BoardAdapter::with_options(
+        store.clone(),
+        BoardOptions::default().with_clock(clock.clone()),
+    );
     for (id_life, done) in &f.completions {
         if done.len() > 1 {
             violations.push(format!(
@@ -199,4 +203,6 @@ pub(super) async fn check(
             }
         }
     }
+    // Last: it takes every lock and recipe.
+    check_all_free(store, clock, violations).await;
 }

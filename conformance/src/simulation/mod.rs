@@ -21,6 +21,12 @@
 //!   through a [`BackendFencedSink`](coord_adapters::sideeffect::BackendFencedSink):
 //!   three on a [`GenericLock`], three more on a [`FairLock`] (which hands
 //!   the lock over on release);
+//! - three instances each on a semaphore of two permits, a read-write lock
+//!   (reading or writing at random) and a leader election (renewing or
+//!   proclaiming while they lead): each waits for its grant (a wait is
+//!   sometimes dropped mid-line, as a cancelled task's), acts while the
+//!   grant is surely held by its local clock, then releases it or walks
+//!   away and lets it expire;
 //! - task-board workers claiming and completing the same tasks, and tasks
 //!   depending on them; a board maintainer pruning completed tasks (its
 //!   clock two hours ahead of a one-hour retention: every completion goes
@@ -57,8 +63,14 @@
 //! - scheduler: one run per (job, slot), or runs one after the other by
 //!   takeover, each later one started after the earlier one stopped acting
 //!   (its lease lost or its work done) and with a higher takeover count;
+//! - semaphore, read-write lock, election: fences (terms) unique; at no
+//!   moment more than two permits acted on, a writer beside anyone, or two
+//!   leaders (a grant's holder acts from its grant to its last valid check);
 //! - no definite answer that the store contradicts (the checks above, read
-//!   back from the store at the end).
+//!   back from the store at the end);
+//! - once every lease has run out, every lock and recipe is free: a
+//!   dropped waiter's ticket or place, a grant walked away from, or a late
+//!   commit blocks nobody past its lease.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -72,18 +84,19 @@ use coord_backend::{Backend, Clock};
 use coord_memory::SingleProcessMemoryBackend;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::faults::{Fault, FaultyBackend, Target};
+use crate::faults::{Fault, FaultyBackend, PauseSwitch, Target};
 
 mod actors;
 mod check;
+mod recipes;
 
 use actors::{
     board_actor, board_maintainer, lock_actor, reclaimer, runner_actor, start_scheduler, Actor,
 };
 use check::check;
+use recipes::{election_actor, rwlock_actor, semaphore_actor, Holding};
 
 /// What a simulation run covers.
 #[derive(Clone, Debug)]
@@ -200,14 +213,13 @@ struct Instance {
     name: String,
     faulty: Arc<FaultyBackend>,
     clock: Arc<SimClock>,
-    paused: watch::Sender<bool>,
+    paused: PauseSwitch,
 }
 
 impl Instance {
     /// Wait while this process is paused (called before each step it takes).
     async fn wait_running(&self) {
-        let mut paused = self.paused.subscribe();
-        let _ = paused.wait_for(|p| !*p).await;
+        self.paused.wait_off().await;
     }
 
     fn backend(&self) -> Arc<dyn Backend> {
@@ -277,6 +289,8 @@ struct Facts {
     /// Events so far (orders the lock facts).
     clock: u64,
     grants: Vec<Grant>,
+    /// What the semaphore, read-write lock and election granted.
+    holdings: Vec<Holding>,
     /// action key → (runner, result) of each closure run.
     effects: BTreeMap<String, Vec<String>>,
     /// action key → results answered as Applied or Replayed.
@@ -341,7 +355,7 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
                 start,
                 offset_ms: AtomicI64::new(0),
             }),
-            paused: watch::Sender::new(false),
+            paused: PauseSwitch::default(),
             name,
         })
     };
@@ -351,6 +365,9 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
     let board_keeper = make("b0".to_owned(), 60);
     let runners: Vec<_> = (0..3).map(|i| make(format!("r{i}"), 30 + i)).collect();
     let crons: Vec<_> = (0..3).map(|i| make(format!("s{i}"), 40 + i)).collect();
+    let permit_takers: Vec<_> = (0..3).map(|i| make(format!("p{i}"), 70 + i)).collect();
+    let rw_lockers: Vec<_> = (0..3).map(|i| make(format!("rw{i}"), 80 + i)).collect();
+    let candidates: Vec<_> = (0..3).map(|i| make(format!("e{i}"), 90 + i)).collect();
 
     // The tasks exist before anyone works (written without faults): `t<i>`
     // in its first life, and `d<i>` waiting on it.
@@ -382,6 +399,15 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
     for (i, inst) in runners.iter().enumerate() {
         tasks.push(tokio::spawn(runner_actor(actor(inst, 300 + i as u64))));
     }
+    for (i, inst) in permit_takers.iter().enumerate() {
+        tasks.push(tokio::spawn(semaphore_actor(actor(inst, 700 + i as u64))));
+    }
+    for (i, inst) in rw_lockers.iter().enumerate() {
+        tasks.push(tokio::spawn(rwlock_actor(actor(inst, 800 + i as u64))));
+    }
+    for (i, inst) in candidates.iter().enumerate() {
+        tasks.push(tokio::spawn(election_actor(actor(inst, 900 + i as u64))));
+    }
     tasks.push(tokio::spawn(reclaimer(store.clone(), log.clone(), end)));
     tasks.push(tokio::spawn(board_maintainer(actor(&board_keeper, 600))));
     let mut schedulers = Vec::new();
@@ -394,6 +420,9 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
         .chain(&workers)
         .chain(&runners)
         .chain(std::iter::once(&board_keeper))
+        .chain(&permit_takers)
+        .chain(&rw_lockers)
+        .chain(&candidates)
         .chain(&crons)
         .cloned()
         .collect();
@@ -405,7 +434,7 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
     // Quiet period: faults healed, everyone running, leases run out, runs end.
     for inst in &everyone {
         inst.faulty.heal();
-        inst.paused.send_replace(false);
+        inst.paused.set(false);
         inst.faulty.resume();
     }
     for task in tasks {
@@ -447,7 +476,9 @@ async fn chaos(everyone: &[Arc<Instance>], crons: usize, log: &Log, seed: u64, e
     let mut rng = StdRng::seed_from_u64(seed ^ 0x000C_4A05);
     let first_cron = everyone.len() - crons;
     while Instant::now() < end {
-        tokio::time::sleep(Duration::from_millis(rng.random_range(200..2500))).await;
+        // 26 instances: one event every 130–1650 ms gives each about as
+        // many faults as one every 200–2500 ms gave 17.
+        tokio::time::sleep(Duration::from_millis(rng.random_range(130..1650))).await;
         let victim = &everyone[rng.random_range(0..everyone.len())];
         let f = &victim.faulty;
         match rng.random_range(0..10) {
@@ -488,12 +519,12 @@ async fn chaos(everyone: &[Arc<Instance>], crons: usize, log: &Log, seed: u64, e
                 let pause =
                     Duration::from_millis(rng.random_range(500..(3 * LOCK_TTL.as_millis() as u64)));
                 log.event("chaos", format!("{}: paused {pause:?}", victim.name));
-                victim.paused.send_replace(true);
+                victim.paused.set(true);
                 f.pause();
                 let v = victim.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(pause).await;
-                    v.paused.send_replace(false);
+                    v.paused.set(false);
                     v.faulty.resume();
                 });
             }

@@ -1,0 +1,460 @@
+//! The recipes beside the locks: a semaphore of [`PERMITS`] permits, a
+//! read-write lock and a leader election, each fought over by three
+//! instances; what they were granted, and the invariants it must keep.
+//!
+//! Each actor loops: wait for a grant (its waiting call is sometimes cut
+//! short by dropping it, as a cancelled task would: a waiter that dies
+//! in line), then act in a few steps while the grant is surely held by its
+//! local monotonic clock (request time plus TTL, moved on by each
+//! successful renewal), then release it, or walk away and let it expire.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_adapters::election::{Election, ElectionOptions, GenericElection};
+use coord_adapters::lock::{
+    FairLock, FairLockOptions, GenericLock, GenericSemaphore, Lock, LockOptions, Semaphore,
+    SemaphoreOptions, WaitOptions,
+};
+use coord_adapters::rwlock::{GenericRwLock, RwLock, RwLockOptions, RwMode};
+use coord_backend::{Backend, Clock};
+use rand::Rng;
+use tokio::time::Instant;
+
+use super::actors::Actor;
+use super::{count, facts, kind, Shared, LOCK_TTL};
+
+/// How many permits the simulated semaphore grants at once.
+pub(super) const PERMITS: u32 = 2;
+const SEMAPHORE: &str = "S";
+const RWLOCK: &str = "RW";
+const ELECTION: &str = "E";
+
+/// What a recipe granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Held {
+    /// A permit of the semaphore.
+    Permit,
+    /// The read-write lock, shared.
+    Read,
+    /// The read-write lock, exclusive.
+    Write,
+    /// Leadership of the election (its fence is the term).
+    Leader,
+}
+
+/// One grant a recipe actor was told of.
+#[derive(Debug)]
+pub(super) struct Holding {
+    pub(super) what: Held,
+    pub(super) who: String,
+    /// The fence (the term, for a leader).
+    pub(super) fence: u64,
+    /// Event numbers: when the grant was answered, and the last moment its
+    /// holder acted on it (`None`: it never did).
+    pub(super) granted: u64,
+    pub(super) last_valid: Option<u64>,
+}
+
+/// Record a grant; its index in the facts.
+fn granted(shared: &Shared, what: Held, who: &str, fence: u64) -> usize {
+    let mut f = facts(shared);
+    f.clock += 1;
+    let granted = f.clock;
+    f.holdings.push(Holding {
+        what,
+        who: who.to_owned(),
+        fence,
+        granted,
+        last_valid: None,
+    });
+    f.holdings.len() - 1
+}
+
+/// Hold the grant `index` for one to four steps of 100–1500 ms, acting
+/// (recording the moment) only while it is surely held: until
+/// `requested + ttl`, moved on by each renewal (from the moment it was
+/// sent) that answers `Ok(true)`. Calls `renew` before a step now and then
+/// (`Ok(false)`: it succeeded without extending the lease).
+async fn hold<F, Fut>(actor: &mut Actor, index: usize, requested: Instant, mut renew: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool, String>>,
+{
+    let mut valid_until = requested + LOCK_TTL;
+    let who = actor.inst.name.clone();
+    for _ in 0..actor.rng.random_range(1..5) {
+        tokio::time::sleep(Duration::from_millis(actor.rng.random_range(100..1500))).await;
+        actor.inst.wait_running().await;
+        if actor.rng.random_bool(0.4) {
+            let sent = Instant::now();
+            match renew().await {
+                Ok(true) => valid_until = sent + LOCK_TTL,
+                Ok(false) => {}
+                Err(e) => actor.log.event(&who, format!("renew: {}", kind(&e))),
+            }
+            actor.inst.wait_running().await;
+        }
+        if Instant::now() >= valid_until {
+            actor.log.event(&who, "grant no longer surely held");
+            return;
+        }
+        let mut f = facts(&actor.shared);
+        f.clock += 1;
+        f.holdings[index].last_valid = Some(f.clock);
+    }
+}
+
+/// Wait for a grant through `call`, cut short now and then by dropping it
+/// (a waiter cancelled or dying in line). `None`: no grant (logged).
+async fn wait_for_grant<T, E: std::fmt::Display>(
+    actor: &mut Actor,
+    what: &str,
+    call: impl Future<Output = Result<T, E>>,
+) -> Option<T> {
+    let who = actor.inst.name.clone();
+    let answer = if actor.rng.random_bool(0.2) {
+        let cut = Duration::from_millis(actor.rng.random_range(10..3000));
+        match tokio::time::timeout(cut, call).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                actor
+                    .log
+                    .event(&who, format!("{what}: dropped while waiting"));
+                return None;
+            }
+        }
+    } else {
+        call.await
+    };
+    match answer {
+        Ok(grant) => Some(grant),
+        Err(e) => {
+            actor
+                .log
+                .event(&who, format!("{what}: {}", kind(&e.to_string())));
+            None
+        }
+    }
+}
+
+/// Whether to give a grant back (else it is left to expire).
+fn gives_back(actor: &mut Actor) -> bool {
+    actor.rng.random_bool(0.8)
+}
+
+async fn pause_between(actor: &mut Actor) {
+    tokio::time::sleep(Duration::from_millis(actor.rng.random_range(50..400))).await;
+}
+
+fn said<E: std::fmt::Display>(result: Result<(), E>) -> String {
+    result.map_or_else(|e| kind(&e.to_string()), |()| "ok".into())
+}
+
+pub(super) async fn semaphore_actor(mut actor: Actor) {
+    let inst = actor.inst.clone();
+    let semaphore = GenericSemaphore::with_options(
+        inst.backend(),
+        SemaphoreOptions::default().with_clock(inst.clock.clone()),
+    );
+    let who = inst.name.as_str();
+    while Instant::now() < actor.end {
+        inst.wait_running().await;
+        let wait = WaitOptions::with_timeout(Duration::from_secs(4));
+        let acquire = semaphore.acquire(SEMAPHORE, PERMITS, LOCK_TTL, &wait);
+        let Some(permit) = wait_for_grant(&mut actor, "acquire", acquire).await else {
+            pause_between(&mut actor).await;
+            continue;
+        };
+        let fence = permit.fence();
+        let index = granted(&actor.shared, Held::Permit, who, fence);
+        count(&actor.shared, "permits granted");
+        actor.log.event(who, format!("permit fence {fence}"));
+        let renew = || async {
+            let renewed = semaphore.renew(&permit).await;
+            renewed.map(|()| true).map_err(|e| e.to_string())
+        };
+        hold(&mut actor, index, permit.requested_instant(), renew).await;
+        if gives_back(&mut actor) {
+            let released = semaphore.release(permit).await;
+            actor
+                .log
+                .event(who, format!("release permit {fence}: {}", said(released)));
+        }
+        pause_between(&mut actor).await;
+    }
+}
+
+pub(super) async fn rwlock_actor(mut actor: Actor) {
+    let inst = actor.inst.clone();
+    let rwlock = GenericRwLock::with_options(
+        inst.backend(),
+        RwLockOptions::default().with_clock(inst.clock.clone()),
+    );
+    let who = inst.name.as_str();
+    let timeout = Duration::from_secs(4);
+    while Instant::now() < actor.end {
+        inst.wait_running().await;
+        let (mode, held) = if actor.rng.random_bool(0.4) {
+            (RwMode::Write, Held::Write)
+        } else {
+            (RwMode::Read, Held::Read)
+        };
+        let call = async {
+            match mode {
+                RwMode::Write => rwlock.write(RWLOCK, LOCK_TTL, timeout).await,
+                _ => rwlock.read(RWLOCK, LOCK_TTL, timeout).await,
+            }
+        };
+        let Some(handle) = wait_for_grant(&mut actor, mode.label(), call).await else {
+            pause_between(&mut actor).await;
+            continue;
+        };
+        let fence = handle.fence();
+        let index = granted(&actor.shared, held, who, fence);
+        count(&actor.shared, "rwlock grants");
+        actor
+            .log
+            .event(who, format!("{} granted fence {fence}", mode.label()));
+        let renew = || async {
+            let renewed = rwlock.renew(&handle).await;
+            renewed.map(|()| true).map_err(|e| e.to_string())
+        };
+        hold(&mut actor, index, handle.lease().requested_instant(), renew).await;
+        if gives_back(&mut actor) {
+            let released = rwlock.release(handle).await;
+            actor.log.event(
+                who,
+                format!("release {} {fence}: {}", mode.label(), said(released)),
+            );
+        }
+        pause_between(&mut actor).await;
+    }
+}
+
+pub(super) async fn election_actor(mut actor: Actor) {
+    let inst = actor.inst.clone();
+    let election = GenericElection::with_options(
+        inst.backend(),
+        ElectionOptions::default().with_clock(inst.clock.clone()),
+    );
+    let who = inst.name.as_str();
+    while Instant::now() < actor.end {
+        inst.wait_running().await;
+        let campaign = election.campaign(ELECTION, who, "v0", LOCK_TTL, Duration::from_secs(4));
+        let Some(leadership) = wait_for_grant(&mut actor, "campaign", campaign).await else {
+            pause_between(&mut actor).await;
+            continue;
+        };
+        let term = leadership.term();
+        let index = granted(&actor.shared, Held::Leader, who, term);
+        count(&actor.shared, "leaderships won");
+        actor.log.event(who, format!("leads, term {term}"));
+        // Between steps a leader renews, or proclaims a new value (which
+        // needs a live lease and does not extend it), alternately.
+        let mut proclaims = 0u32;
+        let renew = || {
+            proclaims += 1;
+            let (election, leadership) = (&election, &leadership);
+            let value = format!("v{proclaims}");
+            async move {
+                let extended = proclaims % 2 == 1;
+                let answer = if extended {
+                    election.renew(leadership).await
+                } else {
+                    election.proclaim(leadership, &value).await
+                };
+                answer.map(|()| extended).map_err(|e| e.to_string())
+            }
+        };
+        hold(&mut actor, index, leadership.requested_instant(), renew).await;
+        if gives_back(&mut actor) {
+            let resigned = election.resign(leadership).await;
+            actor
+                .log
+                .event(who, format!("resign term {term}: {}", said(resigned)));
+        }
+        pause_between(&mut actor).await;
+    }
+}
+
+/// The recipes' invariants over the facts: fences (terms) unique per
+/// recipe; at any moment at most [`PERMITS`] permits acted on, a writer
+/// alone, one leader.
+pub(super) fn check_holdings(holdings: &[Holding], violations: &mut Vec<String>) {
+    for (name, kinds) in [
+        ("semaphore", &[Held::Permit][..]),
+        ("rwlock", &[Held::Read, Held::Write][..]),
+        ("election", &[Held::Leader][..]),
+    ] {
+        let mut fences = BTreeSet::new();
+        for h in holdings.iter().filter(|h| kinds.contains(&h.what)) {
+            if !fences.insert(h.fence) {
+                violations.push(format!("{name}: fence {} granted twice", h.fence));
+            }
+        }
+    }
+    // Every pair of grants acted on at overlapping moments.
+    let acted: Vec<(&Holding, u64)> = holdings
+        .iter()
+        .filter_map(|h| h.last_valid.map(|last| (h, last)))
+        .collect();
+    let overlap = |(a, a_last): &(&Holding, u64), (b, b_last): &(&Holding, u64)| {
+        a.granted < *b_last && b.granted < *a_last
+    };
+    for (i, a) in acted.iter().enumerate() {
+        for b in &acted[i + 1..] {
+            let clash = matches!(
+                (a.0.what, b.0.what),
+                (Held::Write, Held::Read | Held::Write)
+                    | (Held::Read, Held::Write)
+                    | (Held::Leader, Held::Leader)
+            );
+            if clash && overlap(a, b) {
+                violations.push(format!(
+                    "{:?} {} (fence {}, events {}..{}) and {:?} {} (fence {}, events {}..{}) held at once",
+                    a.0.what, a.0.who, a.0.fence, a.0.granted, a.1,
+                    b.0.what, b.0.who, b.0.fence, b.0.granted, b.1
+                ));
+            }
+        }
+    }
+    // Permits: sweep the acted-on intervals in event order.
+    let mut edges: Vec<(u64, i32)> = acted
+        .iter()
+        .filter(|(h, _)| h.what == Held::Permit)
+        .flat_map(|(h, last)| [(h.granted, 1), (*last, -1)])
+        .collect();
+    edges.sort_unstable();
+    let mut live = 0i32;
+    for (event, step) in edges {
+        live += step;
+        if live > PERMITS as i32 {
+            violations.push(format!(
+                "semaphore: {live} permits acted on at event {event}, of {PERMITS}"
+            ));
+            break;
+        }
+    }
+}
+
+/// Once every actor is done and every lease has run out, each lock and
+/// recipe is free again: a grant, a place in line or a ticket left by a
+/// waiter that was dropped, paused or partitioned blocks nobody past its
+/// lease. Decided through the store itself, on the true clock.
+pub(super) async fn check_all_free(
+    store: &Arc<dyn Backend>,
+    clock: Arc<dyn Clock>,
+    violations: &mut Vec<String>,
+) {
+    let mut blocked = |what: &str, answer: String| {
+        violations.push(format!(
+            "{what} is not free once every lease ran out: {answer}"
+        ));
+    };
+    let ttl = Duration::from_secs(1);
+    let lock = GenericLock::with_options(
+        store.clone(),
+        LockOptions::default().with_clock(clock.clone()),
+    );
+    let fair = FairLock::with_options(
+        store.clone(),
+        FairLockOptions::default().with_clock(clock.clone()),
+    );
+    for (what, lock, key) in [
+        ("the generic lock", &lock as &dyn Lock, "L"),
+        ("the fair lock", &fair as &dyn Lock, "F"),
+    ] {
+        match lock.try_lock(key, ttl).await {
+            Ok(Some(_)) => {}
+            other => blocked(what, format!("{other:?}")),
+        }
+    }
+    let semaphore = GenericSemaphore::with_options(
+        store.clone(),
+        SemaphoreOptions::default().with_clock(clock.clone()),
+    );
+    for n in 0..PERMITS {
+        match semaphore.try_acquire(SEMAPHORE, PERMITS, ttl).await {
+            Ok(Some(_)) => {}
+            other => blocked(&format!("the semaphore's permit {n}"), format!("{other:?}")),
+        }
+    }
+    let rwlock = GenericRwLock::with_options(
+        store.clone(),
+        RwLockOptions::default().with_clock(clock.clone()),
+    );
+    match rwlock.try_write(RWLOCK, ttl).await {
+        Ok(Some(_)) => {}
+        other => blocked("the read-write lock", format!("{other:?}")),
+    }
+    let election =
+        GenericElection::with_options(store.clone(), ElectionOptions::default().with_clock(clock));
+    match election.try_campaign(ELECTION, "checker", "v", ttl).await {
+        Ok(Some(_)) => {}
+        other => blocked("the election", format!("{other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(what: Held, fence: u64, granted: u64, last_valid: Option<u64>) -> Holding {
+        Holding {
+            what,
+            who: format!("x{fence}"),
+            fence,
+            granted,
+            last_valid,
+        }
+    }
+
+    fn violations(holdings: &[Holding]) -> Vec<String> {
+        let mut v = Vec::new();
+        check_holdings(holdings, &mut v);
+        v
+    }
+
+    #[test]
+    fn the_checks_pass_grants_that_follow_each_other() {
+        let ok = [
+            h(Held::Permit, 1, 1, Some(10)),
+            h(Held::Permit, 2, 2, Some(11)),
+            h(Held::Permit, 3, 12, Some(20)),
+            h(Held::Read, 1, 1, Some(10)),
+            h(Held::Read, 2, 2, Some(10)),
+            h(Held::Write, 3, 11, Some(20)),
+            h(Held::Write, 4, 21, None),
+            h(Held::Read, 5, 22, Some(30)),
+            h(Held::Leader, 1, 1, Some(5)),
+            h(Held::Leader, 2, 6, Some(9)),
+        ];
+        assert_eq!(violations(&ok), Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_checks_catch_each_broken_invariant() {
+        let third_permit = [
+            h(Held::Permit, 1, 1, Some(10)),
+            h(Held::Permit, 2, 2, Some(10)),
+            h(Held::Permit, 3, 3, Some(4)),
+        ];
+        assert_eq!(violations(&third_permit).len(), 1, "three permits at once");
+        let write_with_read = [h(Held::Read, 1, 1, Some(10)), h(Held::Write, 2, 5, Some(6))];
+        assert_eq!(
+            violations(&write_with_read).len(),
+            1,
+            "a writer beside a reader"
+        );
+        let two_leaders = [
+            h(Held::Leader, 1, 1, Some(10)),
+            h(Held::Leader, 2, 9, Some(12)),
+        ];
+        assert_eq!(violations(&two_leaders).len(), 1, "two leaders at once");
+        let twice = [h(Held::Permit, 1, 1, None), h(Held::Permit, 1, 2, None)];
+        assert_eq!(violations(&twice).len(), 1, "one fence granted twice");
+    }
+}
