@@ -195,6 +195,8 @@ pub struct FaultyBackend {
     state: Mutex<State>,
     paused: PauseSwitch,
     fired: AtomicU64,
+    /// Calls begun and not yet answered (or dropped).
+    in_flight: AtomicU64,
 }
 
 impl fmt::Debug for FaultyBackend {
@@ -222,6 +224,7 @@ impl FaultyBackend {
             }),
             paused: PauseSwitch::default(),
             fired: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
         }
     }
 
@@ -288,6 +291,14 @@ impl FaultyBackend {
     /// Whether calls are held.
     pub fn is_paused(&self) -> bool {
         self.paused.is_on()
+    }
+
+    /// Whether a call through this wrapper may still change the store: one
+    /// is under way (begun, not answered or dropped), or a txn is held back.
+    /// A caller that drops its future while this is false changed nothing
+    /// it did not already learn of.
+    pub fn outcome_pending(&self) -> bool {
+        self.in_flight.load(Ordering::SeqCst) > 0 || !self.state().deferred.is_empty()
     }
 
     /// How many faults fired so far.
@@ -416,6 +427,15 @@ impl FaultyBackend {
         F: FnOnce() -> Fut,
         Fut: Future<Output = coord_backend::Result<T>>,
     {
+        // Counted until answered, or until the caller drops this future.
+        struct InFlight<'a>(&'a AtomicU64);
+        impl Drop for InFlight<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let _in_flight = InFlight(&self.in_flight);
         self.wait_unpaused().await;
         self.apply_due().await;
         let fault = self.pick(call);

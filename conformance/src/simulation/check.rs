@@ -9,18 +9,14 @@ use coord_adapters::board::{Board, BoardAdapter, BoardError, BoardOptions, TaskS
 use coord_adapters::sideeffect::{Action, Outcome, SideEffectAdapter, SideEffectStore};
 use coord_backend::{Backend, Clock};
 
-use super::recipes::{check_all_free, check_holdings};
+use super::recipes::{check_all_free, check_holdings, check_recipe_grants_reached};
 use super::{Facts, Grant, LockKind, SlotRun, ACTIONS, EPOCH_MS, LOCK_TTL, TASKS};
 
-/// The fence counter of a simulated lock's record (`None`: never granted).
-async fn read_lock_fence(store: &Arc<dyn Backend>, kind: LockKind) -> Option<u64> {
-    let entry = store
-        .snapshot(&[kind.record().to_owned()])
-        .await
-        .ok()?
-        .pop()?;
+/// The counter `field` of the JSON record at `key` (`None`: never written).
+pub(super) async fn read_counter(store: &Arc<dyn Backend>, key: &str, field: &str) -> Option<u64> {
+    let entry = store.snapshot(&[key.to_owned()]).await.ok()?.pop()?;
     let record: serde_json::Value = serde_json::from_slice(entry.value.as_deref()?).ok()?;
-    record.get("fence")?.as_u64()
+    record.get(field)?.as_u64()
 }
 
 /// One lock's invariants: unique fences; validity windows in fence order
@@ -58,7 +54,7 @@ async fn check_lock(
     // the outcome was unknown (an error): a grant nobody knows of is a lock
     // answered "held elsewhere" while it was the caller's.
     let errors = f.lock_errors.get(&kind).copied().unwrap_or(0);
-    if let Some(stored) = read_lock_fence(store, kind).await {
+    if let Some(stored) = read_counter(store, kind.record(), "fence").await {
         let unknown = (1..=stored).filter(|n| !fences.contains(n)).count() as u64;
         if unknown > errors {
             violations.push(format!(
@@ -78,6 +74,7 @@ pub(super) async fn check(
         check_lock(f, kind, store, violations).await;
     }
     check_holdings(&f.holdings, violations);
+    check_recipe_grants_reached(f, store, violations).await;
     // Side effects: each closure at most once; answers carry the one result.
     for (key, runs) in &f.effects {
         if runs.len() > 1 {

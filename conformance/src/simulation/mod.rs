@@ -66,6 +66,9 @@
 //! - semaphore, read-write lock, election: fences (terms) unique; at no
 //!   moment more than two permits acted on, a writer beside anyone, or two
 //!   leaders (a grant's holder acts from its grant to its last valid check);
+//!   every fence (term) the store counts reached its caller, or that caller
+//!   got an indeterminate answer or dropped its wait with a store call
+//!   under way ([`FaultyBackend::outcome_pending`]);
 //! - no definite answer that the store contradicts (the checks above, read
 //!   back from the store at the end);
 //! - once every lease has run out, every lock and recipe is free: a
@@ -291,6 +294,9 @@ struct Facts {
     grants: Vec<Grant>,
     /// What the semaphore, read-write lock and election granted.
     holdings: Vec<Holding>,
+    /// Per recipe: answers that may hide a grant (an indeterminate store
+    /// error, or a waiting call dropped mid-way).
+    recipe_unknowns: BTreeMap<&'static str, u64>,
     /// action key → (runner, result) of each closure run.
     effects: BTreeMap<String, Vec<String>>,
     /// action key → results answered as Applied or Replayed.

@@ -13,10 +13,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_adapters::election::{Election, ElectionOptions, GenericElection};
+use coord_adapters::election::{Election, ElectionError, ElectionOptions, GenericElection};
 use coord_adapters::lock::{
-    FairLock, FairLockOptions, GenericLock, GenericSemaphore, Lock, LockOptions, Semaphore,
-    SemaphoreOptions, WaitOptions,
+    FairLock, FairLockOptions, GenericLock, GenericSemaphore, Lock, LockError, LockOptions,
+    Semaphore, SemaphoreOptions, WaitOptions,
 };
 use coord_adapters::rwlock::{GenericRwLock, RwLock, RwLockOptions, RwMode};
 use coord_backend::{Backend, Clock};
@@ -24,7 +24,8 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use super::actors::Actor;
-use super::{count, facts, kind, Shared, LOCK_TTL};
+use super::check::read_counter;
+use super::{count, facts, kind, Facts, Shared, LOCK_TTL};
 
 /// How many permits the simulated semaphore grants at once.
 pub(super) const PERMITS: u32 = 2;
@@ -44,6 +45,24 @@ pub(super) enum Held {
     /// Leadership of the election (its fence is the term).
     Leader,
 }
+
+impl Held {
+    /// The recipe that grants it.
+    fn recipe(self) -> &'static str {
+        match self {
+            Held::Permit => "semaphore",
+            Held::Read | Held::Write => "rwlock",
+            Held::Leader => "election",
+        }
+    }
+}
+
+/// The recipes: name, record key, the record's counter of grants.
+const COUNTERS: [(&str, &str, &str); 3] = [
+    ("semaphore", "sem/S", "fence"),
+    ("rwlock", "rwlock/RW", "fence"),
+    ("election", "election/E", "term"),
+];
 
 /// One grant a recipe actor was told of.
 #[derive(Debug)]
@@ -107,19 +126,33 @@ where
     }
 }
 
-/// Wait for a grant through `call`, cut short now and then by dropping it
-/// (a waiter cancelled or dying in line). `None`: no grant (logged).
+/// Wait for a grant of `recipe` through `call`, cut short now and then by
+/// dropping it (a waiter cancelled or dying in line). `None`: no grant
+/// (logged; counted as an unknown outcome when the call was dropped
+/// while a store call was under way or held back, or its error is
+/// `maybe_granted`).
 async fn wait_for_grant<T, E: std::fmt::Display>(
     actor: &mut Actor,
-    what: &str,
+    (recipe, what): (&'static str, &str),
     call: impl Future<Output = Result<T, E>>,
+    maybe_granted: impl Fn(&E) -> bool,
 ) -> Option<T> {
     let who = actor.inst.name.clone();
+    let unknown = |actor: &Actor| {
+        *facts(&actor.shared)
+            .recipe_unknowns
+            .entry(recipe)
+            .or_insert(0) += 1;
+    };
     let answer = if actor.rng.random_bool(0.2) {
         let cut = Duration::from_millis(actor.rng.random_range(10..3000));
         match tokio::time::timeout(cut, call).await {
             Ok(answer) => answer,
             Err(_) => {
+                // A wait dropped between calls changed nothing unknown.
+                if actor.inst.faulty.outcome_pending() {
+                    unknown(actor);
+                }
                 actor
                     .log
                     .event(&who, format!("{what}: dropped while waiting"));
@@ -132,12 +165,20 @@ async fn wait_for_grant<T, E: std::fmt::Display>(
     match answer {
         Ok(grant) => Some(grant),
         Err(e) => {
+            if maybe_granted(&e) {
+                unknown(actor);
+            }
             actor
                 .log
                 .event(&who, format!("{what}: {}", kind(&e.to_string())));
             None
         }
     }
+}
+
+/// Whether a lock error leaves the grant's outcome unknown.
+fn lock_maybe_granted(error: &LockError) -> bool {
+    matches!(error, LockError::Store(e) if e.is_indeterminate())
 }
 
 /// Whether to give a grant back (else it is left to expire).
@@ -164,7 +205,9 @@ pub(super) async fn semaphore_actor(mut actor: Actor) {
         inst.wait_running().await;
         let wait = WaitOptions::with_timeout(Duration::from_secs(4));
         let acquire = semaphore.acquire(SEMAPHORE, PERMITS, LOCK_TTL, &wait);
-        let Some(permit) = wait_for_grant(&mut actor, "acquire", acquire).await else {
+        let asked = ("semaphore", "acquire");
+        let Some(permit) = wait_for_grant(&mut actor, asked, acquire, lock_maybe_granted).await
+        else {
             pause_between(&mut actor).await;
             continue;
         };
@@ -208,7 +251,8 @@ pub(super) async fn rwlock_actor(mut actor: Actor) {
                 _ => rwlock.read(RWLOCK, LOCK_TTL, timeout).await,
             }
         };
-        let Some(handle) = wait_for_grant(&mut actor, mode.label(), call).await else {
+        let asked = ("rwlock", mode.label());
+        let Some(handle) = wait_for_grant(&mut actor, asked, call, lock_maybe_granted).await else {
             pause_between(&mut actor).await;
             continue;
         };
@@ -244,7 +288,10 @@ pub(super) async fn election_actor(mut actor: Actor) {
     while Instant::now() < actor.end {
         inst.wait_running().await;
         let campaign = election.campaign(ELECTION, who, "v0", LOCK_TTL, Duration::from_secs(4));
-        let Some(leadership) = wait_for_grant(&mut actor, "campaign", campaign).await else {
+        let maybe_won =
+            |e: &ElectionError| matches!(e, ElectionError::Store(e) if e.is_indeterminate());
+        let asked = ("election", "campaign");
+        let Some(leadership) = wait_for_grant(&mut actor, asked, campaign, maybe_won).await else {
             pause_between(&mut actor).await;
             continue;
         };
@@ -284,16 +331,14 @@ pub(super) async fn election_actor(mut actor: Actor) {
 /// recipe; at any moment at most [`PERMITS`] permits acted on, a writer
 /// alone, one leader.
 pub(super) fn check_holdings(holdings: &[Holding], violations: &mut Vec<String>) {
-    for (name, kinds) in [
-        ("semaphore", &[Held::Permit][..]),
-        ("rwlock", &[Held::Read, Held::Write][..]),
-        ("election", &[Held::Leader][..]),
-    ] {
-        let mut fences = BTreeSet::new();
-        for h in holdings.iter().filter(|h| kinds.contains(&h.what)) {
-            if !fences.insert(h.fence) {
-                violations.push(format!("{name}: fence {} granted twice", h.fence));
-            }
+    let mut fences = BTreeSet::new();
+    for h in holdings {
+        if !fences.insert((h.what.recipe(), h.fence)) {
+            violations.push(format!(
+                "{}: fence {} granted twice",
+                h.what.recipe(),
+                h.fence
+            ));
         }
     }
     // Every pair of grants acted on at overlapping moments.
@@ -336,6 +381,35 @@ pub(super) fn check_holdings(holdings: &[Holding], violations: &mut Vec<String>)
                 "semaphore: {live} permits acted on at event {event}, of {PERMITS}"
             ));
             break;
+        }
+    }
+}
+
+/// Every grant a recipe's store record counts reached its caller, or its
+/// caller got an answer that leaves the outcome unknown: a grant nobody
+/// knows of is a waiter told "not granted" (or still waiting) while the
+/// store made it holder.
+pub(super) async fn check_recipe_grants_reached(
+    f: &Facts,
+    store: &Arc<dyn Backend>,
+    violations: &mut Vec<String>,
+) {
+    for (recipe, key, counter) in COUNTERS {
+        let received: BTreeSet<u64> = f
+            .holdings
+            .iter()
+            .filter(|h| h.what.recipe() == recipe)
+            .map(|h| h.fence)
+            .collect();
+        let unknowns = f.recipe_unknowns.get(recipe).copied().unwrap_or(0);
+        let Some(stored) = read_counter(store, key, counter).await else {
+            continue;
+        };
+        let nobody = (1..=stored).filter(|n| !received.contains(n)).count() as u64;
+        if nobody > unknowns {
+            violations.push(format!(
+                "{recipe}: the store granted {nobody} {counter}(s) nobody received, with only {unknowns} unknown answers"
+            ));
         }
     }
 }
