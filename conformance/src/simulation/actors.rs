@@ -137,20 +137,34 @@ pub(super) async fn lock_actor(lock_kind: LockKind, actor: Actor) {
     while Instant::now() < end {
         inst.wait_running().await;
         let wait = WaitOptions::with_timeout(Duration::from_secs(4));
-        let guard =
-            match LockGuard::acquire_with(&lock, key, LOCK_TTL, &wait, GuardOptions::default())
-                .await
-            {
-                Ok(guard) => guard,
-                Err(e) => {
-                    if matches!(&e, LockError::Store(e) if e.is_indeterminate()) {
-                        *facts(&shared).lock_errors.entry(lock_kind).or_insert(0) += 1;
-                    }
-                    log.event(who, format!("lock: {}", kind(&e.to_string())));
-                    tokio::time::sleep(Duration::from_millis(rng.random_range(50..400))).await;
-                    continue;
+        let acquire = LockGuard::acquire_with(&lock, key, LOCK_TTL, &wait, GuardOptions::default());
+        // Now and then the wait is dropped mid-way, as a cancelled task's.
+        let answer = if rng.random_bool(0.15) {
+            let cut = Duration::from_millis(rng.random_range(10..3000));
+            tokio::time::timeout(cut, acquire).await.ok()
+        } else {
+            Some(acquire.await)
+        };
+        let Some(answer) = answer else {
+            // A grant may have landed only if a store call was under way.
+            if inst.faulty.outcome_pending() {
+                *facts(&shared).lock_errors.entry(lock_kind).or_insert(0) += 1;
+            }
+            log.event(who, "lock: dropped while waiting");
+            tokio::time::sleep(Duration::from_millis(rng.random_range(50..400))).await;
+            continue;
+        };
+        let guard = match answer {
+            Ok(guard) => guard,
+            Err(e) => {
+                if matches!(&e, LockError::Store(e) if e.is_indeterminate()) {
+                    *facts(&shared).lock_errors.entry(lock_kind).or_insert(0) += 1;
                 }
-            };
+                log.event(who, format!("lock: {}", kind(&e.to_string())));
+                tokio::time::sleep(Duration::from_millis(rng.random_range(50..400))).await;
+                continue;
+            }
+        };
         let fence = guard.fence();
         let index = {
             let mut f = facts(&shared);

@@ -20,7 +20,7 @@
 //!   [`LockGuard::is_valid`](coord_adapters::lock::LockGuard::is_valid), and writing
 //!   through a [`BackendFencedSink`](coord_adapters::sideeffect::BackendFencedSink):
 //!   three on a [`GenericLock`], three more on a [`FairLock`] (which hands
-//!   the lock over on release);
+//!   the lock over on release); a wait is sometimes dropped mid-way;
 //! - three instances each on a semaphore of two permits, a read-write lock
 //!   (reading or writing at random) and a leader election (renewing or
 //!   proclaiming while they lead): each waits for its grant (a wait is
@@ -308,7 +308,8 @@ struct Facts {
     completions: BTreeMap<String, Vec<String>>,
     /// action key → answers that were errors.
     effect_errors: BTreeMap<String, u64>,
-    /// Lock calls that ended "indeterminate" (a grant may have been committed), per lock.
+    /// Lock calls that ended "indeterminate", or were dropped with a store
+    /// call under way (a grant may have been committed), per lock.
     lock_errors: BTreeMap<LockKind, u64>,
     /// slot → instances that ran it.
     slot_runs: BTreeMap<u64, Vec<SlotRun>>,
