@@ -1,6 +1,7 @@
 //! The simulation's actors: each drives one adapter through its own faulty
 //! instance and records what it was told in the shared facts.
 
+use std::future::Future;
 use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +51,22 @@ impl Actor {
 
     fn parts(self) -> (Arc<Instance>, Arc<Log>, Shared, StdRng, Instant) {
         (self.inst, self.log, self.shared, self.rng, self.end)
+    }
+}
+
+/// Await `call`; or, with probability `p`, drop it once a random 10 ms to
+/// 3 s have passed without an answer, as a cancelled task's future is
+/// dropped. `None`: dropped.
+pub(super) async fn maybe_dropped<F: Future>(
+    rng: &mut StdRng,
+    p: f64,
+    call: F,
+) -> Option<F::Output> {
+    if rng.random_bool(p) {
+        let cut = Duration::from_millis(rng.random_range(10..3000));
+        tokio::time::timeout(cut, call).await.ok()
+    } else {
+        Some(call.await)
     }
 }
 
@@ -138,14 +155,7 @@ pub(super) async fn lock_actor(lock_kind: LockKind, actor: Actor) {
         inst.wait_running().await;
         let wait = WaitOptions::with_timeout(Duration::from_secs(4));
         let acquire = LockGuard::acquire_with(&lock, key, LOCK_TTL, &wait, GuardOptions::default());
-        // Now and then the wait is dropped mid-way, as a cancelled task's.
-        let answer = if rng.random_bool(0.15) {
-            let cut = Duration::from_millis(rng.random_range(10..3000));
-            tokio::time::timeout(cut, acquire).await.ok()
-        } else {
-            Some(acquire.await)
-        };
-        let Some(answer) = answer else {
+        let Some(answer) = maybe_dropped(&mut rng, 0.15, acquire).await else {
             // A grant may have landed only if a store call was under way.
             if inst.faulty.outcome_pending() {
                 *facts(&shared).lock_errors.entry(lock_kind).or_insert(0) += 1;

@@ -23,7 +23,7 @@ use coord_backend::{Backend, Clock};
 use rand::Rng;
 use tokio::time::Instant;
 
-use super::actors::Actor;
+use super::actors::{maybe_dropped, Actor};
 use super::check::read_counter;
 use super::{count, facts, kind, Facts, Shared, LOCK_TTL};
 
@@ -144,23 +144,15 @@ async fn wait_for_grant<T, E: std::fmt::Display>(
             .entry(recipe)
             .or_insert(0) += 1;
     };
-    let answer = if actor.rng.random_bool(0.2) {
-        let cut = Duration::from_millis(actor.rng.random_range(10..3000));
-        match tokio::time::timeout(cut, call).await {
-            Ok(answer) => answer,
-            Err(_) => {
-                // A wait dropped between calls changed nothing unknown.
-                if actor.inst.faulty.outcome_pending() {
-                    unknown(actor);
-                }
-                actor
-                    .log
-                    .event(&who, format!("{what}: dropped while waiting"));
-                return None;
-            }
+    let Some(answer) = maybe_dropped(&mut actor.rng, 0.2, call).await else {
+        // A wait dropped between calls changed nothing unknown.
+        if actor.inst.faulty.outcome_pending() {
+            unknown(actor);
         }
-    } else {
-        call.await
+        actor
+            .log
+            .event(&who, format!("{what}: dropped while waiting"));
+        return None;
     };
     match answer {
         Ok(grant) => Some(grant),
