@@ -134,13 +134,7 @@ pub(super) async fn board_maintainer(actor: Actor) {
             if added.is_ok() {
                 count(&shared, "tasks added again");
             }
-            log.event(
-                who,
-                format!(
-                    "add {id} as {life}: {}",
-                    added.map_or_else(|e| kind(&e.to_string()), |()| "ok".into())
-                ),
-            );
+            log.event(who, format!("add {id} as {life}: {}", said(added)));
         }
     }
 }
@@ -211,22 +205,10 @@ pub(super) async fn lock_actor(lock_kind: LockKind, actor: Actor) {
             }
             let write = vec![Mutation::put(format!("{key}/data"), fence.to_string())];
             let landed = sink.write_fenced(key, Fence(fence), write).await;
-            log.event(
-                who,
-                format!(
-                    "fenced write {fence}: {}",
-                    landed.map_or_else(|e| kind(&e.to_string()), |()| "ok".into())
-                ),
-            );
+            log.event(who, format!("fenced write {fence}: {}", said(landed)));
         }
         let released = guard.release().await;
-        log.event(
-            who,
-            format!(
-                "release fence {fence}: {}",
-                released.map_or_else(|e| kind(&e.to_string()), |()| "ok".into())
-            ),
-        );
+        log.event(who, format!("release fence {fence}: {}", said(released)));
     }
 }
 
@@ -262,13 +244,7 @@ pub(super) async fn board_actor(actor: Actor) {
                         .or_default()
                         .push(who.to_owned());
                 }
-                log.event(
-                    who,
-                    format!(
-                        "complete {id}: {}",
-                        done.map_or_else(|e| kind(&e.to_string()), |()| "ok".into())
-                    ),
-                );
+                log.event(who, format!("complete {id}: {}", said(done)));
             }
             Err(e) => log.event(who, format!("claim {id}: {}", kind(&e.to_string()))),
         }

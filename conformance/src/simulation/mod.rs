@@ -557,6 +557,11 @@ fn heal_later(victim: Arc<Instance>, after: Duration) {
     });
 }
 
+/// A call's answer for the trace: `ok`, or its error's kind.
+fn said<E: std::fmt::Display>(result: Result<(), E>) -> String {
+    result.map_or_else(|e| kind(&e.to_string()), |()| "ok".into())
+}
+
 /// An error's kind for the trace: its first words, without tokens or values.
 fn kind(message: &str) -> String {
     message

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use super::actors::{maybe_dropped, Actor};
 use super::check::read_counter;
-use super::{count, facts, kind, Facts, Shared, LOCK_TTL};
+use super::{count, facts, kind, said, Facts, Shared, LOCK_TTL};
 
 /// How many permits the simulated semaphore grants at once.
 pub(super) const PERMITS: u32 = 2;
@@ -180,10 +180,6 @@ fn gives_back(actor: &mut Actor) -> bool {
 
 async fn pause_between(actor: &mut Actor) {
     tokio::time::sleep(Duration::from_millis(actor.rng.random_range(50..400))).await;
-}
-
-fn said<E: std::fmt::Display>(result: Result<(), E>) -> String {
-    result.map_or_else(|e| kind(&e.to_string()), |()| "ok".into())
 }
 
 pub(super) async fn semaphore_actor(mut actor: Actor) {
