@@ -73,7 +73,9 @@
 //!   back from the store at the end);
 //! - once every lease has run out, every lock and recipe is free: a
 //!   dropped waiter's ticket or place, a grant walked away from, or a late
-//!   commit blocks nobody past its lease.
+//!   commit blocks nobody past its lease; and, once the checker holds them,
+//!   nothing dead is left: no fair-lock ticket key, no place in a line, no
+//!   holder but the checker.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};

@@ -458,6 +458,41 @@ pub(super) async fn check_all_free(
         Ok(Some(_)) => {}
         other => blocked("the election", format!("{other:?}")),
     }
+    check_nothing_dead_left(store, violations).await;
+}
+
+/// Once the checker holds everything (its writes drop what has expired),
+/// nothing a dead or dropped waiter left stays behind: no fair-lock ticket
+/// key, no place in the semaphore's or the read-write lock's line, no
+/// holder but the checker's. (Nothing coord writes may pile up.)
+async fn check_nothing_dead_left(store: &Arc<dyn Backend>, violations: &mut Vec<String>) {
+    match store.keys("fairlock/F/q/").await {
+        Ok(tickets) if tickets.is_empty() => {}
+        other => violations.push(format!("fair lock tickets left behind: {other:?}")),
+    }
+    let listed = |key: &'static str, field: &'static str| async move {
+        let entry = store.snapshot(&[key.to_owned()]).await.ok()?.pop()?;
+        let record: serde_json::Value = serde_json::from_slice(entry.value.as_deref()?).ok()?;
+        Some(
+            record
+                .get(field)
+                .and_then(|v| v.as_array())
+                .map_or(0, Vec::len),
+        )
+    };
+    for (key, field, expected) in [
+        ("sem/S", "waiters", 0),
+        ("sem/S", "holders", PERMITS as usize),
+        ("rwlock/RW", "queue", 0),
+        ("rwlock/RW", "holders", 1),
+    ] {
+        let found = listed(key, field).await;
+        if found != Some(expected) {
+            violations.push(format!(
+                "{key}: {found:?} {field} left once the checker holds it, expected {expected}"
+            ));
+        }
+    }
 }
 
 #[cfg(test)]
