@@ -12,11 +12,16 @@ use coord_backend::{Backend, Clock};
 use super::recipes::{check_all_free, check_holdings, check_recipe_grants_reached};
 use super::{Facts, Grant, LockKind, SlotRun, ACTIONS, EPOCH_MS, LOCK_TTL, TASKS};
 
+/// The JSON record at `key`, read through the store itself (`None`: never
+/// written, or unreadable).
+pub(super) async fn read_record(store: &Arc<dyn Backend>, key: &str) -> Option<serde_json::Value> {
+    let entry = store.snapshot(&[key.to_owned()]).await.ok()?.pop()?;
+    serde_json::from_slice(entry.value.as_deref()?).ok()
+}
+
 /// The counter `field` of the JSON record at `key` (`None`: never written).
 pub(super) async fn read_counter(store: &Arc<dyn Backend>, key: &str, field: &str) -> Option<u64> {
-    let entry = store.snapshot(&[key.to_owned()]).await.ok()?.pop()?;
-    let record: serde_json::Value = serde_json::from_slice(entry.value.as_deref()?).ok()?;
-    record.get(field)?.as_u64()
+    read_record(store, key).await?.get(field)?.as_u64()
 }
 
 /// One lock's invariants: unique fences; validity windows in fence order
@@ -51,8 +56,9 @@ async fn check_lock(
         return;
     }
     // Every grant the store made reached its caller, or its caller was told
-    // the outcome was unknown (an error): a grant nobody knows of is a lock
-    // answered "held elsewhere" while it was the caller's.
+    // the outcome was unknown (an error), or dropped its wait with a store
+    // call under way: a grant nobody knows of is a lock answered "held
+    // elsewhere" while it was the caller's.
     let errors = f.lock_errors.get(&kind).copied().unwrap_or(0);
     if let Some(stored) = read_counter(store, kind.record(), "fence").await {
         let unknown = (1..=stored).filter(|n| !fences.contains(n)).count() as u64;

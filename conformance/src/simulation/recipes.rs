@@ -24,7 +24,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use super::actors::{maybe_dropped, Actor};
-use super::check::read_counter;
+use super::check::{read_counter, read_record};
 use super::{count, facts, kind, said, Facts, Shared, LOCK_TTL};
 
 /// How many permits the simulated semaphore grants at once.
@@ -471,8 +471,7 @@ async fn check_nothing_dead_left(store: &Arc<dyn Backend>, violations: &mut Vec<
         other => violations.push(format!("fair lock tickets left behind: {other:?}")),
     }
     let listed = |key: &'static str, field: &'static str| async move {
-        let entry = store.snapshot(&[key.to_owned()]).await.ok()?.pop()?;
-        let record: serde_json::Value = serde_json::from_slice(entry.value.as_deref()?).ok()?;
+        let record = read_record(store, key).await?;
         Some(
             record
                 .get(field)
