@@ -183,7 +183,7 @@ pub async fn claim_race(env: &SchedulerEnv, instances: usize, rounds: u64) -> Ch
                     format!("i{i}"),
                     TTL,
                 )
-                .allow_overlap(true);
+                .with_allow_overlap(true);
                 store.claim(&request).await
             }));
         }
@@ -435,7 +435,7 @@ pub async fn overlap_protection(env: &SchedulerEnv) -> CheckResult {
         "slot 2 was not blocked by running slot 1: {blocked:?}"
     );
     let allowed = b
-        .claim(&req(job, s3, "t3", "b").allow_overlap(true))
+        .claim(&req(job, s3, "t3", "b").with_allow_overlap(true))
         .await?;
     ensure!(
         allowed.won,
@@ -606,7 +606,7 @@ pub async fn dedupe_window_refusal(env: &SchedulerEnv) -> CheckResult {
         .store(
             &ns,
             clock.clone(),
-            RunStoreOptions::default().forget_claims_after(Some(window)),
+            RunStoreOptions::default().with_forget_claims_after(Some(window)),
         )
         .await?;
     ensure!(
@@ -630,10 +630,10 @@ pub async fn dedupe_window_refusal(env: &SchedulerEnv) -> CheckResult {
         )
         .with_options(
             JobOptions::default()
-                .hint(hint)
-                .lease_ttl(Duration::from_secs(5))
-                .jitter(Duration::from_secs(jitter))
-                .max_late(Duration::from_secs(max_late)),
+                .with_hint(hint)
+                .with_lease_ttl(Duration::from_secs(5))
+                .with_jitter(Duration::from_secs(jitter))
+                .with_max_late(Duration::from_secs(max_late)),
         )
     };
     let scheduler = Scheduler::new(

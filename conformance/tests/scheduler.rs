@@ -396,14 +396,18 @@ fn instances<const N: usize>(prefix: &str, names: [&str; N], start_ms: u64) -> [
 /// allowed), catching up `max_late`.
 fn alone_every_second(prefix: &str, max_late: Duration, log: &RunLog) -> Instance {
     let [a] = instances(prefix, ["a"], T0);
-    let opts = JobOptions::default().max_late(max_late).allow_overlap(true);
+    let opts = JobOptions::default()
+        .with_max_late(max_late)
+        .with_allow_overlap(true);
     a.add_recorded("every 1s", opts, log);
     a
 }
 
 /// Options of a job holding a lease of `ttl`, catching up `max_late`.
 fn leased(ttl: Duration, max_late: Duration) -> JobOptions {
-    JobOptions::default().lease_ttl(ttl).max_late(max_late)
+    JobOptions::default()
+        .with_lease_ttl(ttl)
+        .with_max_late(max_late)
 }
 
 fn started_slots(report: &coord_scheduler::TickReport) -> Vec<Slot> {
@@ -510,7 +514,7 @@ async fn a_long_gap_skips_without_listing_every_slot() {
 async fn run_now_is_recorded_and_never_deduplicated() {
     let log: RunLog = Arc::default();
     let [a, b] = instances("run_now", ["a", "b"], T0);
-    let global = JobOptions::default().hint(LockingHint::RequireGlobal);
+    let global = JobOptions::default().with_hint(LockingHint::RequireGlobal);
     a.add_recorded("every 1h", global, &log);
     b.add_recorded("every 1h", JobOptions::default(), &log);
     let first = a.scheduler.run_now("job").await.unwrap();
@@ -558,7 +562,7 @@ async fn timeout_stops_the_handler_and_is_recorded() {
         tokio::time::sleep(Duration::from_secs(30)).await;
         Ok(())
     });
-    let opts = JobOptions::default().timeout(Some(Duration::from_millis(50)));
+    let opts = JobOptions::default().with_timeout(Some(Duration::from_millis(50)));
     a.scheduler.add_job(every("every 1s", opts, slow)).unwrap();
     let report = a.tick_to(T0).await;
     assert_eq!(report.started().len(), 1);
@@ -571,7 +575,7 @@ async fn two_instances_run_each_slot_once_and_overlap_waits() {
     let log: RunLog = Arc::default();
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let [a, b] = instances("overlap_runtime", ["a", "b"], T0);
-    let opts = JobOptions::default().max_late(Duration::from_millis(1_500));
+    let opts = JobOptions::default().with_max_late(Duration::from_millis(1_500));
     a.scheduler
         .add_job(every("every 1s", opts.clone(), gated(&log, &gate, "a")))
         .unwrap();
@@ -695,7 +699,7 @@ async fn dst_runs(schedule: &str, from: u64, to: u64) -> (Vec<Slot>, BTreeMap<Sl
             Schedule::parse(schedule, Some("America/New_York")).unwrap(),
             recorder(&log, name),
         )
-        .with_options(JobOptions::default().max_late(Duration::from_secs(600)));
+        .with_options(JobOptions::default().with_max_late(Duration::from_secs(600)));
         i.scheduler.add_job(job).unwrap();
     }
     let mut now = from;
@@ -747,7 +751,7 @@ async fn a_clock_jump_on_one_instance_never_runs_a_slot_twice() {
     let ns = unique_namespace("clock_jump");
     let log: RunLog = Arc::default();
     let (a, b) = (instance(&ns, "a", T0), instance(&ns, "b", T0));
-    let opts = JobOptions::default().max_late(Duration::from_secs(120));
+    let opts = JobOptions::default().with_max_late(Duration::from_secs(120));
     a.add_recorded("every 1m", opts.clone(), &log);
     b.add_recorded("every 1m", opts, &log);
     let start = T0 - T0 % MIN;
@@ -766,7 +770,7 @@ async fn a_clock_jump_on_one_instance_never_runs_a_slot_twice() {
     }
     // A restarted instance whose clock is an hour behind re-examines old slots: all done.
     let c = instance(&ns, "c", real);
-    let looks_back = JobOptions::default().max_late(Duration::from_secs(20 * 60));
+    let looks_back = JobOptions::default().with_max_late(Duration::from_secs(20 * 60));
     c.add_recorded("every 1m", looks_back, &log);
     let report = c.tick_to(real - SEC).await;
     assert!(report.events.len() >= 19, "{report:?}");
@@ -828,8 +832,8 @@ async fn locking_hints_with_a_broken_store_and_without_a_store() {
         scheduler_over(down.clone(), clock.clone(), SchedulerOptions::instance("x"));
     let opts = |hint| {
         JobOptions::default()
-            .hint(hint)
-            .max_late(Duration::from_secs(2))
+            .with_hint(hint)
+            .with_max_late(Duration::from_secs(2))
     };
     let job = |name: &str, hint| {
         Job::new(
@@ -959,11 +963,11 @@ async fn node_local_runs_on_every_instance() {
     let log: RunLog = Arc::default();
     let [a, b] = instances("node_local", ["a", "b"], T0);
     let opts = JobOptions::default()
-        .hint(LockingHint::NodeLocal)
+        .with_hint(LockingHint::NodeLocal)
         // Looks back less than a period (no catch-up of T0 - 1 s), with
         // most of a second of slack: a tick judges lateness again with the
         // monotonic time it took, which a loaded machine stretches.
-        .max_late(Duration::from_millis(900));
+        .with_max_late(Duration::from_millis(900));
     a.add_recorded("every 1s", opts.clone(), &log);
     b.add_recorded("every 1s", opts, &log);
     a.tick_to(T0).await;
@@ -996,7 +1000,7 @@ async fn add_job_refusals_are_typed() {
             .add_job(Job::new("no/slash", s.clone(), h.clone())),
         Err(Error::InvalidJobName(_))
     ));
-    let zero = JobOptions::default().lease_ttl(Duration::ZERO);
+    let zero = JobOptions::default().with_lease_ttl(Duration::ZERO);
     assert!(matches!(
         a.scheduler.add_job(Job::new("y", s, h).with_options(zero)),
         Err(Error::InvalidArgument(_))
@@ -1013,9 +1017,10 @@ async fn the_tick_loop_runs_each_slot_once_across_instances() {
     let mut schedulers = Vec::new();
     for name in ["a", "b"] {
         let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::shared(&ns).unwrap());
-        let options = SchedulerOptions::instance(name).poll_interval(Duration::from_millis(20));
+        let options =
+            SchedulerOptions::instance(name).with_poll_interval(Duration::from_millis(20));
         let (scheduler, _) = scheduler_over(backend, clock.clone(), options);
-        let opts = JobOptions::default().max_late(Duration::from_millis(300));
+        let opts = JobOptions::default().with_max_late(Duration::from_millis(300));
         scheduler
             .add_job(every("every 100ms", opts, recorder(&log, name)))
             .unwrap();
@@ -1056,7 +1061,7 @@ async fn a_claim_whose_reply_was_lost_is_retried_with_the_same_token() {
         SchedulerOptions::instance("a"),
     );
     let b = instance(&ns, "b", T0);
-    let opts = JobOptions::default().max_late(Duration::from_secs(5));
+    let opts = JobOptions::default().with_max_late(Duration::from_secs(5));
     a.add_job(every("every 1m", opts.clone(), recorder(&log, "a")))
         .unwrap();
     b.add_recorded("every 1m", opts, &log);
@@ -1257,7 +1262,7 @@ fn scheduler_on(
     name: &str,
     options: RunStoreOptions,
 ) -> (Scheduler, Arc<dyn SlotStore>) {
-    let poll = SchedulerOptions::instance(name).poll_interval(Duration::from_millis(200));
+    let poll = SchedulerOptions::instance(name).with_poll_interval(Duration::from_millis(200));
     scheduler_with(backend, clock, options, poll)
 }
 
@@ -1385,7 +1390,7 @@ async fn a_paused_follower_never_claims_a_forgotten_slot() {
     );
     let memory =
         || -> Arc<dyn Backend> { Arc::new(SingleProcessMemoryBackend::shared(&ns).unwrap()) };
-    let options = RunStoreOptions::default().forget_claims_after(window);
+    let options = RunStoreOptions::default().with_forget_claims_after(window);
     let (a, _) = scheduler_on(memory(), ca.clone(), "a", options.clone());
     let (b, b_store) = scheduler_on(memory(), cb.clone(), "b", options);
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
@@ -1513,7 +1518,7 @@ async fn a_stopped_instance_holding_the_store_does_not_stall_the_survivor() {
         backend,
         clock.clone(),
         "c",
-        RunStoreOptions::default().history_size(200),
+        RunStoreOptions::default().with_history_size(200),
     );
     let log: RunLog = Arc::default();
     let max_late = Duration::from_secs(5);

@@ -310,12 +310,12 @@ pub(super) fn start_scheduler(inst: &Arc<Instance>, log: &Arc<Log>, shared: &Sha
         RunStore::new(
             inst.backend(),
             inst.clock.clone(),
-            RunStoreOptions::default().forget_claims_after(Some(Duration::from_secs(20))),
+            RunStoreOptions::default().with_forget_claims_after(Some(Duration::from_secs(20))),
         )
         .expect("a run store"),
     );
-    let options =
-        SchedulerOptions::instance(inst.name.clone()).poll_interval(Duration::from_millis(250));
+    let options = SchedulerOptions::instance(inst.name.clone())
+        .with_poll_interval(Duration::from_millis(250));
     let scheduler = Scheduler::new(Some(store), inst.clock.clone(), options);
     let (who, log, shared, inst2) = (inst.name.clone(), log.clone(), shared.clone(), inst.clone());
     let job = Job::new(
@@ -375,8 +375,8 @@ pub(super) fn start_scheduler(inst: &Arc<Instance>, log: &Arc<Log>, shared: &Sha
     )
     .with_options(
         JobOptions::default()
-            .lease_ttl(LOCK_TTL)
-            .max_late(Duration::from_secs(5)),
+            .with_lease_ttl(LOCK_TTL)
+            .with_max_late(Duration::from_secs(5)),
     );
     scheduler.add_job(job).expect("a valid job");
     scheduler.start();

@@ -51,18 +51,6 @@ impl Default for MaintenanceOptions {
 }
 
 impl MaintenanceOptions {
-    /// With a retention for completed side-effect keys.
-    pub fn with_side_effects_retention(mut self, retention: Duration) -> Self {
-        self.side_effects_retention = Some(retention);
-        self
-    }
-
-    /// With a retention for completed board tasks.
-    pub fn with_board_retention(mut self, retention: Duration) -> Self {
-        self.board_retention = Some(retention);
-        self
-    }
-
     /// Prune the boards under these key prefixes (instead of `board/`).
     pub fn with_board_prefixes<I, S>(mut self, prefixes: I) -> Self
     where
@@ -72,23 +60,20 @@ impl MaintenanceOptions {
         self.board_prefixes = prefixes.into_iter().map(Into::into).collect();
         self
     }
+}
 
-    /// With another budget per pass (at least 1).
-    pub fn with_per_pass(mut self, per_pass: usize) -> Self {
-        self.per_pass = per_pass.max(1);
-        self
-    }
-
-    /// With another number of passes per step and round (at least 1).
-    pub fn with_max_passes(mut self, passes: u32) -> Self {
-        self.max_passes = passes.max(1);
-        self
-    }
-
-    /// With another pause between background rounds.
-    pub fn every(mut self, every: Duration) -> Self {
-        self.every = every;
-        self
+coord_backend::setters! {
+    MaintenanceOptions {
+        /// With a retention for completed side-effect keys.
+        with_side_effects_retention(retention: Duration) => side_effects_retention = Some(retention);
+        /// With a retention for completed board tasks.
+        with_board_retention(retention: Duration) => board_retention = Some(retention);
+        /// With another budget per pass (at least 1).
+        with_per_pass(per_pass: usize) => per_pass = per_pass.max(1);
+        /// With another number of passes per step and round (at least 1).
+        with_max_passes(passes: u32) => max_passes = passes.max(1);
+        /// With another pause between background rounds.
+        with_every(every: Duration) => every = every;
     }
 }
 
@@ -265,7 +250,7 @@ mod tests {
         assert_eq!((first.reclaimed, first.more), (20, true));
         let task = spawn_maintenance(
             backend.clone(),
-            options.clone().every(Duration::from_secs(10)),
+            options.clone().with_every(Duration::from_secs(10)),
         );
         tokio::time::sleep(Duration::from_secs(13)).await;
         let calls = store.1.load(Ordering::SeqCst);

@@ -31,6 +31,7 @@ mod error;
 pub mod metered;
 pub mod reclaim;
 pub mod redact;
+mod setters;
 mod store_url;
 mod types;
 mod validate;

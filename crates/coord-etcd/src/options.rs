@@ -62,23 +62,20 @@ pub struct EtcdTls {
 }
 
 impl EtcdTls {
-    /// Check server certificates against the CA in this PEM file.
-    pub fn with_ca_file(mut self, path: impl Into<String>) -> Self {
-        self.ca_file = Some(path.into());
-        self
-    }
-
     /// Present this client certificate and key (PEM files): mutual TLS.
     pub fn with_client_identity(mut self, cert: impl Into<String>, key: impl Into<String>) -> Self {
         self.cert_file = Some(cert.into());
         self.key_file = Some(key.into());
         self
     }
+}
 
-    /// Check the server certificate against `domain` instead of the endpoint's host.
-    pub fn with_domain(mut self, domain: impl Into<String>) -> Self {
-        self.domain = Some(domain.into());
-        self
+coord_backend::setters! {
+    EtcdTls {
+        /// Check server certificates against the CA in this PEM file.
+        with_ca_file(path: impl Into<String>) => ca_file = Some(path.into());
+        /// Check the server certificate against `domain` instead of the endpoint's host.
+        with_domain(domain: impl Into<String>) => domain = Some(domain.into());
     }
 }
 
@@ -132,18 +129,6 @@ impl Default for EtcdOptions {
 }
 
 impl EtcdOptions {
-    /// With another connect timeout.
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// With another request timeout.
-    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
-        self.request_timeout = timeout;
-        self
-    }
-
     /// With etcd authentication.
     pub fn with_credentials(
         mut self,
@@ -154,12 +139,6 @@ impl EtcdOptions {
             user: user.into(),
             password: password.into(),
         });
-        self
-    }
-
-    /// With TLS.
-    pub fn with_tls(mut self, tls: EtcdTls) -> Self {
-        self.tls = Some(tls);
         self
     }
 
@@ -189,6 +168,17 @@ impl EtcdOptions {
         let mut limits = base.with_max_value_bytes(value.min(base.max_value_bytes));
         limits.max_keys_per_call = keys;
         limits
+    }
+}
+
+coord_backend::setters! {
+    EtcdOptions {
+        /// With another connect timeout.
+        with_connect_timeout(timeout: Duration) => connect_timeout = timeout;
+        /// With another request timeout.
+        with_request_timeout(timeout: Duration) => request_timeout = timeout;
+        /// With TLS.
+        with_tls(tls: EtcdTls) => tls = Some(tls);
     }
 }
 

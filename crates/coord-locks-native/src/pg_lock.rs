@@ -81,41 +81,20 @@ impl Default for PgAdvisoryOptions {
     }
 }
 
-impl PgAdvisoryOptions {
-    /// Prefix every key with `prefix` (`""`: hash the key as given).
-    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = Some(prefix.into());
-        self
-    }
-
-    /// Keep fence counters in `table`.
-    pub fn with_fence_table(mut self, table: impl Into<String>) -> Self {
-        self.fence_table = table.into();
-        self
-    }
-
-    /// Whether to create the fence table when it is missing.
-    pub fn with_create_table(mut self, create: bool) -> Self {
-        self.create_table = create;
-        self
-    }
-
-    /// Wait at most `timeout` for a new connection.
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Wait at most `timeout` for each statement.
-    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
-        self.call_timeout = timeout;
-        self
-    }
-
-    /// Keep at most `max_idle` idle sessions for later acquisitions (0: none).
-    pub fn with_max_idle(mut self, max_idle: usize) -> Self {
-        self.max_idle = max_idle;
-        self
+coord_backend::setters! {
+    PgAdvisoryOptions {
+        /// Prefix every key with `prefix` (`""`: hash the key as given).
+        with_key_prefix(prefix: impl Into<String>) => key_prefix = Some(prefix.into());
+        /// Keep fence counters in `table`.
+        with_fence_table(table: impl Into<String>) => fence_table = table.into();
+        /// Whether to create the fence table when it is missing.
+        with_create_table(create: bool) => create_table = create;
+        /// Wait at most `timeout` for a new connection.
+        with_connect_timeout(timeout: Duration) => connect_timeout = timeout;
+        /// Wait at most `timeout` for each statement.
+        with_call_timeout(timeout: Duration) => call_timeout = timeout;
+        /// Keep at most `max_idle` idle sessions for later acquisitions (0: none).
+        with_max_idle(max_idle: usize) => max_idle = max_idle;
     }
 }
 

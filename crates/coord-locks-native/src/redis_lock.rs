@@ -130,29 +130,16 @@ impl Default for RedisLockOptions {
     }
 }
 
-impl RedisLockOptions {
-    /// Use `prefix` for every Redis key instead of `<namespace>:lock:`.
-    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = Some(prefix.into());
-        self
-    }
-
-    /// Wait at most `timeout` for a connection.
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Wait at most `timeout` for each answer (`None` = forever).
-    pub fn with_response_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.response_timeout = timeout;
-        self
-    }
-
-    /// Set [`RedisLockOptions::allow_eviction`].
-    pub fn with_allow_eviction(mut self, allow: bool) -> Self {
-        self.allow_eviction = allow;
-        self
+coord_backend::setters! {
+    RedisLockOptions {
+        /// Use `prefix` for every Redis key instead of `<namespace>:lock:`.
+        with_key_prefix(prefix: impl Into<String>) => key_prefix = Some(prefix.into());
+        /// Wait at most `timeout` for a connection.
+        with_connect_timeout(timeout: Duration) => connect_timeout = timeout;
+        /// Wait at most `timeout` for each answer (`None` = forever).
+        with_response_timeout(timeout: Option<Duration>) => response_timeout = timeout;
+        /// Set [`RedisLockOptions::allow_eviction`].
+        with_allow_eviction(allow: bool) => allow_eviction = allow;
     }
 }
 

@@ -70,46 +70,21 @@ impl Default for PostgresOptions {
     }
 }
 
-impl PostgresOptions {
-    /// With another [`max_connections`](Self::max_connections) (at least 1).
-    pub fn with_max_connections(mut self, max: u32) -> Self {
-        self.max_connections = max.max(1);
-        self
-    }
-
-    /// With another [`connect_timeout`](Self::connect_timeout).
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// With another [`statement_timeout`](Self::statement_timeout).
-    pub fn with_statement_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.statement_timeout = timeout;
-        self
-    }
-
-    /// With another [`ping_idle_after`](Self::ping_idle_after).
-    pub fn with_ping_idle_after(mut self, idle: Option<Duration>) -> Self {
-        self.ping_idle_after = idle;
-        self
-    }
-
-    /// With another [`create_schema`](Self::create_schema).
-    pub fn with_create_schema(mut self, create: bool) -> Self {
-        self.create_schema = create;
-        self
-    }
-
-    /// With another [`notify_changes`](Self::notify_changes).
-    pub fn with_notify_changes(mut self, notify: bool) -> Self {
-        self.notify_changes = notify;
-        self
-    }
-
-    /// With another [`vacuum_after_reclaim`](Self::vacuum_after_reclaim).
-    pub fn with_vacuum_after_reclaim(mut self, vacuum: bool) -> Self {
-        self.vacuum_after_reclaim = vacuum;
-        self
+coord_backend::setters! {
+    PostgresOptions {
+        /// With another [`max_connections`](Self::max_connections) (at least 1).
+        with_max_connections(max: u32) => max_connections = max.max(1);
+        /// With another [`connect_timeout`](Self::connect_timeout).
+        with_connect_timeout(timeout: Duration) => connect_timeout = timeout;
+        /// With another [`statement_timeout`](Self::statement_timeout).
+        with_statement_timeout(timeout: Option<Duration>) => statement_timeout = timeout;
+        /// With another [`ping_idle_after`](Self::ping_idle_after).
+        with_ping_idle_after(idle: Option<Duration>) => ping_idle_after = idle;
+        /// With another [`create_schema`](Self::create_schema).
+        with_create_schema(create: bool) => create_schema = create;
+        /// With another [`notify_changes`](Self::notify_changes).
+        with_notify_changes(notify: bool) => notify_changes = notify;
+        /// With another [`vacuum_after_reclaim`](Self::vacuum_after_reclaim).
+        with_vacuum_after_reclaim(vacuum: bool) => vacuum_after_reclaim = vacuum;
     }
 }

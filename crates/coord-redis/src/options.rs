@@ -58,46 +58,21 @@ impl Default for RedisOptions {
     }
 }
 
-impl RedisOptions {
-    /// Set [`RedisOptions::connect_timeout`].
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Set [`RedisOptions::response_timeout`].
-    pub fn with_response_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.response_timeout = timeout;
-        self
-    }
-
-    /// Set [`RedisOptions::reconnect_retries`].
-    pub fn with_reconnect_retries(mut self, retries: usize) -> Self {
-        self.reconnect_retries = retries;
-        self
-    }
-
-    /// Set [`RedisOptions::read_retries`].
-    pub fn with_read_retries(mut self, retries: u32) -> Self {
-        self.read_retries = retries;
-        self
-    }
-
-    /// Set [`RedisOptions::redirect_retries`].
-    pub fn with_redirect_retries(mut self, retries: u32) -> Self {
-        self.redirect_retries = retries;
-        self
-    }
-
-    /// Set [`RedisOptions::allow_eviction`].
-    pub fn with_allow_eviction(mut self, allow: bool) -> Self {
-        self.allow_eviction = allow;
-        self
-    }
-
-    /// Set [`RedisOptions::limits`].
-    pub fn with_limits(mut self, limits: Limits) -> Self {
-        self.limits = limits;
-        self
+coord_backend::setters! {
+    RedisOptions {
+        /// Set [`RedisOptions::connect_timeout`].
+        with_connect_timeout(timeout: Duration) => connect_timeout = timeout;
+        /// Set [`RedisOptions::response_timeout`].
+        with_response_timeout(timeout: Option<Duration>) => response_timeout = timeout;
+        /// Set [`RedisOptions::reconnect_retries`].
+        with_reconnect_retries(retries: usize) => reconnect_retries = retries;
+        /// Set [`RedisOptions::read_retries`].
+        with_read_retries(retries: u32) => read_retries = retries;
+        /// Set [`RedisOptions::redirect_retries`].
+        with_redirect_retries(retries: u32) => redirect_retries = retries;
+        /// Set [`RedisOptions::allow_eviction`].
+        with_allow_eviction(allow: bool) => allow_eviction = allow;
+        /// Set [`RedisOptions::limits`].
+        with_limits(limits: Limits) => limits = limits;
     }
 }

@@ -130,7 +130,7 @@ impl SchedulerConfig {
             None => SchedulerOptions::default(),
         };
         if let Some(poll) = self.poll_interval {
-            options = options.poll_interval(poll);
+            options = options.with_poll_interval(poll);
         }
         options
     }
@@ -229,7 +229,7 @@ impl Config {
                             message: "must be at least 1".into(),
                         });
                     }
-                    options = options.history_size(size);
+                    options = options.with_history_size(size);
                 }
                 let forget = duration_field(
                     "[store]",
@@ -243,7 +243,7 @@ impl Config {
                         message: "must be positive (omit it to remember forever)".into(),
                     });
                 }
-                options = options.forget_claims_after(forget);
+                options = options.with_forget_claims_after(forget);
                 Some(StoreConfig { url, options })
             }
         };

@@ -167,36 +167,20 @@ impl Default for JobOptions {
     }
 }
 
-impl JobOptions {
-    /// Set the lease TTL.
-    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
-        self.lease_ttl = ttl;
-        self
-    }
-    /// Set the timeout.
-    pub fn timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.timeout = timeout;
-        self
-    }
-    /// Set the maximum lateness.
-    pub fn max_late(mut self, max_late: Duration) -> Self {
-        self.max_late = max_late;
-        self
-    }
-    /// Set the jitter bound.
-    pub fn jitter(mut self, jitter: Duration) -> Self {
-        self.jitter = jitter;
-        self
-    }
-    /// Allow overlapping runs.
-    pub fn allow_overlap(mut self, allow: bool) -> Self {
-        self.allow_overlap = allow;
-        self
-    }
-    /// Set the locking hint.
-    pub fn hint(mut self, hint: LockingHint) -> Self {
-        self.hint = hint;
-        self
+coord_backend::setters! {
+    JobOptions {
+        /// Set the lease TTL.
+        with_lease_ttl(ttl: Duration) => lease_ttl = ttl;
+        /// Set the timeout.
+        with_timeout(timeout: Option<Duration>) => timeout = timeout;
+        /// Set the maximum lateness.
+        with_max_late(max_late: Duration) => max_late = max_late;
+        /// Set the jitter bound.
+        with_jitter(jitter: Duration) => jitter = jitter;
+        /// Allow overlapping runs.
+        with_allow_overlap(allow: bool) => allow_overlap = allow;
+        /// Set the locking hint.
+        with_hint(hint: LockingHint) => hint = hint;
     }
 }
 

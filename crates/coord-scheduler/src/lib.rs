@@ -49,7 +49,7 @@
 //!             Ok(())
 //!         }),
 //!     )
-//!     .with_options(JobOptions::default().hint(LockingHint::RequireGlobal).max_late(Duration::from_secs(30))),
+//!     .with_options(JobOptions::default().with_hint(LockingHint::RequireGlobal).with_max_late(Duration::from_secs(30))),
 //! ).unwrap();
 //! scheduler.start();
 //! scheduler.shutdown().await;

@@ -68,8 +68,8 @@ fn runs_total_counts_started_skipped_and_failed_slots() {
         )
         .with_options(
             JobOptions::default()
-                .max_late(Duration::from_millis(1500))
-                .allow_overlap(true),
+                .with_max_late(Duration::from_millis(1500))
+                .with_allow_overlap(true),
         );
         scheduler.add_job(job).unwrap();
         reports.push(scheduler.tick_at(T0).await);
@@ -130,8 +130,8 @@ fn a_slot_taken_over_from_a_dead_holder_counts_as_takeover() {
         )
         .with_options(
             JobOptions::default()
-                .lease_ttl(lease)
-                .max_late(Duration::from_secs(1)),
+                .with_lease_ttl(lease)
+                .with_max_late(Duration::from_secs(1)),
         );
         scheduler.add_job(job).unwrap();
         // The heir follows the dead lease for a full lease on its own

@@ -69,40 +69,19 @@ impl Default for SqliteOptions {
     }
 }
 
-impl SqliteOptions {
-    /// With another [`max_connections`](Self::max_connections) (at least 1).
-    pub fn with_max_connections(mut self, max: u32) -> Self {
-        self.max_connections = max.max(1);
-        self
-    }
-
-    /// With another [`busy_timeout`](Self::busy_timeout).
-    pub fn with_busy_timeout(mut self, timeout: Duration) -> Self {
-        self.busy_timeout = timeout;
-        self
-    }
-
-    /// With another [`busy_retries`](Self::busy_retries).
-    pub fn with_busy_retries(mut self, retries: u32) -> Self {
-        self.busy_retries = retries;
-        self
-    }
-
-    /// With another [`acquire_timeout`](Self::acquire_timeout).
-    pub fn with_acquire_timeout(mut self, timeout: Duration) -> Self {
-        self.acquire_timeout = timeout;
-        self
-    }
-
-    /// With another [`durability`](Self::durability).
-    pub fn with_durability(mut self, durability: Durability) -> Self {
-        self.durability = durability;
-        self
-    }
-
-    /// With another [`limits`](Self::limits).
-    pub fn with_limits(mut self, limits: Limits) -> Self {
-        self.limits = limits;
-        self
+coord_backend::setters! {
+    SqliteOptions {
+        /// With another [`max_connections`](Self::max_connections) (at least 1).
+        with_max_connections(max: u32) => max_connections = max.max(1);
+        /// With another [`busy_timeout`](Self::busy_timeout).
+        with_busy_timeout(timeout: Duration) => busy_timeout = timeout;
+        /// With another [`busy_retries`](Self::busy_retries).
+        with_busy_retries(retries: u32) => busy_retries = retries;
+        /// With another [`acquire_timeout`](Self::acquire_timeout).
+        with_acquire_timeout(timeout: Duration) => acquire_timeout = timeout;
+        /// With another [`durability`](Self::durability).
+        with_durability(durability: Durability) => durability = durability;
+        /// With another [`limits`](Self::limits).
+        with_limits(limits: Limits) => limits = limits;
     }
 }

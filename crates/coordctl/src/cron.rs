@@ -117,7 +117,7 @@ pub(crate) async fn run(args: CronArgs) -> Result<ExitCode, Error> {
                 .reclaim_every
                 .filter(|every| !every.is_zero())
                 .map(|every| {
-                    let mut options = MaintenanceOptions::default().every(every);
+                    let mut options = MaintenanceOptions::default().with_every(every);
                     if let Some(retention) = args.side_effects_retention {
                         options = options.with_side_effects_retention(retention);
                     }

@@ -70,7 +70,7 @@ mod tests {
         let scheduler = Scheduler::new(None, clock, SchedulerOptions::instance("me"));
         let schedule = Schedule::parse("every 1h", None).unwrap();
         let job = Job::new("j", schedule, command_handler(command))
-            .with_options(JobOptions::default().hint(LockingHint::NodeLocal));
+            .with_options(JobOptions::default().with_hint(LockingHint::NodeLocal));
         scheduler.add_job(job).unwrap();
         let report = scheduler.run_now("j").await.unwrap();
         scheduler.shutdown().await;

@@ -217,7 +217,7 @@ fn soak(label: &str, url: &str) {
         RunStore::new(
             backend,
             Arc::new(SystemClock),
-            RunStoreOptions::default().history_size(history_size as usize),
+            RunStoreOptions::default().with_history_size(history_size as usize),
         )
         .expect("run store")
     });

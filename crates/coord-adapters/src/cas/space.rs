@@ -163,7 +163,7 @@ impl RecordSpace {
 /// An adapter's options struct: `clock`, `key_prefix` (default `$prefix`)
 /// and `cas`, then the adapter's own fields with their defaults and
 /// setters; `Default` and the `with_clock`, `with_key_prefix` and
-/// `with_cas` setters.
+/// `with_cas` setters (all written by `coord_backend::setters!`).
 macro_rules! record_options {
     (
         $(#[$meta:meta])*
@@ -195,33 +195,22 @@ macro_rules! record_options {
             }
         }
 
+        coord_backend::setters! {
+            $name {
+                /// Judge expiry with `clock` (tests inject a `ManualClock`).
+                with_clock(clock: std::sync::Arc<dyn coord_backend::Clock>) => clock = clock;
+                /// Keep the records under another prefix.
+                with_key_prefix(prefix: impl Into<String>) => key_prefix = prefix.into();
+                /// Tune the CAS loop.
+                with_cas(cas: $crate::cas::CasOptions) => cas = cas;
+                $(
+                    #[doc = concat!("Set `", stringify!($field), "` (see the field).")]
+                    $setter($field: $ty) => $field = $field;
+                )*
+            }
+        }
+
         impl $name {
-            /// Judge expiry with `clock` (tests inject a `ManualClock`).
-            pub fn with_clock(mut self, clock: std::sync::Arc<dyn coord_backend::Clock>) -> Self {
-                self.clock = clock;
-                self
-            }
-
-            /// Keep the records under another prefix.
-            pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
-                self.key_prefix = prefix.into();
-                self
-            }
-
-            /// Tune the CAS loop.
-            pub fn with_cas(mut self, cas: $crate::cas::CasOptions) -> Self {
-                self.cas = cas;
-                self
-            }
-
-            $(
-                #[doc = concat!("Set `", stringify!($field), "` (see the field).")]
-                pub fn $setter(mut self, $field: $ty) -> Self {
-                    self.$field = $field;
-                    self
-                }
-            )*
-
             /// The record space these options describe, over `backend`.
             #[allow(dead_code)]
             pub(crate) fn space(

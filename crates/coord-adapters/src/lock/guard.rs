@@ -19,11 +19,10 @@ pub struct GuardOptions {
     pub renew_every: Option<Duration>,
 }
 
-impl GuardOptions {
-    /// Renew every `every` instead of every third of the TTL.
-    pub fn with_renew_every(mut self, every: Duration) -> Self {
-        self.renew_every = Some(every);
-        self
+coord_backend::setters! {
+    GuardOptions {
+        /// Renew every `every` instead of every third of the TTL.
+        with_renew_every(every: Duration) => renew_every = Some(every);
     }
 }
 

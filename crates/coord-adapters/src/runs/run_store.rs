@@ -47,17 +47,12 @@ impl Default for RunStoreOptions {
     }
 }
 
-impl RunStoreOptions {
-    /// Keep `size` runs per job.
-    pub fn history_size(mut self, size: usize) -> Self {
-        self.history_size = size;
-        self
-    }
-
-    /// Forget finished claims after `window` (`None` = never).
-    pub fn forget_claims_after(mut self, window: Option<Duration>) -> Self {
-        self.forget_claims_after = window;
-        self
+coord_backend::setters! {
+    RunStoreOptions {
+        /// Keep `size` runs per job.
+        with_history_size(size: usize) => history_size = size;
+        /// Forget finished claims after `window` (`None` = never).
+        with_forget_claims_after(window: Option<Duration>) => forget_claims_after = window;
     }
 }
 

@@ -21,11 +21,12 @@ async fn prune_forgets_only_old_finished_claims() {
     let clock = Arc::new(ManualClock::at_millis(1_000_000));
     let s = store(
         clock.clone(),
-        RunStoreOptions::default().forget_claims_after(Some(Duration::from_secs(60))),
+        RunStoreOptions::default().with_forget_claims_after(Some(Duration::from_secs(60))),
     );
     let ttl = Duration::from_secs(30);
     for slot in [1_000_000u64, 1_001_000] {
-        let req = ClaimRequest::new("j", slot, format!("t{slot}"), "a", ttl).allow_overlap(true);
+        let req =
+            ClaimRequest::new("j", slot, format!("t{slot}"), "a", ttl).with_allow_overlap(true);
         assert!(s.claim(&req).await.unwrap().won);
     }
     s.finish("j", 1_000_000, "t1000000", FinalStatus::Succeeded)
@@ -37,14 +38,14 @@ async fn prune_forgets_only_old_finished_claims() {
     assert_eq!(s.prune("j").await.unwrap(), 1, "the running claim stays");
     // Forgotten, yet never claimable again: the floor kept in the store
     // refuses it whatever the claimer's clock says.
-    let again = ClaimRequest::new("j", 1_000_000, "late", "b", ttl).allow_overlap(true);
+    let again = ClaimRequest::new("j", 1_000_000, "late", "b", ttl).with_allow_overlap(true);
     let refused = s.claim(&again).await.unwrap();
     assert!(
         !refused.won && refused.outcome == ClaimOutcome::Done,
         "{refused:?}"
     );
     // A later slot than the forgotten ones is claimable as usual.
-    let later = ClaimRequest::new("j", 1_002_000, "next", "b", ttl).allow_overlap(true);
+    let later = ClaimRequest::new("j", 1_002_000, "next", "b", ttl).with_allow_overlap(true);
     assert!(s.claim(&later).await.unwrap().won);
 }
 
@@ -78,13 +79,13 @@ async fn bad_input_is_refused_before_the_store() {
     assert!(RunStore::new(
         backend.clone(),
         clock.clone(),
-        RunStoreOptions::default().history_size(0)
+        RunStoreOptions::default().with_history_size(0)
     )
     .is_err());
     assert!(RunStore::new(
         backend,
         clock,
-        RunStoreOptions::default().forget_claims_after(Some(Duration::ZERO))
+        RunStoreOptions::default().with_forget_claims_after(Some(Duration::ZERO))
     )
     .is_err());
 }
@@ -92,7 +93,7 @@ async fn bad_input_is_refused_before_the_store() {
 #[tokio::test]
 async fn history_is_bounded_and_skips_do_not_block_claims() {
     let clock = Arc::new(ManualClock::at_millis(10_000));
-    let s = store(clock, RunStoreOptions::default().history_size(3));
+    let s = store(clock, RunStoreOptions::default().with_history_size(3));
     let ttl = Duration::from_secs(30);
     for slot in 1..=5u64 {
         assert!(s

@@ -99,17 +99,14 @@ impl ClaimRequest {
             takeover: Takeover::WhenExpired,
         }
     }
+}
 
-    /// Set when an expired lease of another token may be taken over.
-    pub fn takeover(mut self, rule: Takeover) -> Self {
-        self.takeover = rule;
-        self
-    }
-
-    /// Allow (or not) this slot to run while another slot of the job runs.
-    pub fn allow_overlap(mut self, allow: bool) -> Self {
-        self.allow_overlap = allow;
-        self
+coord_backend::setters! {
+    ClaimRequest {
+        /// Set when an expired lease of another token may be taken over.
+        with_takeover(rule: Takeover) => takeover = rule;
+        /// Allow (or not) this slot to run while another slot of the job runs.
+        with_allow_overlap(allow: bool) => allow_overlap = allow;
     }
 }
 

@@ -85,17 +85,14 @@ impl Action {
             retry_safety: RetrySafety::Unknown,
         }
     }
+}
 
-    /// The same action with `payload`.
-    pub fn with_payload(mut self, payload: impl Into<Vec<u8>>) -> Self {
-        self.payload = payload.into();
-        self
-    }
-
-    /// The same action with another retry safety.
-    pub fn with_retry_safety(mut self, retry_safety: RetrySafety) -> Self {
-        self.retry_safety = retry_safety;
-        self
+coord_backend::setters! {
+    Action {
+        /// The same action with `payload`.
+        with_payload(payload: impl Into<Vec<u8>>) => payload = payload.into();
+        /// The same action with another retry safety.
+        with_retry_safety(retry_safety: RetrySafety) => retry_safety = retry_safety;
     }
 }
 

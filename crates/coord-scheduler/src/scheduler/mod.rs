@@ -148,7 +148,7 @@ struct Inner {
 ///     // max_late 30 s: the slot of 60 s is not caught up, the slot of
 ///     // 120 s may start up to 30 s late.
 ///     let job = Job::new("tick", Schedule::parse("every 1m", None).unwrap(), handler(|_| async { Ok(()) }))
-///         .with_options(JobOptions::default().max_late(Duration::from_secs(30)));
+///         .with_options(JobOptions::default().with_max_late(Duration::from_secs(30)));
 ///     s.add_job(job).unwrap();
 /// }
 /// let (ra, rb) = tokio::join!(a.tick_at(120_000), b.tick_at(120_000));

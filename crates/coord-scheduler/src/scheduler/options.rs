@@ -57,16 +57,13 @@ impl SchedulerOptions {
             ..SchedulerOptions::default()
         }
     }
+}
 
-    /// Set the poll interval.
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = interval;
-        self
-    }
-
-    /// Set the longest wait for one store call.
-    pub fn store_timeout(mut self, timeout: Duration) -> Self {
-        self.store_timeout = timeout;
-        self
+coord_backend::setters! {
+    SchedulerOptions {
+        /// Set the poll interval.
+        with_poll_interval(interval: Duration) => poll_interval = interval;
+        /// Set the longest wait for one store call.
+        with_store_timeout(timeout: Duration) => store_timeout = timeout;
     }
 }

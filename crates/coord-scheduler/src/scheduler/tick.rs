@@ -310,8 +310,8 @@ impl Scheduler {
             self.inner.options.instance_id.clone(),
             ttl,
         )
-        .allow_overlap(opts.allow_overlap)
-        .takeover(takeover);
+        .with_allow_overlap(opts.allow_overlap)
+        .with_takeover(takeover);
         // The lease counts from when the claim was sent, not answered.
         let sent = Instant::now();
         // Bounded by store_timeout only: on a saturated store, cancelling
