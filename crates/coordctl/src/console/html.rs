@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 
 use crate::cron::fmt_time;
 use crate::views::{
-    ElectionsView, FairLocksView, JobsView, LockView, LocksView, ResourcesView, RunView, RunsView,
-    RwLocksView, SemaphoresView, SideEffectsView, TasksView, UncertainKind,
+    ElectionsView, FairLocksView, JobsView, Listing, LockView, LocksView, ResourcesView, RunView,
+    RunsView, RwLocksView, SemaphoresView, SideEffectsView, TasksView, UncertainKind,
 };
 
 /// `text` escaped for HTML text and double- or single-quoted attribute values.
@@ -121,6 +121,11 @@ pub(crate) fn page(title: &str, nav: &str, store: &str, writes: bool, body: &str
 /// An error page body.
 pub(crate) fn error_body(message: &str) -> String {
     format!("<p class=\"note\">{}</p>", esc(message))
+}
+
+/// The "more" link of a listing view: [`more_link`] after its last row.
+fn more_after(path: &str, param: &str, listing: &Listing, limit: usize) -> String {
+    more_link(path, param, listing.next_after.as_deref(), limit)
 }
 
 /// The link to the page after the one shown (`param` is its cursor), keeping `limit`.
@@ -261,12 +266,7 @@ The fence survives release; a free record keeps it for the next holder.",
         id: "locks",
         headers: &["Key", "Fence", "State", "Lease expires"],
         empty: "No lock records.",
-        more: more_link(
-            "/locks",
-            "after",
-            locks.listing.next_after.as_deref(),
-            limit,
-        ),
+        more: more_after("/locks", "after", &locks.listing, limit),
     }
     .render(&mut out, &rows);
 
@@ -297,12 +297,7 @@ the highest fence issued on each resource and the idempotency key holding it.",
             "Lease expires",
         ],
         empty: "No side-effect resources.",
-        more: more_link(
-            "/locks",
-            "res_after",
-            resources.listing.next_after.as_deref(),
-            limit,
-        ),
+        more: more_after("/locks", "res_after", &resources.listing, limit),
     }
     .render(&mut out, &rows);
 
@@ -325,12 +320,7 @@ the highest fence issued on each resource and the idempotency key holding it.",
         id: "fairlocks",
         headers: &["Key", "Fence", "State", "Lease expires", "Line"],
         empty: "No fair locks.",
-        more: more_link(
-            "/locks",
-            "fair_after",
-            fair.listing.next_after.as_deref(),
-            limit,
-        ),
+        more: more_after("/locks", "fair_after", &fair.listing, limit),
     }
     .render(&mut out, &rows);
 
@@ -363,12 +353,7 @@ with its own fence, and the waiters in line.",
         id: "semaphores",
         headers: &["Key", "Fence", "Permits held", "Holders", "Waiting in line"],
         empty: "No semaphores.",
-        more: more_link(
-            "/locks",
-            "sem_after",
-            semaphores.listing.next_after.as_deref(),
-            limit,
-        ),
+        more: more_after("/locks", "sem_after", &semaphores.listing, limit),
     }
     .render(&mut out, &rows);
     out
@@ -400,12 +385,7 @@ resignations). The value a leader announces is the application's and is not show
         id: "elections",
         headers: &["Election", "Term", "Leader", "State", "Lease expires"],
         empty: "No elections.",
-        more: more_link(
-            "/leaders",
-            "after",
-            elections.listing.next_after.as_deref(),
-            limit,
-        ),
+        more: more_after("/leaders", "after", &elections.listing, limit),
     }
     .render(&mut out, &rows);
 
@@ -438,12 +418,7 @@ GenericRwLock: each holder with its mode and fence; queued writers hold new read
         id: "rwlocks",
         headers: &["Key", "Fence", "State", "Holders", "Queued writers"],
         empty: "No read-write lock records.",
-        more: more_link(
-            "/leaders",
-            "rw_after",
-            rwlocks.listing.next_after.as_deref(),
-            limit,
-        ),
+        more: more_after("/leaders", "rw_after", &rwlocks.listing, limit),
     }
     .render(&mut out, &rows);
     out
@@ -479,12 +454,7 @@ application's data and are not shown.</p>",
         );
     }
     out.push_str("</table>");
-    out.push_str(&more_link(
-        "/tasks",
-        "after",
-        view.listing.next_after.as_deref(),
-        limit,
-    ));
+    out.push_str(&more_after("/tasks", "after", &view.listing, limit));
     out
 }
 
@@ -683,12 +653,7 @@ through a store; node_local jobs never touch it). Times in UTC.</p>",
         }
         out.push_str(&runs_table(&format!("runs-{}", esc(&job.job)), &job.recent));
     }
-    out.push_str(&more_link(
-        "/jobs",
-        "after",
-        view.listing.next_after.as_deref(),
-        limit,
-    ));
+    out.push_str(&more_after("/jobs", "after", &view.listing, limit));
     out
 }
 
