@@ -386,7 +386,7 @@ fn normalize(mut spec: TaskSpec) -> Result<TaskSpec, BoardError> {
 #[async_trait]
 impl Board for BoardAdapter {
     #[tracing::instrument(name = "board.add", skip_all, fields(
-        key = %task.id, store = self.space.engine().backend().store_name(), fence = tracing::field::Empty,
+        key = %task.id, store = self.space.store_name(), fence = tracing::field::Empty,
     ))]
     async fn add(&self, task: TaskSpec) -> Result<(), BoardError> {
         // The dependencies are read (and asserted) too: one completed now is
@@ -434,7 +434,7 @@ impl Board for BoardAdapter {
     }
 
     #[tracing::instrument(name = "board.claim", skip_all, fields(
-        key = %id, store = self.space.engine().backend().store_name(), fence = tracing::field::Empty,
+        key = %id, store = self.space.store_name(), fence = tracing::field::Empty,
     ))]
     async fn claim(&self, id: &str, agent: &str, ttl: Duration) -> Result<ClaimedTask, BoardError> {
         validate_claim(id, agent, ttl)?;
@@ -505,7 +505,7 @@ impl Board for BoardAdapter {
     }
 
     #[tracing::instrument(name = "board.renew", skip_all, fields(
-        key = %id, store = self.space.engine().backend().store_name(), fence = tracing::field::Empty,
+        key = %id, store = self.space.store_name(), fence = tracing::field::Empty,
     ))]
     async fn renew(&self, id: &str, token: &str, ttl: Duration) -> Result<ClaimedTask, BoardError> {
         validate_task_id(id)?;
@@ -529,7 +529,7 @@ impl Board for BoardAdapter {
     }
 
     #[tracing::instrument(name = "board.release", skip_all, fields(
-        key = %id, store = self.space.engine().backend().store_name(), fence = tracing::field::Empty,
+        key = %id, store = self.space.store_name(), fence = tracing::field::Empty,
     ))]
     async fn release(&self, id: &str, token: &str) -> Result<(), BoardError> {
         validate_task_id(id)?;
@@ -554,7 +554,7 @@ impl Board for BoardAdapter {
     }
 
     #[tracing::instrument(name = "board.complete", skip_all, fields(
-        key = %id, store = self.space.engine().backend().store_name(), fence = tracing::field::Empty,
+        key = %id, store = self.space.store_name(), fence = tracing::field::Empty,
     ))]
     async fn complete(&self, id: &str, token: &str, result: Vec<u8>) -> Result<(), BoardError> {
         validate_task_id(id)?;

@@ -263,6 +263,12 @@ impl CasEngine {
         &self.backend
     }
 
+    /// The backend's store name (`Backend::store_name`): the `store` field
+    /// of every adapter span and metric.
+    pub fn store_name(&self) -> &'static str {
+        self.backend.store_name()
+    }
+
     /// Counters since creation.
     pub fn stats(&self) -> CasStats {
         CasStats {

@@ -111,6 +111,11 @@ impl RecordSpace {
         self.engine.backend()
     }
 
+    /// The backend's store name (see [`CasEngine::store_name`]).
+    pub fn store_name(&self) -> &'static str {
+        self.engine.store_name()
+    }
+
     /// How many keys one store call may name (the backend's
     /// `max_keys_per_call`).
     pub fn keys_per_call(&self) -> usize {

@@ -93,7 +93,7 @@ impl GenericLock {
 #[async_trait]
 impl Lock for GenericLock {
     #[tracing::instrument(name = "lock.try_lock", skip_all, fields(
-        key = %key, store = self.space.engine().backend().store_name(), fence = tracing::field::Empty,
+        key = %key, store = self.space.store_name(), fence = tracing::field::Empty,
     ))]
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
         validate_lock_input(key, ttl)?;
@@ -133,7 +133,7 @@ impl Lock for GenericLock {
     }
 
     #[tracing::instrument(name = "lock.renew", skip_all, fields(
-        key = %handle.key, store = self.space.engine().backend().store_name(), fence = handle.fence,
+        key = %handle.key, store = self.space.store_name(), fence = handle.fence,
     ))]
     async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
         validate_lock_input(&handle.key, handle.ttl())?;
@@ -155,7 +155,7 @@ impl Lock for GenericLock {
     }
 
     #[tracing::instrument(name = "lock.release", skip_all, fields(
-        key = %handle.key, store = self.space.engine().backend().store_name(), fence = handle.fence,
+        key = %handle.key, store = self.space.store_name(), fence = handle.fence,
     ))]
     async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
         validate_lock_input(&handle.key, handle.ttl())?;

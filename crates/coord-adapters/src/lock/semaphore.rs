@@ -398,7 +398,7 @@ impl GenericSemaphore {
 #[async_trait]
 impl Semaphore for GenericSemaphore {
     #[tracing::instrument(name = "semaphore.try_acquire", skip_all, fields(
-        key = %key, store = self.space.engine().backend().store_name(), fence = tracing::field::Empty,
+        key = %key, store = self.space.store_name(), fence = tracing::field::Empty,
     ))]
     async fn try_acquire(
         &self,
@@ -429,7 +429,7 @@ impl Semaphore for GenericSemaphore {
     }
 
     #[tracing::instrument(name = "semaphore.renew", skip_all, fields(
-        key = %permit.key(), store = self.space.engine().backend().store_name(), fence = permit.fence(),
+        key = %permit.key(), store = self.space.store_name(), fence = permit.fence(),
     ))]
     async fn renew(&self, permit: &Permit) -> Result<(), LockError> {
         validate_lock_input(permit.key(), permit.ttl())?;
@@ -466,7 +466,7 @@ impl Semaphore for GenericSemaphore {
     }
 
     #[tracing::instrument(name = "semaphore.release", skip_all, fields(
-        key = %permit.key(), store = self.space.engine().backend().store_name(), fence = permit.fence(),
+        key = %permit.key(), store = self.space.store_name(), fence = permit.fence(),
     ))]
     async fn release(&self, permit: Permit) -> Result<(), LockError> {
         validate_lock_input(permit.key(), permit.ttl())?;
@@ -497,7 +497,7 @@ impl Semaphore for GenericSemaphore {
     /// and before the place's lease needs renewing. A call that gives up
     /// (timeout, error) leaves the line.
     #[tracing::instrument(name = "semaphore.acquire", skip_all, fields(
-        key = %key, store = self.space.engine().backend().store_name(),
+        key = %key, store = self.space.store_name(),
     ))]
     async fn acquire(
         &self,

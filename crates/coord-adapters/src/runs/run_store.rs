@@ -162,7 +162,7 @@ impl SlotStore for RunStore {
     }
 
     #[tracing::instrument(name = "scheduler.claim", skip_all, fields(
-        key = %request.job, slot = request.slot, store = self.engine.backend().store_name(),
+        key = %request.job, slot = request.slot, store = self.engine.store_name(),
         takeovers = tracing::field::Empty,
     ))]
     async fn claim(&self, request: &ClaimRequest) -> Result<Claim, RunError> {

@@ -283,7 +283,7 @@ impl SideEffectAdapter {
 impl SideEffectStore for SideEffectAdapter {
     #[tracing::instrument(name = "sideeffect.acquire", skip_all, fields(
         key = %action.key, resource = %action.resource,
-        store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+        store = self.engine.store_name(), fence = tracing::field::Empty,
     ))]
     async fn acquire(&self, action: &Action, ttl: Duration) -> Result<Acquired, SideEffectError> {
         let (ak, rk) = self.check_action(action)?;
@@ -369,7 +369,7 @@ impl SideEffectStore for SideEffectAdapter {
 
     #[tracing::instrument(name = "sideeffect.complete", skip_all, fields(
         key = %action.key, resource = %action.resource,
-        store = self.engine.backend().store_name(), fence = lease.fence.0,
+        store = self.engine.store_name(), fence = lease.fence.0,
     ))]
     async fn complete(
         &self,
@@ -427,7 +427,7 @@ impl SideEffectStore for SideEffectAdapter {
 
     #[tracing::instrument(name = "sideeffect.release", skip_all, fields(
         key = %action.key, resource = %action.resource,
-        store = self.engine.backend().store_name(), fence = lease.fence.0,
+        store = self.engine.store_name(), fence = lease.fence.0,
     ))]
     async fn release(&self, action: &Action, lease: &Lease) -> Result<(), SideEffectError> {
         let (_, rk) = self.check_action(action)?;
@@ -449,7 +449,7 @@ impl SideEffectStore for SideEffectAdapter {
 
     #[tracing::instrument(name = "sideeffect.renew", skip_all, fields(
         key = %action.key, resource = %action.resource,
-        store = self.engine.backend().store_name(), fence = lease.fence.0,
+        store = self.engine.store_name(), fence = lease.fence.0,
     ))]
     async fn renew(
         &self,
@@ -487,7 +487,7 @@ impl SideEffectStore for SideEffectAdapter {
 
     #[tracing::instrument(name = "sideeffect.mark_uncertain", skip_all, fields(
         key = %action.key, resource = %action.resource,
-        store = self.engine.backend().store_name(), fence = lease.fence.0,
+        store = self.engine.store_name(), fence = lease.fence.0,
     ))]
     async fn mark_uncertain(
         &self,
@@ -529,7 +529,7 @@ impl SideEffectStore for SideEffectAdapter {
 
     #[tracing::instrument(name = "sideeffect.resolve_uncertain", skip_all, fields(
         key = %action.key, resource = %action.resource,
-        store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+        store = self.engine.store_name(), fence = tracing::field::Empty,
     ))]
     async fn resolve_uncertain(
         &self,
@@ -541,7 +541,7 @@ impl SideEffectStore for SideEffectAdapter {
 
     #[tracing::instrument(name = "sideeffect.abandon", skip_all, fields(
         key = %action.key, resource = %action.resource,
-        store = self.engine.backend().store_name(), fence = lease.fence.0,
+        store = self.engine.store_name(), fence = lease.fence.0,
     ))]
     async fn abandon(
         &self,
@@ -586,7 +586,7 @@ impl SideEffectStore for SideEffectAdapter {
 
     #[tracing::instrument(name = "sideeffect.begin_reconcile", skip_all, fields(
         key = %action.key, resource = %action.resource,
-        store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+        store = self.engine.store_name(), fence = tracing::field::Empty,
     ))]
     async fn begin_reconcile(
         &self,
@@ -598,7 +598,7 @@ impl SideEffectStore for SideEffectAdapter {
 
     #[tracing::instrument(name = "sideeffect.resolve_uncertain_owned", skip_all, fields(
         key = %action.key, resource = %action.resource,
-        store = self.engine.backend().store_name(), fence = tracing::field::Empty,
+        store = self.engine.store_name(), fence = tracing::field::Empty,
     ))]
     async fn resolve_uncertain_owned(
         &self,

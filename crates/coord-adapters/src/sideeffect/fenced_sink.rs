@@ -120,7 +120,7 @@ impl FencedSink for BackendFencedSink {
     type Write = Vec<Mutation>;
 
     #[tracing::instrument(name = "sideeffect.write_fenced", skip_all, fields(
-        key = %resource, store = self.engine.backend().store_name(), fence = presented.0,
+        key = %resource, store = self.engine.store_name(), fence = presented.0,
     ))]
     async fn write_fenced(
         &self,

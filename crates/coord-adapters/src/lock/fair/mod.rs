@@ -179,7 +179,7 @@ impl FairLock {
 #[async_trait]
 impl Lock for FairLock {
     #[tracing::instrument(name = "lock.try_lock", skip_all, fields(
-        key = %key, store = self.space.engine().backend().store_name(), fence = tracing::field::Empty,
+        key = %key, store = self.space.store_name(), fence = tracing::field::Empty,
     ))]
     async fn try_lock(&self, key: &str, ttl: Duration) -> Result<Option<LockHandle>, LockError> {
         validate_lock_input(key, ttl)?;
@@ -218,7 +218,7 @@ impl Lock for FairLock {
     }
 
     #[tracing::instrument(name = "lock.renew", skip_all, fields(
-        key = %handle.key(), store = self.space.engine().backend().store_name(), fence = handle.fence(),
+        key = %handle.key(), store = self.space.store_name(), fence = handle.fence(),
     ))]
     async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
         validate_lock_input(handle.key(), handle.ttl())?;
@@ -250,7 +250,7 @@ impl Lock for FairLock {
     /// (the next fence, the lease it asked for): the waiter is woken by the
     /// removal of its ticket and only reads to learn it holds the lock.
     #[tracing::instrument(name = "lock.release", skip_all, fields(
-        key = %handle.key(), store = self.space.engine().backend().store_name(), fence = handle.fence(),
+        key = %handle.key(), store = self.space.store_name(), fence = handle.fence(),
     ))]
     async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
         validate_lock_input(handle.key(), handle.ttl())?;
@@ -280,7 +280,7 @@ impl Lock for FairLock {
     /// the ticket every third of `ttl`. On timeout or error the ticket is
     /// removed (if that fails too, it expires within `ttl`).
     #[tracing::instrument(name = "lock.wait", skip_all, fields(
-        key = %key, store = self.space.engine().backend().store_name(),
+        key = %key, store = self.space.store_name(),
     ))]
     async fn wait_lock(
         &self,
