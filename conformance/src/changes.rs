@@ -22,12 +22,21 @@
 //! - [`changes_fold_and_watch_keeps_working`]: several changes before `changed()` fold into at
 //!   least one wake-up, and the same watch reports a later change;
 //! - [`dropped_watches_release`]: many watches dropped (some mid-wait) leave the store working
-//!   and a new watch working.
+//!   and a new watch working;
+//! - [`absent_keys_wake_when_written_also_after_reclaim`]: in a fresh namespace and again after
+//!   a reclaim, a put of a key that is not there (never written; deleted, its tombstone
+//!   reclaimed) wakes a watch, and so does a delete of a live key.
+//!
+//! What the suite does **not** ask for: that a delete of a key that is not
+//! there (never written, or already deleted) wakes a watch. etcd after a
+//! reclaim deletes for real, and a delete of nothing is no event there. No
+//! adapter relies on it: a waiter is woken by a key that is written (the
+//! fair lock's hand-over writes the ticket it hands the lock to).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_backend::{Assert, Backend, ChangeWatch, Mutation, Version};
+use coord_backend::{Assert, Backend, ChangeWatch, Error, Mutation, ReclaimOptions, Version};
 
 use crate::{ensure, unique_namespace, BackendFactory, CheckResult, Failure};
 
@@ -249,6 +258,80 @@ pub async fn dropped_watches_release(factory: BackendFactory) -> CheckResult {
     .await
 }
 
+async fn delete(backend: &Arc<dyn Backend>, key: &str) -> CheckResult {
+    let out = backend.txn(&[], &[Mutation::delete(key)]).await?;
+    ensure!(out.applied, "an unconditional delete of {key} was rejected");
+    Ok(())
+}
+
+/// What adapters rely on to wake a waiter, checked in a fresh namespace and
+/// again after a reclaim (etcd keeps tombstones until a namespace's first
+/// reclaim and deletes for real from then on): a put of a key that is not
+/// there wakes a watch begun before it (a key never written; after the
+/// reclaim also one whose tombstone the reclaim removed), and so does a
+/// delete of a live key. A delete of a key that is not there is made too,
+/// but not asserted (see the module docs): it is followed by a put that
+/// must still wake the watch. Each round watches anew (a reclaim may end
+/// a watch: a broken watch is allowed, its callers poll).
+pub async fn absent_keys_wake_when_written_also_after_reclaim(
+    factory: BackendFactory,
+) -> CheckResult {
+    let case = "absent_keys_wake_when_written_also_after_reclaim";
+    let Some((watcher, writer)) = clients(&factory, "changes_absent", case).await? else {
+        return Ok(());
+    };
+    for (n, round) in ["in a fresh namespace", "after a reclaim"]
+        .into_iter()
+        .enumerate()
+    {
+        if n == 1 {
+            match writer.reclaim(&ReclaimOptions::DEFAULT).await {
+                Ok(_) => {}
+                Err(Error::Unsupported { .. }) => {
+                    eprintln!(
+                        "NOTE: changes::{case}: {} has no reclaim; checked in a fresh \
+                         namespace only",
+                        writer.store_name()
+                    );
+                    return Ok(());
+                }
+                Err(error) => return Err(Failure::new(format!("reclaim: {error}"))),
+            }
+        }
+        let mut watch = watch(&watcher, "z/").await?;
+        let what = |action: &str| format!("{round}: {action}");
+        if n == 1 {
+            // Deleted before the reclaim, which removed its tombstone.
+            put(&writer, "z/gone", b"again").await?;
+            woken(
+                &mut watch,
+                &what("a put of z/gone, its tombstone reclaimed"),
+            )
+            .await?;
+            drain(&mut watch).await?;
+        }
+        let new = format!("z/new{n}");
+        put(&writer, &new, b"1").await?;
+        woken(&mut watch, &what(&format!("a put of {new}, never written"))).await?;
+        drain(&mut watch).await?;
+        delete(&writer, &new).await?;
+        woken(&mut watch, &what(&format!("a delete of {new}, live"))).await?;
+        drain(&mut watch).await?;
+        delete(&writer, "z/never").await?;
+        delete(&writer, &new).await?;
+        put(&writer, "z/gone", b"1").await?;
+        woken(
+            &mut watch,
+            &what("a put of z/gone after deletes of absent keys"),
+        )
+        .await?;
+        drain(&mut watch).await?;
+        delete(&writer, "z/gone").await?;
+        woken(&mut watch, &what("a delete of z/gone, live")).await?;
+    }
+    Ok(())
+}
+
 crate::__define_suite! {$
     /// The changes suite's one list of cases (see [`crate::__define_suite!`]).
     __changes_suite "changes";
@@ -264,4 +347,5 @@ crate::__define_suite! {$
     prefix_is_literal,
     changes_fold_and_watch_keeps_working,
     dropped_watches_release,
+    absent_keys_wake_when_written_also_after_reclaim,
 }

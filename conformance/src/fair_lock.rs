@@ -21,7 +21,17 @@
 //!   with a higher fence;
 //! - [`fair_fences_increase`]: fences strictly increase across release, waiting grant and
 //!   expiry takeover; a stale handle can neither renew nor release;
-//! - [`fair_bad_input`]: empty key / zero TTL are typed errors on every call.
+//! - [`fair_bad_input`]: empty key / zero TTL are typed errors on every call;
+//! - [`hand_over_wakes_the_next_waiter`]: a release wakes the waiter it hands
+//!   the lock to (one with no fallback poll before its timeout gets it), in a
+//!   fresh namespace and again after a reclaim (from which etcd deletes for
+//!   real), also a waiter handed the lock before its first ticket renewal;
+//! - [`release_reaches_a_live_waiter_behind_many_dead`]: a release with more
+//!   dead waiters ahead of a live one than one decision reads still hands
+//!   the lock to (and wakes) the live one.
+//!
+//! The last two need a lock that wakes its waiters: over a store without
+//! change notifications they pass vacuously, with a note (its waiters poll).
 
 use std::fmt;
 use std::future::Future;
@@ -29,8 +39,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use coord_adapters::lock::{FairLock, FairLockOptions, Lock, LockError, LockExt, WaitOptions};
-use coord_backend::{InvalidInput, ManualClock};
+use coord_adapters::lock::{
+    FairLock, FairLockOptions, Lock, LockError, LockExt, LockHandle, WaitOptions,
+};
+use coord_backend::{Backend, Error, InvalidInput, ManualClock, ReclaimOptions};
 
 use crate::clients::{granted as held, key, lost, refused, Ctx};
 use crate::lock::{lock_factory, LockFactory};
@@ -49,6 +61,10 @@ where
     Arc::new(move |key| Box::pin(probe(key)))
 }
 
+/// Opens a client of the store under the lock (its namespace).
+pub type StoreProbe =
+    Arc<dyn Fn() -> BoxFuture<'static, Result<Arc<dyn Backend>, Error>> + Send + Sync>;
+
 /// What a fair lock check runs against. The lock must start empty.
 #[derive(Clone)]
 pub struct FairEnv {
@@ -58,6 +74,12 @@ pub struct FairEnv {
     pub queued: QueueProbe,
     /// The clock the lock judges leases with; checks move it.
     pub clock: Arc<ManualClock>,
+    /// The store under the lock, for the checks whose promise depends on
+    /// it: a hand-over wakes the next waiter only over a store with change
+    /// notifications, and a reclaim changes how etcd deletes. `None`: a
+    /// lock with no store behind it (a double), which wakes its waiters
+    /// itself and has nothing to reclaim.
+    pub store: Option<StoreProbe>,
 }
 
 impl fmt::Debug for FairEnv {
@@ -69,13 +91,20 @@ impl fmt::Debug for FairEnv {
 }
 
 impl FairEnv {
-    /// An environment for any fair lock implementation.
+    /// An environment for any fair lock implementation (no store: see [`FairEnv::store`]).
     pub fn new(make: LockFactory, queued: QueueProbe, clock: Arc<ManualClock>) -> Self {
         FairEnv {
             make,
             queued,
             clock,
+            store: None,
         }
+    }
+
+    /// The same environment, with the store under the lock.
+    pub fn with_store(mut self, store: StoreProbe) -> Self {
+        self.store = Some(store);
+        self
     }
 
     /// [`FairLock`]s over backends from `factory` (one fresh namespace named
@@ -109,11 +138,34 @@ impl FairEnv {
                 Ok(lock.status(&key).await?.map_or(0, |s| s.waiting.len()))
             }
         });
-        FairEnv::new(make, queued, clock)
+        let store: StoreProbe = Arc::new(move || factory(namespace.clone()));
+        FairEnv::new(make, queued, clock).with_store(store)
     }
 
     async fn client(&self) -> Result<Arc<dyn Lock>, Failure> {
         (self.make)().await.ctx("making a lock client")
+    }
+
+    /// A client of the store under the lock, when it has one; `Err(())`:
+    /// its store offers no change notifications, so its waiters poll and a
+    /// check of wake-ups has nothing to check (noted on stderr).
+    async fn waking_store(
+        &self,
+        case: &str,
+    ) -> Result<Result<Option<Arc<dyn Backend>>, ()>, Failure> {
+        let Some(open) = &self.store else {
+            return Ok(Ok(None));
+        };
+        let store = open().await.ctx("opening the store")?;
+        if store.changes().is_none() {
+            eprintln!(
+                "NOTE: fair_lock::{case}: {} offers no change notifications (its waiters \
+                 poll); nothing to check",
+                store.store_name()
+            );
+            return Ok(Err(()));
+        }
+        Ok(Ok(Some(store)))
     }
 
     /// Wait (real time, bounded) until `n` waiters are queued for `key`.
@@ -148,6 +200,31 @@ const SHORT: Duration = Duration::from_secs(2);
 fn patient() -> WaitOptions {
     WaitOptions::with_timeout(PATIENCE)
         .with_backoff(Duration::from_millis(2), Duration::from_millis(20))
+}
+
+/// Wait with no fallback poll before [`PATIENCE`] has passed twice (a
+/// waiter also looks once at its timeout): within [`PATIENCE`], such a
+/// waiter gets the lock only when something wakes it.
+fn woken_only() -> WaitOptions {
+    WaitOptions::with_timeout(PATIENCE * 2).with_backoff(PATIENCE * 4, PATIENCE * 4)
+}
+
+/// The lock `waiting` (a waiter with [`woken_only`]) got within [`PATIENCE`]:
+/// it was woken. A generous bound, as for every grant the checks wait for
+/// (a missed wake-up fails, a slow one does not).
+async fn woken(
+    mut waiting: tokio::task::JoinHandle<Result<LockHandle, LockError>>,
+    what: &str,
+) -> Result<LockHandle, Failure> {
+    match tokio::time::timeout(PATIENCE, &mut waiting).await {
+        Ok(answer) => answer.ctx("waiter panicked")?.ctx(what),
+        Err(_) => {
+            waiting.abort();
+            Err(Failure::new(format!(
+                "{what}: no grant within {PATIENCE:?} (the waiter polls no sooner): it was not woken"
+            )))
+        }
+    }
 }
 
 /// 5 workers, each 8 times: wait for the lock, read a shared counter, yield,
@@ -386,6 +463,86 @@ pub async fn fair_bad_input(env: FairEnv) -> CheckResult {
     lock.release(h).await.ctx("release")
 }
 
+/// A holder releases while one waiter waits with no fallback poll within
+/// the 20 s the check waits for its grant (and a lease whose first renewal is far off, so its ticket
+/// record was never written when it is handed the lock): the hand-over
+/// wakes it, it gets the lock with the next fence. Once in a fresh
+/// namespace, then again after a reclaim of it (etcd deletes for real from
+/// its first reclaim on, and a delete of a key that is not there is no
+/// event: a hand-over woken by one sleeps until its poll).
+pub async fn hand_over_wakes_the_next_waiter(env: FairEnv) -> CheckResult {
+    let Ok(store) = env.waking_store("hand_over_wakes_the_next_waiter").await? else {
+        return Ok(());
+    };
+    for round in ["in a fresh namespace", "after a reclaim"] {
+        if round == "after a reclaim" {
+            let Some(store) = &store else { break };
+            match store.reclaim(&ReclaimOptions::DEFAULT).await {
+                Ok(_) => {}
+                Err(Error::Unsupported { .. }) => break,
+                Err(error) => return Err(Failure::new(format!("reclaim: {error}"))),
+            }
+        }
+        let k = key("wake");
+        let (holder, waiter) = (env.client().await?, env.client().await?);
+        let h = held(holder.try_lock(&k, LONG).await, "first try_lock")?;
+        let k2 = k.clone();
+        let waiting = tokio::spawn(async move { waiter.lock_with(&k2, LONG, &woken_only()).await });
+        env.until_queued(&k, 1).await?;
+        holder.release(h.clone()).await.ctx("holder releases")?;
+        let what = format!("{round}: a waiter handed the lock by a release");
+        let got = woken(waiting, &what).await?;
+        ensure!(
+            got.fence() == h.fence() + 1,
+            "{round}: the waiter got fence {} after {}",
+            got.fence(),
+            h.fence()
+        );
+        holder.release(got).await.ctx("release by handle")?;
+    }
+    Ok(())
+}
+
+/// Dead waiters (their tasks aborted, their leases run out) ahead of a
+/// live one, more than a release's decision reads at once (40: the
+/// adapter reads 16): the release still hands the lock to the live waiter
+/// and wakes it (it has no fallback poll within the 20 s the check waits),
+/// and no dead ticket is left in line.
+pub async fn release_reaches_a_live_waiter_behind_many_dead(env: FairEnv) -> CheckResult {
+    const DEAD: usize = 40;
+    let case = "release_reaches_a_live_waiter_behind_many_dead";
+    if env.waking_store(case).await?.is_err() {
+        return Ok(());
+    }
+    let k = key("behind");
+    let holder = env.client().await?;
+    let h = held(holder.try_lock(&k, LONG).await, "first try_lock")?;
+    for n in 0..DEAD {
+        let dying = env.client().await?;
+        let k2 = k.clone();
+        let doomed = tokio::spawn(async move { dying.lock_with(&k2, SHORT, &patient()).await });
+        env.until_queued(&k, n + 1).await?;
+        doomed.abort();
+        let _ = doomed.await;
+    }
+    env.clock.advance(SHORT + Duration::from_millis(1));
+    let waiter = env.client().await?;
+    let k2 = k.clone();
+    let waiting = tokio::spawn(async move { waiter.lock_with(&k2, LONG, &woken_only()).await });
+    env.until_queued(&k, DEAD + 1).await?;
+    holder.release(h.clone()).await.ctx("holder releases")?;
+    let what = format!("a live waiter behind {DEAD} dead ones, after a release");
+    let got = woken(waiting, &what).await?;
+    ensure!(
+        got.fence() == h.fence() + 1,
+        "the live waiter got fence {} after {}",
+        got.fence(),
+        h.fence()
+    );
+    env.until_queued(&k, 0).await?;
+    holder.release(got).await.ctx("release by handle")
+}
+
 crate::__define_suite! {$
     /// The fair lock suite's one list of cases (see [`crate::__define_suite!`]).
     __fair_lock_suite "fair_lock";
@@ -404,4 +561,6 @@ crate::__define_suite! {$
     dead_holder_and_ticket_expire,
     fair_fences_increase,
     fair_bad_input,
+    hand_over_wakes_the_next_waiter,
+    release_reaches_a_live_waiter_behind_many_dead,
 }

@@ -23,6 +23,9 @@
 //! - [`late_commit_board_prune`]: retention removes an expired task, and
 //!   every task waiting on it stays claimable, whatever txn of the removal
 //!   (marking waiters met, in batches, then deleting) lands late;
+//! - [`late_add_across_prune`]: an add whose answer was lost and whose
+//!   original txn is held back while the resend's task is claimed,
+//!   completed and pruned never brings the task back when it lands;
 //! - [`indeterminate_forever_ends`]: txns lost again and again end, with backoff, in "indeterminate";
 //! - [`hung_writes_time_out`]: a write partition where txns hang ends in "indeterminate";
 //! - [`failed_confirmation_rereads`]: a failed assert-only confirmation is answered from a fresh read.
@@ -604,6 +607,63 @@ pub async fn late_commit_board_prune(factory: BackendFactory) -> CheckResult {
     Ok(())
 }
 
+/// An `add` whose answer is lost: the engine's resend applies, the task is
+/// claimed, completed and pruned ("missing" holds again), and only then the
+/// original txn, held back in the server, lands. It must not bring the task
+/// back: the pruned task would run a second time (its new claim fences are
+/// above the old ones, so a fenced downstream would accept them).
+pub async fn late_add_across_prune(factory: BackendFactory) -> CheckResult {
+    use coord_adapters::board::BoardOptions;
+    use coord_backend::ManualClock;
+    const WINDOW: Duration = Duration::from_secs(3600);
+    for warm in [false, true] {
+        let (faulty, store) = wrapped(&factory, "late_add_prune", 7).await?;
+        let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+        let options = BoardOptions::default().with_clock(clock.clone());
+        let plain = BoardAdapter::with_options(store.clone(), options.clone());
+        let adder = BoardAdapter::with_options(faulty.clone(), options);
+        let context = format!("late add across a prune (warm {warm})");
+        if warm {
+            // Another task completed and pruned first: the adder's engine
+            // starts from remembered records, not from guesses.
+            adder.add(TaskSpec::new("first", b"p".to_vec())).await?;
+            let claim = plain.claim("first", "agent", TTL).await?;
+            plain
+                .complete("first", &claim.token, b"ok".to_vec())
+                .await?;
+            clock.advance(WINDOW * 2);
+            plain.prune(&PruneOptions::after(WINDOW)).await?;
+            // The adder learns the removal count the prune moved on.
+            adder.add(TaskSpec::new("second", b"p".to_vec())).await?;
+        }
+        // Held back until flushed: the resend is the copy that applies.
+        faulty.once(
+            Target::WritingTxn,
+            Fault::LateCommit {
+                after_calls: u32::MAX,
+            },
+        );
+        let added = adder.add(TaskSpec::new("t", b"p".to_vec())).await;
+        // The resend asserts what the original asserted, and nothing moved
+        // in between: it applies, so the add is answered Ok.
+        ensure!(added.is_ok(), "{context}: add answered {added:?}");
+        ensure!(faulty.held_back() == 1, "{context}: no txn was held back");
+        let claim = plain.claim("t", "agent", TTL).await?;
+        plain.complete("t", &claim.token, b"ok".to_vec()).await?;
+        clock.advance(WINDOW * 2);
+        let pruned = plain.prune(&PruneOptions::after(WINDOW)).await?;
+        ensure!(pruned.removed == 1, "{context}: prune removed {pruned:?}");
+        faulty.flush().await;
+        let again = plain.get("t").await;
+        ensure!(
+            matches!(again, Err(BoardError::NotFound { .. })),
+            "{context}: the original add landed after the prune and brought the \
+             completed task back: {again:?}"
+        );
+    }
+    Ok(())
+}
+
 /// Txns whose answers are lost again and again, never applying: the
 /// decision ends (bounded, with backoff) in "indeterminate".
 pub async fn indeterminate_forever_ends(factory: BackendFactory) -> CheckResult {
@@ -713,6 +773,7 @@ crate::__define_suite! {$
     late_commit_fenced_sink,
     late_commit_prune,
     late_commit_board_prune,
+    late_add_across_prune,
     indeterminate_forever_ends,
     hung_writes_time_out,
     failed_confirmation_rereads,

@@ -195,6 +195,8 @@ pub struct FaultyBackend {
     state: Mutex<State>,
     paused: PauseSwitch,
     fired: AtomicU64,
+    /// Calls answered `Indeterminate` whose txn applied or may still apply.
+    answered_in_doubt: AtomicU64,
     /// Calls begun and not yet answered (or dropped).
     in_flight: AtomicU64,
 }
@@ -224,6 +226,7 @@ impl FaultyBackend {
             }),
             paused: PauseSwitch::default(),
             fired: AtomicU64::new(0),
+            answered_in_doubt: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
         }
     }
@@ -299,6 +302,24 @@ impl FaultyBackend {
     /// it did not already learn of.
     pub fn outcome_pending(&self) -> bool {
         self.in_flight.load(Ordering::SeqCst) > 0 || !self.state().deferred.is_empty()
+    }
+
+    /// How many calls so far were answered `Indeterminate` while their txn
+    /// applied or may still apply ([`Fault::LoseReply`], [`Fault::LateCommit`]).
+    /// A caller that drops a future between calls after this moved during
+    /// the future's life cannot know what it left behind: the engine may
+    /// have been settling that doubt (backing off before a resend) when
+    /// it was dropped. See [`FaultyBackend::drop_leaves_doubt`].
+    pub fn answered_in_doubt(&self) -> u64 {
+        self.answered_in_doubt.load(Ordering::SeqCst)
+    }
+
+    /// Whether dropping a future that began when
+    /// [`answered_in_doubt`](Self::answered_in_doubt) was `before` may leave
+    /// a change nobody learned of: a call is under way or held back, or one
+    /// of its calls was answered in doubt.
+    pub fn drop_leaves_doubt(&self, before: u64) -> bool {
+        self.outcome_pending() || self.answered_in_doubt() > before
     }
 
     /// How many faults fired so far.
@@ -450,12 +471,14 @@ impl FaultyBackend {
             }),
             Some(Fault::LoseReply) => {
                 let _ = apply().await;
+                self.answered_in_doubt.fetch_add(1, Ordering::SeqCst);
                 Err(lost("injected: applied, reply lost"))
             }
             Some(Fault::LateCommit { after_calls }) => {
                 if let Some(mut txn) = defer {
                     txn.calls_left = after_calls;
                     self.state().deferred.push(txn);
+                    self.answered_in_doubt.fetch_add(1, Ordering::SeqCst);
                 }
                 // Not counted as a completed call: the held-back txn waits for later ones.
                 return Err(lost("injected: reply lost, the txn lands later"));

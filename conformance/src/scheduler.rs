@@ -27,7 +27,16 @@
 //!   and does not block a later claim;
 //! - [`manual_runs_not_deduplicated`]: manual runs at one instant are all recorded;
 //! - [`dedupe_window_refusal`]: a store that forgets claims declares it, and the
-//!   scheduler refuses jobs whose jitter + max lateness is not below it.
+//!   scheduler refuses jobs whose jitter + max lateness is not below it;
+//! - [`running_slot_below_the_floor`]: a slot still running when a later one
+//!   was forgotten stays its owner's (a retried claim wins), can be taken over
+//!   once expired, and leaves no running entry behind once finished; a
+//!   forgotten slot stays refused;
+//! - [`abandoned_run_forgotten`]: a run whose lease ended longer than the
+//!   window ago without a finish or a takeover is forgotten by `prune` (no
+//!   longer active, not shown running), and stays refused to everyone, its
+//!   owner included; a live run, and one whose lease ended inside the
+//!   window, stay.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -129,6 +138,34 @@ async fn must_claim(store: &dyn SlotStore, request: &ClaimRequest) -> CheckResul
         request.slot,
         request.job
     );
+    Ok(())
+}
+
+/// The heartbeat, finish and release of the old holder `token` of
+/// `(job, slot)` are each refused as [`NotOwner`](coord_scheduler::RunError::NotOwner).
+async fn refused_to_old_holder(
+    store: &dyn SlotStore,
+    job: &str,
+    slot: u64,
+    token: &str,
+    when: &str,
+) -> CheckResult {
+    for (what, result) in [
+        (
+            "heartbeat",
+            store.heartbeat(job, slot, token, TTL).await.map(|_| ()),
+        ),
+        (
+            "finish",
+            store.finish(job, slot, token, FinalStatus::Succeeded).await,
+        ),
+        ("release", store.release(job, slot, token).await),
+    ] {
+        ensure!(
+            matches!(result, Err(coord_scheduler::RunError::NotOwner { .. })),
+            "the old holder's {what} {when} was not refused: {result:?}"
+        );
+    }
     Ok(())
 }
 
@@ -387,22 +424,7 @@ pub async fn takeover_after_expiry(env: &SchedulerEnv) -> CheckResult {
         taken.outcome == ClaimOutcome::TakenOver && taken.takeovers == 1,
         "the takeover is not recorded as one: {taken:?}"
     );
-    for (what, result) in [
-        (
-            "heartbeat",
-            a.heartbeat(job, T0, "ta", TTL).await.map(|_| ()),
-        ),
-        (
-            "finish",
-            a.finish(job, T0, "ta", FinalStatus::Succeeded).await,
-        ),
-        ("release", a.release(job, T0, "ta").await),
-    ] {
-        ensure!(
-            matches!(result, Err(coord_scheduler::RunError::NotOwner { .. })),
-            "the old holder's {what} after a takeover was not refused: {result:?}"
-        );
-    }
+    refused_to_old_holder(&*a, job, T0, "ta", "after a takeover").await?;
     winner
         .finish(job, T0, winner_token, FinalStatus::Succeeded)
         .await?;
@@ -670,6 +692,138 @@ pub async fn dedupe_window_refusal(env: &SchedulerEnv) -> CheckResult {
     Ok(())
 }
 
+/// Two clients of a fresh namespace named after `prefix` whose run stores
+/// forget claims after a minute, sharing one clock at [`T0`].
+async fn forgetful_pair(
+    env: &SchedulerEnv,
+    prefix: &str,
+) -> Result<(Arc<ManualClock>, Arc<dyn SlotStore>, Arc<dyn SlotStore>), Failure> {
+    let ns = unique_namespace(prefix);
+    let clock = clock_at(T0);
+    let options =
+        RunStoreOptions::default().with_forget_claims_after(Some(Duration::from_secs(60)));
+    let a = env.store(&ns, clock.clone(), options.clone()).await?;
+    let b = env.store(&ns, clock.clone(), options).await?;
+    Ok((clock, a, b))
+}
+
+/// A store that forgets claims keeps a floor below which slots are never
+/// claimable again; a slot that was still running when a later slot was
+/// forgotten sits below that floor. Its owner retrying its claim (same
+/// token) still owns it, a backup takes it over once its lease expired, the
+/// finished run leaves `active()`, and the forgotten slot stays refused.
+pub async fn running_slot_below_the_floor(env: &SchedulerEnv) -> CheckResult {
+    let (clock, a, b) = forgetful_pair(env, "sched_floor").await?;
+    let job = "floor";
+    let (old, forgotten) = (T0, T0 + 1_000);
+    let overlapping = |slot, token: &str, instance: &str| {
+        req(job, slot, token, instance).with_allow_overlap(true)
+    };
+    must_claim(&*a, &overlapping(old, "ta", "a")).await?;
+    must_claim(&*a, &overlapping(forgotten, "tf", "a")).await?;
+    a.finish(job, forgotten, "tf", FinalStatus::Succeeded)
+        .await?;
+    // Keep the old slot's run alive past the window, then forget the later one.
+    for _ in 0..7 {
+        clock.advance(Duration::from_secs(9));
+        a.heartbeat(job, old, "ta", TTL).await?;
+    }
+    let pruned = a.prune(job).await?;
+    ensure!(
+        pruned == 1,
+        "prune forgot {pruned} claims, not the one finished slot"
+    );
+    let refused = b.claim(&overlapping(forgotten, "tb0", "b")).await?;
+    ensure!(
+        !refused.won && refused.outcome == ClaimOutcome::Done,
+        "a forgotten slot was claimable again: {refused:?}"
+    );
+    let retried = a.claim(&overlapping(old, "ta", "a")).await?;
+    ensure!(
+        retried.won && retried.outcome == ClaimOutcome::Won,
+        "the owner of a running slot below the floor retried its claim and lost it: {retried:?}"
+    );
+    let early = b.claim(&overlapping(old, "tb", "b")).await?;
+    ensure!(
+        !early.won && early.outcome == ClaimOutcome::Running,
+        "a live run below the floor was not reported running: {early:?}"
+    );
+    clock.advance(TTL + Duration::from_secs(1));
+    let taken = b.claim(&overlapping(old, "tb", "b")).await?;
+    ensure!(
+        taken.won && taken.outcome == ClaimOutcome::TakenOver,
+        "an expired run below the floor could not be taken over: {taken:?}"
+    );
+    b.finish(job, old, "tb", FinalStatus::Succeeded).await?;
+    let active = a.active(job).await?;
+    ensure!(
+        active.is_empty(),
+        "a finished run below the floor is still active: {active:?}"
+    );
+    Ok(())
+}
+
+/// A run whose holder died (its lease ended and nobody took it over) is
+/// forgotten once its lease ended longer than the window ago, like a finished
+/// run: `prune` removes it, it leaves `active()`, history no longer shows it
+/// running, and the slot is refused for good, to its late owner (heartbeat,
+/// finish, a retried claim) as to anyone. A live run, and an expired one
+/// whose lease ended inside the window, stay.
+pub async fn abandoned_run_forgotten(env: &SchedulerEnv) -> CheckResult {
+    let (clock, a, b) = forgetful_pair(env, "sched_abandoned").await?;
+    let job = "abandoned";
+    let (dead, live, recent) = (T0, T0 + 1_000, T0 + 2_000);
+    let overlapping = |slot, token: &str, instance: &str| {
+        req(job, slot, token, instance).with_allow_overlap(true)
+    };
+    // `dead` is claimed and never heard of again; `live` heartbeats all
+    // along; `recent` is claimed later and left to expire inside the window.
+    must_claim(&*a, &overlapping(dead, "td", "a")).await?;
+    must_claim(&*a, &overlapping(live, "tl", "a")).await?;
+    for step in 0..8 {
+        clock.advance(Duration::from_secs(9));
+        a.heartbeat(job, live, "tl", TTL).await?;
+        if step == 1 {
+            must_claim(&*b, &overlapping(recent, "tr", "b")).await?;
+        }
+    }
+    // Now T0 + 72 s: dead's lease ended at T0 + 10 s (before the horizon,
+    // T0 + 12 s), recent's at T0 + 28 s (after it), live's is live.
+    let pruned = b.prune(job).await?;
+    ensure!(
+        pruned == 1,
+        "prune forgot {pruned} claims, not the one run abandoned longer than the window ago"
+    );
+    let mut active: Vec<u64> = a.active(job).await?.iter().map(|r| r.slot).collect();
+    active.sort_unstable();
+    ensure!(
+        active == [live, recent],
+        "active runs after forgetting the abandoned one: {active:?} (expected the live and the recent one)"
+    );
+    let history = b.history(job, 10).await?;
+    let shown = history.iter().find(|r| r.slot == dead && !r.manual);
+    ensure!(
+        shown.is_none_or(|r| r.status != RunStatus::Running),
+        "history still shows the forgotten run running: {shown:?}"
+    );
+    refused_to_old_holder(&*a, job, dead, "td", "after its run was forgotten").await?;
+    for (who, token) in [(&a, "td"), (&b, "tb")] {
+        let claim = who.claim(&overlapping(dead, token, "x")).await?;
+        ensure!(
+            !claim.won && claim.outcome == ClaimOutcome::Done,
+            "a forgotten run was claimable again: {claim:?}"
+        );
+    }
+    a.heartbeat(job, live, "tl", TTL).await?;
+    a.finish(job, live, "tl", FinalStatus::Succeeded).await?;
+    let taken = a.claim(&overlapping(recent, "ta", "a")).await?;
+    ensure!(
+        taken.won && taken.outcome == ClaimOutcome::TakenOver,
+        "a run expired inside the window could not be taken over: {taken:?}"
+    );
+    Ok(())
+}
+
 crate::__define_suite! {$
     /// The scheduler suite's one list of cases (see [`crate::__define_suite!`]).
     __scheduler_suite "scheduler" |factory, check, name| async move { check(&SchedulerEnv::new(factory)).await };
@@ -690,4 +844,6 @@ crate::__define_suite! {$
     skip_recorded_once,
     manual_runs_not_deduplicated,
     dedupe_window_refusal,
+    running_slot_below_the_floor,
+    abandoned_run_forgotten,
 }

@@ -35,6 +35,9 @@ enum Flaw {
     /// against the versions read when it started (before it waited), asserts
     /// on written keys against the current ones (first committer wins).
     SnapshotIsolation,
+    /// An applied txn reports each put's version as one past its assert
+    /// (a guess: wrong for a key created again after a delete).
+    ReportsGuessedVersions,
     /// A reclaim removes tombstones but leaves the floor where it was.
     ReclaimForgetsFloor,
     /// A reclaim removes tombstones, lets go of the store, then raises the
@@ -214,6 +217,18 @@ impl Backend for FlawedStore {
             return Ok(self.rejected(&cells, asserts));
         }
         self.apply(&mut cells, mutations);
+        if self.flaw == Flaw::ReportsGuessedVersions {
+            let guessed = mutations
+                .iter()
+                .filter(|m| matches!(m, Mutation::Put { .. }))
+                .map(|m| {
+                    let asserted = asserts.iter().find(|a| a.key == m.key());
+                    let before = asserted.map_or(0, |a| a.version.0);
+                    (m.key().to_owned(), Version(before + 1))
+                })
+                .collect();
+            return Ok(TxnOutcome::applied_at(guessed));
+        }
         Ok(TxnOutcome::applied())
     }
 
@@ -372,6 +387,23 @@ caught! {
         "completed_tasks_go_after_the_window",
     ];
     reclaim_that_races_a_create_is_caught: ReclaimRacesCreate, ["reclaim_races_create"];
+    guessed_written_versions_are_caught: ReportsGuessedVersions, ["reported_versions_are_stored"];
+}
+
+/// The check of stores that report every put's version (not in the suite)
+/// goes red on a store that reports nothing (the control) and on one that
+/// guesses.
+#[tokio::test]
+async fn unreported_or_guessed_put_versions_are_caught() {
+    for flaw in [Flaw::None, Flaw::ReportsGuessedVersions] {
+        let namespace = coord_conformance::unique_namespace("every_put");
+        let backend = flawed(flaw)(namespace).await.expect("flawed store");
+        let result = coord_conformance::backend::every_put_reports_its_version(backend).await;
+        match result {
+            Ok(()) => panic!("{flaw:?} passed every_put_reports_its_version"),
+            Err(failure) => println!("{flaw:?}: {}", failure.message),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -39,6 +39,8 @@ struct FairBugs {
     try_lock_jumps_queue: bool,
     /// Grants reuse the last fence.
     fence_not_bumped: bool,
+    /// A release wakes nobody: waiters learn of it at their fallback poll.
+    wakes_nobody: bool,
 }
 
 #[derive(Default)]
@@ -193,7 +195,12 @@ impl Lock for BuggyFairLock {
                     });
                 }
             }
-            tokio::time::sleep(Duration::from_millis(2)).await;
+            let poll = if self.bugs.wakes_nobody {
+                wait.base_backoff
+            } else {
+                Duration::from_millis(2)
+            };
+            tokio::time::sleep_until((tokio::time::Instant::now() + poll).min(deadline)).await;
         }
     }
 }
@@ -429,6 +436,13 @@ async fn fair_lock_suite_red_on_each_bug() {
         (
             |b| b.fence_not_bumped = true,
             &["fair_fences_increase", "fair_mutual_exclusion"],
+        ),
+        (
+            |b| b.wakes_nobody = true,
+            &[
+                "hand_over_wakes_the_next_waiter",
+                "release_reaches_a_live_waiter_behind_many_dead",
+            ],
         ),
     ];
     red_on_each_bug(&fair_suite::checks(), BuggyFairLock::env, reds).await;

@@ -8,3 +8,14 @@ mod common;
 use common::memory;
 
 coord_conformance::all_suites_tests!(memory());
+
+/// The memory store reports the version of every put (the check stores
+/// that do so run from their own tests).
+#[tokio::test]
+async fn every_put_reports_its_version() {
+    let namespace = coord_conformance::unique_namespace("every_put");
+    let backend = memory()(namespace).await.expect("memory store");
+    if let Err(failure) = coord_conformance::backend::every_put_reports_its_version(backend).await {
+        panic!("{}", failure.message);
+    }
+}

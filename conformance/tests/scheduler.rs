@@ -83,6 +83,12 @@ enum Flaw {
     SkipAlwaysRecorded,
     /// Drops a second manual run at the same instant.
     DedupesManual,
+    /// Refuses every slot below the forgotten ones as done, running or not.
+    FloorFirst,
+    /// Prunes by a clock a window behind: keeps runs abandoned longer than the window ago.
+    PrunesBehind,
+    /// Prunes by a clock an hour ahead: forgets live runs.
+    PrunesAhead,
     /// None: the double must pass everything.
     Honest,
 }
@@ -93,6 +99,26 @@ struct Broken {
     flaw: Flaw,
     /// Winning tokens, shared by every client of one maker (UncheckedOwner).
     holders: Arc<Mutex<HashMap<(String, Slot), String>>>,
+    /// Per job, one above the newest finished slot a prune forgot (FloorFirst).
+    floors: Arc<Mutex<HashMap<String, Slot>>>,
+    /// The store `prune` goes through: `inner`'s, on a shifted clock (PrunesBehind, PrunesAhead).
+    pruner: Option<RunStore>,
+}
+
+/// A clock `shift_ms` away from another.
+#[derive(Debug)]
+struct Shifted(Arc<dyn Clock>, i64);
+
+impl Clock for Shifted {
+    fn now(&self) -> std::time::SystemTime {
+        let base = self.0.now();
+        let shift = Duration::from_millis(self.1.unsigned_abs());
+        if self.1 < 0 {
+            base - shift
+        } else {
+            base + shift
+        }
+    }
 }
 
 impl Broken {
@@ -121,6 +147,12 @@ impl SlotStore for Broken {
             Flaw::FreshTokenPerClaim => request.token = coord_adapters::mint_token(),
             Flaw::IgnoresOverlap => request.allow_overlap = true,
             _ => {}
+        }
+        let floor = self.floors.lock().unwrap().get(&request.job).copied();
+        if self.flaw == Flaw::FloorFirst && floor.is_some_and(|f| request.slot < f) {
+            // What the store answers for a forgotten slot (slot 0 never ran).
+            request.slot = 0;
+            return self.inner.claim(&request).await;
         }
         let claim = self.inner.claim(&request).await?;
         if claim.won {
@@ -186,15 +218,50 @@ impl SlotStore for Broken {
         all.truncate(limit);
         Ok(all)
     }
+    async fn prune(&self, job: &str) -> Result<usize, RunError> {
+        let finished = self.inner.history(job, usize::MAX).await?;
+        let pruned = self
+            .pruner
+            .as_ref()
+            .unwrap_or(&self.inner)
+            .prune(job)
+            .await?;
+        if pruned > 0 {
+            let newest = finished
+                .iter()
+                .filter(|r| r.status != RunStatus::Running)
+                .map(|r| r.slot + 1)
+                .max();
+            if let Some(floor) = newest {
+                self.floors.lock().unwrap().insert(job.to_owned(), floor);
+            }
+        }
+        Ok(pruned)
+    }
 }
 
 fn broken(flaw: Flaw) -> SchedulerEnv {
     let holders = Arc::new(Mutex::new(HashMap::new()));
-    let maker: StoreMaker = Arc::new(move |backend, clock, options| {
+    let floors = Arc::new(Mutex::new(HashMap::new()));
+    let maker: StoreMaker = Arc::new(move |backend, clock, options: RunStoreOptions| {
+        let window = options.forget_claims_after.unwrap_or_default();
+        let shift = match flaw {
+            Flaw::PrunesBehind => -i64::try_from(window.as_millis()).unwrap(),
+            Flaw::PrunesAhead => 3_600_000,
+            _ => 0,
+        };
+        let pruner = (shift != 0)
+            .then(|| {
+                let shifted = Arc::new(Shifted(clock.clone(), shift));
+                RunStore::new(backend.clone(), shifted, options.clone())
+            })
+            .transpose()?;
         Ok(Arc::new(Broken {
             inner: RunStore::new(backend, clock, options)?,
             flaw,
             holders: holders.clone(),
+            floors: floors.clone(),
+            pruner,
         }) as Arc<dyn SlotStore>)
     });
     SchedulerEnv::new(memory()).with_stores(maker)
@@ -213,6 +280,8 @@ async fn run_check(name: &str, env: &SchedulerEnv) -> CheckResult {
         "skip_recorded_once" => suite::skip_recorded_once(env).await,
         "manual_runs_not_deduplicated" => suite::manual_runs_not_deduplicated(env).await,
         "dedupe_window_refusal" => suite::dedupe_window_refusal(env).await,
+        "running_slot_below_the_floor" => suite::running_slot_below_the_floor(env).await,
+        "abandoned_run_forgotten" => suite::abandoned_run_forgotten(env).await,
         other => panic!("unknown check {other}"),
     }
 }
@@ -284,6 +353,21 @@ async fn red_on_the_other_flaws() {
             Flaw::DedupesManual,
             "deduplicated manual runs",
             "manual_runs_not_deduplicated",
+        ),
+        (
+            Flaw::FloorFirst,
+            "a floor that refuses running slots",
+            "running_slot_below_the_floor",
+        ),
+        (
+            Flaw::PrunesBehind,
+            "a prune that keeps abandoned runs",
+            "abandoned_run_forgotten",
+        ),
+        (
+            Flaw::PrunesAhead,
+            "a prune that forgets live runs",
+            "abandoned_run_forgotten",
         ),
     ] {
         assert_red(&broken(flaw), what, &[check]).await;
@@ -607,6 +691,44 @@ async fn two_instances_run_each_slot_once_and_overlap_waits() {
     a.scheduler.wait_idle().await;
     b.scheduler.wait_idle().await;
     assert_eq!(slots_run(&log), BTreeMap::from([(T0 - SEC, 1), (T0, 1)]));
+}
+
+/// A lease of `Duration::MAX` (a run nobody takes over while it lasts):
+/// the run starts, heartbeats and finishes, and another instance follows it,
+/// without an instant overflowing anywhere.
+#[tokio::test(start_paused = true)]
+async fn a_lease_of_duration_max_runs_and_is_followed() {
+    let log: RunLog = Arc::default();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let [a, b] = instances("forever_lease", ["a", "b"], T0);
+    let opts = JobOptions::default().with_lease_ttl(Duration::MAX);
+    for instance in [&a, &b] {
+        let name = instance.scheduler.instance_id().to_owned();
+        instance
+            .scheduler
+            .add_job(every("every 1h", opts.clone(), gated(&log, &gate, &name)))
+            .unwrap();
+    }
+    let slot = Schedule::parse("every 1h", None)
+        .unwrap()
+        .next_after(T0)
+        .unwrap();
+    for instance in [&a, &b] {
+        instance.clock.set(UNIX_EPOCH + Duration::from_millis(slot));
+    }
+    let ra = a.scheduler.tick_at(slot).await;
+    assert_eq!(started_slots(&ra), vec![slot], "{ra:?}");
+    let rb = b.scheduler.tick_at(slot).await;
+    assert!(
+        matches!(rb.events[0].action, TickAction::HeldElsewhere { .. }),
+        "{rb:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(3_600)).await;
+    gate.add_permits(2);
+    a.scheduler.wait_idle().await;
+    let history = a.store.history("job", 1).await.unwrap();
+    assert_eq!(history[0].status, RunStatus::Succeeded, "{history:?}");
+    assert_eq!(slots_run(&log), BTreeMap::from([(slot, 1)]));
 }
 
 /// A holder cut off from the store (its heartbeats hang) is taken over by a

@@ -15,6 +15,7 @@
 //! - [`snapshot_consistency`]: a snapshot never sees a multi-key txn half applied;
 //! - [`disjoint_write_skew`]: two txns asserting `{A, B}`, one writing A and one B, never both commit;
 //! - [`version_monotonic`]: +1 per write, deletes too, never reused after a re-create (ABA);
+//! - [`reported_versions_are_stored`]: versions an applied txn reports for its puts are the stored ones;
 //! - [`assert_missing`]: create-if-missing, also after a delete;
 //! - [`all_or_nothing`]: one false assert writes nothing; puts and deletes of one txn apply together;
 //! - [`rejected_txn_current`]: a rejected txn returns the true current entries of the asserted keys;
@@ -24,6 +25,9 @@
 //! - [`bad_input`]: [`Error::InvalidInput`](coord_backend::Error::InvalidInput) and nothing stored changes;
 //! - [`large_values`]: a value of exactly the size limit, and an empty value, round-trip byte-exact;
 //! - [`model_sequences`]: random sequences of the three primitives against a reference model (proptest, shrinking).
+//!
+//! Not in the suite, for stores that report the version of every put (run from their own tests):
+//! [`every_put_reports_its_version`], also over a tombstone and after a reclaim.
 //!
 //! The boundary: these checks observe a store only through the [`Backend`]
 //! trait. What the trait cannot show (durability, replication, behaviour when
@@ -52,7 +56,10 @@ pub use races::{
     SnapshotRace,
 };
 pub use reads::{keys_literal_prefix, namespace_isolation, snapshot_semantics};
-pub use txn::{all_or_nothing, assert_missing, rejected_txn_current, version_monotonic};
+pub use txn::{
+    all_or_nothing, assert_missing, every_put_reports_its_version, rejected_txn_current,
+    reported_versions_are_stored, version_monotonic,
+};
 
 use races::{
     case_concurrent_txn, case_disjoint_write_skew, case_increment_race, case_snapshot_consistency,
@@ -172,6 +179,7 @@ crate::__define_suite! {$
     snapshot_consistency => |factory| case_snapshot_consistency(factory),
     disjoint_write_skew => |factory| case_disjoint_write_skew(factory),
     version_monotonic,
+    reported_versions_are_stored,
     assert_missing,
     all_or_nothing,
     rejected_txn_current,

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use coord_backend::{Assert, Backend, Entry, Mutation, Version};
 
-use super::{get, must_apply, must_create, must_reject, names, require_empty, set_up};
-use crate::{ensure, CheckResult};
+use super::{applied, get, must_apply, must_create, must_reject, names, require_empty, set_up};
+use crate::{ensure, CheckResult, Failure};
 
 /// Versions move by exactly 1 per write (put or delete), a deleted key reads
 /// as missing, deleting a missing key is allowed and still counts, and after a
@@ -353,6 +353,125 @@ pub async fn rejected_txn_current(backend: Arc<dyn Backend>) -> CheckResult {
     ensure!(
         current == expected,
         "after a moved to v3, a rejected txn returned {current:?} (expected {expected:?})"
+    );
+    Ok(())
+}
+
+/// An applied txn that reports the versions it gave the keys it put
+/// ([`TxnOutcome::written`](coord_backend::TxnOutcome)) reports the stored
+/// ones: for a new key, a key put again, and a key created again after a
+/// delete (whose hidden counter moved on, so "1" would be wrong). A store
+/// may report nothing.
+pub async fn reported_versions_are_stored(backend: Arc<dyn Backend>) -> CheckResult {
+    let backend = &*backend;
+    require_empty(backend, "reported_versions_are_stored").await?;
+    lifecycle_reports(backend, "reported", false).await?;
+    Ok(())
+}
+
+/// Create `key`, put it again, delete it and create it over its tombstone,
+/// each asserting the version read before; every version a txn reports must
+/// be the one read after, none for the delete, and, when `every`, each put
+/// must report one. The key's last version.
+async fn lifecycle_reports(
+    backend: &dyn Backend,
+    key: &str,
+    every: bool,
+) -> Result<Version, Failure> {
+    let mut at = Version::MISSING;
+    for step in ["create", "put again", "delete", "create over the tombstone"] {
+        let mutation = if step == "delete" {
+            Mutation::delete(key)
+        } else {
+            Mutation::put(key, step.as_bytes().to_vec())
+        };
+        let outcome = applied(backend, &[Assert::at(key, at)], &[mutation], step).await?;
+        at = get(backend, key).await?.version;
+        for (written, version) in &outcome.written {
+            ensure!(
+                written == key && step != "delete",
+                "{step}: the txn reports a version for {written:?}, which it did not put"
+            );
+            ensure!(
+                *version == at,
+                "{step}: the txn reports {written:?} at {version}, the store holds it at {at}"
+            );
+        }
+        ensure!(
+            !every || step == "delete" || !outcome.written.is_empty(),
+            "{step}: the txn reports no version for {key:?} (the store holds it at {at})"
+        );
+    }
+    Ok(at)
+}
+
+/// For a store that reports every put's version (not part of the suite: the
+/// contract lets a store report none, and etcd reports only asserted puts;
+/// the memory, SQLite, Redis and PostgreSQL stores run it from their own
+/// tests): every put of an applied txn is reported, at exactly the version a
+/// later read returns, and no delete is. Covers a new key, a key put again, a
+/// key created over its tombstone, and, where the store reclaims, one txn
+/// after a reclaim raised the namespace's floor that creates a reclaimed key,
+/// puts a never-written key without asserting it, puts a live key and
+/// deletes one.
+pub async fn every_put_reports_its_version(backend: Arc<dyn Backend>) -> CheckResult {
+    let backend = &*backend;
+    require_empty(backend, "every_put_reports_its_version").await?;
+    let key = "reported";
+    let at = lifecycle_reports(backend, key, true).await?;
+
+    // A floor above 0: a key deleted, then reclaimed.
+    let gone = "reclaimed";
+    applied(
+        backend,
+        &[],
+        &[Mutation::put(gone, "x")],
+        "put of the key to reclaim",
+    )
+    .await?;
+    let version = get(backend, gone).await?.version;
+    let delete = [Mutation::delete(gone)];
+    applied(
+        backend,
+        &[Assert::at(gone, version)],
+        &delete,
+        "delete of the key to reclaim",
+    )
+    .await?;
+    match backend
+        .reclaim(&coord_backend::ReclaimOptions::DEFAULT)
+        .await
+    {
+        Ok(_) | Err(coord_backend::Error::Unsupported { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let (blind, doomed) = ("blind", "doomed");
+    set_up(backend, &[Mutation::put(doomed, "d")]).await?;
+    let doomed_at = get(backend, doomed).await?.version;
+    let asserts = [
+        Assert::missing(gone),
+        Assert::at(key, at),
+        Assert::at(doomed, doomed_at),
+    ];
+    let mutations = [
+        Mutation::put(gone, "again"),
+        Mutation::put(blind, "unasserted"),
+        Mutation::put(key, "live"),
+        Mutation::delete(doomed),
+    ];
+    let outcome = applied(backend, &asserts, &mutations, "one txn after a reclaim").await?;
+    let mut want = Vec::new();
+    for put in [gone, blind, key] {
+        want.push((put.to_owned(), get(backend, put).await?.version));
+    }
+    let mut got = outcome.written.clone();
+    got.sort();
+    want.sort();
+    ensure!(
+        got == want,
+        "after a reclaim, a txn creating {gone:?}, putting {blind:?} unasserted, putting \
+         {key:?} and deleting {doomed:?} reports {:?}; the store holds {want:?}",
+        outcome.written
     );
     Ok(())
 }

@@ -346,7 +346,7 @@ pub async fn board_pruners_race(backends: BackendFactory, pruner: BoardPruner) -
     );
     let index = backend.keys("board/done/").await?;
     ensure!(
-        index == ["board/done/cursor"],
+        index == ["board/done/cursor", "board/done/removed"],
         "index entries left after pruning: {index:?}"
     );
     Ok(())

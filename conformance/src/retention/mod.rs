@@ -10,6 +10,9 @@
 //!   above every fence its resource issued;
 //! - [`pruners_race`]: three pruners on separate clients remove every
 //!   expired key exactly once between them, and leave no index entry;
+//! - [`skewed_clocks_leave_nothing_behind`]: a key completed by an
+//!   instance whose clock is behind the one that created the index's
+//!   cursor is still counted and removed (no entry below the cursor);
 //! - [`prune_is_bounded`]: one pass removes at most its budget and says when
 //!   more is left;
 //! - [`attention_index_follows_state`]: `open_keys` (what `coordctl inspect`
@@ -252,6 +255,61 @@ pub async fn pruners_race(backends: BackendFactory, pruner: Pruner) -> CheckResu
     Ok(())
 }
 
+/// A key completed by an instance whose clock runs two minutes behind the
+/// one that completed first (and so created the index's cursor at its own
+/// minute) is counted by `prune_candidates` and removed like any other: no
+/// index entry is written below the cursor, where no prune would look.
+pub async fn skewed_clocks_leave_nothing_behind(
+    backends: BackendFactory,
+    pruner: Pruner,
+) -> CheckResult {
+    let fx = Fixture::new(backends, "retention_skew");
+    fx.complete("on-time", "res").await?;
+    let behind = Arc::new(ManualClock::at_millis(START_MILLIS - 120_000));
+    let late = Arc::new(SideEffectAdapter::with_clock(
+        fx.backend().await?,
+        behind.clone(),
+    ));
+    let done = Runner::new(late.clone())
+        .execute(&Action::new("behind", "res"), TTL, |_| async {
+            Ok::<_, std::io::Error>(EffectResult::from(&b"done"[..]))
+        })
+        .await?;
+    ensure!(
+        done.outcome == Outcome::Applied,
+        "running a key on the clock behind answered {:?}",
+        done.outcome
+    );
+    let later = WINDOW + Duration::from_secs(600);
+    fx.clock.advance(later);
+    behind.advance(later);
+    let options = PruneOptions::after(WINDOW);
+    let due = fx.adapter().await?.prune_candidates(&options).await?;
+    ensure!(
+        due.removed == 2,
+        "prune_candidates counts {} of the 2 expired keys",
+        due.removed
+    );
+    let mut removed = 0;
+    for _ in 0..5 {
+        let pass = fx.prune(&pruner, options).await?;
+        removed += pass.removed;
+        if !pass.more {
+            break;
+        }
+    }
+    ensure!(
+        removed == 2,
+        "prunes removed {removed} of the 2 expired keys"
+    );
+    let index = fx.backend().await?.keys("se/done/").await?;
+    ensure!(
+        index == vec!["se/done/cursor".to_owned()],
+        "index entries left after pruning: {index:?}"
+    );
+    Ok(())
+}
+
 /// One pass removes at most its budget and says whether more is left.
 pub async fn prune_is_bounded(backends: BackendFactory, pruner: Pruner) -> CheckResult {
     let fx = Fixture::new(backends, "retention_bounded");
@@ -344,6 +402,7 @@ pub async fn check_all(
     crate::__run_checks!(backends, pruner;
         completed_keys_go_after_the_window,
         pruners_race,
+        skewed_clocks_leave_nothing_behind,
         prune_is_bounded,
         attention_index_follows_state,
     )
@@ -360,6 +419,7 @@ crate::__define_suite! {$
     retention_tests(retention);
     completed_keys_go_after_the_window,
     pruners_race,
+    skewed_clocks_leave_nothing_behind,
     prune_is_bounded,
     attention_index_follows_state,
     completed_tasks_go_after_the_window => |factory| board::completed_tasks_go_after_the_window(

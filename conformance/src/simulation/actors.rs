@@ -88,8 +88,9 @@ pub(super) async fn reclaimer(store: Arc<dyn Backend>, log: Arc<Log>, end: Insta
     }
 }
 
-/// Prune completed board tasks, or add a pruned task again (as its next
-/// life), every second until `end`, through a faulty instance.
+/// Prune completed board tasks or side effects, or add a pruned task again
+/// (as its next life), every second until `end`, through a faulty instance
+/// whose pruners' clock is two hours ahead.
 pub(super) async fn board_maintainer(actor: Actor) {
     use coord_adapters::board::BoardError;
     use coord_adapters::retention::PruneOptions;
@@ -99,18 +100,20 @@ pub(super) async fn board_maintainer(actor: Actor) {
         start: inst.clock.start,
         offset_ms: AtomicI64::new(2 * 3_600_000),
     });
-    let pruner =
-        BoardAdapter::with_options(inst.backend(), BoardOptions::default().with_clock(ahead));
+    let pruner = BoardAdapter::with_options(
+        inst.backend(),
+        BoardOptions::default().with_clock(ahead.clone()),
+    );
+    let effects = SideEffectAdapter::with_clock(inst.backend(), ahead);
     let board = inst.board();
     let mut lives = [0u32; TASKS];
     let who = inst.name.as_str();
     while Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(rng.random_range(500..1500))).await;
         inst.wait_running().await;
-        if rng.random_bool(0.5) {
-            let pruned = pruner
-                .prune(&PruneOptions::after(Duration::from_secs(3600)).with_max_records(3))
-                .await;
+        let window = PruneOptions::after(Duration::from_secs(3600)).with_max_records(3);
+        if rng.random_bool(0.3) {
+            let pruned = pruner.prune(&window).await;
             if let Ok(p) = &pruned {
                 *facts(&shared).stats.entry("tasks pruned").or_insert(0) += p.removed;
             }
@@ -123,11 +126,37 @@ pub(super) async fn board_maintainer(actor: Actor) {
             );
             continue;
         }
+        if rng.random_bool(0.3) {
+            let pruned = effects.prune(&window).await;
+            if let Ok(p) = &pruned {
+                *facts(&shared)
+                    .stats
+                    .entry("side effects pruned")
+                    .or_insert(0) += p.removed;
+            }
+            log.event(
+                who,
+                match pruned {
+                    Ok(p) => format!("pruned {} side effects (more: {})", p.removed, p.more),
+                    Err(e) => format!("prune side effects: {}", kind(&e.to_string())),
+                },
+            );
+            continue;
+        }
         let t = rng.random_range(0..TASKS);
         let id = format!("t{t}");
         if matches!(board.get(&id).await, Err(BoardError::NotFound { .. })) {
             lives[t] += 1;
             let life = format!("life-{}", lives[t]);
+            if rng.random_bool(0.3) {
+                // The add's reply is lost and its txn held in the server for
+                // a while: across the claims, completion and prune of the
+                // life its resend created.
+                let after_calls = rng.random_range(5..60);
+                log.event(who, format!("add {id}: held back for {after_calls} calls"));
+                inst.faulty
+                    .once(Target::WritingTxn, Fault::LateCommit { after_calls });
+            }
             let added = board
                 .add(TaskSpec::new(&id, life.as_bytes().to_vec()))
                 .await;
@@ -149,9 +178,11 @@ pub(super) async fn lock_actor(lock_kind: LockKind, actor: Actor) {
         inst.wait_running().await;
         let wait = WaitOptions::with_timeout(Duration::from_secs(4));
         let acquire = LockGuard::acquire_with(&lock, key, LOCK_TTL, &wait, GuardOptions::default());
+        let in_doubt = inst.faulty.answered_in_doubt();
         let Some(answer) = maybe_dropped(&mut rng, 0.15, acquire).await else {
-            // A grant may have landed only if a store call was under way.
-            if inst.faulty.outcome_pending() {
+            // A grant may have landed only if a store call was under way
+            // or held back, or one was answered in doubt.
+            if inst.faulty.drop_leaves_doubt(in_doubt) {
                 *facts(&shared).lock_errors.entry(lock_kind).or_insert(0) += 1;
             }
             log.event(who, "lock: dropped while waiting");
@@ -268,11 +299,12 @@ pub(super) async fn runner_actor(actor: Actor) {
         let key2 = key.clone();
         let done = runner
             .execute(&action, LOCK_TTL, move |_lease| async move {
-                facts(&shared2)
-                    .effects
-                    .entry(key2)
-                    .or_default()
-                    .push(me.clone());
+                {
+                    let mut f = facts(&shared2);
+                    f.clock += 1;
+                    let at = f.clock;
+                    f.effects.entry(key2).or_default().push((me.clone(), at));
+                }
                 tokio::time::sleep(work).await;
                 inst2.wait_running().await;
                 Ok::<_, std::io::Error>(EffectResult::from(me.as_bytes()))
@@ -305,12 +337,42 @@ pub(super) async fn runner_actor(actor: Actor) {
     }
 }
 
+/// Run side effects of keys of its own (`late/<n>`, each tried once) on a
+/// clock [`BEHIND_MS`] behind everyone else's, until `end`: its
+/// completions are indexed for retention while the others' clocks (and the
+/// maintainer's, far ahead) have moved the index's cursor past its minute.
+pub(super) async fn behind_runner(actor: Actor) {
+    let (inst, log, shared, mut rng, end) = actor.parts();
+    let runner = Runner::new(Arc::new(SideEffectAdapter::with_clock(
+        inst.backend(),
+        inst.clock.clone(),
+    )));
+    let who = inst.name.clone();
+    let mut n = 0u32;
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(200..1500))).await;
+        inst.wait_running().await;
+        let key = format!("late/{n}");
+        n += 1;
+        let done = runner
+            .execute(&Action::new(key.clone(), "ledger"), LOCK_TTL, |_| async {
+                Ok::<_, std::io::Error>(EffectResult::from(&b"late"[..]))
+            })
+            .await;
+        if matches!(&done, Ok(e) if e.outcome == Outcome::Applied) {
+            count(&shared, "late-clock side effects");
+        }
+        let said = done.map_or_else(|e| kind(&e.to_string()), |e| format!("{:?}", e.outcome));
+        log.event(&who, format!("execute {key}: {said}"));
+    }
+}
+
 pub(super) fn start_scheduler(inst: &Arc<Instance>, log: &Arc<Log>, shared: &Shared) -> Scheduler {
     let store: Arc<dyn SlotStore> = Arc::new(
         RunStore::new(
             inst.backend(),
             inst.clock.clone(),
-            RunStoreOptions::default().with_forget_claims_after(Some(Duration::from_secs(20))),
+            RunStoreOptions::default().with_forget_claims_after(Some(SCHEDULER_WINDOW)),
         )
         .expect("a run store"),
     );
@@ -319,7 +381,7 @@ pub(super) fn start_scheduler(inst: &Arc<Instance>, log: &Arc<Log>, shared: &Sha
     let scheduler = Scheduler::new(Some(store), inst.clock.clone(), options);
     let (who, log, shared, inst2) = (inst.name.clone(), log.clone(), shared.clone(), inst.clone());
     let job = Job::new(
-        "tick",
+        SCHEDULER_JOB,
         Schedule::parse("every 1s", None).expect("a schedule"),
         handler(move |ctx| {
             let (who, log, shared, inst) =

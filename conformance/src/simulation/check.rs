@@ -10,19 +10,10 @@ use coord_adapters::sideeffect::{Action, Outcome, SideEffectAdapter, SideEffectS
 use coord_backend::{Backend, Clock};
 
 use super::recipes::{check_all_free, check_holdings, check_recipe_grants_reached};
-use super::{Facts, Grant, LockKind, SlotRun, ACTIONS, EPOCH_MS, LOCK_TTL, TASKS};
-
-/// The JSON record at `key`, read through the store itself (`None`: never
-/// written, or unreadable).
-pub(super) async fn read_record(store: &Arc<dyn Backend>, key: &str) -> Option<serde_json::Value> {
-    let entry = store.snapshot(&[key.to_owned()]).await.ok()?.pop()?;
-    serde_json::from_slice(entry.value.as_deref()?).ok()
-}
-
-/// The counter `field` of the JSON record at `key` (`None`: never written).
-pub(super) async fn read_counter(store: &Arc<dyn Backend>, key: &str, field: &str) -> Option<u64> {
-    read_record(store, key).await?.get(field)?.as_u64()
-}
+use super::{
+    read_counter, Facts, Grant, LockKind, SlotRun, ACTIONS, EPOCH_MS, LOCK_TTL, SCHEDULER_JOB,
+    SCHEDULER_WINDOW, TASKS,
+};
 
 /// One lock's invariants: unique fences; validity windows in fence order
 /// never overlap; (generic lock) every stored grant reached someone.
@@ -81,19 +72,30 @@ pub(super) async fn check(
     }
     check_holdings(&f.holdings, violations);
     check_recipe_grants_reached(f, store, violations).await;
-    // Side effects: each closure at most once; answers carry the one result.
+    // Side effects: each closure at most once per life of its key (a life
+    // ends when retention removes the key's record); answers carry the
+    // result of a run that happened.
+    let no_removals = Vec::new();
     for (key, runs) in &f.effects {
-        if runs.len() > 1 {
-            violations.push(format!(
-                "side effect {key} applied {} times: {runs:?}",
-                runs.len()
-            ));
+        let removals = f.removals.get(key).unwrap_or(&no_removals);
+        for pair in runs.windows(2) {
+            let (first, next) = (pair[0].1, pair[1].1);
+            if !removals.iter().any(|r| first < *r && *r < next) {
+                violations.push(format!(
+                    "side effect {key} applied twice in one life (no removal of its record \
+                     between the runs): {runs:?}, removals at {removals:?}"
+                ));
+            }
         }
     }
     for (key, answers) in &f.answered {
-        let ran = f.effects.get(key).cloned().unwrap_or_default();
+        let ran: Vec<&str> = f
+            .effects
+            .get(key)
+            .map(|runs| runs.iter().map(|(who, _)| who.as_str()).collect())
+            .unwrap_or_default();
         for answer in answers {
-            if !ran.contains(answer) {
+            if !ran.contains(&answer.as_str()) {
                 violations.push(format!(
                     "side effect {key} answered with the result of {answer:?}, but the runs were {ran:?}"
                 ));
@@ -104,7 +106,13 @@ pub(super) async fn check(
     let adapter = SideEffectAdapter::with_clock(store.clone(), clock.clone());
     for a in 0..ACTIONS {
         let key = format!("fx/{a}");
-        let ran = f.effects.get(&key).map_or(0, Vec::len);
+        let runs = f.effects.get(&key).map_or(&[][..], Vec::as_slice);
+        let ran = runs.len();
+        // Its record was removed after its last run: a new life may begin.
+        let pruned_since = match (runs.last(), f.removals.get(&key).and_then(|r| r.last())) {
+            (Some((_, run)), Some(removed)) => removed > run,
+            _ => false,
+        };
         let errors = f.effect_errors.get(&key).copied().unwrap_or(0);
         let state = adapter
             .acquire(&Action::new(key.clone(), "payments"), LOCK_TTL)
@@ -114,7 +122,7 @@ pub(super) async fn check(
                 Outcome::Uncertain if ran == 0 && errors == 0 => violations.push(format!(
                     "side effect {key} is uncertain, yet no run started and every caller got a definite answer"
                 )),
-                Outcome::Applied if ran > 0 => violations.push(format!(
+                Outcome::Applied if ran > 0 && !pruned_since => violations.push(format!(
                     "side effect {key} ran, yet the store lets it run again"
                 )),
                 Outcome::Replayed if ran == 0 => violations.push(format!(
@@ -208,4 +216,97 @@ pub(super) async fn check(
     }
     // Last: it takes every lock and recipe.
     check_all_free(store, clock, violations).await;
+    check_retention_drains(store, violations).await;
+    check_claims_drain(store, violations).await;
+}
+
+/// Once every run's lease is far past the run store's window, a prune
+/// leaves no claim and no running entry of the scheduler's job: a run whose
+/// finish was lost and that nobody took over (abandoned) is forgotten too.
+async fn check_claims_drain(store: &Arc<dyn Backend>, violations: &mut Vec<String>) {
+    use coord_backend::ManualClock;
+    use coord_scheduler::{RunStore, RunStoreOptions, SlotStore};
+    // A week past the simulated epoch: past every lease, even one written
+    // by a scheduler whose clock stepped hours ahead.
+    let far = Arc::new(ManualClock::at_millis(EPOCH_MS + 7 * 24 * 3_600_000));
+    let options = RunStoreOptions::default().with_forget_claims_after(Some(SCHEDULER_WINDOW));
+    let runs = match RunStore::new(store.clone(), far, options) {
+        Ok(runs) => runs,
+        Err(e) => return violations.push(format!("no run store at the end: {e}")),
+    };
+    if let Err(e) = runs.prune(SCHEDULER_JOB).await {
+        violations.push(format!("scheduler prune failed at the end: {e}"));
+    }
+    match store.keys(&format!("sched/{SCHEDULER_JOB}/slot/")).await {
+        Ok(left) if !left.is_empty() => violations.push(format!(
+            "scheduler claims no prune forgets: {} left, first {:?}",
+            left.len(),
+            left.first()
+        )),
+        Ok(_) => {}
+        Err(e) => violations.push(format!("scheduler claims unreadable at the end: {e}")),
+    }
+    match runs.active(SCHEDULER_JOB).await {
+        Ok(active) if !active.is_empty() => violations.push(format!(
+            "scheduler runs left in the running set after the prune: {active:?}"
+        )),
+        Ok(_) => {}
+        Err(e) => violations.push(format!("scheduler running set unreadable at the end: {e}")),
+    }
+}
+
+/// Once every completion is past the retention, prunes leave nothing in the
+/// retention indexes but their cursors and removal counter: no entry was
+/// written where no prune looks (a late clock's completion, a late commit).
+/// Runs after every other check: it removes completed tasks and keys.
+async fn check_retention_drains(store: &Arc<dyn Backend>, violations: &mut Vec<String>) {
+    use coord_adapters::retention::PruneOptions;
+    use coord_backend::ManualClock;
+    // Three hours past the simulated epoch: every completion is over an hour old.
+    let far = Arc::new(ManualClock::at_millis(EPOCH_MS + 3 * 3_600_000));
+    let window = PruneOptions::after(std::time::Duration::from_secs(3600));
+    let effects = SideEffectAdapter::with_clock(store.clone(), far.clone());
+    let board = BoardAdapter::with_options(store.clone(), BoardOptions::default().with_clock(far));
+    for _ in 0..100 {
+        match effects.prune(&window).await {
+            Ok(p) if p.more => continue,
+            Ok(_) => break,
+            Err(e) => {
+                violations.push(format!("side-effect prune failed at the end: {e}"));
+                break;
+            }
+        }
+    }
+    for _ in 0..100 {
+        match board.prune(&window).await {
+            Ok(p) if p.more => continue,
+            Ok(_) => break,
+            Err(e) => {
+                violations.push(format!("board prune failed at the end: {e}"));
+                break;
+            }
+        }
+    }
+    for (index, kept) in [
+        ("se/done/", &["se/done/cursor"][..]),
+        (
+            "board/done/",
+            &["board/done/cursor", "board/done/removed"][..],
+        ),
+    ] {
+        match store.keys(index).await {
+            Ok(keys) => {
+                let left: Vec<&String> = keys
+                    .iter()
+                    .filter(|k| !kept.contains(&k.as_str()))
+                    .collect();
+                if !left.is_empty() {
+                    violations.push(format!(
+                        "retention index entries no prune removes: {left:?}"
+                    ));
+                }
+            }
+            Err(e) => violations.push(format!("{index} unreadable at the end: {e}")),
+        }
+    }
 }

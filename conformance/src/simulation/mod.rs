@@ -28,17 +28,22 @@
 //!   grant is surely held by its local clock, then releases it or walks
 //!   away and lets it expire;
 //! - task-board workers claiming and completing the same tasks, and tasks
-//!   depending on them; a board maintainer pruning completed tasks (its
-//!   clock two hours ahead of a one-hour retention: every completion goes
-//!   at once) and adding a pruned task again under the same id;
-//! - side-effect runners executing the same action keys;
+//!   depending on them; a maintainer pruning completed tasks and side
+//!   effects (its pruners' clock two hours ahead of a one-hour retention:
+//!   every completion goes at once) and adding a pruned task again under
+//!   the same id, that add's txn sometimes held in the server (its reply
+//!   lost) across the claims, completion and prune of the life its resend
+//!   created;
+//! - side-effect runners executing the same action keys, and one more
+//!   executing keys of its own on a clock two minutes behind everyone's;
 //! - scheduler instances running the same every-second job;
 //! - a maintainer reclaiming the store's tombstones every 1.5 s (a few per
 //!   pass), so deleted lock records, tickets and claims are re-created above
 //!   the raised floor while everyone works.
 //!
 //! **Faults**, at random times and on random instances: windows of random
-//! faults (refused, reply lost, late commit, lost for good, delayed), write
+//! faults (refused, reply lost, late commit right after the next calls or
+//! held for hundreds of calls, lost for good, delayed), write
 //! partitions where txns hang, pauses longer than any TTL, and clock steps of
 //! up to an hour on scheduler instances. (Lock, board and side-effect
 //! instances keep a true wall clock: their leases are judged by the clocks
@@ -52,8 +57,10 @@
 //!   granted reached its caller or an indeterminate answer (the fair lock
 //!   skips fences by design: a grant handed to a waiter that gave up or
 //!   paused past its lease is passed on unused);
-//! - side effect: each action's closure ran at most once, and every
-//!   `Applied`/`Replayed` answer carries the result of the run that happened;
+//! - side effect: each action's closure ran at most once per life of its
+//!   key (a life ends when retention removes the key's record, which the
+//!   store under every instance notes), and every `Applied`/`Replayed`
+//!   answer carries the result of a run that happened;
 //! - board: at most one successful completion per task and life (a task
 //!   added again is a new life), claim fences unique per id across
 //!   lives, a completed task's stored result is its completer's unless it
@@ -68,14 +75,20 @@
 //!   leaders (a grant's holder acts from its grant to its last valid check);
 //!   every fence (term) the store counts reached its caller, or that caller
 //!   got an indeterminate answer or dropped its wait with a store call
-//!   under way ([`FaultyBackend::outcome_pending`]);
+//!   under way or after one was answered in doubt
+//!   ([`FaultyBackend::drop_leaves_doubt`]);
 //! - no definite answer that the store contradicts (the checks above, read
 //!   back from the store at the end);
 //! - once every lease has run out, every lock and recipe is free: a
 //!   dropped waiter's ticket or place, a grant walked away from, or a late
 //!   commit blocks nobody past its lease; and, once the checker holds them,
 //!   nothing dead is left: no fair-lock ticket key, no place in a line, no
-//!   holder but the checker.
+//!   holder but the checker;
+//! - once every completion is past the retention, prunes empty the
+//!   retention indexes (nothing indexed where no prune looks);
+//! - once every lease is past the run store's window, a prune leaves no
+//!   claim and no running entry of the scheduler's job (a run whose finish
+//!   was lost and that nobody took over is forgotten too).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -98,7 +111,8 @@ mod check;
 mod recipes;
 
 use actors::{
-    board_actor, board_maintainer, lock_actor, reclaimer, runner_actor, start_scheduler, Actor,
+    behind_runner, board_actor, board_maintainer, lock_actor, reclaimer, runner_actor,
+    start_scheduler, Actor,
 };
 use check::check;
 use recipes::{election_actor, rwlock_actor, semaphore_actor, Holding};
@@ -299,8 +313,11 @@ struct Facts {
     /// Per recipe: answers that may hide a grant (an indeterminate store
     /// error, or a waiting call dropped mid-way).
     recipe_unknowns: BTreeMap<&'static str, u64>,
-    /// action key → (runner, result) of each closure run.
-    effects: BTreeMap<String, Vec<String>>,
+    /// action key → (runner, event number) of each closure run.
+    effects: BTreeMap<String, Vec<(String, u64)>>,
+    /// action key → event numbers at which retention removed its record
+    /// (each removal ends a life of the key: a run after it is a new one).
+    removals: BTreeMap<String, Vec<u64>>,
     /// action key → results answered as Applied or Replayed.
     answered: BTreeMap<String, Vec<String>>,
     /// task id → (worker, fence) of successful claims.
@@ -338,6 +355,11 @@ fn count(shared: &Shared, what: &'static str) {
 }
 
 const LOCK_TTL: Duration = Duration::from_secs(3);
+/// The schedulers' job, and how long their run store remembers its claims.
+const SCHEDULER_JOB: &str = "tick";
+const SCHEDULER_WINDOW: Duration = Duration::from_secs(20);
+/// How far the late runner's clock is behind.
+const BEHIND_MS: i64 = 120_000;
 const TASKS: usize = 6;
 const ACTIONS: usize = 40;
 
@@ -348,10 +370,13 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
         lines: Mutex::new(Vec::new()),
     });
     let shared: Shared = Arc::default();
-    let store: Arc<dyn Backend> = Arc::new(
-        SingleProcessMemoryBackend::new(&format!("sim{seed:x}"))
-            .expect("a memory store for the simulation"),
-    );
+    let store: Arc<dyn Backend> = Arc::new(Observed {
+        inner: Arc::new(
+            SingleProcessMemoryBackend::new(&format!("sim{seed:x}"))
+                .expect("a memory store for the simulation"),
+        ),
+        shared: shared.clone(),
+    });
     let end = start + options.duration;
 
     let make = |name: String, salt: u64| {
@@ -372,6 +397,12 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
     let fair_lockers: Vec<_> = (0..3).map(|i| make(format!("f{i}"), 50 + i)).collect();
     let workers: Vec<_> = (0..2).map(|i| make(format!("w{i}"), 20 + i)).collect();
     let board_keeper = make("b0".to_owned(), 60);
+    // Completes side effects on a clock two minutes behind everyone else's.
+    let late_runner = make("r3".to_owned(), 33);
+    late_runner
+        .clock
+        .offset_ms
+        .store(-BEHIND_MS, Ordering::SeqCst);
     let runners: Vec<_> = (0..3).map(|i| make(format!("r{i}"), 30 + i)).collect();
     let crons: Vec<_> = (0..3).map(|i| make(format!("s{i}"), 40 + i)).collect();
     let permit_takers: Vec<_> = (0..3).map(|i| make(format!("p{i}"), 70 + i)).collect();
@@ -419,6 +450,7 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
     }
     tasks.push(tokio::spawn(reclaimer(store.clone(), log.clone(), end)));
     tasks.push(tokio::spawn(board_maintainer(actor(&board_keeper, 600))));
+    tasks.push(tokio::spawn(behind_runner(actor(&late_runner, 330))));
     let mut schedulers = Vec::new();
     for inst in &crons {
         schedulers.push(start_scheduler(inst, &log, &shared));
@@ -428,7 +460,7 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
         .chain(&fair_lockers)
         .chain(&workers)
         .chain(&runners)
-        .chain(std::iter::once(&board_keeper))
+        .chain([&board_keeper, &late_runner])
         .chain(&permit_takers)
         .chain(&rw_lockers)
         .chain(&candidates)
@@ -492,7 +524,7 @@ async fn chaos(everyone: &[Arc<Instance>], crons: usize, log: &Log, seed: u64, e
         let f = &victim.faulty;
         match rng.random_range(0..10) {
             0..=3 => {
-                let fault = match rng.random_range(0..6) {
+                let fault = match rng.random_range(0..7) {
                     0 => Fault::Refuse,
                     1 => Fault::LoseReply,
                     2 => Fault::LateCommit {
@@ -500,6 +532,11 @@ async fn chaos(everyone: &[Arc<Instance>], crons: usize, log: &Log, seed: u64, e
                     },
                     3 => Fault::Drop,
                     4 => Fault::Delay(Duration::from_millis(rng.random_range(10..800))),
+                    // Held in the server for many of this instance's calls:
+                    // across claims, completions, prunes and reclaims.
+                    5 => Fault::LateCommit {
+                        after_calls: rng.random_range(20..300),
+                    },
                     _ => Fault::LateCommit { after_calls: 1 },
                 };
                 let target = if rng.random_bool(0.7) {
@@ -550,6 +587,86 @@ async fn chaos(everyone: &[Arc<Instance>], crons: usize, log: &Log, seed: u64, e
             }
         }
     }
+}
+
+/// The store under every instance's faulty view: forwards each call to the
+/// memory store and notes in the facts every applied removal of a side
+/// effect's record (retention's prune), so the check can tell a key's
+/// lives apart.
+#[derive(Debug)]
+struct Observed {
+    inner: Arc<dyn Backend>,
+    shared: Shared,
+}
+
+#[coord_adapters::lock::async_trait]
+impl Backend for Observed {
+    fn namespace(&self) -> &str {
+        self.inner.namespace()
+    }
+
+    fn limits(&self) -> coord_backend::Limits {
+        self.inner.limits()
+    }
+
+    fn store_name(&self) -> &'static str {
+        self.inner.store_name()
+    }
+
+    fn changes(&self) -> Option<&dyn coord_backend::Changes> {
+        self.inner.changes()
+    }
+
+    async fn reclaim(
+        &self,
+        options: &coord_backend::ReclaimOptions,
+    ) -> Result<coord_backend::Reclaimed, coord_backend::Error> {
+        self.inner.reclaim(options).await
+    }
+
+    async fn raw_snapshot(
+        &self,
+        keys: &[&str],
+    ) -> Result<Vec<coord_backend::Entry>, coord_backend::Error> {
+        self.inner.raw_snapshot(keys).await
+    }
+
+    async fn raw_txn(
+        &self,
+        asserts: &[coord_backend::Assert],
+        mutations: &[coord_backend::Mutation],
+    ) -> Result<coord_backend::TxnOutcome, coord_backend::Error> {
+        let outcome = self.inner.raw_txn(asserts, mutations).await?;
+        if outcome.applied {
+            for mutation in mutations {
+                if let coord_backend::Mutation::Delete { key } = mutation {
+                    if let Some(action) = key.strip_prefix("se/act/") {
+                        let mut f = facts(&self.shared);
+                        f.clock += 1;
+                        let at = f.clock;
+                        f.removals.entry(action.to_owned()).or_default().push(at);
+                    }
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>, coord_backend::Error> {
+        self.inner.raw_keys(prefix).await
+    }
+}
+
+/// The JSON record at `key`, read through the store itself (`None`: never
+/// written, or unreadable).
+async fn read_record(store: &Arc<dyn Backend>, key: &str) -> Option<serde_json::Value> {
+    let entry = store.snapshot(&[key.to_owned()]).await.ok()?.pop()?;
+    serde_json::from_slice(entry.value.as_deref()?).ok()
+}
+
+/// The counter `field` of the JSON record at `key` (`None`: never written).
+async fn read_counter(store: &Arc<dyn Backend>, key: &str, field: &str) -> Option<u64> {
+    read_record(store, key).await?.get(field)?.as_u64()
 }
 
 fn heal_later(victim: Arc<Instance>, after: Duration) {

@@ -24,8 +24,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use super::actors::{maybe_dropped, Actor};
-use super::check::{read_counter, read_record};
-use super::{count, facts, kind, said, Facts, Shared, LOCK_TTL};
+use super::{count, facts, kind, read_counter, read_record, said, Facts, Shared, LOCK_TTL};
 
 /// How many permits the simulated semaphore grants at once.
 pub(super) const PERMITS: u32 = 2;
@@ -129,8 +128,8 @@ where
 /// Wait for a grant of `recipe` through `call`, cut short now and then by
 /// dropping it (a waiter cancelled or dying in line). `None`: no grant
 /// (logged; counted as an unknown outcome when the call was dropped
-/// while a store call was under way or held back, or its error is
-/// `maybe_granted`).
+/// while a store call was under way or held back or after one was answered
+/// in doubt, or its error is `maybe_granted`).
 async fn wait_for_grant<T, E: std::fmt::Display>(
     actor: &mut Actor,
     (recipe, what): (&'static str, &str),
@@ -144,9 +143,12 @@ async fn wait_for_grant<T, E: std::fmt::Display>(
             .entry(recipe)
             .or_insert(0) += 1;
     };
+    let in_doubt = actor.inst.faulty.answered_in_doubt();
     let Some(answer) = maybe_dropped(&mut actor.rng, 0.2, call).await else {
-        // A wait dropped between calls changed nothing unknown.
-        if actor.inst.faulty.outcome_pending() {
+        // A wait dropped between calls changed nothing unknown, unless one
+        // of its calls was answered in doubt: the engine may have been
+        // backing off before the resend that would have settled it.
+        if actor.inst.faulty.drop_leaves_doubt(in_doubt) {
             unknown(actor);
         }
         actor

@@ -65,7 +65,7 @@ use crate::cas::{
 use crate::grant::{grant_accessors, Grant};
 use crate::lock::LostReason;
 use crate::rwlock::fallback_pause;
-use crate::wake::Deadline;
+use crate::wake::{Deadline, WaitError};
 
 /// Errors of [`Election`] operations.
 #[derive(Debug, thiserror::Error)]
@@ -464,6 +464,33 @@ impl GenericElection {
             .await
     }
 
+    /// Step down from the win offered with `token` after an indeterminate
+    /// campaign: it may have landed, or may still land, and nobody would
+    /// know of the leader until its lease ran out. The term it took stays
+    /// taken (terms never go back).
+    async fn withdraw(&self, name: &str, token: &str) {
+        let withdrawn: Result<(), ElectionError> = self
+            .space
+            .decide_record(name, |record: Option<ElectionRecord>| {
+                // Written even when nothing here is ours: the write moves
+                // the record on, so a copy of the win still in flight can
+                // no longer apply.
+                let mut record = record.unwrap_or_default();
+                if record
+                    .leader
+                    .as_ref()
+                    .is_some_and(|l| l.lease.token == token)
+                {
+                    record.leader = None;
+                }
+                Ok(Verdict::Write(record, ()))
+            })
+            .await;
+        if let Err(error) = withdrawn {
+            tracing::debug!(%error, "could not withdraw a win made in doubt: it expires with its lease");
+        }
+    }
+
     async fn read_leader(&self, name: &str) -> Result<Option<LeaderInfo>, ElectionError> {
         validate_election_input(name, "-", Duration::from_millis(1))?;
         let Some(record) = self.space.inspect::<ElectionRecord>(name).await? else {
@@ -504,7 +531,7 @@ pub struct ElectionStatus {
 /// leadership is over.
 fn lost_counted(answer: Result<(), ElectionError>) -> Result<(), ElectionError> {
     if let Err(ElectionError::Lost { reason, .. }) = &answer {
-        crate::telemetry::election_lost(*reason);
+        crate::telemetry::election_lost(reason.label());
     }
     answer
 }
@@ -521,7 +548,7 @@ impl Election for GenericElection {
     ) -> Result<Option<Leadership>, ElectionError> {
         validate_election_input(name, candidate, ttl)?;
         let offer = self.space.offer(ttl);
-        let won = self
+        let won: Result<Option<Leadership>, ElectionError> = self
             .space
             .decide_record(name, |record: Option<ElectionRecord>| {
                 let mut record = record.unwrap_or_default();
@@ -550,6 +577,9 @@ impl Election for GenericElection {
                 Ok(Verdict::Write(record, Some(won)))
             })
             .await;
+        if won.as_ref().is_err_and(|e| e.is_indeterminate()) {
+            self.withdraw(name, &offer.token).await;
+        }
         if let Ok(Some(_)) = &won {
             crate::telemetry::election_won();
         }

@@ -35,6 +35,10 @@ pub struct MaintenanceOptions {
     pub max_passes: u32,
     /// The pause between two background rounds (jittered by ±25%).
     pub every: Duration,
+    /// Passed to every reclaim ([`ReclaimOptions::older_clients_stopped`]):
+    /// the operator's word that no client older than this one writes the
+    /// namespace. Default `false`.
+    pub older_clients_stopped: bool,
 }
 
 impl Default for MaintenanceOptions {
@@ -46,6 +50,7 @@ impl Default for MaintenanceOptions {
             per_pass: 1000,
             max_passes: 100,
             every: Duration::from_secs(600),
+            older_clients_stopped: false,
         }
     }
 }
@@ -74,6 +79,8 @@ coord_backend::setters! {
         with_max_passes(passes: u32) => max_passes = passes.max(1);
         /// With another pause between background rounds.
         with_every(every: Duration) => every = every;
+        /// With the operator's word that older clients are stopped.
+        with_older_clients_stopped(stopped: bool) => older_clients_stopped = stopped;
     }
 }
 
@@ -121,7 +128,9 @@ pub async fn run_once(
             report.more |= more;
         }
     }
-    let reclaim = ReclaimOptions::DEFAULT.with_max_tombstones(options.per_pass);
+    let reclaim = ReclaimOptions::DEFAULT
+        .with_max_tombstones(options.per_pass)
+        .with_older_clients_stopped(options.older_clients_stopped);
     for pass in 1..=passes {
         let done = backend.reclaim(&reclaim).await?;
         report.reclaim_passes += 1;
@@ -172,16 +181,21 @@ impl Drop for MaintenanceTask {
 }
 
 /// Run [`run_once`] every `options.every` (jittered) until the returned
-/// task is dropped. A failed round is logged and retried next round; a
-/// store without reclaim ([`Error::Unsupported`]) ends the loop with a
-/// warning. Needs a tokio runtime.
+/// task is dropped. A failed round is logged and retried next round (also
+/// a reclaim refused beside older clients, [`Error::FormatMismatch`]: the
+/// warning says what to do); a store without reclaim
+/// ([`Error::Unsupported`]) ends the loop with a warning. Needs a tokio
+/// runtime.
 pub fn spawn_maintenance(
     backend: Arc<dyn Backend>,
     options: MaintenanceOptions,
 ) -> MaintenanceTask {
     let handle = tokio::spawn(async move {
         loop {
-            let pause = options.every.mul_f64(0.75 + crate::jitter::unit() / 2.0);
+            // 0.75 to 1.25 of `every`, saturating (`every` may be Duration::MAX).
+            let every = options.every;
+            let pause =
+                (every - every / 4).saturating_add((every / 2).mul_f64(crate::jitter::unit()));
             tokio::time::sleep(pause).await;
             match run_once(&backend, &options).await {
                 Ok(report) => tracing::debug!(?report, "coord maintenance round"),
@@ -265,5 +279,28 @@ mod tests {
             before,
             "a dropped task stops"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_round_every_duration_max_waits_instead_of_panicking() {
+        let store = Arc::new(Counting(
+            SingleProcessMemoryBackend::new("maintenance").unwrap(),
+            AtomicU64::new(0),
+        ));
+        // A draw that stretches the pause past `every` (the task runs on
+        // this thread: a current-thread runtime).
+        let seed = (0..)
+            .find(|s| {
+                use rand::{Rng, SeedableRng};
+                rand::rngs::StdRng::seed_from_u64(*s).random::<f64>() >= 0.5
+            })
+            .unwrap();
+        crate::jitter::seed_thread_jitter(Some(seed));
+        let options = MaintenanceOptions::default().with_every(Duration::MAX);
+        let task = spawn_maintenance(store.clone(), options);
+        tokio::time::sleep(Duration::from_secs(3_600)).await;
+        assert!(!task.handle.is_finished(), "the maintenance task ended");
+        assert_eq!(store.1.load(Ordering::SeqCst), 0);
+        crate::jitter::seed_thread_jitter(None);
     }
 }

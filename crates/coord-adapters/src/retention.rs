@@ -16,11 +16,26 @@
 //! pruners may run at once). A pass does at most `max_records` removals and
 //! `max_minutes` listings, and says whether more is left.
 //!
-//! The boundary: an entry is written with the completing instance's clock.
-//! The cursor never passes `now - retention`, so an entry is never written
-//! below it as long as clocks agree within the retention (which is hours;
-//! coord already asks them to agree within the shortest lease). Records
-//! completed before the index existed have no entry and are kept.
+//! **Removals only move forward.** Every removal of a record that a
+//! decision may create over "missing" (a board task) also rewrites the
+//! index's removal counter `<index>/removed` in its txn, and the decision
+//! that creates the record asserts that counter. A creation whose answer
+//! was lost is settled by resending it (docs/shapes.md, "Fault model"):
+//! that is sound only while the asserted state cannot come back, and a
+//! removal brings "missing" back. The counter never does: a copy of the
+//! creation held back in the server until after the record was created,
+//! completed and pruned is rejected when it lands.
+//!
+//! **Clocks.** An entry is written with the completing instance's clock,
+//! but never below the cursor (the completion's txn asserts the cursor, so
+//! it sees where the cursor is): an instance whose clock is behind indexes
+//! under the cursor's minute instead of its own, and its record is removed
+//! when a prune reaches that minute. An entry written under the cursor's
+//! own minute also rewrites the cursor, and a prune moves the cursor past a
+//! minute only if the cursor is still at the version it read before
+//! listing that minute, so an entry landing between a prune's listing and
+//! its move is listed again, never skipped. Records completed before the index
+//! existed have no entry and are kept.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -62,9 +77,28 @@ impl RetentionIndex {
         format!("{}cursor", self.prefix)
     }
 
-    /// The entry of `key`, final at `at_ms`.
-    pub(crate) fn entry(&self, at_ms: u64, key: &str) -> String {
-        format!("{}{:010}/{key}", self.prefix, minute_of(at_ms))
+    /// The removal counter's key (see the [module docs](self)).
+    pub(crate) fn removals(&self) -> String {
+        format!("{}removed", self.prefix)
+    }
+
+    /// The write counting one more removal, given a view holding the counter.
+    pub(crate) fn count_removal(&self, view: &View) -> Result<Mutation, Error> {
+        let key = self.removals();
+        let removed = match view.value(&key) {
+            None => 0,
+            Some(bytes) => cursor_minute(Some(bytes))
+                .ok_or_else(|| Error::malformed(key.clone(), "not a removal count"))?,
+        };
+        Ok(Mutation::put(
+            key.as_str(),
+            removed.saturating_add(1).to_string().into_bytes(),
+        ))
+    }
+
+    /// The entry of `key` under `minute`.
+    fn entry(&self, minute: u64, key: &str) -> String {
+        format!("{}{minute:010}/{key}", self.prefix)
     }
 
     fn minute_prefix(&self, minute: u64) -> String {
@@ -73,9 +107,16 @@ impl RetentionIndex {
 
     /// The writes that index `key` as final at `at_ms`, given a view that
     /// holds the cursor: the cursor when it does not exist yet (a key of the
-    /// view, so asserted missing), and the entry, written unasserted (its
+    /// view, so asserted missing) or when the entry goes under its minute
+    /// (see below), and the entry, written unasserted (its
     /// key is named by the record's own final write: rewriting it with the
     /// same empty value is right whatever it holds).
+    ///
+    /// The entry goes under the minute of `at_ms`, or under the cursor's
+    /// when that is later: an instance whose clock is behind the one that
+    /// created or moved the cursor would otherwise index below it, where no
+    /// prune looks (the record keeps its true time, which is what a prune
+    /// judges; its removal only comes that much later).
     pub(crate) fn final_writes(
         &self,
         view: &View,
@@ -83,13 +124,29 @@ impl RetentionIndex {
         key: &str,
     ) -> (Option<Mutation>, Mutation) {
         let cursor = self.cursor();
-        let create_cursor = view
-            .value(&cursor)
-            .is_none()
-            .then(|| Mutation::put(cursor.as_str(), minute_of(at_ms).to_string().into_bytes()));
+        let at_minute = minute_of(at_ms);
+        let (cursor_write, minute) = match view.value(&cursor) {
+            None => (
+                Some(Mutation::put(
+                    cursor.as_str(),
+                    at_minute.to_string().into_bytes(),
+                )),
+                at_minute,
+            ),
+            Some(stored) => match cursor_minute(Some(stored)) {
+                // Indexed under the cursor's own minute, which a prune may
+                // have listed as empty a moment ago and be about to move
+                // past: rewrite the cursor (same minute, new version) so
+                // that move is refused and the minute listed again.
+                Some(at) if at >= at_minute => {
+                    (Some(Mutation::put(cursor.as_str(), stored.to_vec())), at)
+                }
+                _ => (None, at_minute),
+            },
+        };
         (
-            create_cursor,
-            Mutation::put(self.entry(at_ms, key), Vec::new()),
+            cursor_write,
+            Mutation::put(self.entry(minute, key), Vec::new()),
         )
     }
 }
@@ -164,7 +221,7 @@ async fn pass_start(
     options: &PruneOptions,
 ) -> Result<(u64, u64, Option<u64>), Error> {
     options.check()?;
-    let cutoff_ms = now_ms.saturating_sub(options.retention.as_millis() as u64);
+    let cutoff_ms = now_ms.saturating_sub(crate::cas::whole_millis(options.retention));
     let cursor = engine.snapshot(&[index.cursor()]).await?;
     let first = cursor
         .first()
@@ -172,7 +229,8 @@ async fn pass_start(
     Ok((cutoff_ms, minute_of(cutoff_ms), first))
 }
 
-/// The minute a cursor's stored value names, if it is readable.
+/// The number (a cursor's minute, a removal count) a stored value names,
+/// if it is readable.
 fn cursor_minute(value: Option<&[u8]>) -> Option<u64> {
     std::str::from_utf8(value?).ok()?.parse().ok()
 }
@@ -279,6 +337,9 @@ where
             return Ok(pruned);
         }
         listed += 1;
+        // The cursor as it is before the listing: an entry written under
+        // the cursor's minute after this read rewrites the cursor.
+        let seen = engine.snapshot(std::slice::from_ref(&cursor_key)).await?[0].version;
         let prefix = index.minute_prefix(minute);
         let entries = engine.backend().keys(&prefix).await?;
         let mut left = false;
@@ -305,7 +366,8 @@ where
             // entry holds its minute.
             return Ok(pruned);
         }
-        // Move the cursor past the emptied minute (unless another pruner did).
+        // Move the cursor past the emptied minute (unless another pruner
+        // did), if nothing was indexed under it since the listing.
         let step = engine
             .decide(
                 std::slice::from_ref(&cursor_key),
@@ -313,6 +375,10 @@ where
                     let now_at = cursor_minute(view.value(&cursor_key)).unwrap_or(minute);
                     if now_at > minute {
                         return Ok(Decision::Return(now_at));
+                    }
+                    if view.version(&cursor_key) != seen {
+                        // Rewritten by an entry of this minute: list it again.
+                        return Ok(Decision::Return(minute));
                     }
                     Ok(Decision::Commit {
                         mutations: vec![Mutation::put(

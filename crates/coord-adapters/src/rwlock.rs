@@ -330,7 +330,8 @@ impl GenericRwLock {
     ) -> Result<Grant, LockError> {
         validate_lock_input(key, ttl)?;
         let offer = self.space.offer(ttl);
-        self.space
+        let answer: Result<Grant, LockError> = self
+            .space
             .decide_record(key, |record: Option<RwRecord>| {
                 let mut record = record.unwrap_or_default();
                 record.prune(offer.now);
@@ -379,7 +380,34 @@ impl GenericRwLock {
                     Grant::Granted(RwHandle::new(mode, handle)),
                 ))
             })
-            .await
+            .await;
+        if answer.as_ref().is_err_and(|e| e.is_indeterminate()) {
+            self.withdraw(key, &offer.token, queued).await;
+        }
+        answer
+    }
+
+    /// Withdraw the grant offered with `token` (and the queue entry of
+    /// `queued`) after an indeterminate attempt: it may have landed, or may
+    /// still land, and nobody would know of it until its lease ran out.
+    async fn withdraw(&self, key: &str, token: &str, queued: Option<&str>) {
+        let now = self.space.now_millis();
+        let withdrawn: Result<(), LockError> = self
+            .space
+            .decide_record(key, |record: Option<RwRecord>| {
+                // Written even when nothing here is ours: the write moves
+                // the record on, so a copy of the grant still in flight can
+                // no longer apply.
+                let mut record = record.unwrap_or_default();
+                record.holders.retain(|h| h.lease.token != token);
+                record.queue.retain(|q| Some(q.token.as_str()) != queued);
+                record.prune(now);
+                Ok(Verdict::Write(record, ()))
+            })
+            .await;
+        if let Err(error) = withdrawn {
+            tracing::debug!(%error, "could not withdraw a grant made in doubt: it expires with its lease");
+        }
     }
 
     /// Leave the write queue (best effort: an entry left behind expires).
@@ -423,7 +451,7 @@ impl GenericRwLock {
     ) -> Result<RwHandle, LockError> {
         validate_lock_input(key, ttl)?;
         let started = Instant::now();
-        let deadline = started + timeout;
+        let deadline = crate::wake::later(started, timeout);
         // Watch first, read second, wait third (see `Wake`).
         let mut wake = self.space.watch(key).await;
         let waiter = (mode == RwMode::Write).then(mint_token);
@@ -539,8 +567,8 @@ impl RwLock for GenericRwLock {
     #[tracing::instrument(name = "rwlock.renew", skip_all, fields(key = %handle.key(), fence = handle.fence()))]
     async fn renew(&self, handle: &RwHandle) -> Result<(), LockError> {
         let renewed = self.change_holder(handle, true).await;
-        if let Err(error) = &renewed {
-            crate::telemetry::rwlock_lost_if(error);
+        if let Err(LockError::Lost { reason, .. }) = &renewed {
+            crate::telemetry::rwlock_lost(reason.label());
         }
         renewed
     }

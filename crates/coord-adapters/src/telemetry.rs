@@ -67,11 +67,6 @@ pub const ELECTION_LOST_TOTAL: &str = "coord_election_lost_total";
 /// Every value of the `mode` label of [`RWLOCK_ACQUIRED_TOTAL`].
 pub const RWLOCK_MODES: [&str; 2] = ["read", "write"];
 
-use tracing::Instrument;
-
-use crate::lock::{LockHandle, LostReason};
-use crate::LockError;
-
 /// Every value of the `reason` label of [`LOCK_LOST_TOTAL`].
 pub const LOCK_LOST_REASONS: [&str; 4] = ["expired", "taken_over", "not_held", "error"];
 
@@ -169,52 +164,26 @@ pub fn lock_acquired() {
     metrics::counter!(LOCK_ACQUIRED_TOTAL).increment(1);
 }
 
-/// Count a lost lock in [`LOCK_LOST_TOTAL`] when `error` is
-/// [`crate::LockError::Lost`] (and nothing otherwise); for [`crate::Lock`]
-/// implementations outside this crate, from their `renew`.
-pub fn lock_lost_if(error: &crate::LockError) {
-    if let crate::LockError::Lost { reason, .. } = error {
-        lock_lost(lost_reason(*reason));
-    }
-}
-
-/// The answer of a `renew`, counted in [`LOCK_LOST_TOTAL`] when it is
-/// [`crate::LockError::Lost`].
-pub(crate) fn lock_renewed(renewed: Result<(), LockError>) -> Result<(), LockError> {
-    if let Err(error) = &renewed {
-        lock_lost_if(error);
-    }
-    renewed
-}
-
+/// Count a lost lock in [`LOCK_LOST_TOTAL`] with `reason` (one of
+/// [`LOCK_LOST_REASONS`]).
 pub(crate) fn lock_lost(reason: &'static str) {
     metrics::counter!(LOCK_LOST_TOTAL, "reason" => reason).increment(1);
-}
-
-fn lost_reason(reason: LostReason) -> &'static str {
-    match reason {
-        LostReason::Expired => "expired",
-        LostReason::TakenOver => "taken_over",
-        LostReason::NotHeld => "not_held",
-    }
 }
 
 pub(crate) fn rwlock_acquired(mode: &'static str) {
     metrics::counter!(RWLOCK_ACQUIRED_TOTAL, "mode" => mode).increment(1);
 }
 
-pub(crate) fn rwlock_lost_if(error: &crate::LockError) {
-    if let crate::LockError::Lost { reason, .. } = error {
-        metrics::counter!(RWLOCK_LOST_TOTAL, "reason" => lost_reason(*reason)).increment(1);
-    }
+pub(crate) fn rwlock_lost(reason: &'static str) {
+    metrics::counter!(RWLOCK_LOST_TOTAL, "reason" => reason).increment(1);
 }
 
 pub(crate) fn election_won() {
     metrics::counter!(ELECTION_WON_TOTAL).increment(1);
 }
 
-pub(crate) fn election_lost(reason: LostReason) {
-    metrics::counter!(ELECTION_LOST_TOTAL, "reason" => lost_reason(reason)).increment(1);
+pub(crate) fn election_lost(reason: &'static str) {
+    metrics::counter!(ELECTION_LOST_TOTAL, "reason" => reason).increment(1);
 }
 
 pub(crate) fn sideeffect(outcome: &'static str) {
@@ -223,46 +192,4 @@ pub(crate) fn sideeffect(outcome: &'static str) {
 
 pub(crate) fn pruned(adapter: &'static str, removed: u64) {
     metrics::counter!(PRUNED_TOTAL, "adapter" => adapter).increment(removed);
-}
-
-/// The span and metrics of one `try_lock`, shared by every [`crate::Lock`]
-/// implementation outside this crate: a `lock.try_lock` span with `key`,
-/// `store` and (once granted) `fence`, and [`LOCK_ACQUIRED_TOTAL`] on a grant.
-pub async fn observe_try_lock(
-    store: &str,
-    key: &str,
-    attempt: impl std::future::Future<Output = Result<Option<LockHandle>, LockError>>,
-) -> Result<Option<LockHandle>, LockError> {
-    let span =
-        tracing::info_span!("lock.try_lock", key = %key, store, fence = tracing::field::Empty);
-    let answer = attempt.instrument(span.clone()).await;
-    if let Ok(Some(handle)) = &answer {
-        span.record("fence", handle.fence());
-        lock_acquired();
-    }
-    answer
-}
-
-/// The span and metrics of one `renew` (see [`observe_try_lock`]):
-/// [`LOCK_LOST_TOTAL`] when it answers [`LockError::Lost`].
-pub async fn observe_renew(
-    store: &str,
-    handle: &LockHandle,
-    attempt: impl std::future::Future<Output = Result<(), LockError>>,
-) -> Result<(), LockError> {
-    let span =
-        tracing::info_span!("lock.renew", key = %handle.key(), store, fence = handle.fence());
-    lock_renewed(attempt.instrument(span).await)
-}
-
-/// The span of one `release` of the lock on `key` held with `fence` (see
-/// [`observe_try_lock`]; the handle itself moves into the release).
-pub async fn observe_release(
-    store: &str,
-    key: &str,
-    fence: u64,
-    attempt: impl std::future::Future<Output = Result<(), LockError>>,
-) -> Result<(), LockError> {
-    let span = tracing::info_span!("lock.release", key = %key, store, fence);
-    attempt.instrument(span).await
 }

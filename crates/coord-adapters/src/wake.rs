@@ -83,6 +83,13 @@ impl Wake {
 pub trait WaitError {
     /// Whether the error is contention, not a failure.
     fn is_contention(&self) -> bool;
+
+    /// Whether a txn of the call was sent and its outcome is unknown: a
+    /// grant it carried may have landed (or may still land), so a caller
+    /// that got this error withdraws the grant it offered.
+    fn is_indeterminate(&self) -> bool {
+        false
+    }
 }
 
 /// The store-error conversions of an adapter error with `Invalid(InvalidInput)`
@@ -112,10 +119,26 @@ macro_rules! store_errors {
                     $error::Store(coord_backend::Error::ConflictRetriesExhausted { .. })
                 )
             }
+
+            /// A txn's answer was lost: `Store(Indeterminate)`.
+            fn is_indeterminate(&self) -> bool {
+                matches!(self, $error::Store(error) if error.is_indeterminate())
+            }
         }
     };
 }
 pub(crate) use store_errors;
+
+/// As good as never: what [`later`] adds when a length of time does not fit
+/// (30 years, as tokio's own "far future").
+pub const FOREVER: Duration = Duration::from_secs(86_400 * 365 * 30);
+
+/// `from + by`, or `from` + [`FOREVER`] when `by` is longer: a timeout or
+/// TTL of [`Duration::MAX`] ("wait forever", "hold until released") never
+/// overflows an instant.
+pub fn later(from: Instant, by: Duration) -> Instant {
+    from + by.min(FOREVER)
+}
 
 /// When a waiting call started and when it gives up.
 #[derive(Clone, Copy, Debug)]
@@ -132,7 +155,7 @@ impl Deadline {
         let started = Instant::now();
         Deadline {
             started,
-            at: started + timeout,
+            at: later(started, timeout),
         }
     }
 }
@@ -168,7 +191,8 @@ impl Wake {
                 return Err(timed_out(now - deadline.started));
             }
             refusals += 1;
-            self.until((now + pause(refusals)).min(deadline.at)).await;
+            self.until(later(now, pause(refusals)).min(deadline.at))
+                .await;
         }
     }
 }

@@ -72,6 +72,25 @@ pub enum Error {
     /// A URL or configuration could not be understood.
     #[error("configuration error: {0}")]
     Config(String),
+
+    /// Clients of different storage formats write the namespace, and going
+    /// on could hand a version out twice: a reclaim while an older client
+    /// was seen (or records from before formats were announced are there),
+    /// or a client older than the format the namespace requires (see
+    /// [`crate::reclaim`], "Mixed versions"). Nothing changed; `action` says
+    /// what to do (upgrade or stop the older clients).
+    #[error(
+        "storage format mismatch (this client writes format {ours}, found {theirs}): {action}"
+    )]
+    FormatMismatch {
+        /// The format this client writes.
+        ours: u32,
+        /// The other format: an announced older client's, or the
+        /// namespace's required one.
+        theirs: u32,
+        /// What happened and what to do.
+        action: String,
+    },
 }
 
 /// Why a call was refused as invalid. Nothing was stored.

@@ -166,20 +166,37 @@ impl Mutation {
 /// asserted key as the store saw them when it checked (one per distinct key,
 /// in assert order), so a CAS loop can decide again without another round
 /// trip. When `applied = true`, `current` is empty.
+///
+/// When `applied = true`, `written` may hold the versions the store gave
+/// keys the txn put. A writer can infer a put's version only over a key it
+/// asserted present (one past the asserted version); the version of a key
+/// created over "missing" depends on what the caller cannot see (a deleted
+/// key's hidden counter, a reclaimed namespace's floor, a store's own
+/// numbering), so a store that knows it reports it here. A store may report
+/// nothing (empty): callers then know no created key's version.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TxnOutcome {
     /// Whether every assert held and every mutation was applied.
     pub applied: bool,
     /// On rejection: the current entries of the asserted keys. Empty when applied.
     pub current: Vec<Entry>,
+    /// When applied: `(key, version)` of puts whose version the store
+    /// reports (any subset of the txn's puts, possibly none).
+    pub written: Vec<(String, Version)>,
 }
 
 impl TxnOutcome {
-    /// A successful txn.
+    /// A successful txn (reporting no versions).
     pub fn applied() -> Self {
+        Self::applied_at(Vec::new())
+    }
+
+    /// A successful txn that gave the keys in `written` these versions.
+    pub fn applied_at(written: Vec<(String, Version)>) -> Self {
         TxnOutcome {
             applied: true,
             current: Vec::new(),
+            written,
         }
     }
 
@@ -188,7 +205,16 @@ impl TxnOutcome {
         TxnOutcome {
             applied: false,
             current,
+            written: Vec::new(),
         }
+    }
+
+    /// The version this (applied) txn reports for `key`, if it reports one.
+    pub fn written_version(&self, key: &str) -> Option<Version> {
+        self.written
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, version)| *version)
     }
 }
 

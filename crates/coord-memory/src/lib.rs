@@ -197,11 +197,13 @@ impl Backend for SingleProcessMemoryBackend {
                 .collect();
             return Ok(TxnOutcome::rejected(current));
         }
+        let mut written = Vec::new();
         for mutation in mutations {
             let key = mutation.key();
             let version = cells.counter(key) + 1;
             match mutation {
                 Mutation::Put { value, .. } => {
+                    written.push((key.to_owned(), Version(version)));
                     cells.tombstones.remove(key);
                     let cell = Cell {
                         version,
@@ -221,7 +223,7 @@ impl Backend for SingleProcessMemoryBackend {
             self.shared.feed.publish(Changed::Keys(written));
         }
         drop(cells);
-        Ok(TxnOutcome::applied())
+        Ok(TxnOutcome::applied_at(written))
     }
 
     async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {

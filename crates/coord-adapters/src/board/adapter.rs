@@ -203,13 +203,17 @@ impl BoardAdapter {
             More,
         }
         let key = self.task_key(id);
-        let per_txn = (self.space.keys_per_call().saturating_sub(2) / 2).max(1);
+        let removals = self.done_index().removals();
+        let per_txn = (self.space.keys_per_call().saturating_sub(3) / 2).max(1);
         let prefix = self.dependents_prefix(id);
         loop {
             let waiting = self.space.engine().backend().keys(&prefix).await?;
             let batch = &waiting[..waiting.len().min(per_txn)];
             let last = batch.len() == waiting.len();
             let mut keys = vec![key.clone(), entry.to_owned()];
+            if last {
+                keys.push(removals.clone());
+            }
             for waiter in batch {
                 keys.push(waiter.clone());
                 keys.push(self.task_key(&waiter[prefix.len()..]));
@@ -261,6 +265,9 @@ impl BoardAdapter {
                     if last {
                         mutations.push(Mutation::delete(key.as_str()));
                         mutations.push(Mutation::delete(entry));
+                        // "Missing" comes back: count it, so a late copy of
+                        // the add that created the task cannot land now.
+                        mutations.push(self.done_index().count_removal(view)?);
                         return Ok(Decision::Commit {
                             mutations,
                             then: Step::Done(Removal::Removed),
@@ -282,13 +289,13 @@ impl BoardAdapter {
         }
     }
 
-    /// Adding a task reads it and every dependency and writes a
-    /// reverse-dependency entry per dependency, in one txn (a claim reads
-    /// the task and its dependencies): refuse a task the store could never
-    /// add or claim, rather than storing half of it.
+    /// Adding a task reads it, every dependency and the removal counter,
+    /// and writes a reverse-dependency entry per dependency, in one txn (a
+    /// claim reads the task and its dependencies): refuse a task the store
+    /// could never add or claim, rather than storing half of it.
     fn check_fits(&self, spec: &TaskSpec) -> Result<(), BoardError> {
         let max = self.space.keys_per_call();
-        let count = 1 + 2 * spec.deps.len();
+        let count = 2 + 2 * spec.deps.len();
         if count > max {
             return Err(BoardError::Invalid(InvalidInput::TooManyKeys {
                 count,
@@ -392,8 +399,12 @@ impl Board for BoardAdapter {
         // The dependencies are read (and asserted) too: one completed now is
         // met for good; the others get a reverse-dependency entry, which a
         // prune of a dependency will find (it can only complete after this
-        // txn, which asserts its version).
-        let (spec, key, keys) = self.prepare(task)?;
+        // txn, which asserts its version). The removal counter is asserted
+        // too: "missing" comes back once the task is pruned, the counter
+        // never does, so a lost add's resend or late original cannot
+        // create the task a second time (see `crate::retention`).
+        let (spec, key, mut keys) = self.prepare(task)?;
+        keys.push(self.done_index().removals());
         self.space
             .engine()
             .decide::<(), BoardError, _>(&keys, |view| {

@@ -35,6 +35,15 @@
 //! - the resend's own answer is lost again: back off and resend, at most
 //!   [`CasOptions::max_attempts`] times, then [`Error::Indeterminate`].
 //!
+//! "At most one of the two can apply" holds only while the state the txn
+//! asserts cannot come back. Versions never do (stores never reuse one,
+//! reclaim included), but "missing" does once the key is deleted: a
+//! decision that creates a record which something later deletes (retention
+//! pruning a completed task) must also assert a key that only moves
+//! forward and that every such delete writes (the retention index's
+//! removal counter, see [`crate::retention`]), or a copy held back in the
+//! server could create the record again after its deletion.
+//!
 //! **Refusals** are a decision's errors (`?` on a read, `return Err(..)`):
 //! answers like [`Decision::Return`], so a refusal decided on remembered
 //! entries is confirmed the same way before it is returned. Adapters build
@@ -433,7 +442,7 @@ impl CasEngine {
             self.counters.txns.fetch_add(1, Ordering::Relaxed);
             match self.call_txn(asserts, mutations).await {
                 Ok(outcome) if outcome.applied => {
-                    self.remember_written(asserts, mutations);
+                    self.remember_written(asserts, mutations, &outcome);
                     return Ok(());
                 }
                 Ok(outcome) => {
@@ -509,7 +518,7 @@ impl CasEngine {
         let asserts = view.asserts();
         let outcome = self.call_txn(&asserts, mutations).await?;
         if outcome.applied {
-            self.remember_written(&asserts, mutations);
+            self.remember_written(&asserts, mutations, &outcome);
             Ok(true)
         } else {
             self.counters.rejections.fetch_add(1, Ordering::Relaxed);
@@ -522,19 +531,25 @@ impl CasEngine {
         }
     }
 
-    /// Remember what an applied txn wrote: each written key is one version
-    /// past the version it was asserted at.
-    fn remember_written(&self, asserts: &[Assert], mutations: &[Mutation]) {
+    /// Remember what an applied txn wrote: the version the store reports
+    /// for a put; else one past the version it was asserted at, which for a
+    /// key created over "missing" is a guess of 1 (right until the key was
+    /// deleted once or the namespace reclaimed; a wrong guess costs one
+    /// rejected txn, which returns the truth).
+    fn remember_written(&self, asserts: &[Assert], mutations: &[Mutation], outcome: &TxnOutcome) {
         let written: Vec<Entry> = mutations
             .iter()
             .map(|m| match m {
                 Mutation::Put { key, value } => {
-                    // A txn names a handful of keys: a scan beats hashing them.
-                    let before = asserts
-                        .iter()
-                        .find(|a| a.key == *key)
-                        .map_or(Version::MISSING, |a| a.version);
-                    Entry::present(key.clone(), Version(before.0 + 1), value.clone())
+                    let version = outcome.written_version(key).unwrap_or_else(|| {
+                        // A txn names a handful of keys: a scan beats hashing them.
+                        let before = asserts
+                            .iter()
+                            .find(|a| a.key == *key)
+                            .map_or(Version::MISSING, |a| a.version);
+                        Version(before.0 + 1)
+                    });
+                    Entry::present(key.clone(), version, value.clone())
                 }
                 // A deleted key reads as missing; its hidden counter is not needed to assert it.
                 Mutation::Delete { key } => Entry::missing(key.clone()),
@@ -707,6 +722,28 @@ mod tests {
             .unwrap();
         assert_eq!(engine.stats().round_trips(), 2);
         assert_eq!(engine.stats().rejections, 0);
+    }
+
+    /// A key created over a tombstone is remembered at the version the
+    /// store gave it (not a guess of 1): the next decision costs one txn.
+    #[tokio::test]
+    async fn a_created_key_is_remembered_at_its_reported_version() {
+        let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("cas").unwrap());
+        backend
+            .put_if("n", Version::MISSING, b"0".to_vec())
+            .await
+            .unwrap();
+        backend.delete_if("n", Version(1)).await.unwrap();
+        let engine = CasEngine::new(backend);
+        for _ in 0..2 {
+            engine
+                .decide::<_, Error, _>(&["n".into()], counter_step)
+                .await
+                .unwrap();
+        }
+        assert_eq!(engine.cached("n").map(|e| e.version), Some(Version(4)));
+        assert_eq!(engine.stats().rejections, 0);
+        assert_eq!(engine.stats().round_trips(), 2);
     }
 
     #[tokio::test]

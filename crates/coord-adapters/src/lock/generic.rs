@@ -151,7 +151,7 @@ impl Lock for GenericLock {
                 Ok(Verdict::Write(renewed, ()))
             })
             .await;
-        telemetry::lock_renewed(renewed)
+        super::renewed(renewed)
     }
 
     #[tracing::instrument(name = "lock.release", skip_all, fields(

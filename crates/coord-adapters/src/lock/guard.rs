@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{Lock, LockError, LockExt, LockHandle, LostReason, WaitOptions};
+use crate::wake::later;
 
 /// Options of a [`LockGuard`].
 #[derive(Clone, Debug, Default)]
@@ -86,7 +87,7 @@ impl LockGuard {
             .max(Duration::from_millis(1));
         let (lost, _) = watch::channel(None);
         let renewals = Arc::new(AtomicU64::new(0));
-        let valid_until = Arc::new(Mutex::new(handle.requested_instant() + ttl));
+        let valid_until = Arc::new(Mutex::new(later(handle.requested_instant(), ttl)));
         let task = tokio::spawn(renew_loop(
             lock.clone(),
             handle.clone(),
@@ -253,12 +254,12 @@ async fn renew_loop(
     // Our own estimate of when the lease runs out, in local monotonic time,
     // counted from when the grant was requested (not answered): past it we
     // no longer know that we hold the lock, whatever the store says later.
-    let mut valid_until = handle.requested_instant() + ttl;
+    let mut valid_until = later(handle.requested_instant(), ttl);
     let lose = |error: LockError| {
         lost.send_replace(Some(Arc::new(error)));
     };
     loop {
-        tokio::time::sleep_until((Instant::now() + every).min(valid_until)).await;
+        tokio::time::sleep_until(later(Instant::now(), every).min(valid_until)).await;
         let sent = Instant::now();
         if sent >= valid_until {
             crate::telemetry::lock_lost("expired");
@@ -267,7 +268,7 @@ async fn renew_loop(
         match tokio::time::timeout_at(valid_until, lock.renew(&handle)).await {
             Ok(Ok(())) => {
                 renewals.fetch_add(1, Ordering::Relaxed);
-                valid_until = sent + ttl;
+                valid_until = later(sent, ttl);
                 *shared_valid_until.lock().unwrap_or_else(|e| e.into_inner()) = valid_until;
             }
             Ok(Err(error)) => {

@@ -73,12 +73,15 @@ use crate::wake::Wake;
 pub mod fair;
 mod generic;
 mod guard;
+mod observe;
 pub mod semaphore;
 mod wait;
 
 pub use fair::{FairLock, FairLockOptions, FairLockStatus, TicketStatus};
 pub use generic::{GenericLock, LockOptions, LockStatus};
 pub use guard::{GuardOptions, LockGuard, LostSignal};
+pub(crate) use observe::renewed;
+pub use observe::{lock_lost_if, observe_release, observe_renew, observe_try_lock};
 pub use semaphore::{
     GenericSemaphore, Permit, PermitStatus, Semaphore, SemaphoreOptions, SemaphoreStatus,
 };

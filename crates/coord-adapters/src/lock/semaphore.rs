@@ -52,8 +52,8 @@ use crate::cas::space::LeaseOffer;
 use crate::cas::{
     record_kind, record_options, whole_millis, CasStats, LeaseRecord, Nonce, RecordSpace, Verdict,
 };
+use crate::mint_token;
 use crate::wake::{WaitError, Wake};
-use crate::{mint_token, telemetry};
 
 /// A permit of a [`Semaphore`]: the same shape as a lock's handle (key,
 /// secret token, fence, TTL, expiry). Treat it as opaque.
@@ -310,7 +310,8 @@ impl GenericSemaphore {
         id: &str,
     ) -> Result<Attempt, LockError> {
         let offer = self.space.offer(ttl);
-        self.space
+        let answer = self
+            .space
             .decide_record(key, |record: Option<SemRecord>| {
                 let record = record.unwrap_or_default();
                 let (holders, mut waiters) = Self::live(&record, permits, offer.now)?;
@@ -349,7 +350,41 @@ impl GenericSemaphore {
                 };
                 Ok(Verdict::Write(queued, Attempt::Waiting))
             })
-            .await
+            .await;
+        self.withdraw_if_unknown(key, &answer, &offer.token, Some(id))
+            .await;
+        answer
+    }
+
+    /// After `answer`, withdraw the permit offered with `token` (and the
+    /// place of waiter `id`) when the answer is indeterminate: the grant may
+    /// have landed, or may still land, and nobody would know of it until
+    /// its lease ran out. The caller still gets the error.
+    async fn withdraw_if_unknown<T>(
+        &self,
+        key: &str,
+        answer: &Result<T, LockError>,
+        token: &str,
+        id: Option<&str>,
+    ) {
+        let Err(error) = answer else { return };
+        if !error.is_indeterminate() {
+            return;
+        }
+        let now = self.space.now_millis();
+        let withdrawn: Result<(), LockError> = self
+            .space
+            .decide_record(key, |record: Option<SemRecord>| {
+                // Written even when nothing here is ours: the write moves
+                // the record on, so a copy of the grant still in flight can
+                // no longer apply.
+                let record = record.unwrap_or_default();
+                Ok(Verdict::Write(record.pruned(now, Some(token), id), ()))
+            })
+            .await;
+        if let Err(error) = withdrawn {
+            tracing::debug!(%error, "could not withdraw a permit granted in doubt: it expires with its lease");
+        }
     }
 
     /// The waiter `id` gives up: its place goes (nothing to do when it has none).
@@ -422,6 +457,8 @@ impl Semaphore for GenericSemaphore {
                 Ok(Verdict::Write(granted, Some(permit)))
             })
             .await;
+        self.withdraw_if_unknown(key, &answer, &offer.token, None)
+            .await;
         if let Ok(Some(permit)) = &answer {
             tracing::Span::current().record("fence", permit.fence());
         }
@@ -462,7 +499,7 @@ impl Semaphore for GenericSemaphore {
                 Ok(Verdict::Write(renewed, ()))
             })
             .await;
-        telemetry::lock_renewed(renewed)
+        super::renewed(renewed)
     }
 
     #[tracing::instrument(name = "semaphore.release", skip_all, fields(
@@ -531,7 +568,8 @@ impl Semaphore for GenericSemaphore {
             refusals += 1;
             // A third of the TTL at most: the place is renewed from half of it on.
             let pause = wait.pause(refusals).min(ttl / 3);
-            wake.until((now + pause).min(deadline)).await;
+            wake.until(crate::wake::later(now, pause).min(deadline))
+                .await;
         };
         if outcome.is_err() {
             // Best effort: a place left behind runs out with its lease.

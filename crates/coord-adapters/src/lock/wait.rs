@@ -26,7 +26,7 @@ pub struct WaitOptions {
 impl WaitOptions {
     /// The deadline of a wait that starts now.
     pub(crate) fn deadline_from(&self, started: Instant) -> Instant {
-        started + self.timeout
+        crate::wake::later(started, self.timeout)
     }
 
     /// Wait up to `timeout` with the default backoff (10 ms doubling up to 500 ms).

@@ -27,17 +27,20 @@ pub(super) fn claim(
 ) -> Result<Decision<Claim>, RunError> {
     let slot = keys.slot;
     let (record, mut running, mut history) = keys.read(view)?;
-    if slot < history.forgotten_below {
-        return Ok(Decision::Return(Claim {
-            won: false,
-            outcome: ClaimOutcome::Done,
-            takeovers: 0,
-            holder: None,
-            lease_until_ms: None,
-        }));
-    }
     let lease = running.runs.get(&slot).cloned();
     let takeovers = match &record {
+        // The floor refuses only slots whose claim is gone: a slot that was
+        // still running when a later one was forgotten keeps its record, and
+        // is judged by it (its owner retrying, a takeover, its finish).
+        None if slot < history.forgotten_below => {
+            return Ok(Decision::Return(Claim {
+                won: false,
+                outcome: ClaimOutcome::Done,
+                takeovers: 0,
+                holder: None,
+                lease_until_ms: None,
+            }));
+        }
         None => 0,
         Some(r) if r.state == SlotState::Running && r.token == request.token => {
             // The same attempt asking again: still ours. Renew an
@@ -380,28 +383,67 @@ pub(super) fn record_skip(
     })
 }
 
+/// The message history shows for a run [`forget`] found abandoned.
+pub(super) const ABANDONED: &str =
+    "abandoned: its lease ended with no finish and no takeover, and its claim was forgotten";
+
 /// Delete the claims of `batch` (keys under `prefix`) that ended before
 /// `horizon`, and raise history's floor past them in the same txn.
+///
+/// A claim ends when its run finishes or is released, or, for a run whose
+/// owner went silent and nobody took over, when its lease ends (as the
+/// running set says; a claim missing from it ends when it started, since
+/// any claimer may take it over at once). Such an abandoned run also leaves
+/// the running set and is marked in history, in the same txn. Whatever its
+/// owner sends after that is refused, and none of its txns still held in
+/// the store can apply: its heartbeat asserts the running set, its finish the
+/// claim, and a claim all three keys, each of which this txn writes (a
+/// version only moves forward, and the floor in history refuses the slot
+/// once its claim is gone).
 pub(super) fn forget(
     view: &View,
     batch: &[String],
     prefix: &str,
     horizon: u64,
+    running_key: &str,
     history_key: &str,
 ) -> Result<Decision<usize>, RunError> {
+    let mut running = if view.contains(running_key) {
+        Some(RunningSet::read(view, running_key)?.unwrap_or_default())
+    } else {
+        None
+    };
     let mut deletes = Vec::new();
+    let mut abandoned = Vec::new();
     let mut below = 0;
     for key in batch {
         let Some(record) = SlotRecord::read(view, key)? else {
             continue;
         };
+        let Ok(slot) = key[prefix.len()..].parse::<Slot>() else {
+            continue;
+        };
         // Remember a claim for the whole window after it ended,
         // so a backup still following it sees it done.
-        let ended = record.finished_ms.unwrap_or(u64::MAX);
-        if record.state != SlotState::Running && ended < horizon {
+        let ended = match record.state {
+            // A lease never ends before its run started.
+            SlotState::Running if record.started_ms >= horizon => continue,
+            SlotState::Running => {
+                let Some(running) = &running else {
+                    return Ok(Decision::Expand(vec![running_key.to_owned()]));
+                };
+                running
+                    .runs
+                    .get(&slot)
+                    .map_or(record.started_ms, |entry| entry.lease_until_ms)
+            }
+            SlotState::Done | SlotState::Released => record.finished_ms.unwrap_or(u64::MAX),
+        };
+        if ended < horizon {
             deletes.push(Mutation::delete(key.clone()));
-            if let Ok(slot) = key[prefix.len()..].parse::<u64>() {
-                below = below.max(slot.saturating_add(1));
+            below = below.max(slot.saturating_add(1));
+            if record.state == SlotState::Running {
+                abandoned.push((slot, ended));
             }
         }
     }
@@ -412,6 +454,20 @@ pub(super) fn forget(
     // Raise the floor in the same txn as the deletes.
     let mut history = History::read(view, history_key)?.unwrap_or_default();
     history.forgotten_below = history.forgotten_below.max(below);
+    if let Some(running) = running.as_mut().filter(|_| !abandoned.is_empty()) {
+        for (slot, ended) in abandoned {
+            running.runs.remove(&slot);
+            if let Some(entry) = history
+                .scheduled_mut(slot)
+                .filter(|e| e.status == RunStatus::Running)
+            {
+                entry.status = RunStatus::Failed;
+                entry.message = Some(ABANDONED.into());
+                entry.finished_ms = Some(ended.max(entry.started_ms));
+            }
+        }
+        deletes.push(running.put(running_key));
+    }
     deletes.push(history.put(history_key));
     Ok(Decision::Commit {
         mutations: deletes,

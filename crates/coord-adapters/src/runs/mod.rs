@@ -15,12 +15,16 @@
 //!   [`release`](SlotStore::release) act only with the owning token; anything
 //!   else is [`RunError::NotOwner`] and changes nothing. An expired lease that
 //!   nobody took over yet still belongs to its holder (expiry only opens the
-//!   door to a takeover).
+//!   door to a takeover), until the store forgets the run: with a dedupe
+//!   window, a run whose lease ended longer than the window ago is
+//!   *abandoned* and forgotten by [`prune`](SlotStore::prune) like a
+//!   finished one; its holder is then refused like anyone else.
 //! - [`history`](SlotStore::history) lists recent runs of a job from every
 //!   instance, newest slot first, bounded by the store's history size.
-//! - [`dedupe_window`](SlotStore::dedupe_window) says how long finished
-//!   claims are remembered; the scheduler refuses jobs that could still
-//!   claim a slot after that.
+//! - [`dedupe_window`](SlotStore::dedupe_window) says how long a claim is
+//!   remembered after its run ended (finished, released, or its lease ran
+//!   out with nobody taking over); the scheduler refuses jobs that could
+//!   still claim a slot after that. A forgotten slot is never claimable again.
 //!
 //! # The implementation ([`RunStore`])
 //!
@@ -79,7 +83,9 @@ const MAX_NAME: usize = 128;
 /// the conformance suite checks any implementation.
 #[async_trait]
 pub trait SlotStore: Send + Sync + fmt::Debug {
-    /// How long a finished claim is remembered (`None` = forever).
+    /// How long a claim is remembered after its run ended: finished,
+    /// released, or abandoned (its lease ran out and nobody took over).
+    /// `None` = forever.
     fn dedupe_window(&self) -> Option<Duration>;
 
     /// Decide, atomically, whether `request.token` runs `(job, slot)`.
@@ -126,7 +132,10 @@ pub trait SlotStore: Send + Sync + fmt::Debug {
     /// Recent runs of `job` from every instance, newest slot first, at most `limit`.
     async fn history(&self, job: &str, limit: usize) -> Result<Vec<RunRecord>, RunError>;
 
-    /// Forget finished claims older than the dedupe window; returns how many.
+    /// Forget the claims whose run ended (finished, released, or abandoned:
+    /// its lease ran out and nobody took over) longer than the dedupe window
+    /// ago; returns how many. A forgotten slot is never claimable again, and
+    /// the holder of a forgotten run is refused like anyone else.
     async fn prune(&self, _job: &str) -> Result<usize, RunError> {
         Ok(0)
     }

@@ -28,10 +28,15 @@ const PRUNE_BATCH: usize = 64;
 pub struct RunStoreOptions {
     /// Runs kept in each job's history (at least 1; default 50).
     pub history_size: usize,
-    /// Forget finished claims this long after they finished (`None`, the
-    /// default, = remember forever: one small key per run accumulates).
-    /// Forgetting is done by [`SlotStore::prune`], which the scheduler calls
-    /// after each run it finishes.
+    /// Forget a claim this long after its run ended: it finished or was
+    /// released, or its lease ran out and nobody took it over (an abandoned
+    /// run: its holder died or went silent; history then shows it failed,
+    /// with a message saying so). `None`, the default, = remember forever:
+    /// one small key per run accumulates. Forgetting is done by
+    /// [`SlotStore::prune`], which the scheduler calls after each run it
+    /// finishes. The pruner's clock judges the window: a clock ahead by more
+    /// than the window forgets a run still live, which then loses its lease
+    /// (its heartbeat is refused) and is not run again by anyone.
     pub forget_claims_after: Option<Duration>,
     /// Tuning of the CAS engine.
     pub cas: CasOptions,
@@ -51,7 +56,7 @@ coord_backend::setters! {
     RunStoreOptions {
         /// Keep `size` runs per job.
         with_history_size(size: usize) => history_size = size;
-        /// Forget finished claims after `window` (`None` = never).
+        /// Forget claims `window` after their run ended (`None` = never).
         with_forget_claims_after(window: Option<Duration>) => forget_claims_after = window;
     }
 }
@@ -324,15 +329,17 @@ impl SlotStore for RunStore {
                     .is_ok_and(|slot| slot < horizon)
             })
             .collect();
-        let history_key = history_key(job);
+        let (running_key, history_key) = (running_key(job), history_key(job));
         let mut forgotten = 0;
         for batch in old.chunks(PRUNE_BATCH) {
+            // The running set is read only when the batch holds a run that
+            // may be abandoned (`decide::forget` expands to it).
             let mut keys = batch.to_vec();
             keys.push(history_key.clone());
             forgotten += self
                 .engine
                 .decide(&keys, |view| {
-                    decide::forget(view, batch, &prefix, horizon, &history_key)
+                    decide::forget(view, batch, &prefix, horizon, &running_key, &history_key)
                 })
                 .await?;
         }

@@ -180,7 +180,9 @@ pub enum RunStatus {
     Running,
     /// Finished successfully.
     Succeeded,
-    /// Finished with an error.
+    /// Finished with an error, or abandoned: its lease ran out with no
+    /// finish and no takeover, and the store forgot its claim (the message
+    /// starts with `abandoned`).
     Failed,
     /// Stopped by the job's timeout.
     TimedOut,

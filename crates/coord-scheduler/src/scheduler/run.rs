@@ -7,6 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use coord_adapters::wake::later;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -97,8 +98,8 @@ impl Scheduler {
                 // unchanged for a full TTL on its own monotonic clock, so it
                 // never starts before this deadline has passed here.
                 let every = (ttl / 3).max(Duration::from_millis(10));
-                let mut deadline = claim_sent + ttl;
-                let mut next = claim_sent + every;
+                let mut deadline = later(claim_sent, ttl);
+                let mut next = later(claim_sent, every);
                 let lost = |why: &str| {
                     tracing::warn!(job = %name, slot, "lease lost: {why}");
                     lost_tx.send_replace(true);
@@ -111,7 +112,7 @@ impl Scheduler {
                         _ = tokio::time::sleep_until(next) => {}
                     }
                     let sent = Instant::now();
-                    next = sent + every;
+                    next = later(sent, every);
                     // A heartbeat that does not answer before the next one
                     // is due (or the lease ends) counts as failed.
                     let answer = tokio::time::timeout_at(
@@ -120,7 +121,7 @@ impl Scheduler {
                     )
                     .await;
                     match answer {
-                        Ok(Ok(_)) => deadline = deadline.max(sent + ttl),
+                        Ok(Ok(_)) => deadline = deadline.max(later(sent, ttl)),
                         Ok(Err(error)) if error.is_not_owner() => {
                             lost("another instance took the slot over");
                             return std::future::pending::<()>().await;

@@ -7,6 +7,7 @@ use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use coord_adapters::mint_token;
+use coord_adapters::wake::later;
 use tokio::time::Instant;
 
 use super::{bounded, millis, JobEntry, JobState, Scheduler};
@@ -465,8 +466,8 @@ impl JobTick<'_> {
                 // Look again every third of a lease (to see the
                 // holder's heartbeats move it) and when it has been
                 // unchanged for a full lease.
-                let look_at = (seen + follow_every)
-                    .min(seen_since + ttl)
+                let look_at = later(seen, follow_every)
+                    .min(later(seen_since, ttl))
                     .max(seen + Duration::from_millis(1));
                 st.pending.insert(
                     slot,

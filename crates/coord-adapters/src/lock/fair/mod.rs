@@ -12,8 +12,8 @@
 //!   lease as of joining. Written by waiters joining or leaving early (and
 //!   by a release now and then, to prune served waiters).
 //! - `<prefix><key>/q/<seq>` (20 digits), one waiter's ticket: its lease,
-//!   written by the waiter's renewals (from a third of the TTL on), and the
-//!   key its watch listens to.
+//!   written by the waiter's renewals (from a third of the TTL on) and by
+//!   the hand-over that gives it the lock, and the key its watch listens to.
 //!
 //! **Joining** takes the next number from the line record in one asserted
 //! txn. It never asserts the lock record unless it can take the lock at
@@ -24,19 +24,28 @@
 //!
 //! **Releasing hands over**: the release's txn gives the lock to the first
 //! live waiter of the line (the next fence, the lease that waiter asked
-//! for), marks it served and removes its ticket key, which wakes exactly
+//! for), marks it served and writes its ticket key, which wakes exactly
 //! that waiter (it watched its ticket key before joining); the waiter only
-//! reads to learn it holds the lock. Dead waiters ahead of it (their lease
-//! ran out: the waiter died, or paused past its lease) are skipped in the
-//! same txn. When the holder dies instead, the first live waiter takes the
-//! lock once the holder's lease has run out, in a txn asserting both records.
+//! reads to learn it holds the lock. A write, not a removal: a waiter
+//! handed the lock before its first renewal has no ticket record, and a
+//! store need not report a delete of a key that is not there (etcd after a
+//! reclaim deletes for real: a delete of nothing is no event). That ticket
+//! is removed by the next write that changes the holder. Dead waiters
+//! ahead of it (their lease ran out: the waiter died, or paused past its
+//! lease) are skipped in the same txn, at most 16 per txn: with
+//! more, the release skips them in txns of their own first, still holding
+//! the lock, so the lock reaches the first live waiter however many dead
+//! ones precede it. When the holder dies instead, the first live waiter
+//! takes the lock once the holder's lease has run out, in a txn asserting
+//! both records.
 //!
 //! A waiter that gives up (timeout, error) leaves the line, or hands the
 //! lock on if it was handed the lock meanwhile; one that is cancelled or
 //! dies blocks the line until its lease runs out, never longer (the lock
 //! may be handed to it just before: then until the lease of that grant
-//! runs out). Ticket keys are deleted when their waiter leaves; like every
-//! deleted key they leave a store tombstone (see docs/shapes.md on
+//! runs out). Ticket keys are deleted when their waiter leaves (a ticket a
+//! hand-over wrote: when the holder changes again); like every deleted key
+//! they leave a store tombstone (see docs/shapes.md on
 //! tombstones). The lock record stays, to keep the fence.
 //!
 //! The holder's lease lives in the lock record, exactly as in
@@ -243,12 +252,14 @@ impl Lock for FairLock {
                 })
             })
             .await;
-        telemetry::lock_renewed(renewed)
+        crate::lock::renewed(renewed)
     }
 
     /// Release, handing the lock to the first live waiter in the same txn
     /// (the next fence, the lease it asked for): the waiter is woken by the
-    /// removal of its ticket and only reads to learn it holds the lock.
+    /// write of its ticket and only reads to learn it holds the lock. More
+    /// dead waiters ahead of it than one txn skips: they leave the line in
+    /// txns of their own first (the lock still held), then the hand-over.
     #[tracing::instrument(name = "lock.release", skip_all, fields(
         key = %handle.key(), store = self.space.store_name(), fence = handle.fence(),
     ))]
@@ -256,17 +267,23 @@ impl Lock for FairLock {
         validate_lock_input(handle.key(), handle.ttl())?;
         let keys = self.both_keys(handle.key());
         let now = self.space.now_millis();
-        self.space
-            .engine()
-            .decide::<_, LockError, _>(&keys, |view| {
-                let (state, line) = self.decode(view, handle.key())?;
-                if let Some(reason) = Self::why_not_held(&handle, &state, now) {
-                    return Err(LockError::lost(handle.key(), reason));
-                }
-                // The lock record stays: its fence must survive.
-                Ok(self.hand_over(view, handle.key(), &state, &line, now)?)
-            })
-            .await
+        loop {
+            let handed = self
+                .space
+                .engine()
+                .decide::<_, LockError, _>(&keys, |view| {
+                    let (state, line) = self.decode(view, handle.key())?;
+                    if let Some(reason) = Self::why_not_held(&handle, &state, now) {
+                        return Err(LockError::lost(handle.key(), reason));
+                    }
+                    // The lock record stays: its fence must survive.
+                    Ok(self.hand_over(view, handle.key(), &state, &line, now)?)
+                })
+                .await?;
+            if handed {
+                return Ok(());
+            }
+        }
     }
 
     async fn watch_key(&self, key: &str) -> Wake {
@@ -275,7 +292,7 @@ impl Lock for FairLock {
     }
 
     /// Wait in line: watch the ticket, take it, then sleep until the holder
-    /// hands the lock over (its txn removes the ticket, which wakes this
+    /// hands the lock over (its txn writes the ticket, which wakes this
     /// waiter), the holder's lease runs out, or the fallback poll; renew
     /// the ticket every third of `ttl`. On timeout or error the ticket is
     /// removed (if that fails too, it expires within `ttl`).
@@ -314,6 +331,7 @@ impl Lock for FairLock {
 
 #[cfg(test)]
 mod tests {
+    use super::waiter::Attempt;
     use super::*;
     use crate::lock::LockExt;
     use coord_backend::ManualClock;
@@ -408,6 +426,91 @@ mod tests {
             "one read: the one after the hand-over woke it"
         );
         late.release(late_held).await.unwrap();
+    }
+
+    /// A hand-over writes the ticket of the waiter it hands the lock to
+    /// (here one whose ticket record was never written: its first renewal
+    /// is a third of its lease away): a write wakes a watch on every store,
+    /// a delete of a key that is not there need not (etcd after a reclaim).
+    /// The next change of holder, by release or by expiry, removes it.
+    #[tokio::test]
+    async fn a_hand_over_writes_the_handed_ticket_and_the_next_holder_removes_it() {
+        let (backend, clock, lock) = fair();
+        let ttl = Duration::from_secs(60);
+        let ticket_value = |seq| {
+            let backend = backend.clone();
+            let key = lock.ticket_key("k", seq);
+            async move { backend.snapshot(&[key]).await.unwrap()[0].value.clone() }
+        };
+        for ends_by in ["release", "expiry"] {
+            let held = lock.try_lock("k", ttl).await.unwrap().unwrap();
+            let ticket = lock.join_slow("k", ttl).await.unwrap();
+            assert_eq!(ticket_value(ticket.seq).await, None, "never written yet");
+            lock.release(held).await.unwrap();
+            assert!(
+                ticket_value(ticket.seq).await.is_some(),
+                "the hand-over writes the ticket"
+            );
+            let Attempt::Granted(handed) = lock.look("k", &ticket, ttl).await.unwrap() else {
+                panic!("the hand-over gave the lock to the waiter");
+            };
+            match ends_by {
+                "release" => lock.release(handed).await.unwrap(),
+                _ => {
+                    clock.advance(ttl + Duration::from_millis(1));
+                    let next = lock.try_lock("k", ttl).await.unwrap().unwrap();
+                    assert_no_tickets(&backend).await;
+                    lock.release(next).await.unwrap();
+                }
+            }
+            assert_no_tickets(&backend).await;
+        }
+    }
+
+    /// A release with more dead waiters ahead of a live one than one
+    /// decision reads skips them in txns of at most [`LOOKAHEAD`] tickets
+    /// (the lock still held), then hands the lock to the live waiter in the
+    /// same kind of txn: the write of its ticket wakes the watch it set
+    /// before joining, at once (no poll).
+    #[tokio::test]
+    async fn a_release_behind_more_dead_than_one_decision_reads_wakes_the_live_waiter() {
+        let (backend, clock, lock) = fair();
+        let (short, long) = (Duration::from_millis(100), Duration::from_secs(60));
+        let held = lock.try_lock("k", long).await.unwrap().unwrap();
+        let dead = LOOKAHEAD * 2 + 3;
+        for _ in 0..dead {
+            lock.join_slow("k", short).await.unwrap();
+        }
+        clock.advance(short + Duration::from_millis(1));
+        let live = lock.join_slow("k", long).await.unwrap();
+        let changes = backend.changes().expect("the memory store notifies");
+        let mut watch = changes
+            .watch(&lock.ticket_key("k", live.seq))
+            .await
+            .unwrap();
+        let before = lock.stats();
+        lock.release(held).await.unwrap();
+        let after = lock.stats();
+        assert_eq!(
+            (
+                after.txns - before.txns,
+                after.rejections - before.rejections
+            ),
+            (dead.div_ceil(LOOKAHEAD) as u64, 0),
+            "one txn per batch of dead tickets, the last one handing over"
+        );
+        // Already published: the first poll of `changed` is ready.
+        tokio::time::timeout(Duration::ZERO, watch.changed())
+            .await
+            .expect("the hand-over woke the live waiter's watch")
+            .unwrap();
+        let Attempt::Granted(handle) = lock.look("k", &live, long).await.unwrap() else {
+            panic!("the release handed the lock to the live waiter");
+        };
+        assert_eq!(handle.fence(), 2);
+        assert!(lock.status("k").await.unwrap().unwrap().waiting.is_empty());
+        lock.release(handle).await.unwrap();
+        assert_no_tickets(&backend).await;
     }
 
     #[tokio::test]

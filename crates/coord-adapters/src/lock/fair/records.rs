@@ -25,6 +25,10 @@ pub(super) struct LockState {
     /// Every ticket numbered up to this one has left the line (granted, or
     /// skipped as dead): a grant moves the line on without writing it.
     pub(super) served: u64,
+    /// The ticket a hand-over wrote for the holder (the write is what wakes
+    /// that waiter), removed by the next write that changes the holder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) ticket: Option<u64>,
     /// Fresh per write (see the CAS engine on indeterminate txns).
     pub(super) nonce: Nonce,
 }
@@ -60,7 +64,9 @@ pub(super) struct Waiter {
 /// The holder's lease (the same record as every lock's).
 pub(super) type Holder = LeaseRecord;
 
-/// One waiter's ticket, `<prefix><key>/q/<seq>`.
+/// One waiter's ticket, `<prefix><key>/q/<seq>`: written by its waiter's
+/// renewals while it waits, and by the hand-over that gives it the lock
+/// (with lease 0: it left the line).
 #[derive(Serialize, Deserialize)]
 pub(super) struct TicketRecord {
     pub(super) token: String,
@@ -78,6 +84,7 @@ impl std::fmt::Debug for LockState {
             .field("fence", &self.fence)
             .field("held", &self.holder.is_some())
             .field("served", &self.served)
+            .field("ticket", &self.ticket)
             .finish_non_exhaustive()
     }
 }
@@ -128,12 +135,29 @@ pub(super) fn without(line: &LineState, served: u64, gone: &[u64]) -> LineState 
 }
 
 /// The lock state after a grant to `holder` (the next fence), the line
-/// served up to `served`.
-pub(super) fn granted(state: &LockState, holder: Holder, served: u64) -> LockState {
+/// served up to `served`; `ticket`: the one a hand-over writes for it.
+pub(super) fn granted(
+    state: &LockState,
+    holder: Holder,
+    served: u64,
+    ticket: Option<u64>,
+) -> LockState {
     LockState {
         fence: state.fence + 1,
         holder: Some(holder),
         served: state.served.max(served),
+        ticket,
+        nonce: Nonce::default(),
+    }
+}
+
+/// The lock state with nobody holding it, the line served up to `served`.
+pub(super) fn freed(state: &LockState, served: u64) -> LockState {
+    LockState {
+        fence: state.fence,
+        holder: None,
+        served: state.served.max(served),
+        ticket: None,
         nonce: Nonce::default(),
     }
 }
@@ -144,6 +168,7 @@ pub(super) fn skipped(state: &LockState, served: u64) -> LockState {
         fence: state.fence,
         holder: state.holder.clone(),
         served: state.served.max(served),
+        ticket: state.ticket,
         nonce: Nonce::default(),
     }
 }
@@ -164,11 +189,23 @@ pub(super) struct Newcomer<'a> {
 }
 
 /// The records one decision writes: the lock state and the line when they
-/// change, and the tickets of waiters that left the line.
+/// change, the tickets of waiters that left the line, and when the holder
+/// changes, the ticket of the waiter handed the lock and the one the
+/// holder replaced was handed.
+#[derive(Default)]
 pub(super) struct Writes<'a> {
     pub(super) state: Option<LockState>,
     pub(super) line: Option<LineState>,
     pub(super) gone: &'a [u64],
+    /// The waiter handed the lock: its ticket is written (lease 0), which
+    /// wakes it. A removal would not do: its ticket record may never have
+    /// been written (its first renewal comes at a third of its lease), and a
+    /// store need not report a delete of a key that is not there (etcd after
+    /// a reclaim deletes for real, and a delete of nothing is no event).
+    pub(super) handed: Option<&'a Waiter>,
+    /// The ticket written for the holder this decision replaces (the
+    /// previous state's [`LockState::ticket`]): removed.
+    pub(super) retired: Option<u64>,
 }
 
 impl FairLock {
@@ -267,11 +304,11 @@ impl FairLock {
         }))
     }
 
-    /// One txn writing `writes`. Tickets of waiters that left the line are
-    /// removed asserted when the view read them, unasserted otherwise (a
-    /// live waiter handed the lock: it asserts the lock and line records
-    /// before each renewal of its ticket, so it never brings a removed
-    /// ticket back). The removal is what wakes a waiter handed the lock.
+    /// One txn writing `writes`. Ticket writes are asserted when the view
+    /// read the ticket, unasserted otherwise (a waiter asserts the lock and
+    /// line records before each renewal of its ticket, so it never brings
+    /// a removed ticket back nor overwrites one a hand-over wrote). The
+    /// write of the handed waiter's ticket is what wakes it.
     pub(super) fn write<T>(
         &self,
         view: &View,
@@ -287,13 +324,25 @@ impl FairLock {
         if let Some(mut line) = writes.line {
             mutations.push(line.put(self.line_key(key)));
         }
-        for &seq in writes.gone {
-            let ticket = self.ticket_key(key, seq);
-            if view.contains(&ticket) {
-                mutations.push(Mutation::delete(ticket));
+        let mut ticket_write = |ticket: &str, mutation: Mutation| {
+            if view.contains(ticket) {
+                mutations.push(mutation);
             } else {
-                unasserted.push(Mutation::delete(ticket));
+                unasserted.push(mutation);
             }
+        };
+        for seq in writes.gone.iter().copied().chain(writes.retired) {
+            let ticket = self.ticket_key(key, seq);
+            ticket_write(&ticket, Mutation::delete(ticket.clone()));
+        }
+        if let Some(waiter) = writes.handed {
+            let ticket = self.ticket_key(key, waiter.seq);
+            let mut handed = TicketRecord {
+                token: waiter.token.clone(),
+                expires_ms: 0,
+                nonce: Nonce::default(),
+            };
+            ticket_write(&ticket, handed.put(&ticket));
         }
         Decision::CommitWithUnasserted {
             mutations,
@@ -315,8 +364,8 @@ impl FairLock {
         let served = dead.last().copied().unwrap_or(0);
         let writes = Writes {
             state: Some(skipped(state, served)),
-            line: None,
             gone: dead,
+            ..Writes::default()
         };
         self.write(view, key, writes, then)
     }
@@ -361,6 +410,7 @@ impl FairLock {
         };
         let expires_ms = now.saturating_add(whole_millis(ttl));
         let served = dead.last().copied().unwrap_or(0);
+        let retired = state.ticket;
         let state = granted(
             state,
             Holder {
@@ -368,12 +418,15 @@ impl FairLock {
                 expires_ms,
             },
             served,
+            None,
         );
         let handle = LockHandle::at(key, token, state.fence, ttl, expires_ms).requested_at(sent);
         let writes = Writes {
             line: Self::prune(line, state.served),
             state: Some(state),
             gone: &dead,
+            handed: None,
+            retired,
         };
         Ok(Ok(self.write(view, key, writes, answer(Some(handle)))))
     }
@@ -382,6 +435,10 @@ impl FairLock {
     /// lock was handed to it): the lock goes to the first live waiter, with
     /// the next fence and the lease that waiter asked for; dead waiters ahead
     /// of it leave the line. Nobody live waiting: the lock is free.
+    /// `false`: the first [`LOOKAHEAD`] waiters were all dead and only they
+    /// left the line (the holder keeps the lock): decide again, so that the
+    /// lock reaches a live waiter however many dead ones are ahead of it,
+    /// at most [`LOOKAHEAD`] tickets per txn.
     pub(super) fn hand_over(
         &self,
         view: &View,
@@ -389,38 +446,40 @@ impl FairLock {
         state: &LockState,
         line: &LineState,
         now: u64,
-    ) -> Result<Decision<()>, Error> {
+    ) -> Result<Decision<bool>, Error> {
         let queue = waiting(line, state.served);
         Ok(match self.head(view, key, queue, now)? {
             Err(unread) => Decision::Expand(unread),
-            Ok(Head::Live { index, mut dead }) => {
+            Ok(Head::Live { index, dead }) => {
                 let next = &queue[index];
                 let holder = Holder {
                     token: next.token.clone(),
                     expires_ms: now.saturating_add(next.ttl_ms),
                 };
-                dead.push(next.seq);
-                let state = granted(state, holder, next.seq);
+                let granted = granted(state, holder, next.seq, Some(next.seq));
                 let writes = Writes {
-                    line: Self::prune(line, state.served),
-                    state: Some(state),
+                    line: Self::prune(line, granted.served),
+                    state: Some(granted),
                     gone: &dead,
+                    handed: Some(next),
+                    retired: state.ticket,
                 };
-                self.write(view, key, writes, ())
+                self.write(view, key, writes, true)
             }
+            Ok(Head::NoneLive {
+                dead,
+                complete: false,
+            }) => self.skip_dead(view, key, state, &dead, false),
             Ok(Head::NoneLive { dead, .. }) => {
-                let state = LockState {
-                    fence: state.fence,
-                    holder: None,
-                    served: state.served.max(dead.last().copied().unwrap_or(0)),
-                    nonce: Nonce::default(),
-                };
+                let freed = freed(state, dead.last().copied().unwrap_or(0));
                 let writes = Writes {
-                    line: Self::prune(line, state.served),
-                    state: Some(state),
+                    line: Self::prune(line, freed.served),
+                    state: Some(freed),
                     gone: &dead,
+                    handed: None,
+                    retired: state.ticket,
                 };
-                self.write(view, key, writes, ())
+                self.write(view, key, writes, true)
             }
         })
     }

@@ -12,7 +12,7 @@ use super::FairLock;
 use crate::cas::{whole_millis, Decision, Nonce, Record};
 use crate::lock::{LockError, LockHandle, WaitOptions};
 use crate::mint_token;
-use crate::wake::Wake;
+use crate::wake::{later, Wake, FOREVER};
 
 /// Tries of one round of joining through the line record alone: the first
 /// may carry a view gone stale during a pause, the others the values their
@@ -81,8 +81,11 @@ impl FairLock {
         now: u64,
         sent: Instant,
     ) -> Option<LockHandle> {
-        let left = Duration::from_millis(holder.expires_ms.saturating_sub(now)).min(ttl);
-        let requested = sent.checked_sub(ttl - left)?;
+        // In local time a TTL counts at most FOREVER (a saturated lease of
+        // Duration::MAX would otherwise never be expressible).
+        let ttl_local = ttl.min(FOREVER);
+        let left = Duration::from_millis(holder.expires_ms.saturating_sub(now)).min(ttl_local);
+        let requested = sent.checked_sub(ttl_local - left)?;
         Some(
             LockHandle::at(key, &holder.token, fence, ttl, holder.expires_ms)
                 .requested_at(requested),
@@ -163,7 +166,7 @@ impl FairLock {
             Ticket {
                 seq,
                 token: token.to_owned(),
-                renew_at: sent + ttl / 3,
+                renew_at: later(sent, ttl / 3),
             },
         )
     }
@@ -197,9 +200,8 @@ impl FairLock {
                 let (line, ticket) =
                     Self::joined(&line, &offer.token, ttl, offer.expires_ms, offer.sent);
                 let writes = Writes {
-                    state: None,
                     line: Some(line),
-                    gone: &[],
+                    ..Writes::default()
                 };
                 Ok(self.write(view, key, writes, Joined::Queued(ticket, Next::Wait(held))))
             })
@@ -225,9 +227,8 @@ impl FairLock {
                 let line: LineState = parse(&line_key, view.value(&line_key))?;
                 let (line, ticket) = Self::joined(&line, &token, ttl, expires_ms, sent);
                 let writes = Writes {
-                    state: None,
                     line: Some(line),
-                    gone: &[],
+                    ..Writes::default()
                 };
                 Ok(self.write(view, key, writes, ticket))
             })
@@ -274,7 +275,7 @@ impl FairLock {
                         .min(wait.pause(u32::MAX));
                     rounds += 1;
                     let pause = window.mul_f64(crate::jitter::unit());
-                    tokio::time::sleep_until((now + pause).min(deadline)).await;
+                    tokio::time::sleep_until(later(now, pause).min(deadline)).await;
                 }
                 other => return other.map(|ticket| Joined::Queued(ticket, Next::Look)),
             }
@@ -285,7 +286,8 @@ impl FairLock {
     /// predicts and the one after it (when another waiter's join lands
     /// first), set up before joining so that a hand-over right after it
     /// wakes this waiter; the unused one is dropped at once (a ticket key
-    /// is written only by its own waiter's renewals and by its removal). A
+    /// is written only by its own waiter's renewals, its hand-over and its
+    /// removal). A
     /// guess wrong by more costs one more watch and one read.
     pub(super) async fn join_line(
         &self,
@@ -367,6 +369,7 @@ impl FairLock {
                 Ok(match head {
                     Head::Live { index, mut dead } if queue[index].seq == ticket.seq => {
                         let expires_ms = now.saturating_add(whole_millis(ttl));
+                        let retired = state.ticket;
                         let state = granted(
                             &state,
                             Holder {
@@ -374,6 +377,7 @@ impl FairLock {
                                 expires_ms,
                             },
                             ticket.seq,
+                            None,
                         );
                         let handle =
                             LockHandle::at(key, &ticket.token, state.fence, ttl, expires_ms)
@@ -383,6 +387,8 @@ impl FairLock {
                             line: Self::prune(&line, state.served),
                             state: Some(state),
                             gone: &dead,
+                            handed: None,
+                            retired,
                         };
                         self.write(view, key, writes, Attempt::Granted(handle))
                     }
@@ -398,8 +404,8 @@ impl FairLock {
     }
 
     /// Extend the lease of a waiting ticket (writing its record). Asserts
-    /// the lock and line records too, so a ticket removed by a hand-over or
-    /// as dead never comes back. `Ok(false)`: this waiter is no longer
+    /// the lock and line records too, so a ticket written by a hand-over or
+    /// removed as dead is never overwritten. `Ok(false)`: this waiter is no longer
     /// waiting (the lock was handed to it, or it left the line): look.
     pub(super) async fn renew_ticket(
         &self,
@@ -432,47 +438,57 @@ impl FairLock {
                 Ok(Decision::commit(vec![renewed.put(&my_key)], true))
             })
             .await?;
-        ticket.renew_at = sent + ttl / 3;
+        ticket.renew_at = later(sent, ttl / 3);
         Ok(renewed)
     }
 
     /// Leave the line: remove the ticket if it is still there; if the lock
-    /// was handed to this waiter meanwhile, hand it on.
+    /// was handed to this waiter meanwhile, hand it on (in several txns
+    /// when many dead waiters are ahead, as a release does).
     pub(super) async fn abandon(&self, key: &str, ticket: &Ticket) -> Result<(), LockError> {
         let keys = self.both_keys(key);
         let now = self.space.now_millis();
-        self.space
-            .engine()
-            .decide::<_, LockError, _>(&keys, |view| {
-                let (state, line) = self.decode(view, key)?;
-                if state
-                    .holder
-                    .as_ref()
-                    .is_some_and(|h| h.token == ticket.token)
-                {
-                    return Ok(self.hand_over(view, key, &state, &line, now)?);
-                }
-                if !waiting(&line, state.served)
-                    .iter()
-                    .any(|w| w.seq == ticket.seq)
-                {
-                    return Ok(Decision::Return(()));
-                }
-                let gone = [ticket.seq];
-                let writes = Writes {
-                    state: None,
-                    line: Some(without(&line, state.served, &gone)),
-                    gone: &gone,
-                };
-                Ok(self.write(view, key, writes, ()))
-            })
-            .await
+        loop {
+            let done = self
+                .space
+                .engine()
+                .decide::<_, LockError, _>(&keys, |view| {
+                    let (state, line) = self.decode(view, key)?;
+                    if state
+                        .holder
+                        .as_ref()
+                        .is_some_and(|h| h.token == ticket.token)
+                    {
+                        return Ok(self.hand_over(view, key, &state, &line, now)?);
+                    }
+                    if !waiting(&line, state.served)
+                        .iter()
+                        .any(|w| w.seq == ticket.seq)
+                    {
+                        return Ok(Decision::Return(true));
+                    }
+                    let gone = [ticket.seq];
+                    let writes = Writes {
+                        line: Some(without(&line, state.served, &gone)),
+                        gone: &gone,
+                        ..Writes::default()
+                    };
+                    Ok(self.write(view, key, writes, true))
+                })
+                .await?;
+            if done {
+                return Ok(());
+            }
+        }
     }
 
     /// The local instant at which `expires_ms` (by the lock's clock) passes.
     pub(super) fn instant_of(&self, expires_ms: u64) -> Instant {
         let left = expires_ms.saturating_sub(self.space.now_millis());
-        Instant::now() + Duration::from_millis(left.saturating_add(1))
+        later(
+            Instant::now(),
+            Duration::from_millis(left.saturating_add(1)),
+        )
     }
 
     /// Wait in line until the lock is this waiter's (see [`FairLock::wait_lock`]).
@@ -519,7 +535,7 @@ impl FairLock {
                         refusals += 1;
                         wait.pause(refusals)
                     };
-                    let mut until = (now + poll).min(deadline).min(ticket.renew_at);
+                    let mut until = later(now, poll).min(deadline).min(ticket.renew_at);
                     if let Some(expires_ms) = held {
                         until = until.min(self.instant_of(expires_ms));
                     }
