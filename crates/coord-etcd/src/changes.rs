@@ -20,6 +20,11 @@ use crate::{run, EtcdBackend};
 /// etcd cancels makes every `changed()` fail (waiters fall back to polling;
 /// the next `watch` starts a new stream). The stream ends a second after
 /// its last watch is dropped.
+///
+/// A delete of a key that is not there is an event only until the
+/// namespace's first reclaim (it writes a tombstone); from then on it is a
+/// real etcd delete of nothing, which etcd does not report. The `changes`
+/// suite asks nothing of such deletes, and no adapter relies on them.
 #[async_trait]
 impl Changes for EtcdBackend {
     async fn watch(&self, prefix: &str) -> Result<Box<dyn ChangeWatch>> {

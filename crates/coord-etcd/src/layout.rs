@@ -51,6 +51,25 @@ pub(crate) fn marker_key(namespace: &str) -> Vec<u8> {
     key
 }
 
+/// The etcd key prefix of a namespace's announcements of storage formats:
+/// `coord-meta/<escaped namespace>/clients/` + client id, value
+/// `<format>:<milliseconds>` (see `coord_backend::reclaim`, "Mixed versions").
+pub(crate) fn clients_prefix(namespace: &str) -> Vec<u8> {
+    let mut key = b"coord-meta/".to_vec();
+    key.extend_from_slice(&namespace_prefix(namespace)["coord/".len()..]);
+    key.extend_from_slice(b"clients/");
+    key
+}
+
+/// The etcd key of a namespace's required storage format (a decimal):
+/// `coord-meta/<escaped namespace>/required`.
+pub(crate) fn required_key(namespace: &str) -> Vec<u8> {
+    let mut key = b"coord-meta/".to_vec();
+    key.extend_from_slice(&namespace_prefix(namespace)["coord/".len()..]);
+    key.extend_from_slice(b"required");
+    key
+}
+
 /// Marker value: tombstones written before the marker may be left.
 pub(crate) const MARKER_DIRTY: &[u8] = b"d";
 /// Marker value: no tombstone is left (none can be written any more).

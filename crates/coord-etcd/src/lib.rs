@@ -7,7 +7,7 @@
 //! | `snapshot(keys)` | one read-only `Txn` of `Range` gets: all keys at one revision |
 //! | `txn(asserts, mutations)` | one `Txn`: `If(compares) Then(puts) Else(gets of the asserted keys)` |
 //! | `keys(prefix)` | `Range` over the literal byte range of the prefix (paged, every page at the first page's revision) |
-//! | `reclaim` | create the floor marker once; then ranges to find tombstones written before it, and `Txn`s deleting them under `mod_revision` compares |
+//! | `reclaim` | check the storage-format announcements; in a namespace from before floor mode: create the floor marker once, then ranges to find tombstones written before it, and `Txn`s deleting them under `mod_revision` compares |
 //!
 //! # Atomicity boundary
 //!
@@ -20,21 +20,28 @@
 //! and usually than a local PostgreSQL; it is the store to pick for
 //! correctness under partitions, not for throughput.
 //!
-//! # Versions: tombstones until the first reclaim, real deletes after
+//! # Versions: real deletes from the start, or tombstones until the first reclaim
 //!
 //! coord's version of a key (+1 per write, never reused, also after a delete
 //! and re-create) comes from etcd's own per-key metadata, in one of two
-//! modes per namespace:
+//! modes per namespace. A **new namespace starts in floor mode** (below):
+//! before its first txn a backend that has not seen the marker reads it and
+//! at most one key of the namespace, and with neither creates the marker,
+//! "clean", in one txn under "marker absent and the namespace's whole range
+//! empty" compares (`reclaim.rs`, `start_namespace`; off with
+//! [`EtcdOptions::new_namespaces_in_floor_mode`]). Namespaces written before
+//! (no marker, some keys) keep tombstone mode until their first reclaim.
 //!
-//! - **tombstones** (a namespace no reclaim has run on): coord's version is
+//! - **tombstones** (a namespace from before floor mode no reclaim has run on): coord's version is
 //!   **etcd's per-key `version`**, and a coord delete writes a tombstone
 //!   value instead of deleting the etcd key. etcd's version counts every put
 //!   since the key's creation, tombstone writes included, so it is exactly
 //!   coord's counter. (A real etcd delete would reset etcd's version and
 //!   let a re-create reuse version 1: ABA.)
-//! - **floor** (after the namespace's first [`Backend::reclaim`]): the
-//!   reclaim creates a marker key (`coord-meta/<namespace>/floor`, outside
-//!   every namespace's range) at etcd revision `F`, and from then on a coord
+//! - **floor** (a new namespace, or after an older namespace's first
+//!   [`Backend::reclaim`]): a marker key (`coord-meta/<namespace>/floor`,
+//!   outside every namespace's range) exists, created at etcd revision `F`,
+//!   and from then on a coord
 //!   delete is a **real etcd delete**. A key created at revision `c >= F` has
 //!   coord version `c + v - 1` at etcd version `v`: +1 per write, and a
 //!   re-created key starts at its new create revision, which is above every
@@ -77,11 +84,13 @@
 //! Trade-offs of this layout, written down:
 //!
 //! - one request per primitive and no second key family to keep in sync;
-//! - until a namespace's first reclaim, tombstones stay (one small key per
-//!   deleted coord key), and `keys(prefix)` reads them: it must read values
-//!   to drop tombstones (etcd ranges cannot filter on values), in pages
-//!   bounded by the value limit. Run `coordctl gc` (or
-//!   [`Backend::reclaim`]) once and both are gone for good;
+//! - in a namespace from before floor mode, until its first reclaim,
+//!   tombstones stay (one small key per deleted coord key), and
+//!   `keys(prefix)` reads them: it must read values to drop tombstones (etcd
+//!   ranges cannot filter on values), in pages bounded by the value limit.
+//!   Run `coordctl gc` (or [`Backend::reclaim`]) once and both are gone for
+//!   good; a new namespace never has them;
+//! - in floor mode a key's first version is its create revision, not 1;
 //! - never delete coord's keys by hand (`etcdctl del`) in a namespace
 //!   without the marker: that resets etcd's per-key version and breaks
 //!   "never reused"; never delete the marker.
@@ -148,6 +157,7 @@
 
 mod changes;
 mod errors;
+mod formats;
 mod layout;
 mod options;
 mod reclaim;
@@ -155,6 +165,7 @@ mod txn;
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -215,6 +226,15 @@ pub struct EtcdBackend {
     /// The marker as last read, once it exists (it is never deleted, and
     /// only ever goes from dirty to clean): `None` = not seen yet.
     mode: Arc<Mutex<Option<Mode>>>,
+    /// Whether this backend looked for a namespace without any key yet, to
+    /// start it in floor mode (`reclaim.rs`, `start_namespace`).
+    probed: Arc<AtomicBool>,
+    /// This client's announcements of its storage format (`formats.rs`).
+    announcer: Arc<coord_backend::reclaim::Announcer>,
+    /// See [`layout::clients_prefix`].
+    clients: Vec<u8>,
+    /// See [`layout::required_key`].
+    required: Vec<u8>,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -305,6 +325,12 @@ impl EtcdBackend {
             tombstones: Arc::default(),
             marker: marker_key(namespace),
             mode: Arc::default(),
+            probed: Arc::default(),
+            announcer: Arc::new(coord_backend::reclaim::Announcer::new(
+                coord_backend::reclaim::STORAGE_FORMAT,
+            )),
+            clients: layout::clients_prefix(namespace),
+            required: layout::required_key(namespace),
         })
     }
 
@@ -318,6 +344,12 @@ impl EtcdBackend {
             feed: Arc::default(),
             marker: marker_key(namespace),
             mode: Arc::default(),
+            probed: Arc::default(),
+            announcer: Arc::new(coord_backend::reclaim::Announcer::new(
+                coord_backend::reclaim::STORAGE_FORMAT,
+            )),
+            clients: layout::clients_prefix(namespace),
+            required: layout::required_key(namespace),
             ..self.clone()
         })
     }

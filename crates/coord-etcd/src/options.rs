@@ -112,6 +112,16 @@ pub struct EtcdOptions {
     pub credentials: Option<Credentials>,
     /// TLS, or `None` for plain HTTP/2.
     pub tls: Option<EtcdTls>,
+    /// Whether a namespace nobody has written yet starts in floor mode
+    /// (the mode its first reclaim would switch it to: a delete is a real
+    /// etcd delete, so storage and listings follow the live keys without
+    /// any `gc`). Default `true`. With `false` this client leaves new
+    /// namespaces in tombstone mode (versions count from 1 and every write
+    /// moves them by exactly 1, deletes included, until the first reclaim),
+    /// e.g. while coord-etcd clients older than the floor marker still write
+    /// the namespace (docs/operations.md, "Bounded storage"). Existing
+    /// namespaces keep their mode either way.
+    pub new_namespaces_in_floor_mode: bool,
 }
 
 impl Default for EtcdOptions {
@@ -124,6 +134,7 @@ impl Default for EtcdOptions {
             max_txn_ops: ETCD_DEFAULT_MAX_TXN_OPS,
             credentials: None,
             tls: None,
+            new_namespaces_in_floor_mode: true,
         }
     }
 }
@@ -179,6 +190,9 @@ coord_backend::setters! {
         with_request_timeout(timeout: Duration) => request_timeout = timeout;
         /// With TLS.
         with_tls(tls: EtcdTls) => tls = Some(tls);
+        /// Whether new namespaces start in floor mode (see
+        /// [`new_namespaces_in_floor_mode`](Self::new_namespaces_in_floor_mode)).
+        with_new_namespaces_in_floor_mode(floor: bool) => new_namespaces_in_floor_mode = floor;
     }
 }
 
@@ -267,10 +281,22 @@ pub(crate) fn parse_url(url: &StoreUrl, mut options: EtcdOptions) -> Result<Targ
                     Error::Config(format!("etcd URL: max_request_bytes={value:?} is not a number"))
                 })?
             }
+            "new_namespaces" => {
+                options.new_namespaces_in_floor_mode = match value.as_str() {
+                    "floor" => true,
+                    "tombstones" => false,
+                    _ => {
+                        return Err(Error::Config(format!(
+                            "etcd URL: new_namespaces={value:?} (expected floor or tombstones)"
+                        )))
+                    }
+                }
+            }
             other => {
                 return Err(Error::Config(format!(
                     "etcd URL: unknown parameter {other:?} (known: namespace, user, password, tls, \
-                     ca, cert, key, domain, connect_timeout_ms, request_timeout_ms, max_request_bytes)"
+                     ca, cert, key, domain, connect_timeout_ms, request_timeout_ms, max_request_bytes, \
+                     new_namespaces)"
                 )))
             }
         }

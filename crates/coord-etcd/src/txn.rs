@@ -154,6 +154,8 @@ impl EtcdBackend {
         asserts: &[Assert],
         mutations: &[Mutation],
     ) -> Result<TxnOutcome> {
+        self.start_namespace().await?;
+        self.announce().await?;
         // Until the marker is known to exist, every txn also asserts that it
         // does not (a reclaim creating it changes how versions read).
         let mut mode = self.known_mode().unwrap_or(Mode::Tombstones);
@@ -215,8 +217,8 @@ impl EtcdBackend {
 
             if response.succeeded() {
                 let revision = response.header().map(|h| h.revision()).unwrap_or(0);
-                self.after_commit(&asserted, mutations, mode, revision);
-                return Ok(TxnOutcome::applied());
+                let written = self.after_commit(&asserted, mutations, mode, revision);
+                return Ok(TxnOutcome::applied_at(written));
             }
 
             let mut responses = response.op_responses();
@@ -274,14 +276,18 @@ impl EtcdBackend {
         })
     }
 
-    /// Update the hints after a committed txn at etcd revision `revision`.
+    /// Update the hints after a committed txn at etcd revision `revision`;
+    /// the coord versions of the asserted keys it put (in floor mode a
+    /// created key's version is its creation revision, which no caller can
+    /// guess).
     fn after_commit(
         &self,
         asserted: &[Asserted<'_>],
         mutations: &[Mutation],
         mode: Mode,
         revision: i64,
-    ) {
+    ) -> Vec<(String, Version)> {
+        let mut written = Vec::new();
         for mutation in mutations {
             let etcd_key = self.etcd_key(mutation.key());
             let before = asserted
@@ -322,7 +328,15 @@ impl EtcdBackend {
                 }),
                 _ => None,
             };
+            if let Some(Hint::Live { version, create }) = hint {
+                let coord = match create {
+                    Some(create) => crate::layout::coord_version_of(version, create, mode),
+                    None => version as u64,
+                };
+                written.push((mutation.key().to_owned(), Version(coord)));
+            }
             self.remember(&etcd_key, hint);
         }
+        written
     }
 }

@@ -41,9 +41,10 @@
 //! - **txn**: `BEGIN IMMEDIATE` (takes the write lock first, so there is no
 //!   read-to-write upgrade that could fail half way) → one `SELECT` of the
 //!   asserted keys → every assert checked → one multi-row upsert
-//!   (`version = version + 1`, a new row at `floor + 1`) → `COMMIT`, all on
-//!   the backend's one writer connection (txns of one backend and its
-//!   clones queue for it; reads use a pool). A rejected txn returns the rows
+//!   (`version = version + 1`, a new row at `floor + 1`; `RETURNING` the
+//!   versions it stored, which the applied txn reports for its puts) →
+//!   `COMMIT`, all on the backend's one writer connection (txns of one
+//!   backend and its clones queue for it; reads use a pool). A rejected txn returns the rows
 //!   read by that same `SELECT`.
 //! - **keys**: a range scan of the live-row index `coord_kv_live`,
 //!   `key >= prefix AND key < successor(prefix)` where the successor is the
@@ -55,7 +56,14 @@
 //! - **reclaim**: one write transaction deletes the first tombstones (found
 //!   through `coord_kv_dead`) and raises the namespace's `coord_floor` to
 //!   their highest version; a key without a row starts at `floor + 1`, so a
-//!   version is never reused.
+//!   version is never reused. The same transaction first reads
+//!   `coord_clients` and refuses while an older client was seen
+//!   ([`Error::FormatMismatch`], see `coord_backend::reclaim`, "Mixed
+//!   versions").
+//! - **announcements**: before its first txn and then once a minute, a
+//!   backend upserts its row in `coord_clients` (its storage format and
+//!   the time) in a write transaction of its own, which also removes rows
+//!   older than a quarter hour.
 //!
 //! # Busy files and errors
 //!
@@ -109,6 +117,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use coord_backend::reclaim::{self as floor, Announcer};
 use coord_backend::{
     distinct_keys, validate_namespace, validate_prefix, Assert, Backend, ChangeWatch, Changes,
     Entry, Error, Limits, Mutation, ReclaimOptions, Reclaimed, Result, StoreUrl, TxnOutcome,
@@ -135,6 +144,8 @@ pub struct SqliteBackend {
     /// The connection every txn runs on, and the change notifications it
     /// makes exact (shared by clones): see `changes.rs`.
     writer: std::sync::Arc<changes::Writer>,
+    /// This client's announcements of its storage format (shared by clones).
+    announcer: std::sync::Arc<Announcer>,
 }
 
 /// Why one attempt of a call did not produce an answer.
@@ -313,6 +324,7 @@ impl SqliteBackend {
             pool,
             options,
             writer: std::sync::Arc::new(writer),
+            announcer: std::sync::Arc::new(Announcer::new(floor::STORAGE_FORMAT)),
         })
     }
 
@@ -405,9 +417,38 @@ impl SqliteBackend {
             .map_err(|e| before_commit("opening the writer connection", e))
     }
 
-    async fn reclaim_once(&self, max: usize) -> std::result::Result<Reclaimed, Attempt> {
+    /// Announce this client's storage format when it is due (before a
+    /// txn or a reclaim): see `coord_backend::reclaim`, "Mixed versions".
+    async fn announce(&self) -> Result<()> {
+        if !self.announcer.due() {
+            return Ok(());
+        }
+        let sent = std::time::Instant::now();
+        retry_busy(&self.options, "announcing the storage format", || async {
+            let mut writer = self.hold_writer().await?;
+            let result = announce_on(writer.conn(), &self.namespace, &self.announcer).await;
+            if result.is_ok() {
+                writer.finished();
+            }
+            result
+        })
+        .await?;
+        self.announcer.announced(sent);
+        Ok(())
+    }
+
+    async fn reclaim_once(
+        &self,
+        options: &ReclaimOptions,
+    ) -> std::result::Result<Reclaimed, Attempt> {
         let mut writer = self.hold_writer().await?;
-        let result = reclaim_on(writer.conn(), &self.namespace, max).await;
+        let result = reclaim_on(
+            writer.conn(),
+            &self.namespace,
+            self.announcer.format(),
+            options,
+        )
+        .await;
         if result.is_ok() {
             writer.finished();
         }
@@ -435,16 +476,136 @@ impl SqliteBackend {
     }
 }
 
-/// One attempt of a reclaim on `conn` (see [`Backend::reclaim`]).
+/// The namespace's required storage format (the row of client `''`), if
+/// an announcement wrote it yet.
+async fn required_format(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    namespace: &str,
+) -> std::result::Result<Option<i64>, Attempt> {
+    sqlx::query_scalar("SELECT format FROM coord_clients WHERE ns = ?1 AND client = ''")
+        .bind(namespace)
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(|e| before_commit("reading the required format", e))
+}
+
+/// One announcement of `announcer`'s format in `namespace` on `conn`: the
+/// namespace's required format (written by the first announcement: this
+/// format when the namespace held no row, 0 when it did) is checked, the
+/// client's row upserted and rows older than the TTL removed.
+async fn announce_on(
+    conn: &mut SqliteConnection,
+    namespace: &str,
+    announcer: &Announcer,
+) -> std::result::Result<(), Attempt> {
+    let now = i64::try_from(floor::now_ms()).unwrap_or(i64::MAX);
+    let mut tx = conn
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(|e| before_commit("BEGIN IMMEDIATE", e))?;
+    let required = required_format(&mut tx, namespace).await?;
+    let required = match required {
+        Some(required) => required,
+        None => {
+            let used: Option<i64> = sqlx::query_scalar(
+                "SELECT 1 FROM coord_kv WHERE ns = ?1 \
+                 UNION ALL SELECT 1 FROM coord_floor WHERE ns = ?1 LIMIT 1",
+            )
+            .bind(namespace)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| before_commit("looking for older records", e))?;
+            let required = if used.is_some() {
+                0
+            } else {
+                i64::from(floor::STORAGE_FORMAT)
+            };
+            sqlx::query("INSERT INTO coord_clients VALUES (?1, '', ?2, ?3)")
+                .bind(namespace)
+                .bind(required)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| before_commit("writing the required format", e))?;
+            required
+        }
+    };
+    floor::check_announce(
+        announcer.format(),
+        u32::try_from(required).unwrap_or(u32::MAX),
+    )?;
+    sqlx::query(
+        "INSERT INTO coord_clients VALUES (?1, ?2, ?3, ?4) ON CONFLICT (ns, client) \
+         DO UPDATE SET format = excluded.format, seen_ms = excluded.seen_ms",
+    )
+    .bind(namespace)
+    .bind(announcer.id())
+    .bind(i64::from(announcer.format()))
+    .bind(now)
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| before_commit("announcing", e))?;
+    sqlx::query("DELETE FROM coord_clients WHERE ns = ?1 AND client <> '' AND seen_ms < ?2")
+        .bind(namespace)
+        .bind(i64::try_from(floor::recent_since(now as u64)).unwrap_or(0))
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| before_commit("removing old announcements", e))?;
+    match tx.commit().await {
+        Ok(()) => Ok(()),
+        Err(e) if is_busy(&e) => Err(Attempt::Busy(e)),
+        // Nothing a reader sees changed: try again later.
+        Err(e) => Err(Attempt::Failed(Error::unavailable(
+            "sqlite: COMMIT of an announcement failed",
+            e,
+        ))),
+    }
+}
+
+/// One attempt of a reclaim on `conn` (see [`Backend::reclaim`]) by a
+/// client of storage format `format`.
 async fn reclaim_on(
     conn: &mut SqliteConnection,
     namespace: &str,
-    max: usize,
+    format: u32,
+    options: &ReclaimOptions,
 ) -> std::result::Result<Reclaimed, Attempt> {
     let mut tx = conn
         .begin_with("BEGIN IMMEDIATE")
         .await
         .map_err(|e| before_commit("BEGIN IMMEDIATE", e))?;
+    // Under the write lock: no client announces or writes until COMMIT.
+    let required = required_format(&mut tx, namespace).await?;
+    let older: Option<(i64, i64)> = sqlx::query_as(
+        "SELECT format, seen_ms FROM coord_clients WHERE ns = ?1 AND client <> '' \
+         AND format < ?2 AND seen_ms >= ?3 ORDER BY seen_ms DESC LIMIT 1",
+    )
+    .bind(namespace)
+    .bind(i64::from(format))
+    .bind(i64::try_from(floor::recent_since(floor::now_ms())).unwrap_or(0))
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(|e| before_commit("reading the announcements", e))?;
+    let raise = floor::check_reclaim(
+        format,
+        required.map_or(0, |r| u32::try_from(r).unwrap_or(u32::MAX)),
+        older.map(|(f, at)| {
+            (
+                u32::try_from(f).unwrap_or(0),
+                u64::try_from(at).unwrap_or(0),
+            )
+        }),
+        options.older_clients_stopped,
+    )?;
+    if raise {
+        sqlx::query("UPDATE coord_clients SET format = ?2 WHERE ns = ?1 AND client = ''")
+            .bind(namespace)
+            .bind(i64::from(format))
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| before_commit("raising the required format", e))?;
+    }
+    let max = options.max_tombstones.max(1);
     let limit = i64::try_from(max).unwrap_or(i64::MAX);
     let versions: Vec<i64> = sqlx::query_scalar(
         "DELETE FROM coord_kv WHERE ns = ?1 AND value IS NULL AND key IN \
@@ -515,6 +676,7 @@ async fn txn_on(
         let clean = tx.rollback().await.is_ok();
         return (Ok(TxnOutcome::rejected(current)), clean);
     }
+    let mut written = Vec::new();
     if !mutations.is_empty() {
         let rows = (0..mutations.len())
             .map(|i| {
@@ -529,22 +691,32 @@ async fn txn_on(
         let sql = format!(
             "WITH floor(n) AS (SELECT coalesce(max(floor), 0) + 1 FROM coord_floor WHERE ns = ?1) \
              INSERT INTO coord_kv (ns, key, version, value) VALUES {rows} \
-             ON CONFLICT (ns, key) DO UPDATE SET version = version + 1, value = excluded.value"
+             ON CONFLICT (ns, key) DO UPDATE SET version = version + 1, value = excluded.value \
+             RETURNING key, version, value IS NOT NULL"
         );
         // Only numbered placeholders are formatted into the SQL; keys and values are bound.
-        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(namespace);
+        let mut query = sqlx::query_as(AssertSqlSafe(sql)).bind(namespace);
         for mutation in mutations {
             query = match mutation {
                 Mutation::Put { key, value } => query.bind(key).bind(Some(value.as_slice())),
                 Mutation::Delete { key } => query.bind(key).bind(None::<&[u8]>),
             };
         }
-        if let Err(e) = query.execute(&mut *tx).await {
-            return (Err(before_commit("writing", e)), true);
-        }
+        // The version each row holds after the upsert (its floor + 1 when
+        // created, one past its tombstone's): reported for the puts.
+        let rows: Vec<(String, i64, bool)> = match query.fetch_all(&mut *tx).await {
+            Ok(rows) => rows,
+            Err(e) => return (Err(before_commit("writing", e)), true),
+        };
+        // A row coord did not write (a version not positive) reports nothing.
+        written = rows
+            .into_iter()
+            .filter(|(_, version, live)| *live && *version > 0)
+            .map(|(key, version, _)| (key, Version(version.unsigned_abs())))
+            .collect();
     }
     match tx.commit().await {
-        Ok(()) => (Ok(TxnOutcome::applied()), true),
+        Ok(()) => (Ok(TxnOutcome::applied_at(written)), true),
         // SQLite keeps the txn open and uncommitted after a busy COMMIT;
         // dropping it rolled it back, so retrying is safe.
         Err(e) if is_busy(&e) => (Err(Attempt::Busy(e)), true),
@@ -657,6 +829,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn raw_txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
+        self.announce().await?;
         retry_busy(&self.options, "running a txn", || {
             self.txn_once(asserts, mutations)
         })
@@ -672,8 +845,9 @@ impl Backend for SqliteBackend {
     /// their highest version before `COMMIT`, so no txn sees one without
     /// the other.
     async fn reclaim(&self, options: &ReclaimOptions) -> Result<Reclaimed> {
+        self.announce().await?;
         retry_busy(&self.options, "reclaiming tombstones", || {
-            self.reclaim_once(options.max_tombstones.max(1))
+            self.reclaim_once(options)
         })
         .await
     }

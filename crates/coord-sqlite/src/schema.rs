@@ -8,9 +8,13 @@
 //!   tombstone, and `coord_kv_dead`, one of the tombstones, so a reclaim
 //!   reads no live row.
 //!
-//! A revision-1 file is upgraded in place (the objects are added; no row
-//! changes). A file of a revision this crate does not know is refused: an
-//! older coord-sqlite would write new keys at version 1, below the floor.
+//! Revision 3 adds `coord_clients`: per namespace, the storage format each
+//! client announced and when, and (client `''`) the namespace's required
+//! format (see `coord_backend::reclaim`, "Mixed versions").
+//!
+//! A revision-1 or -2 file is upgraded in place (the objects are added; no
+//! row changes). A file of a revision this crate does not know is refused:
+//! an older coord-sqlite would write new keys at version 1, below the floor.
 
 use std::path::Path;
 
@@ -21,7 +25,7 @@ use sqlx::{AssertSqlSafe, Connection};
 use crate::{is_busy, Attempt};
 
 /// The `PRAGMA user_version` of files this crate creates (bumped when the schema changes).
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 
 /// Revision 1: the table.
 const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS coord_kv (
@@ -41,6 +45,15 @@ const CREATE_REVISION_2: [&str; 3] = [
     "CREATE INDEX IF NOT EXISTS coord_kv_live ON coord_kv (ns, key) WHERE value IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS coord_kv_dead ON coord_kv (ns, key) WHERE value IS NULL",
 ];
+
+/// Revision 3: the announcements of storage formats.
+const CREATE_REVISION_3: &str = "CREATE TABLE IF NOT EXISTS coord_clients (
+    ns TEXT NOT NULL COLLATE BINARY,
+    client TEXT NOT NULL COLLATE BINARY,
+    format INTEGER NOT NULL CHECK (format >= 0),
+    seen_ms INTEGER NOT NULL,
+    PRIMARY KEY (ns, client)
+) STRICT, WITHOUT ROWID";
 
 /// Switch the file to WAL, create or upgrade the schema and stamp its
 /// revision. Done once per open on a dedicated connection, because changing
@@ -94,8 +107,11 @@ pub(crate) async fn prepare_file(
         .await
         .map_err(|e| open_error("cannot read the schema version of", e))?;
     match found {
-        0 | 1 => {
-            for statement in std::iter::once(CREATE_TABLE).chain(CREATE_REVISION_2) {
+        0..=2 => {
+            for statement in std::iter::once(CREATE_TABLE)
+                .chain(CREATE_REVISION_2)
+                .chain(std::iter::once(CREATE_REVISION_3))
+            {
                 sqlx::query(statement)
                     .execute(&mut *tx)
                     .await

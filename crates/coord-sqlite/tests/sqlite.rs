@@ -525,8 +525,19 @@ async fn reclaim_deletes_tombstone_rows_and_upgrades_revision_1_files() {
         assert!(applied(store.delete_if(&key, Version(1))).await);
     }
     assert_eq!(rows(&path, "ns").await, 12);
+    // Rows from before storage formats were announced: a client that
+    // ignores the floor may still run, until the operator says otherwise.
     let options = coord_backend::ReclaimOptions::DEFAULT.with_max_tombstones(8);
-    let first = store.reclaim(&options).await.unwrap();
+    let refused = store.reclaim(&options).await;
+    assert!(
+        matches!(refused, Err(Error::FormatMismatch { theirs: 0, .. })),
+        "{refused:?}"
+    );
+    assert_eq!(rows(&path, "ns").await, 12);
+    let first = store
+        .reclaim(&options.with_older_clients_stopped(true))
+        .await
+        .unwrap();
     assert_eq!((first.removed, first.more), (8, true));
     let second = store.reclaim(&options).await.unwrap();
     assert_eq!((second.removed, second.more), (3, false));
@@ -540,4 +551,107 @@ async fn reclaim_deletes_tombstone_rows_and_upgrades_revision_1_files() {
     let reopened = SqliteBackend::open(&path, "ns").await.unwrap();
     assert!(applied(reopened.put_if("t/1", Version::MISSING, b"t".to_vec())).await);
     assert_eq!(reopened.get("t/1").await.unwrap().version, Version(5));
+}
+
+async fn exec(path: &std::path::Path, statement: &str) {
+    use sqlx::Connection;
+    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(path);
+    let mut conn = sqlx::SqliteConnection::connect_with(&options)
+        .await
+        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_owned()))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+}
+
+/// A reclaim refuses while a client announcing an older storage format was
+/// seen recently (here an announcement written as such a client's would
+/// read): the tombstone it keeps is what stops that client, which ignores
+/// the floor, from creating the key again at a version it had. Once the
+/// announcement is older than the TTL the reclaim goes on. A client older
+/// than the format a namespace requires refuses to write.
+#[tokio::test]
+async fn reclaim_refuses_beside_an_older_client() {
+    use coord_backend::reclaim::{now_ms, ReclaimOptions, ANNOUNCEMENT_TTL, STORAGE_FORMAT};
+    let path = private_file("formats");
+    let store = SqliteBackend::open(&path, "ns").await.unwrap();
+    assert!(applied(store.put_if("k", Version::MISSING, b"1".to_vec())).await);
+    assert!(applied(store.delete_if("k", Version(1))).await);
+    let older = STORAGE_FORMAT - 1;
+    exec(
+        &path,
+        &format!(
+            "INSERT INTO coord_clients VALUES ('ns', 'older', {older}, {})",
+            now_ms() - 60_000
+        ),
+    )
+    .await;
+    let refused = store.reclaim(&ReclaimOptions::DEFAULT).await;
+    let stopped = store
+        .reclaim(&ReclaimOptions::DEFAULT.with_older_clients_stopped(true))
+        .await;
+    // The older client creates `k` as clients before the floor did: at
+    // version 1 where no row exists, else one above the row's counter.
+    exec(
+        &path,
+        "INSERT INTO coord_kv VALUES ('ns', 'k', 1, x'6f') \
+         ON CONFLICT (ns, key) DO UPDATE SET version = version + 1, value = excluded.value",
+    )
+    .await;
+    let k = store.get("k").await.unwrap();
+    assert!(
+        k.version > Version(2),
+        "k had versions 1 and 2; the older client's create got {}: handed out twice",
+        k.version
+    );
+    assert!(
+        matches!(&refused, Err(Error::FormatMismatch { theirs, .. }) if *theirs == older),
+        "{refused:?}"
+    );
+    assert!(refused.unwrap_err().to_string().contains("upgrade or stop"));
+    // The operator's word does not hide an announced client.
+    assert!(
+        matches!(stopped, Err(Error::FormatMismatch { .. })),
+        "{stopped:?}"
+    );
+    assert!(applied(store.delete_if("k", k.version)).await);
+    exec(
+        &path,
+        &format!(
+            "UPDATE coord_clients SET seen_ms = {} WHERE client = 'older'",
+            now_ms() - ANNOUNCEMENT_TTL.as_millis() as u64 - 1000
+        ),
+    )
+    .await;
+    let done = store.reclaim(&ReclaimOptions::DEFAULT).await.unwrap();
+    assert_eq!((done.removed, done.more), (1, false));
+
+    // A namespace a newer coord requires: this client refuses to write.
+    exec(
+        &path,
+        &format!(
+            "UPDATE coord_clients SET format = {} WHERE ns = 'ns' AND client = ''",
+            STORAGE_FORMAT + 1
+        ),
+    )
+    .await;
+    let newer = SqliteBackend::open(&path, "ns").await.unwrap();
+    let refused = newer.put_if("n", Version::MISSING, b"n".to_vec()).await;
+    assert!(
+        matches!(&refused, Err(Error::FormatMismatch { theirs, .. }) if *theirs == STORAGE_FORMAT + 1),
+        "{refused:?}"
+    );
+    assert!(!newer.get("n").await.unwrap().exists());
+}
+
+/// Every put of an applied txn reports the version it stored, also over a
+/// tombstone and after a reclaim raised the floor (the upsert's `RETURNING`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_puts_report_their_versions() {
+    let store = Arc::new(open(&unique_namespace("every_put")).await);
+    if let Err(failure) = coord_conformance::backend::every_put_reports_its_version(store).await {
+        panic!("{}", failure.message);
+    }
 }
