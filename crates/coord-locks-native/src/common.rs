@@ -24,10 +24,10 @@ pub(crate) fn default_prefix(namespace: &str) -> String {
 /// `impl Lock for $lock`, labelled `$store` in spans and metrics: each call
 /// checks its input with `validate_lock_input`, then runs the type's own
 /// `try_lock_inner` / `renew_inner` / `release_inner` (which take the input
-/// as valid), inside the `coord_adapters::telemetry` observer every lock
+/// as valid), inside the `coord_adapters::lock` observer every lock
 /// reports through. Names resolve where it is called, which imports
 /// `async_trait`, `validate_lock_input`, `Lock`, `LockError`, `LockHandle`,
-/// `Duration` and `telemetry`.
+/// `Duration` and `observe_try_lock` / `observe_renew` / `observe_release`.
 macro_rules! observed_lock {
     ($lock:ty, $store:literal) => {
         #[async_trait]
@@ -41,7 +41,7 @@ macro_rules! observed_lock {
                     validate_lock_input(key, ttl)?;
                     self.try_lock_inner(key, ttl).await
                 };
-                telemetry::observe_try_lock($store, key, attempt).await
+                observe_try_lock($store, key, attempt).await
             }
 
             async fn renew(&self, handle: &LockHandle) -> Result<(), LockError> {
@@ -49,7 +49,7 @@ macro_rules! observed_lock {
                     validate_lock_input(handle.key(), handle.ttl())?;
                     self.renew_inner(handle).await
                 };
-                telemetry::observe_renew($store, handle, attempt).await
+                observe_renew($store, handle, attempt).await
             }
 
             async fn release(&self, handle: LockHandle) -> Result<(), LockError> {
@@ -58,7 +58,7 @@ macro_rules! observed_lock {
                     validate_lock_input(handle.key(), handle.ttl())?;
                     self.release_inner(handle).await
                 };
-                telemetry::observe_release($store, &key, fence, attempt).await
+                observe_release($store, &key, fence, attempt).await
             }
         }
     };

@@ -2,15 +2,16 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, SystemTime};
 
 use coord_adapters::lock::{
-    async_trait, validate_lock_input, Lock, LockError, LockHandle, LostReason,
+    async_trait, observe_release, observe_renew, observe_try_lock, validate_lock_input, Lock,
+    LockError, LockHandle, LostReason,
 };
-use coord_adapters::{mint_token, telemetry};
+use coord_adapters::mint_token;
 use coord_backend::{Error, StoreUrl};
+use coord_postgres::Servers;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{AssertSqlSafe, Connection};
 use tokio::sync::Mutex;
@@ -161,7 +162,11 @@ coord_backend::setters! {
 /// - Strongly consistent with the rest of the database: PostgreSQL is the
 ///   single authority; there is no replication to fail over (a promoted
 ///   replica has no advisory locks: every holder's connection breaks and
-///   its next renew reports the loss).
+///   its next renew reports the loss). A multi-host URL
+///   (`postgres://user@h1,h2/db`, libpq's form) is read as the store reads
+///   it (`coord_postgres::servers`): each new session goes to the host the
+///   last one went to, else the first writable one of the list, so the
+///   first grant after a promotion is made on the new primary.
 ///
 /// # Fences
 ///
@@ -204,7 +209,9 @@ coord_backend::setters! {
 /// # }
 /// ```
 pub struct PgAdvisoryLock {
-    connect: PgConnectOptions,
+    /// Where sessions are opened: the URL's host, or the first writable
+    /// one of its hosts (see `coord_postgres::servers`).
+    servers: Arc<Servers>,
     prefix: String,
     /// Validated when built (the table name is the only non-literal part).
     acquire_sql: Arc<str>,
@@ -225,8 +232,7 @@ struct Held {
 impl fmt::Debug for PgAdvisoryLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgAdvisoryLock")
-            .field("host", &self.connect.get_host())
-            .field("database", &self.connect.get_database())
+            .field("servers", &self.servers)
             .field("prefix", &self.prefix)
             .field("fence_table", &self.options.fence_table)
             .field("held", &self.held_count())
@@ -250,14 +256,17 @@ impl PgAdvisoryLock {
             &["postgres", "postgresql"],
             "PgAdvisoryLock needs a postgres:// URL",
         )?;
-        let connect = PgConnectOptions::from_str(url.without_namespace())
-            .map_err(|e| Error::Config(format!("PostgreSQL URL: {e}")))?
-            .application_name("coord-locks-native");
+        // Fences assume READ COMMITTED (see `last_fence_acquire_sql`): a
+        // startup parameter outranks the defaults of the database, the role
+        // and the server, at no extra round trip.
+        let servers = Servers::parse(url.without_namespace(), |o| {
+            read_committed(o.application_name("coord-locks-native"))
+        })?;
         let prefix = options
             .key_prefix
             .clone()
             .unwrap_or_else(|| default_prefix(url.namespace()));
-        Self::new(connect, prefix, options).await
+        Self::new(servers, prefix, options).await
     }
 
     /// A lock over explicit connection options (every session is opened
@@ -267,11 +276,16 @@ impl PgAdvisoryLock {
         prefix: impl Into<String>,
         options: PgAdvisoryOptions,
     ) -> Result<Self, Error> {
-        Self::new(connect, prefix.into(), options).await
+        Self::new(
+            Servers::single(read_committed(connect)),
+            prefix.into(),
+            options,
+        )
+        .await
     }
 
     async fn new(
-        connect: PgConnectOptions,
+        servers: Servers,
         prefix: String,
         options: PgAdvisoryOptions,
     ) -> Result<Self, Error> {
@@ -284,12 +298,8 @@ impl PgAdvisoryLock {
                 "fence table {table:?}: use lower-case letters, digits and '_' (optionally schema.table)"
             )));
         }
-        // Fences assume READ COMMITTED (see `last_fence_acquire_sql`): a
-        // startup parameter outranks the defaults of the database, the role
-        // and the server, at no extra round trip.
-        let connect = connect.options([("default_transaction_isolation", "read committed")]);
         let mut lock = PgAdvisoryLock {
-            connect,
+            servers: Arc::new(servers),
             prefix,
             acquire_sql: Arc::from(""),
             options,
@@ -298,6 +308,20 @@ impl PgAdvisoryLock {
         };
         // Proves the server answers (and creates the tables) now, not at the first lock.
         let mut conn = lock.open().await?;
+        if lock
+            .servers
+            .shares_sessions(&mut conn, lock.options.connect_timeout)
+            .await?
+        {
+            return Err(Error::Config(format!(
+                "PostgreSQL at {}: two client connections shared one server session, so a \
+                 pooler (PgBouncer) runs transaction or statement pooling, and a session \
+                 advisory lock would be held by whichever client the session serves next: \
+                 set pool_mode = session for this database in pgbouncer.ini, or connect to \
+                 PostgreSQL directly",
+                lock.servers.current_label()
+            )));
+        }
         let fast = if lock.options.create_table {
             lock.create_tables(&mut conn).await?;
             true
@@ -412,26 +436,11 @@ impl PgAdvisoryLock {
         format!("{}{key}", self.prefix)
     }
 
+    /// A new session: to the server the last one went to, else the
+    /// URL's others in order (skipping standbys when the URL asks for a
+    /// writable session), so a failover is followed by the next grant.
     async fn open(&self) -> Result<PgConnection, Error> {
-        match tokio::time::timeout(
-            self.options.connect_timeout,
-            PgConnection::connect_with(&self.connect),
-        )
-        .await
-        {
-            Ok(Ok(conn)) => Ok(conn),
-            Ok(Err(sqlx::Error::Configuration(e))) => {
-                Err(Error::Config(format!("PostgreSQL connection options: {e}")))
-            }
-            Ok(Err(e)) => Err(Error::unavailable("cannot connect to PostgreSQL", e)),
-            Err(_) => Err(Error::Unavailable {
-                message: format!(
-                    "cannot connect to PostgreSQL within {:?}",
-                    self.options.connect_timeout
-                ),
-                source: None,
-            }),
-        }
+        self.servers.connect(self.options.connect_timeout).await
     }
 
     async fn timed<F: std::future::Future>(
@@ -483,6 +492,11 @@ fn setup_answer<T>(
 const FENCE_BLOCK: i64 = 1024;
 
 /// The unlogged table of the last fence granted per name, beside `fence_table`.
+/// Every session at READ COMMITTED (see `last_fence_acquire_sql`).
+fn read_committed(options: PgConnectOptions) -> PgConnectOptions {
+    options.options([("default_transaction_isolation", "read committed")])
+}
+
 fn last_table(fence_table: &str) -> String {
     format!("{fence_table}_last")
 }
@@ -583,6 +597,12 @@ fn after_sending(what: &str, name: &str, error: sqlx::Error) -> Error {
 
 /// The lock operations, on valid input: the [`Lock`] impl below checks it
 /// and wraps them in spans and metrics.
+/// The nominal `now + ttl` of a handle, saturating (a TTL of
+/// `Duration::MAX` ends ~30 years from now).
+fn nominal_expiry(ttl: Duration) -> SystemTime {
+    SystemTime::now() + ttl.min(coord_adapters::wake::FOREVER)
+}
+
 impl PgAdvisoryLock {
     async fn try_lock_inner(
         &self,
@@ -656,7 +676,8 @@ impl PgAdvisoryLock {
             .expect("held map poisoned")
             .insert(token.clone(), held);
         Ok(Some(
-            LockHandle::new(key, token, fence, ttl, SystemTime::now() + ttl).requested_at(sent),
+            // No TTL is enforced, so any is fine, Duration::MAX too ("until released").
+            LockHandle::new(key, token, fence, ttl, nominal_expiry(ttl)).requested_at(sent),
         ))
     }
 

@@ -1,19 +1,21 @@
 //! [`RedisLock`]: single-node Redlock with fencing tokens.
 
 use std::fmt;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
 
 use coord_adapters::lock::{
-    async_trait, validate_lock_input, Lock, LockError, LockHandle, LostReason,
+    async_trait, observe_release, observe_renew, observe_try_lock, validate_lock_input, Lock,
+    LockError, LockHandle, LostReason,
 };
-use coord_adapters::{mint_token, telemetry};
+use coord_adapters::mint_token;
 use coord_backend::{Error, InvalidInput, StoreUrl};
 use coord_redis::server::{
-    check_eviction, connect_error, eviction_policy_cmd, ran_nothing, EvictionCheck,
+    check_eviction, check_primary, connect_error, eviction_policy_cmd, is_read_only, ran_nothing,
+    EvictionCheck, ReplicaAck, SentinelTarget,
 };
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, RedisError, Script};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::{ErrorKind, RedisError, RedisResult, Script, Value};
 
 use crate::common::{default_prefix, observed_lock, require_scheme};
 
@@ -165,9 +167,17 @@ coord_backend::setters! {
 ///
 /// # Boundary
 ///
-/// - **Standalone Redis only** (`redis://`, or `rediss://` when the `redis`
-///   crate is built with TLS): this is the single-node variant of Redlock;
-///   majority Redlock over N independent servers is out of scope.
+/// - **One primary** (`redis://`, or `rediss://` when the `redis` crate is
+///   built with TLS, or `redis+sentinel://h:p,h:p/MASTER`: the primary the
+///   Sentinels name, `ROLE` checked, asked again after a connection failure
+///   or a `READONLY` reply, which is `Unavailable`: nothing ran): this is the
+///   single-node variant of Redlock; majority Redlock over N independent
+///   servers is out of scope.
+/// - **`?replicas=N&replica_timeout_ms=T`** (default off): `WAIT N T`
+///   pipelined behind every grant, renewal and release (one round trip).
+///   Fewer than N replicas: `Indeterminate` (a grant is then undone like
+///   any indeterminate grant; a renewal or release stays applied). Not
+///   consensus: see [`ReplicaAck`].
 /// - **Expiry is judged by the server** (`PX`): the client's clock does not
 ///   decide anything. The handle's [`expires_at`](LockHandle::expires_at) is
 ///   read on the client *before* the request is sent, so it never lies later
@@ -204,10 +214,131 @@ coord_backend::setters! {
 /// ```
 #[derive(Clone)]
 pub struct RedisLock {
-    conn: ConnectionManager,
+    conn: Target,
     prefix: String,
     /// The URL without its password, for messages.
     endpoint: String,
+    /// `?replicas=N&replica_timeout_ms=T`: `WAIT` behind every write.
+    ack: Option<ReplicaAck>,
+}
+
+/// Where the lock's scripts go.
+#[derive(Clone)]
+enum Target {
+    /// One server (its connection manager reconnects by itself).
+    Fixed(ConnectionManager),
+    /// The primary the Sentinels name, asked again after a connection
+    /// failure or a `READONLY` answer.
+    Sentinel(Arc<Followed>),
+}
+
+struct Followed {
+    sentinels: SentinelTarget,
+    config: ConnectionManagerConfig,
+    current: tokio::sync::Mutex<Option<ConnectionManager>>,
+}
+
+impl Followed {
+    /// The connection to the primary, made (after asking the Sentinels and
+    /// checking `ROLE`) when there is none. Its errors sent nothing.
+    async fn connection(&self) -> RedisResult<ConnectionManager> {
+        let mut current = self.current.lock().await;
+        if let Some(conn) = current.as_ref() {
+            return Ok(conn.clone());
+        }
+        let client = self.sentinels.primary().await?;
+        let mut conn = ConnectionManager::new_with_config(client, self.config.clone()).await?;
+        check_primary(&mut conn).await?;
+        *current = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// After `error`: forget a connection that broke or reached a replica,
+    /// so that the next call asks the Sentinels again.
+    async fn note(&self, error: &RedisError) {
+        if is_read_only(error) || error.is_unrecoverable_error() || error.is_io_error() {
+            *self.current.lock().await = None;
+        }
+    }
+}
+
+impl Target {
+    /// Run `script` (plus `WAIT` behind it, in the same pipeline, when `ack`
+    /// is given; `SCRIPT LOAD` first when the server does not know it).
+    /// `Err(NotSent)` when no connection could be made.
+    async fn invoke(
+        &self,
+        script: &Script,
+        keys: [String; 2],
+        args: &[Vec<u8>],
+        ack: Option<ReplicaAck>,
+    ) -> Result<(Value, Option<RedisResult<Value>>), Sent> {
+        let mut conn = match self {
+            Target::Fixed(conn) => conn.clone(),
+            Target::Sentinel(followed) => followed.connection().await.map_err(Sent::No)?,
+        };
+        let mut result = send(&mut conn, script, &keys, args, ack).await;
+        if let Err(e) = &result {
+            if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) {
+                let mut load = redis::cmd("SCRIPT");
+                load.arg("LOAD").arg(script_source(script));
+                result = match load.query_async::<String>(&mut conn).await {
+                    Ok(_) => send(&mut conn, script, &keys, args, ack).await,
+                    Err(e) => Err(e),
+                };
+            }
+        }
+        if let (Err(e), Target::Sentinel(followed)) = (&result, self) {
+            followed.note(e).await;
+        }
+        result.map_err(Sent::Yes)
+    }
+}
+
+/// How far a failed [`Target::invoke`] got.
+enum Sent {
+    /// No connection: nothing was sent.
+    No(RedisError),
+    /// Sent (or maybe sent).
+    Yes(RedisError),
+}
+
+/// The source of one of this module's scripts (for `SCRIPT LOAD`).
+fn script_source(script: &Script) -> &'static str {
+    let hash = script.get_hash();
+    [ACQUIRE, RENEW, RELEASE]
+        .into_iter()
+        .find(|source| Script::new(source).get_hash() == hash)
+        .expect("one of this module's scripts")
+}
+
+/// `EVALSHA`, and `WAIT` behind it when `ack` is given: one pipeline, one round trip.
+async fn send(
+    conn: &mut ConnectionManager,
+    script: &Script,
+    keys: &[String; 2],
+    args: &[Vec<u8>],
+    ack: Option<ReplicaAck>,
+) -> RedisResult<(Value, Option<RedisResult<Value>>)> {
+    let mut eval = redis::cmd("EVALSHA");
+    eval.arg(script.get_hash()).arg(2).arg(keys.as_slice());
+    for arg in args {
+        eval.arg(arg.as_slice());
+    }
+    let Some(ack) = ack else {
+        return Ok((eval.query_async::<Value>(conn).await?, None));
+    };
+    let mut pipe = redis::pipe();
+    pipe.add_command(eval).add_command(ack.command());
+    let mut replies = conn.req_packed_commands(&pipe, 0, 2).await?;
+    let wait = replies.pop().unwrap_or(Value::Nil).extract_error();
+    let value = replies.pop().unwrap_or(Value::Nil).extract_error()?;
+    Ok((value, Some(wait)))
+}
+
+/// A script's integer reply.
+fn integer(value: Value) -> RedisResult<i64> {
+    redis::from_redis_value(value).map_err(RedisError::from)
 }
 
 impl fmt::Debug for RedisLock {
@@ -220,7 +351,10 @@ impl fmt::Debug for RedisLock {
 }
 
 impl RedisLock {
-    /// Connect to `url` (`redis://[user:password@]host:port[/db][?namespace=NS]`)
+    /// Connect to `url` (`redis://[user:password@]host:port[/db][?namespace=NS]`,
+    /// or `redis+sentinel://host:port,host:port/MASTER[?namespace=NS]`: the
+    /// primary the Sentinels name, followed across failovers; both take
+    /// `replicas=N&replica_timeout_ms=T`, see [`ReplicaAck`])
     /// with [`RedisLockOptions::default`].
     ///
     /// Fails with [`coord_backend::Error::Config`] for a URL it cannot use or a
@@ -235,29 +369,44 @@ impl RedisLock {
     pub async fn connect_with(url: &StoreUrl, options: RedisLockOptions) -> Result<Self, Error> {
         require_scheme(
             url,
-            &["redis", "rediss"],
-            "RedisLock needs a redis:// or rediss:// URL (single node)",
+            &["redis", "rediss", "redis+sentinel"],
+            "RedisLock needs a redis://, rediss:// or redis+sentinel:// URL (one primary)",
         )?;
         let endpoint = coord_backend::redact::url(url.without_namespace());
-        let client = redis::Client::open(url.without_namespace())
-            .map_err(|e| Error::Config(format!("redis URL {endpoint}: {e}")))?;
+        let (client_url, ack) = ReplicaAck::take(url.without_namespace())?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(options.response_timeout)
             .set_number_of_retries(3)
             .set_min_delay(Duration::from_millis(20))
             .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(|e| connect_error(&endpoint, e))?;
+        let (target, mut conn) = if url.scheme() == "redis+sentinel" {
+            let followed = Followed {
+                sentinels: SentinelTarget::parse(url, options.connect_timeout * 3)?,
+                config,
+                current: tokio::sync::Mutex::new(None),
+            };
+            let conn = followed
+                .connection()
+                .await
+                .map_err(|e| connect_error(&endpoint, e))?;
+            (Target::Sentinel(Arc::new(followed)), conn)
+        } else {
+            let client = redis::Client::open(client_url)
+                .map_err(|e| Error::Config(format!("redis URL {endpoint}: {e}")))?;
+            let conn = ConnectionManager::new_with_config(client, config)
+                .await
+                .map_err(|e| connect_error(&endpoint, e))?;
+            (Target::Fixed(conn.clone()), conn)
+        };
         if !options.allow_eviction {
-            let reply = eviction_policy_cmd().query_async(&mut conn.clone()).await;
+            let reply = eviction_policy_cmd().query_async(&mut conn).await;
             check_eviction(&endpoint, reply, LOCK_EVICTION)?;
         }
         let prefix = options
             .key_prefix
             .unwrap_or_else(|| default_prefix(url.namespace()));
-        Self::from_connection(conn, prefix, endpoint)
+        Self::from_target(target, prefix, endpoint, ack)
     }
 
     /// A lock over an existing connection (shared with other users of it),
@@ -267,13 +416,14 @@ impl RedisLock {
         conn: ConnectionManager,
         prefix: impl Into<String>,
     ) -> Result<Self, Error> {
-        Self::from_connection(conn, prefix.into(), "redis".to_owned())
+        Self::from_target(Target::Fixed(conn), prefix.into(), "redis".to_owned(), None)
     }
 
-    fn from_connection(
-        conn: ConnectionManager,
+    fn from_target(
+        conn: Target,
         prefix: String,
         endpoint: String,
+        ack: Option<ReplicaAck>,
     ) -> Result<Self, Error> {
         if prefix.contains(['{', '}']) {
             return Err(Error::Config(format!(
@@ -285,6 +435,7 @@ impl RedisLock {
             conn,
             prefix,
             endpoint,
+            ack,
         })
     }
 
@@ -299,16 +450,67 @@ impl RedisLock {
     }
 
     /// Every script writes: a failure after sending may have run it.
-    fn store_error(&self, error: RedisError, what: &str, key: &str) -> LockError {
+    fn store_error(&self, error: Sent, what: &str, key: &str) -> LockError {
         let message = format!("{what} of lock {key:?} on {}", self.endpoint);
+        let (sent, error) = match error {
+            Sent::No(error) => (false, error),
+            Sent::Yes(error) => (true, error),
+        };
         let error = if error.kind() == ErrorKind::InvalidClientConfig {
             Error::Config(format!("{message}: {error}"))
-        } else if ran_nothing(&error) {
+        } else if !sent || ran_nothing(&error) {
             Error::unavailable(message, error)
         } else {
             Error::indeterminate(message, error)
         };
         LockError::Store(error)
+    }
+
+    /// Run one of the scripts on the lock `key`: its integer reply, and
+    /// `WAIT`'s reply when `replicas=N` was asked.
+    async fn run(
+        &self,
+        script: &Script,
+        key: &str,
+        args: &[Vec<u8>],
+        what: &str,
+    ) -> Result<(i64, Option<RedisResult<Value>>), LockError> {
+        let (value, wait) = self
+            .conn
+            .invoke(
+                script,
+                [self.lock_key(key), self.fence_key(key)],
+                args,
+                self.ack,
+            )
+            .await
+            .map_err(|e| self.store_error(e, what, key))?;
+        let reply = integer(value).map_err(|e| {
+            LockError::Store(Error::malformed(
+                self.lock_key(key),
+                format!("{what} script answered {e}"),
+            ))
+        })?;
+        Ok((reply, wait))
+    }
+
+    /// With `replicas=N`: an applied write that `WAIT` did not see on N
+    /// replicas is `Indeterminate` (it stays applied on the primary).
+    fn acknowledged(
+        &self,
+        wait: Option<RedisResult<Value>>,
+        what: &str,
+        key: &str,
+    ) -> Result<(), LockError> {
+        match (self.ack, wait) {
+            (Some(ack), Some(wait)) => ack
+                .judge(
+                    wait,
+                    &format!("{what} of lock {key:?} on {}", self.endpoint),
+                )
+                .map_err(LockError::Store),
+            _ => Ok(()),
+        }
     }
 
     /// Run the renew or release script for `handle`.
@@ -318,17 +520,14 @@ impl RedisLock {
         handle: &LockHandle,
         what: &str,
     ) -> Result<(), LockError> {
-        let reply: i64 = script
-            .key(self.lock_key(handle.key()))
-            .key(self.fence_key(handle.key()))
-            .arg(handle.token())
-            .arg(ttl_millis(handle.ttl())?)
-            .arg(handle.fence())
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(|e| self.store_error(e, what, handle.key()))?;
+        let args = [
+            handle.token().as_bytes().to_vec(),
+            ttl_millis(handle.ttl())?.to_string().into_bytes(),
+            handle.fence().to_string().into_bytes(),
+        ];
+        let (reply, wait) = self.run(script, handle.key(), &args, what).await?;
         let reason = match reply {
-            1 => return Ok(()),
+            1 => return self.acknowledged(wait, what, handle.key()),
             2 => LostReason::TakenOver,
             0 => LostReason::NotHeld,
             -1 => {
@@ -374,13 +573,16 @@ impl RedisLock {
         // estimate of the expiry is never later than the real one.
         let expires_at = SystemTime::now() + ttl;
         let sent = tokio::time::Instant::now();
-        let reply = ACQUIRE_SCRIPT
-            .key(self.lock_key(key))
-            .key(self.fence_key(key))
-            .arg(&token)
-            .arg(ttl_ms)
-            .invoke_async::<i64>(&mut self.conn.clone())
-            .await;
+        let args = [token.as_bytes().to_vec(), ttl_ms.to_string().into_bytes()];
+        let reply = self.run(&ACQUIRE_SCRIPT, key, &args, "acquire").await;
+        let reply = match reply {
+            Ok((fence, wait)) if fence > 0 => match self.acknowledged(wait, "acquire", key) {
+                Ok(()) => Ok(fence),
+                Err(error) => Err(error),
+            },
+            Ok((reply, _)) => Ok(reply),
+            Err(error) => Err(error),
+        };
         match reply {
             Ok(0) => Ok(None),
             Ok(fence) if fence > 0 => Ok(Some(
@@ -396,7 +598,6 @@ impl RedisLock {
                 format!("fence counter answered {other}"),
             ))),
             Err(error) => {
-                let error = self.store_error(error, "acquire", key);
                 if matches!(error, LockError::Store(Error::Indeterminate { .. })) {
                     // The key may now hold our token although nobody will
                     // use it: give it back rather than block others for a TTL.

@@ -145,6 +145,22 @@ mod redis_lock {
         assert!(failure.message.contains("second release"), "{failure}");
     }
 
+    /// Redis keeps the expiry in milliseconds: a TTL of `Duration::MAX` is
+    /// refused as input before anything is sent; waiting forever works.
+    #[tokio::test]
+    async fn a_ttl_of_duration_max_is_invalid_and_a_timeout_of_it_waits() {
+        use coord_adapters::lock::LockExt;
+        let Some(url) = server_env("COORD_TEST_REDIS_URL") else {
+            return;
+        };
+        let lock = connect(&url).await;
+        let key = random_key("forever");
+        let refused = lock.try_lock(&key, Duration::MAX).await;
+        assert!(matches!(refused, Err(LockError::Invalid(_))), "{refused:?}");
+        let held = lock.lock(&key, TTL, Duration::MAX).await.unwrap();
+        lock.release(held).await.unwrap();
+    }
+
     #[tokio::test]
     async fn fence_counter_outlives_the_lock_and_never_expires() {
         let Some(url) = server_env("COORD_TEST_REDIS_URL") else {
@@ -447,6 +463,24 @@ mod pg_advisory {
         .fetch_optional(admin)
         .await
         .unwrap()
+    }
+
+    /// No TTL is enforced, so a TTL of `Duration::MAX` ("until released")
+    /// is taken as given, and waiting forever works.
+    #[tokio::test]
+    async fn a_ttl_and_a_timeout_of_duration_max_work() {
+        use coord_adapters::lock::LockExt;
+        let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
+            return;
+        };
+        let (a, b) = (connect(&url).await, connect(&url).await);
+        let key = random_key("forever");
+        let held = a.try_lock(&key, Duration::MAX).await.unwrap().unwrap();
+        assert!(b.try_lock(&key, Duration::MAX).await.unwrap().is_none());
+        a.renew(&held).await.unwrap();
+        a.release(held).await.unwrap();
+        let held = b.lock(&key, Duration::MAX, Duration::MAX).await.unwrap();
+        b.release(held).await.unwrap();
     }
 
     #[tokio::test]
@@ -862,7 +896,7 @@ mod pg_advisory {
 
     /// Holders racing on one key from several clients: every grant's fence
     /// is above the previous holder's, across block boundaries (the
-    /// ceiling is lowered under the race to force them).
+    /// block is used up under the race to force them).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn racing_holders_get_increasing_fences_across_blocks() {
         let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
@@ -888,10 +922,16 @@ mod pg_advisory {
                     // list is in grant order.
                     order.lock().await.push(h.fence());
                     if got % 5 == worker % 5 {
-                        // Use the block up: the next grant must raise the ceiling.
+                        // Use the block up, as grants do: the last fence
+                        // reaches the ceiling, so the next grant must raise
+                        // it. (Lowering the ceiling instead is no state the
+                        // lock can reach: a racing statement whose snapshot
+                        // predates the lowering may still bump below the
+                        // old ceiling, and the next block then starts at a
+                        // fence already granted.)
                         sqlx::query(
-                            "UPDATE coord_lock_fences SET fence = \
-                             (SELECT fence FROM coord_lock_fences_last WHERE name = $1) \
+                            "UPDATE coord_lock_fences_last SET fence = \
+                             (SELECT fence FROM coord_lock_fences WHERE name = $1) \
                              WHERE name = $1",
                         )
                         .bind(lock.lock_name(&key))
@@ -915,6 +955,110 @@ mod pg_advisory {
                 pair[1],
                 pair[0]
             );
+        }
+    }
+
+    /// A URL naming two hosts, the first `first`, the second the test
+    /// server: libpq's multi-host form, which the lock reads like the store.
+    fn two_hosts(url: &str, first: &str) -> String {
+        let (scheme, rest) = url.split_once("://").unwrap();
+        let (userinfo, hostpart) = match rest.rsplit_once('@') {
+            Some((u, h)) => (format!("{u}@"), h),
+            None => (String::new(), rest),
+        };
+        let end = hostpart.find(['/', '?']).unwrap_or(hostpart.len());
+        let tail = &hostpart[end..];
+        let sep = if tail.contains('?') { '&' } else { '?' };
+        format!(
+            "{scheme}://{userinfo}{first},{}{tail}{sep}sslmode=disable",
+            &hostpart[..end]
+        )
+    }
+
+    /// The first host of a multi-host URL is down: sessions go to the next
+    /// one; when it dies after the first grant, the next grant follows.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_multi_host_url_skips_and_follows_a_dead_host() {
+        let Some(url) = server_env("COORD_TEST_POSTGRES_URL") else {
+            return;
+        };
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let lock = connect(&two_hosts(&url, &closed.to_string())).await;
+        let key = random_key("multi");
+        let h = lock
+            .try_lock(&key, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        lock.release(h).await.unwrap();
+
+        let parsed = coord_backend::StoreUrl::parse(&url).unwrap();
+        let upstream = tokio::net::lookup_host(
+            <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(
+                parsed.without_namespace(),
+            )
+            .map(|o| format!("{}:{}", o.get_host(), o.get_port()))
+            .unwrap(),
+        )
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+        let proxy = coord_conformance::fault::FaultProxy::start(upstream)
+            .await
+            .unwrap();
+        let lock = PgAdvisoryLock::connect_with(
+            &store_url(&two_hosts(&url, &proxy.addr().to_string())),
+            PgAdvisoryOptions::default().with_max_idle(0),
+        )
+        .await
+        .unwrap();
+        let first = lock
+            .try_lock(&key, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        let first_fence = first.fence();
+        lock.release(first).await.unwrap();
+        drop(proxy);
+        let second = lock
+            .try_lock(&key, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(second.fence() > first_fence);
+        lock.release(second).await.unwrap();
+    }
+
+    /// Through PgBouncer (`scripts/ha`): transaction pooling would hand the
+    /// session holding a lock to another client, so it is refused at
+    /// connect, naming the setting; session pooling locks as directly.
+    #[tokio::test]
+    async fn pgbouncer_transaction_pooling_is_refused_and_session_pooling_works() {
+        if let Some(url) = server_env("COORD_HA_PGBOUNCER_TX_URL") {
+            let result = PgAdvisoryLock::connect(&store_url(&url)).await;
+            let Err(coord_backend::Error::Config(message)) = &result else {
+                panic!("{result:?}");
+            };
+            assert!(message.contains("pool_mode = session"), "{message}");
+        }
+        if let Some(url) = server_env("COORD_HA_PGBOUNCER_SESSION_URL") {
+            let lock = connect(&url).await;
+            let key = random_key("bouncer");
+            let h = lock
+                .try_lock(&key, Duration::from_secs(30))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(lock
+                .try_lock(&key, Duration::from_secs(30))
+                .await
+                .unwrap()
+                .is_none());
+            lock.release(h).await.unwrap();
         }
     }
 
@@ -1083,4 +1227,193 @@ mod pg_advisory {
 /// `url`, parsed (the native locks connect to a parsed [`StoreUrl`]).
 fn store_url(url: &str) -> coord_backend::StoreUrl {
     coord_backend::StoreUrl::parse(url).expect("a store URL")
+}
+
+#[path = "../../coord-redis/tests/support/sentinel.rs"]
+mod sentinel_support;
+
+/// `RedisLock` on the Sentinel topology of `scripts/ha`
+/// (`COORD_HA_REDIS_SENTINEL_URL`) and `?replicas=N` (`WAIT` behind each
+/// grant, renewal and release).
+mod redis_sentinel {
+    use super::sentinel_support::{failover, sentinels_of, topology, with_params};
+    use super::*;
+    use coord_backend::Error;
+    use coord_locks_native::{RedisLock, RedisLockOptions};
+
+    const SENTINEL: &str = "COORD_HA_REDIS_SENTINEL_URL";
+
+    fn indeterminate<T: std::fmt::Debug>(result: Result<T, LockError>) {
+        match result {
+            Err(LockError::Store(Error::Indeterminate { message, .. })) => {
+                assert!(message.contains("replicas"), "{message}");
+            }
+            other => panic!("expected Indeterminate, got {other:?}"),
+        }
+    }
+
+    /// A lock granted with `replicas=1` survives a failover; the lock
+    /// follows the new primary within a bounded number of attempts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_lock_follows_a_failover() {
+        let Some(base) = server_env(SENTINEL) else {
+            return;
+        };
+        let _alone = topology(true).await;
+        let ns = coord_conformance::unique_namespace("failover");
+        let url = store_url(&with_params(&base, &format!("replicas=1&namespace={ns}")));
+        let lock = RedisLock::connect(&url).await.unwrap();
+        let held = lock
+            .try_lock("a", Duration::from_secs(120))
+            .await
+            .unwrap()
+            .expect("a free key");
+
+        let (_old, new) = failover(&base).await;
+
+        let mut attempts = 0;
+        let other = loop {
+            attempts += 1;
+            match lock.try_lock("b", Duration::from_secs(120)).await {
+                Ok(Some(handle)) => break handle,
+                Ok(None) => panic!("b was never taken"),
+                Err(LockError::Store(e)) => {
+                    assert!(
+                        matches!(e, Error::Unavailable { .. } | Error::Indeterminate { .. }),
+                        "{e}"
+                    );
+                    assert!(attempts < 50, "not following the failover: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        // The grant acknowledged by a replica before the failover is still there.
+        lock.renew(&held).await.unwrap();
+        assert!(lock
+            .try_lock("a", Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_none());
+        // On the new primary.
+        let mut get = redis::cmd("GET");
+        get.arg(lock.lock_key("b"));
+        let token: Option<String> = super::sentinel_support::cmd(&new, &get).await.unwrap();
+        assert_eq!(token.as_deref(), Some(other.token()));
+        lock.release(held).await.unwrap();
+        lock.release(other).await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_sentinel_wrong_urls() {
+        let options = RedisLockOptions::default().with_connect_timeout(Duration::from_secs(1));
+        let nobody = RedisLock::connect_with(
+            &store_url("redis+sentinel://u:hunter2@127.0.0.1:1,127.0.0.1:2/coord"),
+            options.clone(),
+        )
+        .await
+        .unwrap_err();
+        let shown = nobody.to_string();
+        assert!(matches!(nobody, Error::Unavailable { .. }), "{shown}");
+        assert!(
+            shown.contains("127.0.0.1:1") && shown.contains("coord"),
+            "{shown}"
+        );
+        assert!(!shown.contains("hunter2"), "{shown}");
+        for bad in [
+            "redis+sentinel://127.0.0.1:26380",
+            "redis+sentinel://127.0.0.1:26380/coord?bogus=1",
+            "redis+sentinel://127.0.0.1:26380/coord?replicas=x",
+            "redis://127.0.0.1:6379?replica_timeout_ms=5",
+        ] {
+            let error = RedisLock::connect_with(&store_url(bad), options.clone())
+                .await
+                .unwrap_err();
+            assert!(matches!(error, Error::Config(_)), "{bad}: {error}");
+        }
+        let Some(base) = server_env(SENTINEL) else {
+            return;
+        };
+        let (sentinels, _) = sentinels_of(&base);
+        let url = format!("redis+sentinel://{}/no-such-master", sentinels.join(","));
+        let unknown = RedisLock::connect_with(&store_url(&url), options)
+            .await
+            .unwrap_err();
+        let shown = unknown.to_string();
+        assert!(matches!(unknown, Error::Unavailable { .. }), "{shown}");
+        assert!(
+            shown.contains("no-such-master") && shown.contains(&sentinels[0]),
+            "{shown}"
+        );
+    }
+
+    /// `replicas=2` on a server without replicas: each applied write
+    /// (grant, renewal, release) is `Indeterminate` and stays applied.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_replicas_short_is_indeterminate() {
+        let Some(base) = server_env("COORD_TEST_REDIS_URL") else {
+            return;
+        };
+        let ns = coord_conformance::unique_namespace("wait");
+        let plain = RedisLock::connect(&store_url(&with_params(&base, &format!("namespace={ns}"))))
+            .await
+            .unwrap();
+        let waiting = RedisLock::connect(&store_url(&with_params(
+            &base,
+            &format!("replicas=2&replica_timeout_ms=50&namespace={ns}"),
+        )))
+        .await
+        .unwrap();
+        let mut raw = redis::Client::open(base.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        // A grant: Indeterminate (then undone by the lock itself); its fence was spent.
+        indeterminate(waiting.try_lock("k", Duration::from_secs(60)).await);
+        let fence: Option<u64> = redis::cmd("GET")
+            .arg(waiting.fence_key("k"))
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(fence, Some(1));
+        // A renewal and a release of a lock granted without WAIT.
+        let handle = plain
+            .try_lock("k", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .expect("free after the undo");
+        let _: bool = redis::cmd("PEXPIRE")
+            .arg(waiting.lock_key("k"))
+            .arg(2_000)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        indeterminate(waiting.renew(&handle).await);
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(waiting.lock_key("k"))
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert!(ttl > 2_000, "the renewal was applied: {ttl}");
+        indeterminate(waiting.release(handle).await);
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(waiting.lock_key("k"))
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert!(!exists, "the release was applied");
+        // A refusal sends WAIT too, but is judged on its own: not held.
+        let taken = plain
+            .try_lock("k", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(waiting
+            .try_lock("k", Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_none());
+        plain.release(taken).await.unwrap();
+    }
 }

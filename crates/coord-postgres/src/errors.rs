@@ -10,8 +10,35 @@ pub(crate) fn before_sending(what: &str, error: sqlx::Error) -> Error {
     }
 }
 
+/// SQLSTATEs `invalid_sql_statement_name` (26000) and
+/// `duplicate_prepared_statement` (42P05): a statement this client prepared
+/// on its session is missing there, or a name it never used is taken. A
+/// server session of its own never does that; one a transaction pooler
+/// shares with other clients does.
+const SHARED_SESSION_CODES: [&str; 2] = ["26000", "42P05"];
+
+/// Whether `error` shows a server session shared with other clients.
+pub(crate) fn shows_shared_session(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db)
+        if db.code().is_some_and(|c| SHARED_SESSION_CODES.contains(&c.as_ref())))
+}
+
+/// The error for a session-mode client that found its server session
+/// shared (see [`shows_shared_session`]); the statement never ran.
+pub(crate) fn shared_session(what: &str, cause: &dyn std::fmt::Display) -> Error {
+    Error::Config(format!(
+        "{what}: {cause}: a pooler shares server sessions between clients \
+         (PgBouncer pool_mode = transaction) and this client prepared statements on them: \
+         add pooler=transaction to the URL (connect's probe for such a pooler can miss it \
+         under load) or use pool_mode = session; nothing was applied"
+    ))
+}
+
 /// An error of a read-only statement (snapshot, keys): retrying is always safe.
 pub(crate) fn read(what: &str, error: sqlx::Error) -> Error {
+    if shows_shared_session(&error) {
+        return shared_session(what, &error);
+    }
     match error {
         sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => {
             Error::malformed(format!("<{what} row>"), error.to_string())
@@ -24,6 +51,9 @@ pub(crate) fn read(what: &str, error: sqlx::Error) -> Error {
 /// changed (a reclaim only removes what reads as missing and raises the
 /// floor with it), so an unknown outcome is just "try again later".
 pub(crate) fn reclaim(error: sqlx::Error) -> Error {
+    if shows_shared_session(&error) {
+        return shared_session("reclaim", &error);
+    }
     if let sqlx::Error::Database(db) = &error {
         if db.code().as_deref() == Some(ISOLATION_REFUSED) {
             return Error::Config(format!("reclaim refused: {db}"));
@@ -31,6 +61,10 @@ pub(crate) fn reclaim(error: sqlx::Error) -> Error {
     }
     Error::unavailable("reclaim failed", error)
 }
+
+/// SQLSTATE `read_only_sql_transaction`: a write sent to a standby (or a
+/// session with `default_transaction_read_only`); nothing was applied.
+pub(crate) const READ_ONLY_TRANSACTION: &str = "25006";
 
 /// The SQLSTATE `coord_txn` raises when called at another isolation level
 /// than READ COMMITTED (see [`crate::schema`]).
@@ -49,8 +83,13 @@ pub(crate) const ISOLATION_REFUSED: &str = "CO001";
 /// - a transaction-rollback error (SQLSTATE class 40) is the server saying it
 ///   rolled back, before or at COMMIT: nothing applied → `Unavailable`;
 /// - `CO001` is `coord_txn` refusing an isolation level other than READ
-///   COMMITTED: a configuration error, nothing applied → `Config`.
+///   COMMITTED: a configuration error, nothing applied → `Config`; so are
+///   a missing or duplicate prepared statement (26000, 42P05, at Parse or
+///   Bind: nothing ran), a server session shared by a transaction pooler.
 pub(crate) fn txn(error: sqlx::Error, completed: bool) -> Error {
+    if shows_shared_session(&error) && !completed {
+        return shared_session("txn", &error);
+    }
     match error {
         sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("40")) => {
             Error::unavailable(

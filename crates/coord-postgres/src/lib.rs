@@ -50,7 +50,10 @@
 //!    mismatch returns the current entries of the asserted keys and writes nothing;
 //! 3. upserts each put with `version + 1`, and turns each delete into a
 //!    tombstone row (`value = NULL`) with `version + 1`, so a version is never
-//!    handed out twice for one key, also after delete and re-create.
+//!    handed out twice for one key, also after delete and re-create; a row it
+//!    creates starts at the namespace's floor + 1;
+//! 4. answers, when applied, a row per key put with the version it stored
+//!    (schema r10; reported as [`TxnOutcome::written`]).
 //!
 //! The function runs at READ COMMITTED. That is enough here because every
 //! writer of a key holds that key's advisory lock until it commits, a lock is
@@ -90,7 +93,8 @@
 //! `UPDATE … SET version = version + 1 … WHERE version = v AND value IS NOT
 //! NULL` (assert live at `v`) or `INSERT … ON CONFLICT DO UPDATE … WHERE value
 //! IS NULL` (assert missing), with the same version and tombstone rules. An
-//! applied one answers one row. One whose condition failed wrote nothing, and
+//! applied one answers one row, the version it stored (reported for a put).
+//! One whose condition failed wrote nothing, and
 //! the same txn then goes to `coord_txn`, which checks again under the lock
 //! and answers the current entry. Why the condition is exact at READ
 //! COMMITTED: see the comments of the `fast` module.
@@ -121,6 +125,56 @@
 //! Snapshots and key listings never write, so their failures are always
 //! [`Error::Unavailable`].
 //!
+//! # Several hosts
+//!
+//! A URL may name a primary and its standbys in libpq's form,
+//! `postgres://user@h1:5432,h2:5433/db?target_session_attrs=read-write`
+//! (see [`servers`]): sessions go to the first host that accepts a
+//! connection and is writable (with more than one host, `read-write` is
+//! the default; `any` turns the check off). When no session can be opened
+//! any more (the primary died), the next call walks the list again and the
+//! pool moves to the host that is writable now; sessions opened before the
+//! move are not handed out again. The call that noticed fails with
+//! [`Error::Unavailable`] (nothing was sent), or, if its statement was cut,
+//! with [`Error::Indeterminate`]: a failover never turns into a silent
+//! success. What an asynchronous standby may lose at promotion is not
+//! something a client can repair: use synchronous replication where fences
+//! must never repeat.
+//!
+//! # Poolers
+//!
+//! Through PgBouncer, **session pooling** (`pool_mode = session`) works as a
+//! direct connection does, with `ignore_startup_parameters = options` (coord
+//! sends its isolation level and timeouts in the startup packet; `coord_txn`
+//! checks the isolation level itself, so nothing is lost when a pooler drops
+//! them). A pooler that refuses the startup parameters is an
+//! [`Error::Config`] naming `ignore_startup_parameters`.
+//!
+//! **Transaction pooling** lends a server session per transaction: declare
+//! it with `pooler=transaction` in the URL (see [`servers`]). The store then
+//! keeps no session state: every snapshot, listing and txn is one
+//! simple-protocol message holding one explicit transaction, `BEGIN
+//! ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = …;
+//! <statement>; COMMIT`, with its parameters written as escaped literals:
+//! one round trip, no prepared statement (announce and reclaim use unnamed
+//! statements inside their transactions). The commit point is the
+//! `COMMIT`: an error before the statement completed rolled back
+//! ([`Error::Unavailable`]); an error after it, or a lost connection, is
+//! [`Error::Indeterminate`]; SQLSTATE class 40 is [`Error::Unavailable`].
+//! Change notifications are off in this mode ([`Backend::changes`] is
+//! `None`, logged once per process): `LISTEN` needs a session of its own,
+//! so waiters poll. Statement pooling is not supported (it refuses
+//! multi-statement transactions).
+//!
+//! Without the parameter, [`PostgresBackend::connect`] probes (two of its
+//! connections share a server session, one extra connection at connect):
+//! that finds a quiet pooler and misses a busy one. A client the probe
+//! missed runs in session mode on shared sessions: calls whose prepared
+//! statement another client's session holds (or lacks) fail with
+//! [`Error::Config`] naming `pooler=transaction` (nothing ran), and
+//! notifications to its `LISTEN` can be lost. Behind a transaction pooler,
+//! always set `pooler=transaction`.
+//!
 //! # TLS
 //!
 //! `sslmode` in the URL is honoured as libpq defines it (`disable`, `prefer`
@@ -149,22 +203,38 @@ mod changes;
 mod errors;
 mod fast;
 mod options;
+mod pooled;
 mod schema;
+pub mod servers;
 
 use std::collections::{HashMap, HashSet};
-use std::str::FromStr;
 
 use async_trait::async_trait;
+use coord_backend::reclaim::{self as floor, Announcer};
 use coord_backend::{
     validate_namespace, validate_prefix, Assert, Backend, ChangeWatch, Changes, Entry, Error,
     Limits, Mutation, ReclaimOptions, Reclaimed, Result, StoreUrl, TxnOutcome, Version,
 };
 use futures_util::StreamExt;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use pooled::Param;
+use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, Either, Executor, PgConnection, Row};
 
 pub use options::PostgresOptions;
 pub use schema::SCHEMA_SQL;
+pub use servers::Servers;
+use servers::Walk;
+
+/// How long a store keeps walking its servers after a failure, waiting for
+/// a standby to be promoted (see `PostgresBackend::keep_following`).
+const FOLLOW_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long a call waits for a pooled session before the store looks for
+/// another server in the background (the call keeps waiting).
+const SLOW_ACQUIRE: std::time::Duration = std::time::Duration::from_secs(1);
+/// The first pause between two walks; it doubles up to [`FOLLOW_MAX_PAUSE`].
+const FOLLOW_FIRST_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+/// The longest pause between two walks.
+const FOLLOW_MAX_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
 
 const SNAPSHOT_SQL: &str =
     "SELECT key, version, value FROM coord_kv WHERE ns = $1 AND key = ANY($2) AND value IS NOT NULL";
@@ -181,11 +251,28 @@ const KEYS_FROM_SQL: &str =
 pub struct PostgresBackend {
     namespace: String,
     pool: PgPool,
+    /// The servers of the URL and the one sessions go to (see [`servers`]).
+    servers: std::sync::Arc<Servers>,
+    /// How long opening a session may take.
+    connect_timeout: std::time::Duration,
     limits: Limits,
     /// Change notifications (shared by clones), see `changes.rs`.
     listener: std::sync::Arc<changes::Listener>,
     /// See [`PostgresOptions::vacuum_after_reclaim`].
     vacuum_after_reclaim: bool,
+    /// This client's announcements of its storage format (shared by clones).
+    announcer: std::sync::Arc<Announcer>,
+    /// Set while a `keep_following` loop runs (shared by clones).
+    following: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Behind a transaction pooler: how each call's transaction sets itself
+    /// up (see `pooled.rs`); `None` when sessions are this client's own.
+    pooled: Option<pooled::Envelope>,
+    /// Set when a new session of this client, in session mode, found a
+    /// statement name taken (`errors::shows_shared_session`): a transaction
+    /// pooler the probe at connect missed. sqlx retries a failed
+    /// `after_connect` until the acquire times out; the timeout then names
+    /// the setting instead.
+    shared_seen: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl PostgresBackend {
@@ -217,34 +304,42 @@ impl PostgresBackend {
         // and the server, and comes after the URL's own `options`, so every
         // session of this store runs at READ COMMITTED whatever was
         // configured, at no extra round trip.
-        let mut connect_options = PgConnectOptions::from_str(url.without_namespace())
-            .map_err(|e| Error::Config(format!("invalid PostgreSQL URL: {e}")))?
-            .options([("default_transaction_isolation", "read committed")]);
-        if !options.notify_changes {
-            // Read by `coord_notify` (schema r4): no `pg_notify` from this client's sessions.
-            connect_options = connect_options.options([("coord.notify", "off")]);
-        }
-        if let Some(timeout) = options.statement_timeout {
-            // A startup parameter: costs no round trip per connection.
-            connect_options =
-                connect_options.options([("statement_timeout", timeout.as_millis().max(1))]);
-        }
+        let servers = std::sync::Arc::new(Servers::parse(url.without_namespace(), |o| {
+            let mut o = o.options([("default_transaction_isolation", "read committed")]);
+            if !options.notify_changes {
+                // Read by `coord_notify` (schema r4): no `pg_notify` from this client's sessions.
+                o = o.options([("coord.notify", "off")]);
+            }
+            if let Some(timeout) = options.statement_timeout {
+                // A startup parameter: costs no round trip per connection.
+                o = o.options([("statement_timeout", timeout.as_millis().max(1))]);
+            }
+            o
+        })?);
 
         // Schema first, on a connection of its own: pooled connections prepare
         // the txn statement when they open, which needs the function to exist.
-        let mut conn = tokio::time::timeout(
-            options.connect_timeout,
-            PgConnection::connect_with(&connect_options),
-        )
-        .await
-        .map_err(|_| Error::Unavailable {
-            message: format!(
-                "connecting to PostgreSQL timed out after {:?}",
-                options.connect_timeout
-            ),
-            source: None,
-        })?
-        .map_err(|e| errors::before_sending("connect", e))?;
+        // With several hosts, the first writable one becomes current.
+        let mut conn = servers.connect(options.connect_timeout).await?;
+        let pooled = servers
+            .shares_sessions(&mut conn, options.connect_timeout)
+            .await?
+            .then_some(pooled::Envelope {
+                statement_timeout: options.statement_timeout,
+                notify: options.notify_changes,
+            });
+        if pooled.is_some() {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(
+                    server = %servers.current_label(),
+                    "coord-postgres: a transaction pooler shares server sessions between \
+                     clients: each call runs as one transaction of its own, and change \
+                     notifications are off (LISTEN needs a session of its own): waiters poll; \
+                     use pool_mode = session for notifications"
+                );
+            });
+        }
         let schema = if options.create_schema {
             schema::ensure_schema(&mut conn)
                 .await
@@ -256,38 +351,69 @@ impl PostgresBackend {
         schema?;
 
         let ping_idle_after = options.ping_idle_after;
+        let prepare = pooled.is_none();
+        let (for_acquire, for_connect) = (servers.clone(), servers.clone());
+        let shared_seen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = shared_seen.clone();
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.connect_timeout)
             // sqlx would otherwise ping before *every* use: one more round trip per call.
             .test_before_acquire(false)
             .before_acquire(move |conn, meta| {
+                let servers = for_acquire.clone();
                 Box::pin(async move {
+                    // A session opened before a failover may talk to the old primary.
+                    if servers.opened_before_switch(meta.age) {
+                        return Ok(false);
+                    }
                     if ping_idle_after.is_some_and(|after| meta.idle_for >= after) {
                         conn.ping().await?;
                     }
                     Ok(true)
                 })
             })
-            .after_connect(|conn, _meta| {
+            .after_connect(move |conn, _meta| {
+                let servers = for_connect.clone();
+                let seen = seen.clone();
                 Box::pin(async move {
+                    // A standby (with target_session_attrs=read-write) is never used.
+                    servers.check(conn).await?;
+                    if !prepare {
+                        // Behind a transaction pooler the next call may
+                        // run on another server session (see `pooled.rs`).
+                        return Ok(());
+                    }
                     // Parse once per connection, so a txn is Bind/Execute/Sync only:
                     // one round trip, and any failure inside it is after sending.
-                    conn.prepare(sqlx::SqlSafeStr::into_sql_str(TXN_SQL))
-                        .await?;
-                    for sql in [fast::WRITE_IF_AT_SQL, fast::WRITE_IF_MISSING_SQL] {
-                        conn.prepare(sqlx::SqlSafeStr::into_sql_str(sql)).await?;
+                    let prepared = async {
+                        conn.prepare(sqlx::SqlSafeStr::into_sql_str(TXN_SQL))
+                            .await?;
+                        for sql in [fast::WRITE_IF_AT_SQL, fast::WRITE_IF_MISSING_SQL] {
+                            conn.prepare(sqlx::SqlSafeStr::into_sql_str(sql)).await?;
+                        }
+                        Ok(())
                     }
-                    Ok(())
+                    .await;
+                    if prepared.as_ref().is_err_and(errors::shows_shared_session) {
+                        seen.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    prepared
                 })
             })
-            .connect_lazy_with(connect_options);
+            .connect_lazy_with(servers.current_options());
         Ok(PostgresBackend {
             namespace: url.namespace().to_owned(),
             pool,
+            servers,
+            connect_timeout: options.connect_timeout,
             limits: Limits::DEFAULT,
             listener: Default::default(),
             vacuum_after_reclaim: options.vacuum_after_reclaim,
+            announcer: std::sync::Arc::new(Announcer::new(floor::STORAGE_FORMAT)),
+            following: Default::default(),
+            pooled,
+            shared_seen,
         })
     }
 
@@ -297,6 +423,15 @@ impl PostgresBackend {
     async fn vacuum(&self) {
         let result = async {
             let mut conn = self.pool.acquire().await?;
+            if self.pooled.is_some() {
+                // A session SET would stay on a server session other clients
+                // borrow; the pooler dropped the startup statement_timeout,
+                // so the server's default applies anyway.
+                return sqlx::raw_sql("VACUUM coord_kv")
+                    .execute(&mut *conn)
+                    .await
+                    .map(|_| ());
+            }
             sqlx::raw_sql("SET statement_timeout = 0")
                 .execute(&mut *conn)
                 .await?;
@@ -341,20 +476,184 @@ impl PostgresBackend {
             }
         }
         if let Some(error) = failure {
-            if !matches!(error, sqlx::Error::Database(_)) {
-                // The session's state is unknown: never hand it out again.
-                conn.close_on_drop();
-            }
+            self.after_failure(&mut conn, &error);
             return Err(errors::txn(error, completed));
         }
         Ok(rows)
     }
 
+    /// The rows of the snapshot statement, prepared on this client's session.
+    async fn snapshot_rows(&self, keys: &[&str]) -> Result<Vec<PgRow>> {
+        let mut conn = self.acquire("snapshot").await?;
+        let rows = sqlx::query(SNAPSHOT_SQL)
+            .bind(&self.namespace)
+            .bind(keys)
+            .fetch_all(&mut *conn)
+            .await;
+        rows.map_err(|error| {
+            self.after_failure(&mut conn, &error);
+            errors::read("snapshot", error)
+        })
+    }
+
+    /// One call behind a transaction pooler: `sql` (`None`: a text held a
+    /// NUL, which validation refuses before this) in a transaction of its
+    /// own (see `pooled.rs`); a failure goes through `map` with whether the
+    /// statement had completed.
+    async fn pooled_call(
+        &self,
+        what: &str,
+        sql: Option<String>,
+        map: impl FnOnce(sqlx::Error, bool) -> Error,
+    ) -> Result<Vec<PgRow>> {
+        let Some(envelope) = self.pooled else {
+            return Err(Error::Config(format!("{what}: not in pooled mode")));
+        };
+        let sql = sql.ok_or_else(|| {
+            Error::InvalidInput(coord_backend::InvalidInput::NulByte(what.to_owned()))
+        })?;
+        let mut conn = self.acquire(what).await?;
+        match envelope.run(&mut conn, &sql).await {
+            Ok(rows) => Ok(rows),
+            Err((error, completed)) => {
+                self.after_failure(&mut conn, &error);
+                Err(map(error, completed))
+            }
+        }
+    }
+
+    /// A pooled session. When none can be opened and the URL names other
+    /// servers, they are tried (a failover) and, if another one is
+    /// writable now, the pool follows it and this call tries once more:
+    /// nothing was sent yet, so that is safe.
     async fn acquire(&self, what: &str) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>> {
-        self.pool
-            .acquire()
+        let since = std::time::Instant::now();
+        let acquire = self.pool.acquire();
+        tokio::pin!(acquire);
+        let acquired = match tokio::time::timeout(SLOW_ACQUIRE, &mut acquire).await {
+            Ok(acquired) => acquired,
+            Err(_) => {
+                // No session yet: perhaps the server is gone with no call in
+                // flight to notice. Look for another while this one waits.
+                if self.servers.len() > 1 {
+                    let this = self.clone();
+                    tokio::spawn(async move { this.keep_following(since).await });
+                }
+                acquire.await
+            }
+        };
+        match acquired {
+            Ok(conn) => Ok(conn),
+            Err(sqlx::Error::Configuration(e)) => Err(Error::Config(format!("{what}: {e}"))),
+            Err(error) => {
+                if self.shared_seen.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Err(errors::shared_session(
+                        what,
+                        &"a new session found a prepared statement name already taken",
+                    ));
+                }
+                if self.follow_failover(since).await {
+                    if let Ok(conn) = self.pool.acquire().await {
+                        return Ok(conn);
+                    }
+                }
+                Err(errors::before_sending(what, error))
+            }
+        }
+    }
+
+    /// Walk the URL's servers after a failure noticed at `since`; when
+    /// another one is writable now, point the pool at it. True if it moved.
+    async fn follow_failover(&self, since: std::time::Instant) -> bool {
+        if self
+            .servers
+            .find_writable(since, self.connect_timeout)
             .await
-            .map_err(|e| errors::before_sending(what, e))
+            != Walk::Moved
+        {
+            return false;
+        }
+        self.pool
+            .set_connect_options(self.servers.current_options());
+        true
+    }
+
+    /// Follow a failover noticed at `noticed` until the pool moved, the
+    /// current server passes again, or [`FOLLOW_FOR`] passed: a standby is
+    /// promoted some time after its primary died, and until then no server
+    /// passes. Sessions being opened meanwhile (sqlx retries a refused
+    /// connection until its acquire timeout) read the moved connect
+    /// options at their next attempt, so calls resume soon after the
+    /// promotion instead of after their timeout. One loop per store.
+    async fn keep_following(&self, noticed: std::time::Instant) {
+        let Some(_following) = Following::start(&self.following) else {
+            return;
+        };
+        let mut since = noticed;
+        let mut pause = FOLLOW_FIRST_PAUSE;
+        loop {
+            match self
+                .servers
+                .find_writable(since, self.connect_timeout)
+                .await
+            {
+                Walk::Moved => {
+                    self.pool
+                        .set_connect_options(self.servers.current_options());
+                    break;
+                }
+                Walk::Unchanged => break,
+                Walk::NoneWritable | Walk::WalkedSince => {}
+            }
+            if noticed.elapsed() >= FOLLOW_FOR {
+                break;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(FOLLOW_MAX_PAUSE);
+            since = std::time::Instant::now();
+        }
+    }
+
+    /// After a statement failed with `error` on `conn`: a session whose
+    /// state is unknown is never handed out again, and one that lost its
+    /// server or landed on a read-only one sends the pool looking for the
+    /// primary (in the background: this call's answer does not wait).
+    fn after_failure(
+        &self,
+        conn: &mut sqlx::pool::PoolConnection<sqlx::Postgres>,
+        error: &sqlx::Error,
+    ) {
+        let read_only = matches!(error, sqlx::Error::Database(db)
+            if db.code().as_deref() == Some(errors::READ_ONLY_TRANSACTION));
+        // A pooled call that failed left its transaction aborted (the server
+        // skipped its COMMIT): never lend that session to another call.
+        if matches!(error, sqlx::Error::Database(_)) && !read_only && self.pooled.is_none() {
+            return;
+        }
+        conn.close_on_drop();
+        if self.servers.len() > 1 {
+            let this = self.clone();
+            let since = std::time::Instant::now();
+            tokio::spawn(async move {
+                this.keep_following(since).await;
+            });
+        }
+    }
+}
+
+/// The one `keep_following` loop of a store: its flag is cleared when the
+/// loop ends, also when its task is dropped mid-way.
+struct Following<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl<'a> Following<'a> {
+    fn start(flag: &'a std::sync::atomic::AtomicBool) -> Option<Following<'a>> {
+        (!flag.swap(true, std::sync::atomic::Ordering::SeqCst)).then_some(Following(flag))
+    }
+}
+
+impl Drop for Following<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -416,19 +715,26 @@ impl Backend for PostgresBackend {
         self.limits
     }
 
+    /// `None` behind a transaction pooler: `LISTEN` needs a server session
+    /// of its own (connect logged it once; waiters poll).
     fn changes(&self) -> Option<&dyn Changes> {
+        if self.pooled.is_some() {
+            return None;
+        }
         Some(self)
     }
 
     async fn raw_snapshot(&self, keys: &[&str]) -> Result<Vec<Entry>> {
-        let mut conn = self.acquire("snapshot").await?;
-        let rows: Vec<PgRow> = sqlx::query(SNAPSHOT_SQL)
-            .bind(&self.namespace)
-            .bind(keys)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(|e| errors::read("snapshot", e))?;
-        drop(conn);
+        let rows = if self.pooled.is_some() {
+            let sql = pooled::inline(
+                SNAPSHOT_SQL,
+                &[Param::Text(&self.namespace), Param::TextArray(keys)],
+            );
+            self.pooled_call("snapshot", sql, |e, _| errors::read("snapshot", e))
+                .await?
+        } else {
+            self.snapshot_rows(keys).await?
+        };
         rows.into_iter()
             .map(|row| {
                 let key: String = row.try_get(0).map_err(|e| errors::read("snapshot", e))?;
@@ -441,17 +747,40 @@ impl Backend for PostgresBackend {
     }
 
     async fn raw_txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
+        self.announce().await?;
         if let Some(single) = fast::single_key(asserts, mutations, version_param) {
-            let query = sqlx::query(single.sql())
-                .bind(&self.namespace)
-                .bind(single.key)
-                .bind(single.value);
-            let query = match single.version {
-                0 => query,
-                version => query.bind(version),
+            let rows = if self.pooled.is_some() {
+                let mut params = vec![
+                    Param::Text(&self.namespace),
+                    Param::Text(single.key),
+                    Param::Bytea(single.value),
+                ];
+                if single.version != 0 {
+                    params.push(Param::Int(single.version));
+                }
+                let sql = pooled::inline(single.sql(), &params);
+                self.pooled_call("txn", sql, errors::txn).await?
+            } else {
+                let query = sqlx::query(single.sql())
+                    .bind(&self.namespace)
+                    .bind(single.key)
+                    .bind(single.value);
+                let query = match single.version {
+                    0 => query,
+                    version => query.bind(version),
+                };
+                self.run_txn_statement(query).await?
             };
-            if !self.run_txn_statement(query).await?.is_empty() {
-                return Ok(TxnOutcome::applied());
+            if let Some(row) = rows.first() {
+                // The version the statement stored; reported for a put.
+                let stored: Option<i64> = row.try_get(0).ok();
+                let written = match (single.value, stored) {
+                    (Some(_), Some(version)) if version > 0 => {
+                        vec![(single.key.to_owned(), Version(version.unsigned_abs()))]
+                    }
+                    _ => Vec::new(),
+                };
+                return Ok(TxnOutcome::applied_at(written));
             }
             // The condition failed (or the session is not at READ
             // COMMITTED): nothing was written. `coord_txn` decides again
@@ -479,20 +808,53 @@ impl Backend for PostgresBackend {
             }
         }
 
-        let query = sqlx::query(TXN_SQL)
-            .bind(&self.namespace)
-            .bind(&assert_keys)
-            .bind(&assert_versions)
-            .bind(&put_keys)
-            .bind(&put_values)
-            .bind(&delete_keys);
-        let rows = self.run_txn_statement(query).await?;
+        let rows = if self.pooled.is_some() {
+            let sql = pooled::inline(
+                TXN_SQL,
+                &[
+                    Param::Text(&self.namespace),
+                    Param::TextArray(&assert_keys),
+                    Param::IntArray(&assert_versions),
+                    Param::TextArray(&put_keys),
+                    Param::ByteaArray(&put_values),
+                    Param::TextArray(&delete_keys),
+                ],
+            );
+            self.pooled_call("txn", sql, errors::txn).await?
+        } else {
+            let query = sqlx::query(TXN_SQL)
+                .bind(&self.namespace)
+                .bind(&assert_keys)
+                .bind(&assert_versions)
+                .bind(&put_keys)
+                .bind(&put_values)
+                .bind(&delete_keys);
+            self.run_txn_statement(query).await?
+        };
         decode_txn_rows(rows, &assert_keys)
     }
 
     async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
+        let successor = prefix_successor(prefix);
+        if self.pooled.is_some() {
+            let namespace = Param::Text(&self.namespace);
+            let sql = match &successor {
+                Some(successor) => pooled::inline(
+                    KEYS_RANGE_SQL,
+                    &[namespace, Param::Text(prefix), Param::Text(successor)],
+                ),
+                None => pooled::inline(KEYS_FROM_SQL, &[namespace, Param::Text(prefix)]),
+            };
+            let rows = self
+                .pooled_call("keys", sql, |e, _| errors::read("keys", e))
+                .await?;
+            return rows
+                .iter()
+                .map(|row| row.try_get(0).map_err(|e| errors::read("keys", e)))
+                .collect();
+        }
         let mut conn = self.acquire("keys").await?;
-        let rows: Vec<(String,)> = match prefix_successor(prefix) {
+        let rows: std::result::Result<Vec<(String,)>, sqlx::Error> = match successor {
             Some(successor) => {
                 sqlx::query_as(KEYS_RANGE_SQL)
                     .bind(&self.namespace)
@@ -508,8 +870,14 @@ impl Backend for PostgresBackend {
                     .fetch_all(&mut *conn)
                     .await
             }
-        }
-        .map_err(|e| errors::read("keys", e))?;
+        };
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(error) => {
+                self.after_failure(&mut conn, &error);
+                return Err(errors::read("keys", error));
+            }
+        };
         Ok(rows.into_iter().map(|(k,)| k).collect())
     }
 
@@ -517,18 +885,18 @@ impl Backend for PostgresBackend {
     /// 256 tombstones (`RECLAIM_BATCH`), each batch its own transaction: a batch
     /// holds one advisory lock per tombstone until it commits, and
     /// PostgreSQL's lock table is shared by every session.
+    ///
+    /// Each batch's transaction first locks `coord_clients` (SHARE: no
+    /// client announces until it commits) and refuses while an older client
+    /// was seen (`coord_backend::reclaim`, "Mixed versions").
     async fn reclaim(&self, options: &ReclaimOptions) -> Result<Reclaimed> {
+        self.announce().await?;
         let mut left = options.max_tombstones.max(1);
         let mut removed = 0u64;
         loop {
             let batch = left.min(RECLAIM_BATCH);
             let mut conn = self.acquire("reclaim").await?;
-            let (n, more): (i64, bool) = sqlx::query_as(RECLAIM_SQL)
-                .bind(&self.namespace)
-                .bind(batch as i32)
-                .fetch_one(&mut *conn)
-                .await
-                .map_err(errors::reclaim)?;
+            let (n, more) = self.reclaim_batch(&mut conn, batch, options).await?;
             let n = u64::try_from(n).unwrap_or(0);
             removed += n;
             left = left.saturating_sub(n as usize);
@@ -542,6 +910,159 @@ impl Backend for PostgresBackend {
         }
     }
 }
+
+impl PostgresBackend {
+    /// Announce this client's storage format when it is due: one
+    /// transaction (see [`ANNOUNCE_SQL`]).
+    async fn announce(&self) -> Result<()> {
+        if !self.announcer.due() {
+            return Ok(());
+        }
+        let sent = std::time::Instant::now();
+        let now = i64::try_from(floor::now_ms()).unwrap_or(i64::MAX);
+        let since = i64::try_from(floor::recent_since(now as u64)).unwrap_or(0);
+        let mut conn = self.acquire("announce").await?;
+        // Nothing a reader sees depends on it: any failure is "try again".
+        let failed = |e: sqlx::Error| {
+            if errors::shows_shared_session(&e) {
+                errors::shared_session("announce", &e)
+            } else {
+                Error::unavailable("announcing the storage format failed", e)
+            }
+        };
+        let mut tx = self.begin(&mut conn).await.map_err(failed)?;
+        let persistent = self.pooled.is_none();
+        sqlx::query(ANNOUNCE_NAMESPACE_SQL)
+            .persistent(persistent)
+            .bind(&self.namespace)
+            .bind(i64::from(self.announcer.format()) as i32)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed)?;
+        let required: i32 = sqlx::query_scalar(REQUIRED_SQL)
+            .persistent(persistent)
+            .bind(&self.namespace)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(failed)?;
+        floor::check_announce(
+            self.announcer.format(),
+            u32::try_from(required).unwrap_or(0),
+        )?;
+        sqlx::query(ANNOUNCE_CLIENT_SQL)
+            .persistent(persistent)
+            .bind(&self.namespace)
+            .bind(self.announcer.id())
+            .bind(self.announcer.format() as i32)
+            .bind(now)
+            .bind(since)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed)?;
+        tx.commit().await.map_err(failed)?;
+        self.announcer.announced(sent);
+        Ok(())
+    }
+
+    /// A transaction of several statements. Behind a transaction pooler it
+    /// sets its isolation level and statement timeout itself, and its
+    /// statements are unnamed: the server session is this client's until
+    /// COMMIT only (see `pooled.rs`).
+    async fn begin<'c>(
+        &self,
+        conn: &'c mut PgConnection,
+    ) -> std::result::Result<sqlx::Transaction<'c, sqlx::Postgres>, sqlx::Error> {
+        match self.pooled {
+            None => conn.begin().await,
+            Some(envelope) => {
+                let (prelude, _) = envelope.prelude();
+                conn.begin_with(sqlx::AssertSqlSafe(prelude)).await
+            }
+        }
+    }
+
+    /// One batch of a reclaim, in its own transaction: the announcements
+    /// checked under a SHARE lock, then `coord_reclaim`.
+    async fn reclaim_batch(
+        &self,
+        conn: &mut PgConnection,
+        batch: usize,
+        options: &ReclaimOptions,
+    ) -> Result<(i64, bool)> {
+        let ours = self.announcer.format();
+        let since = i64::try_from(floor::recent_since(floor::now_ms())).unwrap_or(0);
+        let mut tx = self.begin(conn).await.map_err(errors::reclaim)?;
+        let persistent = self.pooled.is_none();
+        sqlx::query("LOCK TABLE coord_clients IN SHARE MODE")
+            .persistent(persistent)
+            .execute(&mut *tx)
+            .await
+            .map_err(errors::reclaim)?;
+        let required: Option<i32> = sqlx::query_scalar(REQUIRED_SQL)
+            .persistent(persistent)
+            .bind(&self.namespace)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(errors::reclaim)?;
+        let older: Option<(i32, i64)> = sqlx::query_as(
+            "SELECT format, seen_ms FROM coord_clients WHERE ns = $1 AND client <> '' \
+             AND format < $2 AND seen_ms >= $3 ORDER BY seen_ms DESC LIMIT 1",
+        )
+        .persistent(persistent)
+        .bind(&self.namespace)
+        .bind(ours as i32)
+        .bind(since)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(errors::reclaim)?;
+        let raise = floor::check_reclaim(
+            ours,
+            required.map_or(0, |r| u32::try_from(r).unwrap_or(0)),
+            older.map(|(f, at)| {
+                (
+                    u32::try_from(f).unwrap_or(0),
+                    u64::try_from(at).unwrap_or(0),
+                )
+            }),
+            options.older_clients_stopped,
+        )?;
+        if raise {
+            sqlx::query("UPDATE coord_clients SET format = $2 WHERE ns = $1 AND client = ''")
+                .persistent(persistent)
+                .bind(&self.namespace)
+                .bind(ours as i32)
+                .execute(&mut *tx)
+                .await
+                .map_err(errors::reclaim)?;
+        }
+        let (n, more): (i64, bool) = sqlx::query_as(RECLAIM_SQL)
+            .persistent(persistent)
+            .bind(&self.namespace)
+            .bind(batch as i32)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(errors::reclaim)?;
+        tx.commit().await.map_err(errors::reclaim)?;
+        Ok((n, more))
+    }
+}
+
+/// The first announcement of a namespace writes its required format: the
+/// client's when the namespace has no row (and no floor), else 0.
+const ANNOUNCE_NAMESPACE_SQL: &str = "INSERT INTO coord_clients (ns, client, format, seen_ms) \
+     SELECT $1, '', CASE WHEN EXISTS (SELECT 1 FROM coord_kv WHERE ns = $1) \
+                           OR EXISTS (SELECT 1 FROM coord_floor WHERE ns = $1) \
+                         THEN 0 ELSE $2 END, $3 \
+     ON CONFLICT (ns, client) DO NOTHING";
+/// The namespace's required format.
+const REQUIRED_SQL: &str = "SELECT format FROM coord_clients WHERE ns = $1 AND client = ''";
+/// Upsert the client's announcement and remove those older than the TTL.
+const ANNOUNCE_CLIENT_SQL: &str =
+    "WITH up AS (INSERT INTO coord_clients (ns, client, format, seen_ms) \
+     VALUES ($1, $2, $3, $4) ON CONFLICT (ns, client) \
+     DO UPDATE SET format = EXCLUDED.format, seen_ms = EXCLUDED.seen_ms) \
+     DELETE FROM coord_clients WHERE ns = $1 AND client <> '' AND client <> $2 AND seen_ms < $5";
 
 /// Most tombstones one `coord_reclaim` transaction removes (and locks).
 const RECLAIM_BATCH: usize = 256;
@@ -558,7 +1079,18 @@ fn decode_txn_rows(rows: Vec<PgRow>, assert_keys: &[&str]) -> Result<TxnOutcome>
         .ok_or_else(|| unreadable("no row".to_owned()))?;
     let applied: bool = first.try_get(0).map_err(|e| unreadable(e.to_string()))?;
     if applied {
-        return Ok(TxnOutcome::applied());
+        // Schema r10: a row per key put, at the version it stored (r9 and
+        // before: one row without a key, nothing to report). The txn
+        // applied: a row that cannot be read is left unreported.
+        let written = rows
+            .iter()
+            .filter_map(|row| {
+                let key: String = row.try_get(1).ok()?;
+                let version: i64 = row.try_get(2).ok().filter(|v| *v > 0)?;
+                Some((key, Version(version.unsigned_abs())))
+            })
+            .collect();
+        return Ok(TxnOutcome::applied_at(written));
     }
     let mut current = HashMap::with_capacity(rows.len());
     for row in rows {

@@ -67,7 +67,26 @@ const SCHEMA_LOCK: i64 = 0x636f_6f72_645f_7631;
 /// `coord_notify` keeps its signature for r7 clients. An r7 listener waits
 /// on the advisory lock, which r8 writers no longer take, so its first
 /// wake-ups may be late (latency, not correctness). Upgrade every client.
-pub(crate) const SCHEMA_TAG: &str = "coord schema r8";
+///
+/// r9: bounded storage beside older clients. `coord_clients` holds, per
+/// namespace, the storage format each client announced and when, and
+/// (client `''`) the namespace's required format (`coord_backend::reclaim`,
+/// "Mixed versions"); r9 clients announce before writing and refuse a
+/// reclaim while an older client was seen. Nothing else changes; an r8
+/// client neither announces nor checks: upgrade every client before the
+/// first reclaim (namespaces written by r8 clients need the operator's
+/// word, `older_clients_stopped`, for their first reclaim).
+///
+/// r10: an applied `coord_txn` answers one row `(true, key, version, NULL)`
+/// per key it put, the version the put stored (`floor + 1` for a row it
+/// created, one above a tombstone's), or the one row `(true, NULL, NULL,
+/// NULL)` when it put nothing; the client reports them
+/// (`TxnOutcome::written`). Same signature and result type. Clients of
+/// r9 and before read only the first row's `applied`, so they run
+/// unchanged on r10; an r10 client on r9 (the two reinstall their
+/// revisions in turn as above) gets the one row and reports no version,
+/// which costs the CAS engine a guess, never correctness.
+pub(crate) const SCHEMA_TAG: &str = "coord schema r10";
 
 /// The full signature of the txn function (for `to_regprocedure`).
 const TXN_SIGNATURE: &str = "coord_txn(text,text[],bigint[],text[],bytea[],text[])";
@@ -93,6 +112,16 @@ CREATE TABLE IF NOT EXISTS coord_kv (
 CREATE TABLE IF NOT EXISTS coord_floor (
     ns    text PRIMARY KEY,
     floor bigint NOT NULL CHECK (floor >= 0)
+);
+
+-- The storage format each client announced (and when, in ms since the
+-- epoch on its clock); client '' holds the namespace's required format.
+CREATE TABLE IF NOT EXISTS coord_clients (
+    ns      text NOT NULL,
+    client  text NOT NULL,
+    format  integer NOT NULL CHECK (format >= 0),
+    seen_ms bigint NOT NULL,
+    PRIMARY KEY (ns, client)
 );
 
 -- Listings read live rows only; reclaims read tombstones only.
@@ -277,11 +306,16 @@ BEGIN
         END IF;
     END IF;
 
+    -- One row per key put, at the version it stored (applied: true).
     IF cardinality(p_put_keys) > 0 THEN
-        INSERT INTO coord_kv AS c (ns, key, version, value)
-            SELECT p_ns, u.key, coord_next_version(p_ns), u.value
-              FROM unnest(p_put_keys, p_put_values) AS u(key, value)
-        ON CONFLICT (ns, key) DO UPDATE SET version = c.version + 1, value = EXCLUDED.value;
+        RETURN QUERY
+            WITH w AS (
+                INSERT INTO coord_kv AS c (ns, key, version, value)
+                    SELECT p_ns, u.key, coord_next_version(p_ns), u.value
+                      FROM unnest(p_put_keys, p_put_values) AS u(key, value)
+                ON CONFLICT (ns, key) DO UPDATE SET version = c.version + 1, value = EXCLUDED.value
+                RETURNING c.key, c.version)
+            SELECT true, w.key::text, w.version, NULL::bytea FROM w;
     END IF;
     IF cardinality(p_delete_keys) > 0 THEN
         -- A delete of a missing key still creates a tombstone (above the
@@ -295,11 +329,14 @@ BEGIN
     -- commits; a rejected txn returned above).
     PERFORM coord_notify(p_ns, p_put_keys || p_delete_keys);
 
-    RETURN QUERY SELECT true, NULL::text, NULL::bigint, NULL::bytea;
+    -- Applied without a put: one row all the same.
+    IF cardinality(p_put_keys) = 0 THEN
+        RETURN QUERY SELECT true, NULL::text, NULL::bigint, NULL::bytea;
+    END IF;
 END
 $fn$;
 
-COMMENT ON FUNCTION coord_txn(text, text[], bigint[], text[], bytea[], text[]) IS 'coord schema r8';
+COMMENT ON FUNCTION coord_txn(text, text[], bigint[], text[], bytea[], text[]) IS 'coord schema r10';
 "#;
 
 /// Create the table and the function unless this revision is already installed.
@@ -307,11 +344,17 @@ pub(crate) async fn ensure_schema(conn: &mut PgConnection) -> Result<(), sqlx::E
     if installed_tag(conn).await?.as_deref() == Some(SCHEMA_TAG) {
         return Ok(());
     }
-    let mut tx = conn.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(SCHEMA_LOCK)
-        .execute(&mut *tx)
+    // Simple protocol, constants inlined: nothing is left prepared on a
+    // server session that a transaction pooler lends to other clients
+    // (docs/shapes.md, "Poolers").
+    let mut tx = conn
+        .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
         .await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SELECT pg_advisory_xact_lock({SCHEMA_LOCK})"
+    )))
+    .execute(&mut *tx)
+    .await?;
     // Another process may have finished while we waited for the lock.
     if installed_tag(&mut tx).await?.as_deref() != Some(SCHEMA_TAG) {
         sqlx::raw_sql(SCHEMA_SQL).execute(&mut *tx).await?;
@@ -335,10 +378,12 @@ pub(crate) async fn check_schema(conn: &mut PgConnection) -> coord_backend::Resu
 }
 
 async fn installed_tag(conn: &mut PgConnection) -> Result<Option<String>, sqlx::Error> {
-    sqlx::query_scalar("SELECT obj_description(to_regprocedure($1), 'pg_proc')")
-        .bind(TXN_SIGNATURE)
-        .fetch_one(conn)
-        .await
+    let row = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SELECT obj_description(to_regprocedure('{TXN_SIGNATURE}'), 'pg_proc')"
+    )))
+    .fetch_one(conn)
+    .await?;
+    sqlx::Row::try_get(&row, 0)
 }
 
 #[cfg(test)]

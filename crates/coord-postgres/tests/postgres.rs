@@ -70,6 +70,17 @@ async fn admin(base: &str) -> PgConnection {
     PgConnection::connect(base).await.unwrap()
 }
 
+/// Install `SCHEMA_SQL` in `schema` by hand (as a DBA would), then run `then` there.
+async fn install_schema(conn: &mut PgConnection, schema: &str, then: &str) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SET search_path = {schema}; {}; {then} RESET search_path;",
+        coord_postgres::SCHEMA_SQL
+    )))
+    .execute(conn)
+    .await
+    .unwrap();
+}
+
 /// A fresh schema of its own: `(its name, the base URL with it as the
 /// search_path, an admin connection)`.
 async fn private_schema(base: &str, label: &str) -> (String, String, PgConnection) {
@@ -149,6 +160,57 @@ fn factory() -> Option<BackendFactory> {
 }
 
 coord_conformance::all_suites_tests!(factory());
+
+/// Every suite through the two-host URL of `scripts/ha`
+/// (`COORD_HA_POSTGRES_URL`: a primary and its streaming standby, in
+/// whatever order their roles are now): sessions go to the primary.
+mod primary_and_standby {
+    use super::*;
+
+    fn ha_factory() -> Option<BackendFactory> {
+        let url = coord_conformance::server_env("COORD_HA_POSTGRES_URL")?;
+        Some(coord_conformance::factory(move |namespace| {
+            let url = url.clone();
+            async move { suite_store(&url, &namespace).await }
+        }))
+    }
+
+    coord_conformance::all_suites_tests!(ha_factory());
+}
+
+/// Every suite through PgBouncer in transaction pooling
+/// (`COORD_HA_PGBOUNCER_TX_URL`, scripts/ha: port 6433), declared with
+/// `pooler=transaction` (docs/shapes.md, "Poolers").
+mod pgbouncer_transaction_pooling {
+    use super::*;
+
+    fn tx_factory() -> Option<BackendFactory> {
+        let url = coord_conformance::server_env("COORD_HA_PGBOUNCER_TX_URL")?;
+        let url = with_params(&url, "pooler=transaction");
+        Some(coord_conformance::factory(move |namespace| {
+            let url = url.clone();
+            async move { suite_store(&url, &namespace).await }
+        }))
+    }
+
+    coord_conformance::all_suites_tests!(tx_factory());
+}
+
+/// Every suite through PgBouncer in session pooling
+/// (`COORD_HA_PGBOUNCER_SESSION_URL`, scripts/ha: port 6434).
+mod pgbouncer_session_pooling {
+    use super::*;
+
+    fn session_factory() -> Option<BackendFactory> {
+        let url = coord_conformance::server_env("COORD_HA_PGBOUNCER_SESSION_URL")?;
+        Some(coord_conformance::factory(move |namespace| {
+            let url = url.clone();
+            async move { suite_store(&url, &namespace).await }
+        }))
+    }
+
+    coord_conformance::all_suites_tests!(session_factory());
+}
 
 // ------------------------------------------- every suite again, whatever the session default
 
@@ -889,6 +951,18 @@ async fn malformed_rows_are_reported() {
     assert!(matches!(txn, Err(Error::MalformedRecord { .. })), "{txn:?}");
 }
 
+/// Every put of an applied txn reports the version it stored (`coord_txn`
+/// and the single-key statement), also over a tombstone and after a reclaim
+/// raised the floor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_puts_report_their_versions() {
+    let Some(factory) = factory() else { return };
+    let store = factory(unique_namespace("every_put")).await.unwrap();
+    if let Err(failure) = coord_conformance::backend::every_put_reports_its_version(store).await {
+        panic!("{}", failure.message);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn versions_tombstones_and_rejections() {
     let Some(base) = base_url() else { return };
@@ -1069,13 +1143,7 @@ async fn urls_and_schema_options() {
     )
     .await;
     // ...and installing SCHEMA_SQL by hand (as a DBA would) satisfies it.
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "SET search_path = {schema}; {}; RESET search_path;",
-        coord_postgres::SCHEMA_SQL
-    )))
-    .execute(&mut conn)
-    .await
-    .unwrap();
+    install_schema(&mut conn, &schema, "").await;
     let installed = PostgresBackend::connect_with(
         &store_url(&scoped, "x"),
         PostgresOptions::default().with_create_schema(false),
@@ -1097,6 +1165,60 @@ async fn urls_and_schema_options() {
     // The table is gone: a read is an error, never an empty answer.
     let gone = installed.keys("").await;
     assert_unavailable(&gone);
+}
+
+/// The revision comment on `coord_txn` in `schema`.
+async fn txn_tag(conn: &mut PgConnection, schema: &str) -> Option<String> {
+    let sql = format!(
+        "SELECT obj_description(to_regprocedure('{schema}.coord_txn(text,text[],bigint[],\
+         text[],bytea[],text[])'), 'pg_proc')"
+    );
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// A database whose `coord_txn` is of an older revision (r9, which answers
+/// an applied txn with one row and no versions) is upgraded by the first
+/// client that connects with schema creation on (the default), whose txns
+/// then report the versions they stored; without schema creation it is a
+/// configuration error, as for any other revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_r9_schema_is_upgraded_to_report_versions() {
+    let Some(base) = base_url() else { return };
+    let (schema, scoped, mut conn) = private_schema(&base, "r9").await;
+    let r9 = "COMMENT ON FUNCTION coord_txn(text, text[], bigint[], text[], bytea[], text[]) \
+              IS 'coord schema r9';";
+    install_schema(&mut conn, &schema, r9).await;
+    let refused = PostgresBackend::connect_with(
+        &store_url(&scoped, "r9"),
+        PostgresOptions::default().with_create_schema(false),
+    )
+    .await;
+    let upgraded = connect(&scoped, "r9", PostgresOptions::default()).await;
+    let after = txn_tag(&mut conn, &schema).await;
+    let outcome = upgraded
+        .txn(
+            &[],
+            &[
+                Mutation::put("a", b"x".to_vec()),
+                Mutation::put("b", b"y".to_vec()),
+            ],
+        )
+        .await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    assert!(matches!(refused, Err(Error::Config(_))), "{refused:?}");
+    assert_eq!(after.as_deref(), Some("coord schema r10"));
+    let mut written = outcome.unwrap().written;
+    written.sort();
+    assert_eq!(
+        written,
+        vec![("a".to_owned(), Version(1)), ("b".to_owned(), Version(1))]
+    );
 }
 
 // ---------------------------------------------------------------- change notifications
@@ -1650,4 +1772,544 @@ async fn reclaim_deletes_tombstone_rows_and_listings_skip_them() {
         plan.iter().any(|line| line.contains("coord_kv_live")),
         "the listing does not use the live-row index: {plan:#?}"
     );
+}
+
+async fn exec(conn: &mut PgConnection, statement: String) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+        .execute(conn)
+        .await
+        .unwrap();
+}
+
+/// A reclaim refuses while a client announcing an older storage format was
+/// seen recently (an announcement written as such a client's reads): the
+/// tombstone it keeps is what stops that client, which ignores the floor,
+/// from creating the key again at a version it had. Rows from before
+/// announcements make a reclaim wait for the operator's word; a client
+/// older than what a namespace requires refuses to write.
+#[tokio::test]
+async fn reclaim_refuses_beside_an_older_client() {
+    use coord_backend::reclaim::{now_ms, ReclaimOptions, ANNOUNCEMENT_TTL, STORAGE_FORMAT};
+    let Some(base) = base_url() else { return };
+    let (schema, scoped, mut conn) = private_schema(&base, "formats").await;
+    let store = connect(&scoped, "ns", PostgresOptions::default()).await;
+    assert!(applied(store.put_if("k", Version::MISSING, b"1".to_vec())).await);
+    assert!(applied(store.delete_if("k", Version(1))).await);
+    let older = STORAGE_FORMAT - 1;
+    exec(
+        &mut conn,
+        format!(
+            "INSERT INTO {schema}.coord_clients VALUES ('ns', 'older', {older}, {})",
+            now_ms() - 60_000
+        ),
+    )
+    .await;
+    let refused = store.reclaim(&ReclaimOptions::DEFAULT).await;
+    let stopped = store
+        .reclaim(&ReclaimOptions::DEFAULT.with_older_clients_stopped(true))
+        .await;
+    // The older client creates `k` as clients before the floor did.
+    exec(
+        &mut conn,
+        format!(
+            "INSERT INTO {schema}.coord_kv AS c VALUES ('ns', 'k', 1, 'o') ON CONFLICT (ns, key) \
+             DO UPDATE SET version = c.version + 1, value = EXCLUDED.value"
+        ),
+    )
+    .await;
+    let k = store.get("k").await.unwrap();
+    assert!(
+        k.version > Version(2),
+        "k had versions 1 and 2; the older client's create got {}: handed out twice",
+        k.version
+    );
+    assert!(
+        matches!(&refused, Err(Error::FormatMismatch { theirs, .. }) if *theirs == older),
+        "{refused:?}"
+    );
+    assert!(
+        matches!(stopped, Err(Error::FormatMismatch { .. })),
+        "{stopped:?}"
+    );
+    assert!(applied(store.delete_if("k", k.version)).await);
+    exec(
+        &mut conn,
+        format!(
+            "UPDATE {schema}.coord_clients SET seen_ms = {} WHERE client = 'older'",
+            now_ms() - ANNOUNCEMENT_TTL.as_millis() as u64 - 1000
+        ),
+    )
+    .await;
+    let done = store.reclaim(&ReclaimOptions::DEFAULT).await.unwrap();
+    assert_eq!((done.removed, done.more), (1, false));
+
+    // Rows from before announcements: refused until the operator's word.
+    exec(
+        &mut conn,
+        format!("INSERT INTO {schema}.coord_kv VALUES ('old', 'x', 1, NULL)"),
+    )
+    .await;
+    let legacy = connect(&scoped, "old", PostgresOptions::default()).await;
+    let refused = legacy.reclaim(&ReclaimOptions::DEFAULT).await;
+    assert!(
+        matches!(refused, Err(Error::FormatMismatch { theirs: 0, .. })),
+        "{refused:?}"
+    );
+    let done = legacy
+        .reclaim(&ReclaimOptions::DEFAULT.with_older_clients_stopped(true))
+        .await
+        .unwrap();
+    assert_eq!(done.removed, 1);
+    assert!(legacy.reclaim(&ReclaimOptions::DEFAULT).await.is_ok());
+
+    // A namespace a newer coord requires: a new client refuses to write.
+    exec(
+        &mut conn,
+        format!(
+            "UPDATE {schema}.coord_clients SET format = {} WHERE ns = 'ns' AND client = ''",
+            STORAGE_FORMAT + 1
+        ),
+    )
+    .await;
+    let newer = connect(&scoped, "ns", PostgresOptions::default()).await;
+    let refused = newer.put_if("n", Version::MISSING, b"n".to_vec()).await;
+    assert!(
+        matches!(&refused, Err(Error::FormatMismatch { theirs, .. }) if *theirs == STORAGE_FORMAT + 1),
+        "{refused:?}"
+    );
+    assert!(!newer.get("n").await.unwrap().exists());
+}
+
+// ---------------------------------------------------------------- several hosts
+
+/// libpq's multi-host URLs (`coord_postgres::servers`).
+mod multi_host {
+    use super::*;
+
+    /// `base` with `first` written before its own host.
+    fn hosts_before(base: &str, first: &str) -> String {
+        let (head, host, tail) = split_host(base);
+        with_params(&format!("{head}{first},{host}{tail}"), "sslmode=disable")
+    }
+
+    fn closed_port() -> std::net::SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_dead_first_host_is_skipped() {
+        let Some(base) = base_url() else { return };
+        let url = hosts_before(&base, &closed_port().to_string());
+        let store = connect_within(&url, &unique_namespace("multi"), Duration::from_secs(2))
+            .await
+            .unwrap();
+        let put = store
+            .txn(
+                &[Assert::missing("k")],
+                &[Mutation::put("k", b"v".to_vec())],
+            )
+            .await
+            .unwrap();
+        assert!(put.applied);
+    }
+
+    #[tokio::test]
+    async fn no_host_answering_is_unavailable_and_names_each() {
+        let (a, b) = (closed_port(), closed_port());
+        let url = format!("postgres://postgres:s3cret@{a},{b}/postgres?sslmode=disable");
+        let result = connect_within(&url, "down", Duration::from_secs(1)).await;
+        let Err(Error::Unavailable { message, .. }) = &result else {
+            panic!("{result:?}");
+        };
+        assert!(message.contains(&a.to_string()), "{message}");
+        assert!(message.contains(&b.to_string()), "{message}");
+        assert!(!message.contains("s3cret"), "{message}");
+        assert!(!format!("{result:?}").contains("s3cret"));
+    }
+
+    #[tokio::test]
+    async fn unsupported_session_attrs_are_config_errors() {
+        let Some(base) = base_url() else { return };
+        let url = with_params(
+            &hosts_before(&base, &closed_port().to_string()),
+            "target_session_attrs=standby",
+        );
+        let result = connect_within(&url, "attrs", Duration::from_secs(1)).await;
+        assert!(
+            matches!(&result, Err(Error::Config(m)) if m.contains("standby")),
+            "{result:?}"
+        );
+    }
+
+    /// The first host dies (its port closes and its sessions drop): the
+    /// store's next calls fail at most a few times (each says what it
+    /// knows), then go to the second host, without reconnecting by hand.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_store_follows_when_the_first_host_dies() {
+        let Some(base) = base_url() else { return };
+        let proxy = FaultProxy::start(upstream(&base).await).await.unwrap();
+        let url = hosts_before(&base, &proxy.addr().to_string());
+        let store = connect_within(&url, &unique_namespace("follow"), Duration::from_secs(2))
+            .await
+            .unwrap();
+        let first = store
+            .txn(
+                &[Assert::missing("k")],
+                &[Mutation::put("k", b"1".to_vec())],
+            )
+            .await
+            .unwrap();
+        assert!(first.applied);
+        drop(proxy);
+        let mut failures = Vec::new();
+        let entry = loop {
+            match store.get("k").await {
+                Ok(entry) => break entry,
+                Err(error) => {
+                    assert!(
+                        matches!(error, Error::Unavailable { .. }),
+                        "a read fails as Unavailable: {error:?}"
+                    );
+                    failures.push(error);
+                    assert!(failures.len() <= 3, "never followed: {failures:?}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        // Both hosts are the same server here: the write is there.
+        assert_eq!(entry.value.as_deref(), Some(&b"1"[..]));
+        let second = store
+            .txn(
+                &[Assert::at("k", entry.version)],
+                &[Mutation::put("k", b"2".to_vec())],
+            )
+            .await
+            .unwrap();
+        assert!(second.applied);
+    }
+
+    /// Forward every connection accepted on `addr` to `upstream`.
+    async fn forward(addr: std::net::SocketAddr, upstream: std::net::SocketAddr) {
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+    }
+
+    /// The first host dies while the second does not answer yet (a standby
+    /// not yet promoted): a call made then waits, and goes to the second
+    /// host soon after it answers, not after its own session timeout.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_store_follows_a_promotion_that_comes_later() {
+        let Some(base) = base_url() else { return };
+        let proxy = FaultProxy::start(upstream(&base).await).await.unwrap();
+        let second = closed_port();
+        let (head, _, tail) = split_host(&base);
+        let url = with_params(
+            &format!("{head}{},{second}{tail}", proxy.addr()),
+            "sslmode=disable",
+        );
+        // Long enough that a call waiting for it is told apart from one that
+        // followed the promotion.
+        let timeout = Duration::from_secs(30);
+        let store = connect_within(&url, &unique_namespace("promote"), timeout)
+            .await
+            .unwrap();
+        let first = store
+            .txn(
+                &[Assert::missing("k")],
+                &[Mutation::put("k", b"1".to_vec())],
+            )
+            .await
+            .unwrap();
+        assert!(first.applied);
+        drop(proxy);
+        let upstream = upstream(&base).await;
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            forward(second, upstream).await;
+        });
+        let started = std::time::Instant::now();
+        let mut failures = Vec::new();
+        let entry = loop {
+            match store.get("k").await {
+                Ok(entry) => break entry,
+                Err(error) => {
+                    assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
+                    failures.push(error);
+                    assert!(failures.len() <= 3, "never followed: {failures:?}");
+                }
+            }
+        };
+        assert_eq!(entry.value.as_deref(), Some(&b"1"[..]));
+        assert!(
+            started.elapsed() < timeout / 2,
+            "the call waited {:?}, as for its session timeout ({timeout:?}): {failures:?}",
+            started.elapsed()
+        );
+    }
+
+    /// On the replicated topology of `scripts/ha` (`COORD_HA_POSTGRES_URL`):
+    /// a standby written first in the list is skipped; a list of standbys
+    /// only is `Unavailable`, naming each as read-only.
+    #[tokio::test]
+    async fn a_standby_is_skipped() {
+        let Some(ha) = coord_conformance::server_env("COORD_HA_POSTGRES_URL") else {
+            return;
+        };
+        let (head, rest) = ha.split_once('@').unwrap();
+        let (hosts, tail) = rest.split_at(rest.find('/').unwrap());
+        let db = tail.split('?').next().unwrap();
+        let mut standbys = Vec::new();
+        let mut primaries = Vec::new();
+        for host in hosts.split(',') {
+            let one = format!("{head}@{host}{db}");
+            let Ok(mut conn) = PgConnection::connect(&one).await else {
+                continue;
+            };
+            let in_recovery: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+            if in_recovery {
+                standbys.push(host.to_owned());
+            } else {
+                primaries.push(host.to_owned());
+            }
+        }
+        let (Some(standby), Some(primary)) = (standbys.first(), primaries.first()) else {
+            panic!("{ha} has no standby and primary up: {standbys:?} {primaries:?}");
+        };
+        let url = format!("{head}@{standby},{primary}{db}");
+        let namespace = unique_namespace("standby");
+        let store = connect_within(&url, &namespace, Duration::from_secs(2))
+            .await
+            .unwrap();
+        let put = store
+            .txn(
+                &[Assert::missing("k")],
+                &[Mutation::put("k", b"v".to_vec())],
+            )
+            .await
+            .unwrap();
+        assert!(put.applied);
+        let mut on_primary = admin(&format!("{head}@{primary}{db}")).await;
+        let stored: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM coord_kv WHERE ns = $1 AND key = 'k'")
+                .bind(&namespace)
+                .fetch_one(&mut on_primary)
+                .await
+                .unwrap();
+        assert_eq!(stored, 1);
+
+        let only_standby = format!("{head}@{standby},{standby}{db}");
+        let result = connect_within(&only_standby, "ro", Duration::from_secs(2)).await;
+        let Err(Error::Unavailable { message, .. }) = &result else {
+            panic!("{result:?}");
+        };
+        assert!(message.contains("read-only"), "{message}");
+        assert!(message.contains(standby.as_str()), "{message}");
+    }
+}
+
+// ---------------------------------------------------------------- poolers
+
+/// PgBouncer in front of the primary of `scripts/ha` (`COORD_HA_PGBOUNCER_*_URL`).
+mod pgbouncer {
+    use super::*;
+
+    /// Transaction pooling, declared by `pooler=transaction` (connect's probe
+    /// can miss it while other clients keep the pooler busy): no
+    /// notifications (their waiters poll), calls work.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn transaction_pooling_offers_no_notifications() {
+        let Some(url) = coord_conformance::server_env("COORD_HA_PGBOUNCER_TX_URL") else {
+            return;
+        };
+        let url = with_params(&url, "pooler=transaction");
+        let store = connect_within(&url, &unique_namespace("pooled"), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(
+            store.changes().is_none(),
+            "LISTEN through a transaction pooler"
+        );
+        let put = store
+            .txn(
+                &[Assert::missing("k")],
+                &[Mutation::put("k", b"v".to_vec())],
+            )
+            .await
+            .unwrap();
+        assert!(put.applied);
+        assert_eq!(store.get("k").await.unwrap().version, Version(1));
+    }
+
+    /// Session pooling: txns, reads and change notifications work.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn session_pooling_works() {
+        let Some(url) = coord_conformance::server_env("COORD_HA_PGBOUNCER_SESSION_URL") else {
+            return;
+        };
+        let store = connect_within(&url, &unique_namespace("bouncer"), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let mut watch = store.changes().unwrap().watch("k").await.unwrap();
+        let put = store
+            .txn(
+                &[Assert::missing("k")],
+                &[Mutation::put("k", b"v".to_vec())],
+            )
+            .await
+            .unwrap();
+        assert!(put.applied);
+        tokio::time::timeout(Duration::from_secs(30), watch.changed())
+            .await
+            .expect("a notification through the pooler")
+            .unwrap();
+        assert_eq!(
+            store.get("k").await.unwrap().value.as_deref(),
+            Some(&b"v"[..])
+        );
+    }
+}
+
+/// `pooler=transaction` straight to PostgreSQL: the transaction-pooled mode
+/// (docs/shapes.md, "Poolers") without a pooler, so that its fault model can
+/// be checked through a `FaultProxy`.
+mod declared_pooler {
+    use super::*;
+
+    fn pooled(base: &str) -> String {
+        with_params(base, "pooler=transaction")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn declared_pooler_runs_without_session_state() {
+        let Some(base) = suite_base() else { return };
+        let store = connect(
+            &pooled(&base),
+            &unique_namespace("declared"),
+            PostgresOptions::default(),
+        )
+        .await;
+        assert!(store.changes().is_none());
+        let put = store
+            .txn(
+                &[Assert::missing("k")],
+                &[Mutation::put("k", b"v".to_vec())],
+            )
+            .await
+            .unwrap();
+        assert_eq!(put.written, vec![("k".to_owned(), Version(1))]);
+    }
+
+    /// The reply of a pooled txn is cut after the whole message (BEGIN …
+    /// COMMIT) reached the server: `Indeterminate`, and the txn committed.
+    /// The marker travels in the key (values are sent as hex).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lost_reply_is_indeterminate_and_committed() {
+        let Some(base) = base_url() else { return };
+        let namespace = unique_namespace("pooled_lost");
+        let proxy = FaultProxy::start(upstream(&base).await).await.unwrap();
+        let proxied = connect(
+            &pooled(&via(&base, proxy.addr())),
+            &namespace,
+            PostgresOptions::default()
+                .with_max_connections(1)
+                .with_ping_idle_after(None),
+        )
+        .await;
+        assert!(proxied.get("k").await.unwrap().version.is_missing());
+        for multi in [false, true] {
+            let key = format!("marker-{}-{multi}", unique_namespace("m"));
+            proxy.cut_next_reply(key.as_bytes());
+            let mut puts = vec![Mutation::put(key.as_str(), b"v".to_vec())];
+            if multi {
+                // Not the single-key shape: coord_txn.
+                puts.push(Mutation::put("other", b"w".to_vec()));
+            }
+            let result = proxied.txn(&[Assert::missing(key.as_str())], &puts).await;
+            assert!(
+                matches!(result, Err(Error::Indeterminate { .. })),
+                "a lost txn reply must be Indeterminate, got {result:?}"
+            );
+            let fresh = connect(&base, &namespace, PostgresOptions::default()).await;
+            assert_eq!(fresh.get(&key).await.unwrap().version, Version(1));
+        }
+        assert_eq!(proxy.cuts(), 2);
+    }
+
+    /// A transaction-rollback error raised at the explicit COMMIT (a
+    /// deferred constraint trigger), or an error of the statement itself:
+    /// rolled back, `Unavailable`; the connection is not lent again in an
+    /// aborted transaction.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rollbacks_are_unavailable() {
+        let Some(base) = base_url() else { return };
+        let (schema, scoped, mut conn) = private_schema(&base, "pooled_rollback").await;
+        let store = connect(
+            &pooled(&scoped),
+            "rollback",
+            PostgresOptions::default().with_max_connections(1),
+        )
+        .await;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            r#"
+            CREATE FUNCTION {schema}.fail_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.key LIKE 'doomed-%' THEN
+                    RAISE EXCEPTION 'injected' USING ERRCODE = substr(NEW.key, 8, 5);
+                END IF;
+                RETURN NULL;
+            END $$;
+            CREATE CONSTRAINT TRIGGER fail_at_commit AFTER INSERT OR UPDATE ON {schema}.coord_kv
+                DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {schema}.fail_at_commit();
+            CREATE FUNCTION {schema}.fail_now() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.key LIKE 'now-%' THEN
+                    RAISE EXCEPTION 'injected' USING ERRCODE = 'P0001';
+                END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER fail_now BEFORE INSERT ON {schema}.coord_kv
+                FOR EACH ROW EXECUTE FUNCTION {schema}.fail_now();
+            "#
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let mut results = Vec::new();
+        for key in ["doomed-40001", "doomed-40P01", "now-1"] {
+            for multi in [false, true] {
+                let mut puts = vec![Mutation::put(key, b"v".to_vec())];
+                if multi {
+                    puts.push(Mutation::put(format!("{key}-2"), b"w".to_vec()));
+                }
+                let txn = store.txn(&[Assert::missing(key)], &puts).await;
+                let stored = store.get(key).await;
+                results.push((key, multi, txn, stored));
+            }
+        }
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        for (key, multi, txn, stored) in results {
+            assert!(
+                matches!(txn, Err(Error::Unavailable { .. })),
+                "{key} (multi {multi}) rolled back: must be Unavailable, got {txn:?}"
+            );
+            assert!(stored.unwrap().version.is_missing(), "{key}: rolled back");
+        }
+    }
 }

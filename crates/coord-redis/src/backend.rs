@@ -1,6 +1,6 @@
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -9,10 +9,13 @@ use coord_backend::{
     validate_namespace, validate_prefix, Assert, Backend, ChangeWatch, Changes, Entry, Error,
     Limits, Mutation, ReclaimOptions, Reclaimed, Result, StoreUrl, TxnOutcome, Version,
 };
+use redis::aio::ConnectionLike;
 use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use redis::{
     AsyncConnectionConfig, ErrorKind, PushInfo, PushKind, RedisError, RedisResult, Script,
     ServerErrorKind, ToRedisArgs, Value,
@@ -20,7 +23,8 @@ use redis::{
 
 use crate::changes::{Source, Subscriber};
 use crate::server::{
-    check_eviction, connect_error, eviction_policy_cmd, ran_nothing, EvictionCheck,
+    check_eviction, check_primary, connect_error, eviction_policy_cmd, is_read_only, ran_nothing,
+    EvictionCheck, ReplicaAck, SentinelTarget,
 };
 use crate::{scripts, RedisOptions};
 
@@ -148,54 +152,154 @@ enum Conn {
     Cluster(ClusterConnection),
 }
 
+/// The reply of a script, and of the `WAIT` sent behind it when asked.
+struct Reply {
+    value: Value,
+    /// `WAIT`'s reply (`None` when no `WAIT` was sent).
+    wait: Option<RedisResult<Value>>,
+}
+
+/// Split the replies of `[script…, WAIT]` (the last `count` replies of a
+/// pipeline): the script's reply (an error reply as `Err`) and `WAIT`'s.
+fn split_replies(mut replies: Vec<Value>, ack: Option<ReplicaAck>) -> RedisResult<Reply> {
+    let wait = ack.map(|_| replies.pop().unwrap_or(Value::Nil).extract_error());
+    let value = replies.pop().unwrap_or(Value::Nil).extract_error()?;
+    Ok(Reply { value, wait })
+}
+
+/// `EVALSHA` of `call`, followed by `WAIT` in the same pipeline when `ack`
+/// is given (one round trip: both are written at once, Redis answers in order).
+async fn send_script(
+    conn: &mut impl ConnectionLike,
+    call: &Call,
+    ack: Option<ReplicaAck>,
+) -> RedisResult<Reply> {
+    match ack {
+        None => Ok(Reply {
+            value: call.evalsha().query_async::<Value>(conn).await?,
+            wait: None,
+        }),
+        Some(ack) => {
+            let mut pipe = redis::pipe();
+            pipe.add_command(call.evalsha()).add_command(ack.command());
+            split_replies(conn.req_packed_commands(&pipe, 0, 2).await?, Some(ack))
+        }
+    }
+}
+
+/// Run `send`; when the server answers `NOSCRIPT` (it ran nothing), load
+/// `lua` through `load_on` (a connection to the same node) and run `send`
+/// once more. The outer `Err` is a failed load: nothing was run.
+async fn resend_after_loading<C, T, Fut>(
+    mut load_on: C,
+    lua: &Lua,
+    send: impl Fn() -> Fut,
+) -> std::result::Result<RedisResult<T>, RedisError>
+where
+    C: ConnectionLike + Send,
+    Fut: std::future::Future<Output = RedisResult<T>>,
+{
+    match send().await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            lua.script.load_async(&mut load_on).await?;
+            Ok(send().await)
+        }
+        other => Ok(other),
+    }
+}
+
 impl Conn {
     /// Send `call` once (plus a `SCRIPT LOAD` when the server answers
-    /// `NOSCRIPT`, which ran nothing), to `redirect` when given.
+    /// `NOSCRIPT`, which ran nothing), to `redirect` when given, followed
+    /// by `WAIT` on the same connection (the same node) when `ack` is given.
     async fn run(
         &self,
         call: &Call,
         redirect: Option<Redirect>,
-    ) -> std::result::Result<Value, Failure> {
+        ack: Option<ReplicaAck>,
+    ) -> std::result::Result<Reply, Failure> {
         match self {
-            Conn::Standalone(standalone) => standalone.run(call).await,
+            Conn::Standalone(standalone) => standalone.run(call, ack).await,
             Conn::Cluster(c) => {
                 let mut c = c.clone();
                 match redirect {
-                    None => match call.evalsha().query_async::<Value>(&mut c).await {
-                        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                            call.lua
-                                .script
-                                .load_async(&mut c)
-                                .await
-                                .map_err(Failure::NotSent)?;
-                            call.evalsha().query_async(&mut c).await
-                        }
-                        other => other,
-                    },
+                    None if ack.is_none() => resend_after_loading(c.clone(), call.lua, || {
+                        let mut c = c.clone();
+                        async move { call.evalsha().query_async::<Value>(&mut c).await }
+                    })
+                    .await
+                    .map_err(Failure::NotSent)?
+                    .map(|value| Reply { value, wait: None }),
+                    None => {
+                        // WAIT counts the replicas of the node it runs on:
+                        // it goes to the master of the script's slot (every
+                        // key of a call shares the namespace's hash tag), in
+                        // one pipeline on that node's connection.
+                        let slot_key = call.keys.first().cloned().unwrap_or_default();
+                        let node = || {
+                            SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+                                &slot_key,
+                                SlotAddr::Master,
+                            ))
+                        };
+                        let pipe = |call: &Call| {
+                            let mut pipe = redis::pipe();
+                            pipe.add_command(call.evalsha());
+                            pipe.add_command(ack.expect("checked above").command());
+                            pipe
+                        };
+                        resend_after_loading(c.clone(), call.lua, || {
+                            let mut c = c.clone();
+                            async move {
+                                c.route_pipeline(pipe(call), 0, 2, node())
+                                    .await
+                                    .and_then(|replies| split_replies(replies, ack))
+                            }
+                        })
+                        .await
+                        .map_err(Failure::NotSent)?
+                    }
                     Some(to) => {
                         let node = SingleNodeRoutingInfo::ByAddress {
                             host: to.host,
                             port: to.port,
                         };
+                        // ASKING applies to the next command of the same
+                        // connection: one pipeline keeps the two adjacent.
+                        let mut pipe = redis::pipe();
                         if to.ask {
-                            // ASKING applies to the next command of the same
-                            // connection: one pipeline keeps the two adjacent.
-                            let mut pipe = redis::pipe();
-                            pipe.cmd("ASKING").add_command(call.eval());
-                            c.route_pipeline(pipe, 0, 2, node)
-                                .await
-                                .and_then(|mut replies| {
-                                    replies.pop().unwrap_or(Value::Nil).extract_error()
-                                })
-                        } else {
-                            c.route_command(call.eval(), RoutingInfo::SingleNode(node))
-                                .await
-                                .and_then(Value::extract_error)
+                            pipe.cmd("ASKING");
                         }
+                        pipe.add_command(call.eval());
+                        if let Some(ack) = ack {
+                            pipe.add_command(ack.command());
+                        }
+                        let count = pipe.len();
+                        c.route_pipeline(pipe, 0, count, node)
+                            .await
+                            .and_then(|replies| split_replies(replies, ack))
                     }
                 }
                 .map_err(Failure::Sent)
             }
+        }
+    }
+}
+
+/// Where a standalone connection goes: one fixed server, or the primary
+/// that the Sentinels name (asked again at every reconnection).
+#[derive(Clone)]
+pub(crate) enum Target {
+    Fixed(Box<redis::Client>),
+    Sentinel(Arc<SentinelTarget>),
+}
+
+impl Target {
+    /// The client of the server to connect to now.
+    pub(crate) async fn client(&self) -> RedisResult<redis::Client> {
+        match self {
+            Target::Fixed(client) => Ok((**client).clone()),
+            Target::Sentinel(sentinels) => sentinels.primary().await,
         }
     }
 }
@@ -206,13 +310,16 @@ impl Conn {
 /// handed to a connection ([`Failure::Sent`]); `redis::aio::ConnectionManager`
 /// returns both kinds of failure alike.
 struct Standalone {
-    client: redis::Client,
+    target: Target,
     config: AsyncConnectionConfig,
     /// RESP3 connections report their own drop (a push), so the next call
     /// reconnects before sending instead of failing on the dead connection.
     resp3: bool,
     reconnect_retries: usize,
     current: tokio::sync::Mutex<Option<Live>>,
+    /// Bumped by every connection made to a primary the Sentinels named:
+    /// the change subscriber ends when it moves (see `changes.rs`).
+    generation: Arc<AtomicU64>,
 }
 
 #[derive(Clone)]
@@ -223,8 +330,10 @@ struct Live {
 }
 
 impl Live {
+    /// A connection that failed, or reached a replica (`READONLY`: a
+    /// demoted primary), is made again (through the Sentinels) by the next call.
     fn note(&self, error: &RedisError) {
-        if error.is_unrecoverable_error() {
+        if error.is_unrecoverable_error() || is_read_only(error) {
             self.broken.store(true, Ordering::Release);
         }
     }
@@ -260,11 +369,25 @@ impl Standalone {
                     Ok::<(), std::convert::Infallible>(())
                 });
             }
-            match self
-                .client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await
-            {
+            let made = match self.target.client().await {
+                Ok(client) => {
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await
+                }
+                Err(error) => Err(error),
+            };
+            let made = match (made, &self.target) {
+                (Ok(mut conn), Target::Sentinel(_)) => match check_primary(&mut conn).await {
+                    Ok(()) => {
+                        self.generation.fetch_add(1, Ordering::AcqRel);
+                        Ok(conn)
+                    }
+                    Err(error) => Err(error),
+                },
+                (made, _) => made,
+            };
+            match made {
                 Ok(conn) => return Ok(Live { conn, broken }),
                 Err(error) if attempt < self.reconnect_retries && !is_permanent(&error) => {
                     attempt += 1;
@@ -276,19 +399,21 @@ impl Standalone {
         }
     }
 
-    async fn run(&self, call: &Call) -> std::result::Result<Value, Failure> {
+    async fn run(
+        &self,
+        call: &Call,
+        ack: Option<ReplicaAck>,
+    ) -> std::result::Result<Reply, Failure> {
         let live = self.connection().await.map_err(Failure::NotSent)?;
-        let mut conn = live.conn.clone();
-        let result = match call.evalsha().query_async::<Value>(&mut conn).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                if let Err(e) = call.lua.script.load_async(&mut conn).await {
-                    live.note(&e);
-                    return Err(Failure::NotSent(e));
-                }
-                call.evalsha().query_async(&mut conn).await
-            }
-            other => other,
-        };
+        let result = resend_after_loading(live.conn.clone(), call.lua, || {
+            let mut conn = live.conn.clone();
+            async move { send_script(&mut conn, call, ack).await }
+        })
+        .await
+        .map_err(|e| {
+            live.note(&e);
+            Failure::NotSent(e)
+        })?;
         result.map_err(|e| {
             live.note(&e);
             Failure::Sent(e)
@@ -311,10 +436,16 @@ pub struct RedisBackend {
     dead_key: Vec<u8>,
     /// `coord:{NS}:floor`
     floor_key: Vec<u8>,
+    /// `coord:{NS}:clients`, the announcements of storage formats.
+    clients_key: Vec<u8>,
+    /// This client's announcements (shared by clones).
+    announcer: Arc<coord_backend::reclaim::Announcer>,
     conn: Conn,
     /// The URL without its password, for `Debug`.
     endpoint: String,
     options: RedisOptions,
+    /// `?replicas=N&replica_timeout_ms=T`: `WAIT` behind every txn.
+    ack: Option<ReplicaAck>,
     /// Change notifications (shared by clones), see `changes.rs`.
     subscriber: Arc<Subscriber>,
 }
@@ -326,7 +457,8 @@ impl fmt::Debug for RedisBackend {
             .field("namespace", &self.namespace)
             .field(
                 "mode",
-                &match self.conn {
+                &match &self.conn {
+                    Conn::Standalone(s) if matches!(s.target, Target::Sentinel(_)) => "sentinel",
                     Conn::Standalone(_) => "standalone",
                     Conn::Cluster(_) => "cluster",
                 },
@@ -346,12 +478,14 @@ enum Op {
 
 impl RedisBackend {
     /// Connect with [`RedisOptions::default`]. Schemes: `redis`, `rediss`,
-    /// `redis+cluster`, `rediss+cluster` (see the crate docs).
+    /// `redis+cluster`, `rediss+cluster`, `redis+sentinel` (see the crate docs).
     ///
     /// Fails with [`Error::Config`] for a URL the client cannot use or a
     /// server (any master of a cluster) whose `maxmemory-policy` is not
     /// `noeviction` (see [`RedisOptions::allow_eviction`]), and with
-    /// [`Error::Unavailable`] when the server (or no seed node) answers.
+    /// [`Error::Unavailable`] when the server (or no seed node) answers, or
+    /// no Sentinel names a reachable primary (the message names the
+    /// Sentinels and the master name).
     pub async fn connect(url: &StoreUrl) -> Result<Self> {
         Self::connect_with(url, RedisOptions::default()).await
     }
@@ -363,24 +497,28 @@ impl RedisBackend {
         validate_namespace(&namespace)?;
         let endpoint = coord_backend::redact::url(url.without_namespace());
         let (cluster, tls) = match url.scheme() {
-            "redis" => (false, false),
+            "redis" | "redis+sentinel" => (false, false),
             "rediss" => (false, true),
             "redis+cluster" => (true, false),
             "rediss+cluster" => (true, true),
             other => {
                 return Err(Error::Config(format!(
                     "coord-redis cannot open a {other}:// URL (expected redis, rediss, \
-                     redis+cluster or rediss+cluster)"
+                     redis+cluster, rediss+cluster or redis+sentinel)"
                 )))
             }
         };
+        let sentinel = url.scheme() == "redis+sentinel";
+        // `replicas` and `replica_timeout_ms` are this crate's, not the client's.
+        let (client_url, ack) = ReplicaAck::take(url.without_namespace())?;
+        let client_url = StoreUrl::parse(&client_url)?;
         if tls && !cfg!(feature = "tls") {
             return Err(Error::Config(
                 "rediss:// needs coord-redis built with its `tls` feature".to_owned(),
             ));
         }
         let (conn, source) = if cluster {
-            let nodes = cluster_nodes(url, tls)?;
+            let nodes = cluster_nodes(&client_url, tls)?;
             let source = Source::Cluster {
                 nodes: nodes.clone(),
                 connect_timeout: options.connect_timeout,
@@ -420,23 +558,37 @@ impl RedisBackend {
             }
             (Conn::Cluster(connection), source)
         } else {
-            let client = redis::Client::open(url.without_namespace())
-                .map_err(|e| config_error(&endpoint, e))?;
-            let resp3 = client
-                .get_connection_info()
-                .redis_settings()
-                .protocol()
-                .supports_resp3();
+            let (target, resp3) = if sentinel {
+                // Discovery (every Sentinel, then the master's ROLE) within
+                // a few connection timeouts.
+                let sentinels = SentinelTarget::parse(url, options.connect_timeout * 3)?;
+                let resp3 = sentinels.resp3();
+                (Target::Sentinel(Arc::new(sentinels)), resp3)
+            } else {
+                let client = redis::Client::open(client_url.without_namespace())
+                    .map_err(|e| config_error(&endpoint, e))?;
+                let resp3 = client
+                    .get_connection_info()
+                    .redis_settings()
+                    .protocol()
+                    .supports_resp3();
+                (Target::Fixed(Box::new(client)), resp3)
+            };
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(options.connect_timeout))
                 .set_response_timeout(options.response_timeout);
-            let source = Source::Standalone(client.clone());
+            let generation = Arc::new(AtomicU64::new(0));
+            let source = Source::Standalone {
+                target: target.clone(),
+                generation: generation.clone(),
+            };
             let standalone = Standalone {
-                client,
+                target,
                 config,
                 resp3,
                 reconnect_retries: options.reconnect_retries,
                 current: tokio::sync::Mutex::new(None),
+                generation,
             };
             let live = standalone
                 .connection()
@@ -456,10 +608,15 @@ impl RedisBackend {
             index_key: format!("coord:{{{namespace}}}:idx").into_bytes(),
             dead_key: format!("coord:{{{namespace}}}:dead").into_bytes(),
             floor_key: format!("coord:{{{namespace}}}:floor").into_bytes(),
+            clients_key: format!("coord:{{{namespace}}}:clients").into_bytes(),
+            announcer: Arc::new(coord_backend::reclaim::Announcer::new(
+                coord_backend::reclaim::STORAGE_FORMAT,
+            )),
             namespace,
             conn,
             endpoint,
             options,
+            ack,
         })
     }
 
@@ -484,16 +641,35 @@ impl RedisBackend {
     /// repeated after other failures (a fresh connection is made meanwhile).
     /// A txn is never sent again after a failure that may have run it.
     async fn call(&self, call: &Call, op: Op, what: &str) -> Result<Value> {
+        Ok(self.call_acked(call, op, what, None).await?.value)
+    }
+
+    /// [`RedisBackend::call`], with `WAIT` behind the script when `ack` is
+    /// given. A `READONLY` answer (the connection reached a demoted
+    /// primary: nothing ran) makes the connection again, through the
+    /// Sentinels, and is sent once more within `redirect_retries`.
+    async fn call_acked(
+        &self,
+        call: &Call,
+        op: Op,
+        what: &str,
+        ack: Option<ReplicaAck>,
+    ) -> Result<Reply> {
         let mut redirects = 0;
         let mut read_attempts = 0;
         let mut redirect = None;
         loop {
-            let failure = match self.conn.run(call, redirect.take()).await {
-                Ok(value) => return Ok(value),
+            let failure = match self.conn.run(call, redirect.take(), ack).await {
+                Ok(reply) => return Ok(reply),
                 Err(failure) => failure,
             };
             let error = failure.error();
             if redirects < self.options.redirect_retries {
+                if is_read_only(error) {
+                    redirects += 1;
+                    tokio::time::sleep(Duration::from_millis(50 * u64::from(redirects))).await;
+                    continue;
+                }
                 if let Some(to) = Redirect::of(error) {
                     redirects += 1;
                     redirect = Some(to);
@@ -600,16 +776,47 @@ impl RedisBackend {
             .arg(self.subscriber.publish_command())
             .arg(self.subscriber.channel());
         let key = assert.key.as_str();
-        self.run_txn(&call, &[key], key).await
+        self.run_txn(&call, &[key], &[key], key).await
     }
 
-    /// Run a txn script and read its reply: `applied`, or `rejected` with
-    /// the current entries of `asserted` (the asserted keys, in order).
-    async fn run_txn(&self, call: &Call, asserted: &[&str], first_key: &str) -> Result<TxnOutcome> {
-        let reply = self.call(call, Op::Txn, "txn").await?;
-        let mut reply = array(reply).map_err(|e| self.malformed_reply(e, first_key))?;
+    /// Run a txn script and read its reply: `applied` with the versions of
+    /// `puts` (the keys put, in mutation order), or `rejected` with the
+    /// current entries of `asserted` (the asserted keys, in order). With
+    /// `?replicas=N`, an applied txn is `Indeterminate` unless `WAIT` (sent
+    /// behind it) counted N replicas.
+    async fn run_txn(
+        &self,
+        call: &Call,
+        asserted: &[&str],
+        puts: &[&str],
+        first_key: &str,
+    ) -> Result<TxnOutcome> {
+        let Reply { value, wait } = self.call_acked(call, Op::Txn, "txn", self.ack).await?;
+        let mut reply = array(value).map_err(|e| self.malformed_reply(e, first_key))?;
         match reply.first().and_then(tag) {
-            Some(b"applied") if reply.len() == 1 => Ok(TxnOutcome::applied()),
+            Some(b"applied") => {
+                if let (Some(ack), Some(wait)) = (self.ack, wait) {
+                    ack.judge(
+                        wait,
+                        &format!(
+                            "txn on {} (namespace {}, key {first_key:?})",
+                            self.endpoint, self.namespace
+                        ),
+                    )?;
+                }
+                // A version missing or not reading as one (never sent by
+                // these scripts) is left unreported, not an error.
+                Ok(TxnOutcome::applied_at(
+                    puts.iter()
+                        .zip(reply.into_iter().skip(1))
+                        .filter_map(|(key, version)| {
+                            let version = bytes(version)?;
+                            let version = std::str::from_utf8(&version).ok()?.parse().ok()?;
+                            Some(((*key).to_owned(), Version(version)))
+                        })
+                        .collect(),
+                ))
+            }
             Some(b"rejected") => {
                 reply.remove(0);
                 Ok(TxnOutcome::rejected(self.entries(reply, asserted)?))
@@ -648,6 +855,7 @@ impl Backend for RedisBackend {
     }
 
     async fn raw_txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
+        self.announce().await?;
         if let ([assert], [Mutation::Put { key, value }]) = (asserts, mutations) {
             if *key == assert.key && assert.version != Version::MISSING {
                 return self.put_live(assert, value).await;
@@ -696,7 +904,12 @@ impl Backend for RedisBackend {
             .map(|a| a.key.as_str())
             .or_else(|| mutations.first().map(Mutation::key))
             .unwrap_or("");
-        self.run_txn(&invocation, &asserted, first_key).await
+        let puts: Vec<&str> = mutations
+            .iter()
+            .filter(|m| matches!(m, Mutation::Put { .. }))
+            .map(Mutation::key)
+            .collect();
+        self.run_txn(&invocation, &asserted, &puts, first_key).await
     }
 
     async fn reclaim(&self, options: &ReclaimOptions) -> Result<Reclaimed> {

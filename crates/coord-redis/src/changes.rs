@@ -20,6 +20,7 @@
 //!   a disconnection or resubscription wakes every watch, since something may
 //!   have been missed.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,13 +30,20 @@ use redis::cluster::ClusterClientBuilder;
 use redis::{ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::Mutex;
 
+use crate::backend::Target;
+
 /// How often an idle subscriber checks whether it still has watches.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 /// Where the subscriber connects.
 #[derive(Clone)]
 pub(crate) enum Source {
-    Standalone(redis::Client),
+    /// One server, or the primary the Sentinels name: `generation` moves
+    /// whenever the store's connection was made to a (re)discovered primary.
+    Standalone {
+        target: Target,
+        generation: Arc<AtomicU64>,
+    },
     Cluster {
         nodes: Vec<String>,
         connect_timeout: Duration,
@@ -64,7 +72,7 @@ impl Subscriber {
     /// `PUBLISH` or `SPUBLISH`: what the txn script sends.
     pub(crate) fn publish_command(&self) -> &'static str {
         match self.source {
-            Source::Standalone(_) => "PUBLISH",
+            Source::Standalone { .. } => "PUBLISH",
             Source::Cluster { .. } => "SPUBLISH",
         }
     }
@@ -85,15 +93,31 @@ impl Subscriber {
             Error::unavailable(format!("subscribing to changes on {}", self.endpoint), e)
         };
         match &self.source {
-            Source::Standalone(client) => {
+            Source::Standalone { target, generation } => {
+                // Read before asking where the primary is: a failover found
+                // by the store afterwards moves it, and ends this subscriber.
+                let subscribed_at = generation.load(Ordering::Acquire);
+                let client = target.client().await.map_err(unavailable)?;
                 let mut pubsub = client.get_async_pubsub().await.map_err(unavailable)?;
                 pubsub.subscribe(&self.channel).await.map_err(unavailable)?;
                 let messages = pubsub.into_on_message();
                 let feed = feed.clone();
                 let this = self.clone();
+                let generation = generation.clone();
+                let sentinel = matches!(target, Target::Sentinel(_));
                 tokio::spawn(async move {
                     let mut messages = messages;
                     loop {
+                        if sentinel && generation.load(Ordering::Acquire) != subscribed_at {
+                            // The store followed a failover: this connection
+                            // may be on the demoted primary. Ending the feed
+                            // fails its watches (their waiters poll); the next
+                            // watch subscribes on the new primary.
+                            tracing::debug!(
+                                "redis primary changed: change subscriber ends, watches poll"
+                            );
+                            break;
+                        }
                         tokio::select! {
                             message = messages.next() => match message {
                                 Some(message) => feed.publish(Changed::from_payload(

@@ -1,5 +1,5 @@
-//! coord's store on Redis, standalone or Redis Cluster: each primitive is
-//! **one Lua script call**.
+//! coord's store on Redis, standalone (optionally found through Sentinels)
+//! or Redis Cluster: each primitive is **one Lua script call**.
 //!
 //! # Shape
 //!
@@ -7,7 +7,13 @@
 //! `v` (the version counter) and field `d` (the value). A delete removes `d`
 //! and bumps `v`: the hash stays as a **tombstone**, so a re-created key
 //! continues from the old counter and a version is never handed out twice
-//! (no ABA). Tombstones are never reclaimed (a few bytes per deleted key).
+//! (no ABA). Tombstones stay until [`Backend::reclaim`](coord_backend::Backend::reclaim)
+//! removes them and raises the namespace's floor (`coord:{NS}:floor`) in the
+//! same script; tombstones are found through the set `coord:{NS}:dead`
+//! (tombstones written before that set existed are not in it and stay).
+//! Clients announce their storage format in the hash `coord:{NS}:clients`,
+//! and a reclaim refuses while an older one was seen
+//! (`coord_backend::reclaim`, "Mixed versions").
 //! The live keys are also members of the sorted set `coord:{NS}:idx` (all
 //! scores 0), maintained by the same script that writes them.
 //!
@@ -38,9 +44,9 @@
 //!   spread load.
 //! - **Durability is Redis's**: replication is asynchronous, so a failover
 //!   can lose writes that were acknowledged (a lock granted twice, a side
-//!   effect run twice). `WAIT` is not used (it would not make the failover
-//!   safe either, only narrower). With persistence off, a restart forgets
-//!   everything. Use PostgreSQL or etcd when that is not acceptable.
+//!   effect run twice). `?replicas=N` (below) narrows that window without
+//!   closing it. With persistence off, a restart forgets everything. Use
+//!   PostgreSQL or etcd when that is not acceptable.
 //!
 //! # Connections and errors
 //!
@@ -51,8 +57,47 @@
 //! - `redis+cluster://[user:password@]host:port,host:port,…` and
 //!   `rediss+cluster://…`: a [`redis::cluster_async::ClusterConnection`]
 //!   seeded with those nodes (it discovers the others and reconnects itself).
+//! - `redis+sentinel://[user:password@]host:port,host:port/MASTER_NAME`:
+//!   the primary that the Sentinels name for `MASTER_NAME` (each Sentinel
+//!   asked in turn; one that does not know the name, or reports its master
+//!   down, is passed over), which must answer `ROLE` as a master. User,
+//!   password, `?protocol=` and `?db=` are the data nodes'; the Sentinels
+//!   are asked without authentication or TLS. Any other parameter is
+//!   [`Error::Config`](coord_backend::Error::Config).
+//!   **Failover**: after a connection failure, or a `-READONLY` reply (a
+//!   write that reached a demoted primary; it ran nothing), the next
+//!   connection asks the Sentinels again, so no write goes to a replica. A
+//!   `READONLY` txn is sent again (at most [`RedisOptions::redirect_retries`]
+//!   times), then is [`Error::Unavailable`](coord_backend::Error::Unavailable);
+//!   a txn whose connection dropped stays
+//!   [`Error::Indeterminate`](coord_backend::Error::Indeterminate). Reads
+//!   go to the same connection: until it is found broken, a demoted primary
+//!   answers them (Sentinel closes client connections when it reconfigures
+//!   a server, so this is short). The change subscriber ends once the store
+//!   reconnected to a (re)discovered primary: watches fail, waiters poll,
+//!   the next watch subscribes on the new primary. No Sentinel names a
+//!   usable primary (unknown name, or none reachable):
+//!   [`Error::Unavailable`](coord_backend::Error::Unavailable) naming the
+//!   Sentinels and the master, never the password.
 //! - `?namespace=NAME` selects the namespace (see [`coord_backend::StoreUrl`]);
 //!   other query parameters go to the redis client (e.g. `protocol=resp3`).
+//!
+//! # Replication acknowledgement: `?replicas=N&replica_timeout_ms=T`
+//!
+//! Off by default; any URL form. Every txn script is followed by `WAIT N T`
+//! ([`server::ReplicaAck`]) in the same pipeline, on the same connection (on
+//! Cluster, to the master of the namespace's slot, where the script ran):
+//! **still one round trip**, which now lasts until N replicas acknowledged
+//! the connection's writes or T ms passed (default 1000). An applied txn
+//! that fewer than N replicas acknowledged is
+//! [`Error::Indeterminate`](coord_backend::Error::Indeterminate), never
+//! success: it is **not rolled back**, stays readable on the primary, and
+//! may or may not survive a failover. A rejected txn carries the `WAIT` too
+//! (it is not judged). What it promises: a txn reported applied was held by
+//! N replicas when the reply came. What it does not: `WAIT` is not
+//! consensus; Sentinel (or Cluster) may still promote a replica that did not
+//! get it, losing an acknowledged write. Reclaims, format announcements and
+//! reads are not waited for.
 //!
 //! Connecting reads `maxmemory-policy` once (`CONFIG GET`, on every master
 //! of a cluster) and refuses, with [`Error::Config`](coord_backend::Error::Config),

@@ -18,7 +18,8 @@
 //! applied". A version field this crate could not have written (a sign,
 //! leading zeros, letters, beyond `i64::MAX`) is reported as `malformed`.
 //!
-//! Replies start with a tag: `ok` / `applied` / `rejected` / `malformed`.
+//! Replies start with a tag: `ok` / `applied` / `rejected` / `malformed`;
+//! an `applied` txn's reply carries the versions its puts wrote.
 
 /// Lua the scripts share: `valid_version(v)`, whether `v` is a version
 /// this crate can have written (`HINCRBY` only makes canonical decimals, no
@@ -43,6 +44,22 @@ local function read_record(key)
     return false, {'malformed', key, 'version field is not a decimal integer in 0..2^63'}
   end
   return true, v, r[2]
+end
+"#
+    };
+}
+
+/// Lua the txn scripts share: `plus_one(v)`, the decimal string one above
+/// `v` (a canonical decimal below `i64::MAX`), exact where a Lua number (a
+/// double) is not: the version a write gave a record, for the reply.
+macro_rules! plus_one_lua {
+    () => {
+        r#"
+local function plus_one(v)
+  local head, nines = string.match(v, '^(.-)(9*)$')
+  if head == '' then return '1' .. string.rep('0', #nines) end
+  local last = string.byte(head, #head)
+  return string.sub(head, 1, -2) .. string.char(last + 1) .. string.rep('0', #nines)
 end
 "#
     };
@@ -87,10 +104,13 @@ return out
 /// An applied txn that wrote something ends by publishing the written keys
 /// (NUL-separated) on that channel, through `pcall`: a failed publish costs
 /// a wake-up, never the txn. A rejected txn publishes nothing.
-/// Reply: `applied`; or `rejected` then version/value pairs of the asserted
-/// keys (as in SNAPSHOT); or `malformed, <record key>, <reason>`.
+/// Reply: `applied`, then the version each put gave its record (decimal
+/// strings, in mutation order, puts only); or `rejected` then version/value
+/// pairs of the asserted keys (as in SNAPSHOT); or `malformed, <record key>,
+/// <reason>`.
 pub(crate) const TXN: &str = concat!(
     record_lua!(),
+    plus_one_lua!(),
     r#"
 local plen = tonumber(ARGV[1])
 local nasserts = tonumber(ARGV[2])
@@ -164,6 +184,7 @@ if shared then
   if not f then redis.call('SET', KEYS[#KEYS], '0') end
   if types[dead] ~= 'zset' then redis.call('ZADD', dead, 0, '') end
 end
+local applied = {'applied'}
 for m = 0, nmut - 1 do
   local pos = tonumber(ARGV[base + 1 + 3 * m])
   local k = KEYS[pos]
@@ -175,6 +196,9 @@ for m = 0, nmut - 1 do
   -- The index holds exactly the live keys, the tombstone set exactly the
   -- tombstones: touch them only when liveness changes.
   if op == 'p' then
+    -- The version HINCRBY wrote: one above the record's, or the floor's
+    -- for a record it created (checked below 2^63 - 1 above).
+    applied[#applied + 1] = plus_one(raw[pos] or floor)
     redis.call('HSET', k, 'd', ARGV[base + 3 + 3 * m])
     if vis[pos] == '0' then
       redis.call('ZADD', KEYS[1], 0, member)
@@ -194,7 +218,7 @@ if nmut > 0 and publish ~= '' then
   end
   redis.pcall(publish, ARGV[#ARGV], table.concat(written, '\0'))
 end
-return {'applied'}
+return applied
 "#
 );
 
@@ -206,9 +230,11 @@ return {'applied'}
 /// KEYS[1]: the record key. ARGV[1]: the byte length of the record-key
 /// prefix; ARGV[2]: the expected version; ARGV[3]: the value; ARGV[4],
 /// ARGV[5]: the publish command (or empty) and the change channel.
-/// Replies as TXN's (a rejection carries the one asserted key).
+/// Replies as TXN's (`applied` and the version written; a rejection carries
+/// the one asserted key).
 pub(crate) const TXN_PUT_LIVE: &str = concat!(
     record_lua!(),
+    plus_one_lua!(),
     r#"
 local ok, v, d = read_record(KEYS[1])
 if not ok then return v end
@@ -223,7 +249,7 @@ redis.call('HSET', KEYS[1], 'd', ARGV[3])
 if ARGV[4] ~= '' then
   redis.pcall(ARGV[4], ARGV[5], string.sub(KEYS[1], tonumber(ARGV[1]) + 1))
 end
-return {'applied'}
+return {'applied', plus_one(v)}
 "#
 );
 
@@ -236,6 +262,60 @@ table.insert(r, 1, 'ok')
 return r
 "#;
 
+/// Lua the announcement and the reclaim share: `clients_record(key)`, the
+/// announcements hash (field `''`: the namespace's required format; every
+/// other field a client id, value `<format>:<milliseconds>`), or a
+/// `malformed` reply when the key is not a hash.
+macro_rules! clients_lua {
+    () => {
+        r#"
+local function clients_ok(key)
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'hash' and t ~= 'none' then
+    return false, {'malformed', key, 'announcements are a ' .. t .. ', not a hash'}
+  end
+  return true
+end
+"#
+    };
+}
+
+/// KEYS[1]: the announcements hash; KEYS[2], KEYS[3], KEYS[4]: the index,
+/// the tombstone set and the floor (whether the namespace was written).
+/// ARGV[1]: the client id; ARGV[2]: its format; ARGV[3]: now (ms); ARGV[4]:
+/// the oldest time still recent (ms).
+/// The first announcement of a namespace writes its required format: the
+/// client's when none of KEYS[2..4] exists, else `0` (records from before
+/// announcements). Refuses (`newer, <required>`) when the namespace
+/// requires a newer format; else upserts the client's field, removes
+/// fields older than ARGV[4] and answers `ok, <required>`.
+pub(crate) const ANNOUNCE: &str = concat!(
+    clients_lua!(),
+    r#"
+local ok, err = clients_ok(KEYS[1])
+if not ok then return err end
+local required = redis.call('HGET', KEYS[1], '')
+if not required then
+  if redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[4]) > 0 then
+    required = '0'
+  else
+    required = ARGV[2]
+  end
+  redis.call('HSET', KEYS[1], '', required)
+end
+if tonumber(required) > tonumber(ARGV[2]) then return {'newer', required} end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ':' .. ARGV[3])
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  if all[i] ~= '' then
+    local at = tonumber(string.match(all[i + 1], ':(%d+)$'))
+    if not at or at < tonumber(ARGV[4]) then redis.call('HDEL', KEYS[1], all[i]) end
+  end
+end
+return {'ok', required}
+"#
+);
+
 /// KEYS[1]: the tombstone set. ARGV[1]: how many members.
 /// Reply: `ok`, then the first members (candidates of a reclaim; the first
 /// is the set's placeholder `''`, which the caller drops).
@@ -246,17 +326,46 @@ table.insert(r, 1, 'ok')
 return r
 "#;
 
-/// KEYS[1]: the tombstone set; KEYS[2]: the floor; KEYS[3..]: the record
-/// keys of candidates (read by RECLAIM_CANDIDATES; anything may have
-/// happened to them since). ARGV[1]: the byte length of the record-key prefix.
-/// Deletes every candidate that is still a tombstone and raises the floor
+/// KEYS[1]: the tombstone set; KEYS[2]: the floor; KEYS[3]: the
+/// announcements; KEYS[4..]: the record keys of candidates (read by
+/// RECLAIM_CANDIDATES; anything may have happened to them since).
+/// ARGV[1]: the byte length of the record-key prefix; ARGV[2]: the
+/// reclaiming client's format; ARGV[3]: the oldest time still recent (ms);
+/// ARGV[4]: `1` when the operator said older clients are stopped.
+/// First, before any write, the announcements: refused (`refused,
+/// <required>, <older format>, <its time>`, the last two empty when no
+/// older client was seen) while a client of an older format announced
+/// itself since ARGV[3], or the namespace requires another format than
+/// ARGV[2] (older: unless ARGV[4] says `1`, which raises it).
+/// Then deletes every candidate that is still a tombstone and raises the floor
 /// to their highest version, in this one script, so no txn runs between.
 /// Reply: `ok`, the number removed, `1` if tombstones are left else `0`;
 /// or `malformed, <key>, <reason>`.
 pub(crate) const RECLAIM: &str = concat!(
     record_lua!(),
+    clients_lua!(),
     r#"
 local plen = tonumber(ARGV[1])
+local ours = tonumber(ARGV[2])
+local ok, err = clients_ok(KEYS[3])
+if not ok then return err end
+local required = redis.call('HGET', KEYS[3], '') or '0'
+local older, older_at = '', ''
+local all = redis.call('HGETALL', KEYS[3])
+for i = 1, #all, 2 do
+  if all[i] ~= '' then
+    local f, at = string.match(all[i + 1], '^(%d+):(%d+)$')
+    if f and tonumber(f) < ours and tonumber(at) >= tonumber(ARGV[3])
+       and (older_at == '' or tonumber(at) > tonumber(older_at)) then
+      older, older_at = f, at
+    end
+  end
+end
+if older ~= '' or tonumber(required) > ours
+   or (tonumber(required) < ours and ARGV[4] ~= '1') then
+  return {'refused', required, older, older_at}
+end
+if tonumber(required) < ours then redis.call('HSET', KEYS[3], '', ARGV[2]) end
 local floor = redis.pcall('GET', KEYS[2])
 if type(floor) == 'table' and floor['err'] then return {'malformed', KEYS[2], floor['err']} end
 if floor and not valid_version(floor) then
@@ -265,7 +374,7 @@ end
 local gone = {}
 local stale = {}
 local top = floor or '0'
-for i = 3, #KEYS do
+for i = 4, #KEYS do
   local ok, v, d = read_record(KEYS[i])
   if not ok then return v end
   if v and not d then

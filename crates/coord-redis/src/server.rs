@@ -12,11 +12,20 @@
 //!   or a fence out twice (docs/shapes.md, Redis).
 //!
 //! - [`connect_error`]: which error a failed connection is.
+//! - [`is_read_only`]: a write that reached a replica (a demoted primary).
 //!
 //! Each is judged from the reply alone; none sends anything itself.
+//!
+//! Two pieces of URL handling are shared the same way: [`SentinelTarget`]
+//! (a `redis+sentinel://` URL: which server is the primary now) and
+//! [`ReplicaAck`] (`?replicas=N&replica_timeout_ms=T`: `WAIT` after each
+//! applied write).
 
-use coord_backend::{Error, Result};
-use redis::{ErrorKind, RedisError, RedisResult, Value};
+use std::time::Duration;
+
+use coord_backend::{Error, Result, StoreUrl};
+use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
+use redis::{ErrorKind, IntoConnectionInfo, RedisError, RedisResult, ServerErrorKind, Value};
 
 /// Whether `error` proves that the command it answers did not run: the
 /// connection was never made, or the server answered with an error. (Every
@@ -118,6 +127,359 @@ pub fn check_eviction(
             Ok(())
         }
     }
+}
+
+/// Whether `error` is a `-READONLY` reply: the command reached a replica
+/// (on a Sentinel topology, a primary demoted by a failover) and ran
+/// nothing. The caller must find the primary again before writing.
+pub fn is_read_only(error: &RedisError) -> bool {
+    error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+}
+
+/// A `redis+sentinel://[user:password@]host:port,host:port/MASTER[?params]`
+/// URL: the Sentinels to ask, the name of the master they monitor, and how
+/// to connect to it. [`SentinelTarget::primary`] asks them which server is
+/// the primary now (and checks with `ROLE` that it says so itself).
+///
+/// - The user and password, and the parameters `protocol` (`resp2`,
+///   `resp3`) and `db`, are those of the data nodes (the primary);
+///   the Sentinels are asked without authentication.
+/// - `replicas` and `replica_timeout_ms` are [`ReplicaAck`]'s; any other
+///   parameter is refused ([`Error::Config`]), as is a URL without
+///   Sentinels or without a master name.
+pub struct SentinelTarget {
+    sentinel: tokio::sync::Mutex<Sentinel>,
+    master: String,
+    node: SentinelNodeConnectionInfo,
+    /// `Sentinels h:p,h:p (master NAME)`, for messages: no password.
+    tried: String,
+    timeout: Duration,
+    resp3: bool,
+}
+
+impl std::fmt::Debug for SentinelTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.tried)
+    }
+}
+
+impl SentinelTarget {
+    /// Read `url` (scheme `redis+sentinel`). `timeout` bounds one whole
+    /// discovery (every Sentinel asked, the named master's `ROLE` read).
+    pub fn parse(url: &StoreUrl, timeout: Duration) -> Result<SentinelTarget> {
+        let shown = coord_backend::redact::url(url.without_namespace());
+        if url.scheme() != "redis+sentinel" {
+            return Err(Error::Config(format!(
+                "{shown}: not a redis+sentinel:// URL"
+            )));
+        }
+        let (rest_url, _) = ReplicaAck::take(url.without_namespace())?;
+        let body = url.body();
+        let (userinfo, rest) = match body.rsplit_once('@') {
+            Some((userinfo, rest)) => (Some(userinfo), rest),
+            None => (None, body),
+        };
+        let Some((hosts, master)) = rest.split_once('/') else {
+            return Err(Error::Config(format!(
+                "{shown} names no master (expected redis+sentinel://host:port,host:port/MASTER_NAME)"
+            )));
+        };
+        let master = master.trim_end_matches('/');
+        if master.is_empty() || master.contains('/') {
+            return Err(Error::Config(format!(
+                "{shown} names no master (expected redis+sentinel://host:port,host:port/MASTER_NAME)"
+            )));
+        }
+        let sentinels: Vec<&str> = hosts
+            .split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .collect();
+        if sentinels.is_empty() {
+            return Err(Error::Config(format!(
+                "{shown} names no Sentinel (expected redis+sentinel://host:port,host:port/MASTER_NAME)"
+            )));
+        }
+        let mut node_query = Vec::new();
+        let mut resp3 = false;
+        let mut db = None;
+        for pair in rest_url
+            .split_once('?')
+            .map(|(_, q)| q)
+            .unwrap_or("")
+            .split('&')
+        {
+            if pair.is_empty() {
+                continue;
+            }
+            match pair.split_once('=').unwrap_or((pair, "")) {
+                ("protocol", value) => {
+                    resp3 = match value {
+                        "resp3" | "3" => true,
+                        "resp2" | "2" => false,
+                        other => {
+                            return Err(Error::Config(format!(
+                                "{shown}: protocol={other} (expected resp2 or resp3)"
+                            )))
+                        }
+                    };
+                    node_query.push(pair);
+                }
+                ("db", value) => {
+                    db = Some(value.parse::<i64>().map_err(|_| {
+                        Error::Config(format!("{shown}: db={value} is not a number"))
+                    })?);
+                }
+                (name, _) => {
+                    return Err(Error::Config(format!(
+                        "{shown}: unknown parameter {name:?} (a redis+sentinel URL takes \
+                         namespace, protocol, db, replicas and replica_timeout_ms)"
+                    )))
+                }
+            }
+        }
+        // The data nodes' settings, read the way the client reads a plain URL
+        // (percent-decoded user and password).
+        let node_url = format!(
+            "redis://{}127.0.0.1:6379/{}{}{}",
+            userinfo.map(|u| format!("{u}@")).unwrap_or_default(),
+            db.unwrap_or(0),
+            if node_query.is_empty() { "" } else { "?" },
+            node_query.join("&")
+        );
+        let settings = node_url
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| Error::Config(format!("{shown}: {e}")))?
+            .redis_settings()
+            .clone();
+        let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(settings);
+        let sentinel_urls: Vec<String> = sentinels.iter().map(|h| format!("redis://{h}")).collect();
+        let sentinel =
+            Sentinel::build(sentinel_urls).map_err(|e| Error::Config(format!("{shown}: {e}")))?;
+        Ok(SentinelTarget {
+            sentinel: tokio::sync::Mutex::new(sentinel),
+            master: master.to_owned(),
+            node,
+            tried: format!("Sentinels {} (master {master})", sentinels.join(",")),
+            timeout,
+            resp3,
+        })
+    }
+
+    /// `Sentinels h:p,h:p (master NAME)`.
+    pub fn describe(&self) -> &str {
+        &self.tried
+    }
+
+    /// Whether the data nodes speak RESP3 (`?protocol=resp3`).
+    pub fn resp3(&self) -> bool {
+        self.resp3
+    }
+
+    /// A client for the server the Sentinels name as the primary now, after
+    /// it answered `ROLE` as a master. Every Sentinel is asked in turn; a
+    /// Sentinel that does not know the name, or whose master is down or not
+    /// a master, is passed over. The error (kind
+    /// [`ErrorKind::MasterNameNotFoundBySentinel`] when no Sentinel named a
+    /// usable master, an I/O kind when none answered) names the Sentinels and
+    /// the master, never a password. Nothing was sent to a data node.
+    pub async fn primary(&self) -> RedisResult<redis::Client> {
+        let mut sentinel = self.sentinel.lock().await;
+        let found = tokio::time::timeout(
+            self.timeout,
+            sentinel.async_master_for(&self.master, Some(&self.node)),
+        )
+        .await;
+        let error = match found {
+            Ok(Ok(client)) => return Ok(client),
+            Ok(Err(error)) => error,
+            Err(_) => {
+                return Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("{}: no answer within {:?}", self.tried, self.timeout),
+                )))
+            }
+        };
+        let kind = if error.kind() == ErrorKind::MasterNameNotFoundBySentinel {
+            "no Sentinel named a reachable master"
+        } else {
+            "no Sentinel answered"
+        };
+        Err(RedisError::from((
+            ErrorKind::MasterNameNotFoundBySentinel,
+            "primary not found",
+            format!("{}: {kind} ({error})", self.tried),
+        )))
+    }
+}
+
+/// `ROLE` on a freshly made connection: it must be a master. A replica
+/// (the Sentinels' view was stale) is refused with a `READONLY`-kind error,
+/// so that the caller asks the Sentinels again.
+pub async fn check_primary(conn: &mut impl redis::aio::ConnectionLike) -> RedisResult<()> {
+    let role: redis::Role = redis::cmd("ROLE").query_async(conn).await?;
+    match role {
+        redis::Role::Primary { .. } => Ok(()),
+        _ => Err(RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ReadOnly),
+            "not a primary",
+            "the server the Sentinels named answers ROLE as a replica".to_owned(),
+        ))),
+    }
+}
+
+/// `?replicas=N&replica_timeout_ms=T`: after each applied write, `WAIT N T`
+/// on the same connection, pipelined behind the write (no extra round trip;
+/// the reply comes once N replicas acknowledged, or after T ms).
+///
+/// What it promises: a write reported as done was, at that moment, held by
+/// the primary and at least N replicas. What it does not: `WAIT` is not
+/// consensus. A failover may still promote a replica that did not get the
+/// write (Sentinel prefers the most up-to-date one, but nothing forces it),
+/// and a write that fell short of N is **not rolled back**: it stays on the
+/// primary, readable, and the caller is told
+/// [`Error::Indeterminate`] (it may be
+/// lost by a failover, or may survive).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicaAck {
+    /// How many replicas must acknowledge (`replicas=N`, at least 1).
+    pub replicas: u32,
+    /// How long `WAIT` waits for them (`replica_timeout_ms`, default 1000, at least 1).
+    pub timeout_ms: u64,
+}
+
+impl ReplicaAck {
+    /// Default `replica_timeout_ms`.
+    pub const DEFAULT_TIMEOUT_MS: u64 = 1000;
+
+    /// Take `replicas` and `replica_timeout_ms` out of `url` (a URL without
+    /// its namespace): the URL without them, and what they ask (`None`
+    /// without `replicas`, or with `replicas=0`). A value that is not a
+    /// number, `replica_timeout_ms=0` (`WAIT` would block forever) or a
+    /// timeout without `replicas` is [`Error::Config`].
+    pub fn take(url: &str) -> Result<(String, Option<ReplicaAck>)> {
+        let Some((base, query)) = url.split_once('?') else {
+            return Ok((url.to_owned(), None));
+        };
+        let shown = || coord_backend::redact::url(url);
+        let mut kept = Vec::new();
+        let mut replicas = None;
+        let mut timeout = None;
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("replicas", v)) => {
+                    replicas = Some(v.parse::<u32>().map_err(|_| {
+                        Error::Config(format!("{}: replicas={v} is not a count", shown()))
+                    })?);
+                }
+                Some(("replica_timeout_ms", v)) => {
+                    timeout = Some(v.parse::<u64>().ok().filter(|t| *t > 0).ok_or_else(|| {
+                        Error::Config(format!(
+                            "{}: replica_timeout_ms={v} is not a number of milliseconds above 0",
+                            shown()
+                        ))
+                    })?);
+                }
+                _ => kept.push(pair),
+            }
+        }
+        let rest = if kept.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        };
+        let ack = match (replicas, timeout) {
+            (None, Some(_)) => {
+                return Err(Error::Config(format!(
+                    "{}: replica_timeout_ms without replicas",
+                    shown()
+                )))
+            }
+            (None | Some(0), _) => None,
+            (Some(replicas), timeout) => Some(ReplicaAck {
+                replicas,
+                timeout_ms: timeout.unwrap_or(Self::DEFAULT_TIMEOUT_MS),
+            }),
+        };
+        Ok((rest, ack))
+    }
+
+    /// `WAIT N T`.
+    pub fn command(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(self.replicas).arg(self.timeout_ms);
+        cmd
+    }
+
+    /// Judge the reply of [`ReplicaAck::command`] to an applied write:
+    /// `Ok` when at least N replicas acknowledged, otherwise the
+    /// [`Error::Indeterminate`] the caller must get (the write stays applied
+    /// on the primary, but a failover may lose it). `what` names the write.
+    pub fn judge(&self, reply: RedisResult<Value>, what: &str) -> Result<()> {
+        let acked = match reply {
+            Ok(Value::Int(n)) if n >= i64::from(self.replicas) => return Ok(()),
+            Ok(Value::Int(n)) => format!("{n}"),
+            Ok(other) => format!("an unexpected WAIT reply ({other:?})"),
+            Err(error) => format!("no WAIT reply ({error})"),
+        };
+        Err(Error::indeterminate(
+            format!(
+                "{what}: applied on the primary, but {acked} of the {} replicas asked for \
+                 acknowledged it within {} ms (replicas=N); it is not rolled back, and a \
+                 failover may lose it",
+                self.replicas, self.timeout_ms
+            ),
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "replication not acknowledged"),
+        ))
+    }
+}
+
+/// What a fence or a lock can lose on this deployment, as a sentence for
+/// an operator, or `None`: the primary `url` names (standalone or through
+/// its Sentinels) has replicas, and `url` does not ask writes to wait for
+/// them (`replicas=N`), so a failover can lose acknowledged writes and hand
+/// a version or a fence out twice (docs/shapes.md, "Redis"). Best effort:
+/// Cluster URLs and servers that cannot be asked give `None`.
+pub async fn unacknowledged_replicas_advice(url: &StoreUrl) -> Option<String> {
+    let (base, ack) = ReplicaAck::take(url.without_namespace()).ok()?;
+    if ack.is_some() {
+        return None;
+    }
+    let timeout = Duration::from_secs(3);
+    let client = match url.scheme() {
+        "redis" | "rediss" => redis::Client::open(base.as_str()).ok()?,
+        "redis+sentinel" => SentinelTarget::parse(url, timeout)
+            .ok()?
+            .primary()
+            .await
+            .ok()?,
+        _ => return None,
+    };
+    let info: String = tokio::time::timeout(timeout, async {
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        redis::cmd("INFO")
+            .arg("replication")
+            .query_async::<String>(&mut conn)
+            .await
+    })
+    .await
+    .ok()?
+    .ok()?;
+    let replicas: u64 = info
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("connected_slaves:"))
+        .and_then(|n| n.parse().ok())?;
+    (replicas > 0).then(|| {
+        format!(
+            "this Redis primary has {replicas} replica(s) and the URL does not ask writes to wait \
+             for them: a failover can lose acknowledged writes and grant a lock or a fence twice; \
+             add ?replicas={replicas} (WAIT for every replica after each write; short = \
+             Indeterminate; fewer lets the Sentinels promote a replica that lacks the write), or \
+             use etcd or PostgreSQL with a synchronous standby for locks that must never \
+             double-grant"
+        )
+    })
 }
 
 #[cfg(test)]

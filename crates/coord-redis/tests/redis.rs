@@ -204,6 +204,19 @@ async fn semantics_on(var: &str) {
     }
 }
 
+/// Every put of an applied txn reports the version the script stored (both
+/// txn scripts), also over a tombstone and after a reclaim raised the floor;
+/// against the server named by `var` (skipped when unset).
+async fn puts_report_on(var: &str) {
+    let Some(factory) = factory_for(var) else {
+        return;
+    };
+    let store = factory(unique_namespace("every_put")).await.unwrap();
+    if let Err(failure) = coord_conformance::backend::every_put_reports_its_version(store).await {
+        panic!("{}", failure.message);
+    }
+}
+
 mod standalone {
     use super::{factory_for, STANDALONE};
     coord_conformance::all_suites_tests!(factory_for(STANDALONE));
@@ -211,6 +224,11 @@ mod standalone {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redis_semantics() {
         super::semantics_on(super::STANDALONE).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn committed_puts_report_their_versions() {
+        super::puts_report_on(super::STANDALONE).await;
     }
 }
 
@@ -221,6 +239,11 @@ mod cluster {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redis_semantics() {
         super::semantics_on(super::CLUSTER).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn committed_puts_report_their_versions() {
+        super::puts_report_on(super::CLUSTER).await;
     }
 
     /// Every Redis key of one namespace hashes to one slot (one shard).
@@ -767,6 +790,50 @@ fn raw_cmd<T: redis::FromRedisValue>(port: u16, args: &[&str]) -> redis::RedisRe
     cmd.query(&mut conn)
 }
 
+/// The versions a txn reports are exact decimals, also where a Lua number
+/// (a double) is not (above 2^53, up to the last version `HINCRBY` reaches)
+/// and where a carry runs through nines: both txn scripts, each put reported
+/// at what a read returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reported_versions_are_exact_decimals() {
+    let Some(base) = server_env(STANDALONE) else {
+        return;
+    };
+    let ns = unique_namespace("exact");
+    let store = connect(&base, &ns).await;
+    let mut raw = raw_connection(&base).await;
+    let record = format!("coord:{{{ns}}}:k:big");
+    for start in [8, 98, 1999, (1 << 53) + 1, i64::MAX as u64 - 2] {
+        let _: () = redis::cmd("HSET")
+            .arg(&record)
+            .arg("v")
+            .arg(start.to_string())
+            .arg("d")
+            .arg("old")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        // The one-key script, then the general one (with a second key).
+        let one = store
+            .put_if("big", Version(start), b"one".to_vec())
+            .await
+            .unwrap();
+        assert_eq!(one.written, vec![("big".to_owned(), Version(start + 1))]);
+        let two = store
+            .txn(
+                &[Assert::at("big", Version(start + 1))],
+                &[
+                    Mutation::put("big", b"two".to_vec()),
+                    Mutation::put(format!("other{start}"), b"x".to_vec()),
+                ],
+            )
+            .await
+            .unwrap();
+        assert_eq!(two.written_version("big"), Some(Version(start + 2)));
+        assert_eq!(store.get("big").await.unwrap().version, Version(start + 2));
+    }
+}
+
 /// Bytes this crate could not have written in a version field (above what
 /// `HINCRBY` can reach, leading zeros, not a number, the last value
 /// `HINCRBY` can produce): every txn writing such a record is
@@ -929,7 +996,8 @@ async fn eviction_policy_is_checked_once_at_connect() {
         field("calls") - field("failed_calls")
     };
     assert_eq!(calls("config|get"), 1, "{stats}");
-    assert_eq!(calls("evalsha"), 20, "{stats}");
+    // 20 txns and the client's one announcement of its storage format.
+    assert_eq!(calls("evalsha"), 21, "{stats}");
 }
 
 /// A private three-master Redis Cluster (the shared one on 7001-7003 must
@@ -1054,8 +1122,8 @@ async fn cluster_redirects_are_followed_during_resharding() {
     .unwrap();
     let keys: Vec<String> =
         raw_cmd(source, &["CLUSTER", "GETKEYSINSLOT", &slot_arg, "100"]).unwrap();
-    // The index, the tombstone set, the floor and the two records.
-    assert_eq!(keys.len(), 5, "{keys:?}");
+    // The index, the tombstone set, the floor, the announcements and the two records.
+    assert_eq!(keys.len(), 6, "{keys:?}");
     let target_arg = target.to_string();
     let mut migrate = vec!["MIGRATE", "127.0.0.1", &target_arg, "", "0", "5000", "KEYS"];
     migrate.extend(keys.iter().map(String::as_str));
@@ -1202,4 +1270,423 @@ async fn reclaim_deletes_tombstone_records() {
     assert_eq!(dead, 1, "only the placeholder member is left");
     assert!(applied(store.put_if("t/3", Version::MISSING, b"x".to_vec())).await);
     assert_eq!(store.get("t/3").await.unwrap().version, Version(3));
+}
+
+/// A reclaim refuses while a client announcing an older storage format was
+/// seen recently (an announcement written as such a client's reads): the
+/// tombstone it keeps is what stops that client, whose script ignores the
+/// floor, from creating the key again at a version it had. Records from
+/// before announcements make a reclaim wait for the operator's word; a
+/// client older than what a namespace requires refuses to write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reclaim_refuses_beside_an_older_client() {
+    use coord_backend::reclaim::{now_ms, ReclaimOptions, ANNOUNCEMENT_TTL, STORAGE_FORMAT};
+    let Some(base) = server_env(STANDALONE) else {
+        return;
+    };
+    let ns = unique_namespace("formats");
+    let store = connect(&base, &ns).await;
+    let mut raw = raw_connection(&base).await;
+    let clients = format!("coord:{{{ns}}}:clients");
+    let record = format!("coord:{{{ns}}}:k:k");
+    assert!(applied(store.put_if("k", Version::MISSING, b"1".to_vec())).await);
+    assert!(applied(store.delete_if("k", Version(1))).await);
+    let older = STORAGE_FORMAT - 1;
+    let _: () = redis::cmd("HSET")
+        .arg(&clients)
+        .arg("older")
+        .arg(format!("{older}:{}", now_ms() - 60_000))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let refused = store.reclaim(&ReclaimOptions::DEFAULT).await;
+    let stopped = store
+        .reclaim(&ReclaimOptions::DEFAULT.with_older_clients_stopped(true))
+        .await;
+    // The older client's create, as scripts before the floor wrote it.
+    let _: () = redis::pipe()
+        .cmd("HINCRBY")
+        .arg(&record)
+        .arg("v")
+        .arg(1)
+        .ignore()
+        .cmd("HSET")
+        .arg(&record)
+        .arg("d")
+        .arg("o")
+        .ignore()
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let k = store.get("k").await.unwrap();
+    assert!(
+        k.version > Version(2),
+        "k had versions 1 and 2; the older client's create got {}: handed out twice",
+        k.version
+    );
+    assert!(
+        matches!(&refused, Err(Error::FormatMismatch { theirs, .. }) if *theirs == older),
+        "{refused:?}"
+    );
+    assert!(
+        matches!(stopped, Err(Error::FormatMismatch { .. })),
+        "{stopped:?}"
+    );
+    // Aged out: the reclaim goes on.
+    let _: () = redis::cmd("HSET")
+        .arg(&clients)
+        .arg("older")
+        .arg(format!(
+            "{older}:{}",
+            now_ms() - ANNOUNCEMENT_TTL.as_millis() as u64 - 1000
+        ))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(applied(store.put_if("gone", Version::MISSING, b"g".to_vec())).await);
+    assert!(applied(store.delete_if("gone", Version(1))).await);
+    let done = store.reclaim(&ReclaimOptions::DEFAULT).await.unwrap();
+    assert_eq!((done.removed, done.more), (1, false));
+    let left: Vec<String> = redis::cmd("HKEYS")
+        .arg(&clients)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(left.contains(&String::new()), "{left:?}");
+
+    // Records from before announcements (written here as an older client
+    // would): refused until the operator's word, which raises the format.
+    let old = unique_namespace("legacy");
+    let _: () = redis::cmd("HSET")
+        .arg(format!("coord:{{{old}}}:k:x"))
+        .arg("v")
+        .arg(1)
+        .arg("d")
+        .arg("x")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg(format!("coord:{{{old}}}:idx"))
+        .arg(0)
+        .arg("x")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let legacy = connect(&base, &old).await;
+    assert!(applied(legacy.delete_if("x", Version(1))).await);
+    let refused = legacy.reclaim(&ReclaimOptions::DEFAULT).await;
+    assert!(
+        matches!(refused, Err(Error::FormatMismatch { theirs: 0, .. })),
+        "{refused:?}"
+    );
+    let done = legacy
+        .reclaim(&ReclaimOptions::DEFAULT.with_older_clients_stopped(true))
+        .await
+        .unwrap();
+    assert_eq!(done.removed, 1);
+    assert!(legacy.reclaim(&ReclaimOptions::DEFAULT).await.is_ok());
+
+    // A namespace a newer coord requires: a new client refuses to write.
+    let _: () = redis::cmd("HSET")
+        .arg(&clients)
+        .arg("")
+        .arg(STORAGE_FORMAT + 1)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let newer = connect(&base, &ns).await;
+    let refused = newer.put_if("n", Version::MISSING, b"n".to_vec()).await;
+    assert!(
+        matches!(&refused, Err(Error::FormatMismatch { theirs, .. }) if *theirs == STORAGE_FORMAT + 1),
+        "{refused:?}"
+    );
+    assert!(!newer.get("n").await.unwrap().exists());
+}
+
+#[path = "support/sentinel.rs"]
+mod support;
+
+/// The Sentinel topology of `scripts/ha` (`COORD_HA_REDIS_SENTINEL_URL`,
+/// `redis+sentinel://h:p,h:p/MASTER`): every suite through the Sentinels, a
+/// failover followed, the errors of a wrong URL; and `?replicas=N` (`WAIT`)
+/// there, on standalone Redis (no replica) and on Redis Cluster.
+mod sentinel {
+    use std::fs::File;
+
+    use async_trait::async_trait;
+    use coord_backend::{Changes, Entry, Limits, ReclaimOptions, Reclaimed, Result, TxnOutcome};
+
+    use super::*;
+    use support::{cmd, failover, sentinels_of, topology, with_params};
+
+    pub(super) const SENTINEL: &str = "COORD_HA_REDIS_SENTINEL_URL";
+    const HA_CLUSTER: &str = "COORD_HA_REDIS_CLUSTER_URL";
+
+    /// A store that holds the topology lock (shared) while it lives.
+    #[derive(Debug)]
+    struct Held {
+        inner: RedisBackend,
+        _lock: Arc<File>,
+    }
+
+    #[async_trait]
+    impl Backend for Held {
+        fn namespace(&self) -> &str {
+            self.inner.namespace()
+        }
+        fn limits(&self) -> Limits {
+            self.inner.limits()
+        }
+        fn changes(&self) -> Option<&dyn Changes> {
+            self.inner.changes()
+        }
+        async fn reclaim(&self, options: &ReclaimOptions) -> Result<Reclaimed> {
+            self.inner.reclaim(options).await
+        }
+        async fn raw_snapshot(&self, keys: &[&str]) -> Result<Vec<Entry>> {
+            self.inner.raw_snapshot(keys).await
+        }
+        async fn raw_txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
+            self.inner.raw_txn(asserts, mutations).await
+        }
+        async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
+            self.inner.raw_keys(prefix).await
+        }
+    }
+
+    fn held_factory() -> Option<BackendFactory> {
+        let base = server_env(SENTINEL)?;
+        Some(factory(move |namespace| {
+            let url = with_namespace(&base, &namespace);
+            async move {
+                let lock = Arc::new(topology(false).await);
+                let inner = RedisBackend::connect(&url).await?;
+                Ok(Arc::new(Held { inner, _lock: lock }) as Arc<dyn Backend>)
+            }
+        }))
+    }
+
+    coord_conformance::all_suites_tests!(held_factory());
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_semantics() {
+        let _shared = topology(false).await;
+        super::semantics_on(SENTINEL).await;
+    }
+
+    /// A write acknowledged with `replicas=1` survives a failover, and the
+    /// store follows the primary the Sentinels name (writes, reads and
+    /// change notifications) within a bounded number of attempts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn failover_is_followed() {
+        let Some(base) = server_env(SENTINEL) else {
+            return;
+        };
+        let _alone = topology(true).await;
+        let ns = unique_namespace("failover");
+        let url = with_namespace(&with_params(&base, "replicas=1"), &ns);
+        let store = RedisBackend::connect(&url).await.unwrap();
+        assert!(format!("{store:?}").contains("sentinel"));
+        assert!(applied(store.put_if("before", Version::MISSING, b"kept".to_vec())).await);
+
+        let (old, new) = failover(&base).await;
+
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match store
+                .txn(&[], &[Mutation::put("after", b"x".to_vec())])
+                .await
+            {
+                Ok(out) => {
+                    assert!(out.applied);
+                    break;
+                }
+                Err(e) => {
+                    assert!(
+                        matches!(e, Error::Unavailable { .. } | Error::Indeterminate { .. }),
+                        "{e}"
+                    );
+                    assert!(attempts < 50, "not following the failover: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        // On the new primary, never on the old one (a replica now).
+        let record = format!("coord:{{{ns}}}:k:after");
+        let mut hget = redis::cmd("HGET");
+        hget.arg(&record).arg("d");
+        let on_new: Option<String> = cmd(&new, &hget).await.unwrap();
+        assert_eq!(on_new.as_deref(), Some("x"), "written on {new}, not {old}");
+        let kept = store.get("before").await.unwrap();
+        assert_eq!(kept.value.as_deref(), Some(&b"kept"[..]));
+
+        // Change notifications come from the new primary.
+        let mut watch = None;
+        for _ in 0..50 {
+            if let Ok(w) = store.changes().unwrap().watch("w/").await {
+                watch = Some(w);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut watch = watch.expect("a watch after the failover");
+        let writer = RedisBackend::connect(&url).await.unwrap();
+        assert!(applied(writer.put_if("w/1", Version::MISSING, b"1".to_vec())).await);
+        tokio::time::timeout(Duration::from_secs(30), watch.changed())
+            .await
+            .expect("a change notification after the failover")
+            .unwrap();
+    }
+
+    /// A master name no Sentinel knows, Sentinels that do not answer, and
+    /// URLs that cannot be used: `Unavailable` naming what was asked (never
+    /// the password), or `Config`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn wrong_urls() {
+        let options = RedisOptions::default().with_connect_timeout(Duration::from_secs(1));
+        let open = |url: String| {
+            let options = options.clone();
+            async move {
+                RedisBackend::connect_with(&StoreUrl::parse(&url).unwrap(), options)
+                    .await
+                    .unwrap_err()
+            }
+        };
+        let nobody = open("redis+sentinel://u:hunter2@127.0.0.1:1,127.0.0.1:2/coord".into()).await;
+        let shown = nobody.to_string();
+        assert!(matches!(nobody, Error::Unavailable { .. }), "{shown}");
+        assert!(
+            shown.contains("127.0.0.1:1") && shown.contains("127.0.0.1:2"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("coord") && !shown.contains("hunter2"),
+            "{shown}"
+        );
+        for bad in [
+            "redis+sentinel://127.0.0.1:26380",
+            "redis+sentinel://127.0.0.1:26380/",
+            "redis+sentinel:///coord",
+            "redis+sentinel://127.0.0.1:26380/coord?bogus=1",
+            "redis+sentinel://127.0.0.1:26380/coord?replicas=two",
+            "redis+sentinel://127.0.0.1:26380/coord?replica_timeout_ms=10",
+            "redis+sentinel://127.0.0.1:26380/coord?replicas=1&replica_timeout_ms=0",
+            "redis://127.0.0.1:6379?replicas=-1",
+        ] {
+            let error = open(bad.into()).await;
+            assert!(matches!(error, Error::Config(_)), "{bad}: {error}");
+        }
+        let Some(base) = server_env(SENTINEL) else {
+            return;
+        };
+        let (sentinels, _) = sentinels_of(&base);
+        let url = format!("redis+sentinel://{}/no-such-master", sentinels.join(","));
+        let unknown = open(url).await;
+        let shown = unknown.to_string();
+        assert!(matches!(unknown, Error::Unavailable { .. }), "{shown}");
+        assert!(shown.contains("no-such-master"), "{shown}");
+        assert!(shown.contains(&sentinels[0]), "{shown}");
+    }
+
+    /// `replicas=2` where no replica exists: every applied write is
+    /// `Indeterminate`, and stays written (WAIT rolls nothing back); a
+    /// rejected txn is still a plain rejection.
+    async fn short_of_replicas(base: &str, replicas: u32) {
+        let ns = unique_namespace("wait");
+        let url = with_namespace(
+            &with_params(base, &format!("replicas={replicas}&replica_timeout_ms=50")),
+            &ns,
+        );
+        let store = RedisBackend::connect(&url).await.unwrap();
+        let plain = connect(base, &ns).await;
+        let indeterminate = |r: Result<TxnOutcome>| match r {
+            Err(Error::Indeterminate { message, .. }) => {
+                assert!(message.contains("replicas"), "{message}");
+            }
+            other => panic!("expected Indeterminate, got {other:?}"),
+        };
+        indeterminate(store.put_if("a", Version::MISSING, b"1".to_vec()).await);
+        assert_eq!(
+            plain.get("a").await.unwrap().value.as_deref(),
+            Some(&b"1"[..])
+        );
+        // The one-key put over a live version (its own script).
+        indeterminate(store.put_if("a", Version(1), b"2".to_vec()).await);
+        assert_eq!(
+            plain.get("a").await.unwrap().value.as_deref(),
+            Some(&b"2"[..])
+        );
+        indeterminate(
+            store
+                .txn(
+                    &[Assert::at("a", Version(2))],
+                    &[Mutation::delete("a"), Mutation::put("b", b"3".to_vec())],
+                )
+                .await,
+        );
+        let after = plain.snapshot(&["a".into(), "b".into()]).await.unwrap();
+        assert!(!after[0].exists());
+        assert_eq!(after[1].value.as_deref(), Some(&b"3"[..]));
+        let rejected = store
+            .put_if("b", Version(99), b"no".to_vec())
+            .await
+            .unwrap();
+        assert!(!rejected.applied);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replicas_wait_on_standalone_without_replicas() {
+        if let Some(base) = server_env(STANDALONE) {
+            short_of_replicas(&base, 2).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replicas_wait_on_cluster() {
+        // Each primary of the scripts/services.sh cluster has no replica,
+        // each of the scripts/ha one has one.
+        if let Some(base) = server_env(CLUSTER) {
+            short_of_replicas(&base, 1).await;
+        }
+        let Some(base) = server_env(HA_CLUSTER) else {
+            return;
+        };
+        short_of_replicas(&base, 2).await;
+        let ns = unique_namespace("wait");
+        let store = RedisBackend::connect(&with_namespace(&with_params(&base, "replicas=1"), &ns))
+            .await
+            .unwrap();
+        for i in 0..20 {
+            // Namespaces on different slots: WAIT goes with each to its master.
+            let other = RedisBackend::connect(&with_namespace(
+                &with_params(&base, "replicas=1"),
+                &format!("{ns}-{i}"),
+            ))
+            .await
+            .unwrap();
+            assert!(applied(other.put_if("k", Version::MISSING, b"v".to_vec())).await);
+        }
+        assert!(applied(store.put_if("k", Version::MISSING, b"v".to_vec())).await);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replicas_one_on_the_sentinel_primary() {
+        let Some(base) = server_env(SENTINEL) else {
+            return;
+        };
+        let _shared = topology(false).await;
+        let ns = unique_namespace("wait");
+        let store = RedisBackend::connect(&with_namespace(&with_params(&base, "replicas=1"), &ns))
+            .await
+            .unwrap();
+        assert!(applied(store.put_if("k", Version::MISSING, b"v".to_vec())).await);
+        assert!(applied(store.put_if("k", Version(1), b"w".to_vec())).await);
+        assert!(
+            applied(store.txn(&[], &[Mutation::put("a", vec![]), Mutation::delete("k")])).await
+        );
+        // Three replicas where there are two: Indeterminate, still written.
+        short_of_replicas(&base, 3).await;
+    }
 }
