@@ -1,0 +1,208 @@
+//! One short failover round per replicated topology of `scripts/ha`
+//! available through the environment (see the crate docs). They kill and
+//! pause servers: `#[ignore]`d, run alone with
+//! `cargo test -p coord-failover -- --ignored --test-threads 1`.
+
+use coord_conformance::server_env;
+use coord_failover::workload::with_param;
+use coord_failover::{
+    faults_from_env, run_round, table, Fault, RoundConfig, RoundReport, Store, Topology,
+};
+
+async fn round(config: RoundConfig) -> RoundReport {
+    let report = run_round(&config)
+        .await
+        .unwrap_or_else(|e| panic!("{} round did not run: {e}", config.topology.name()));
+    println!("{}", table(std::slice::from_ref(&report.row)));
+    let v = &report.violations;
+    for line in v
+        .non_linearizable_keys
+        .iter()
+        .map(|k| format!("not linearizable: {k}"))
+        .chain(v.dup_fences.iter().cloned())
+        .chain(v.overlapping_grants.iter().cloned())
+        .chain(v.stale_sink_writes.iter().cloned())
+        .chain(v.double_applies.iter().cloned())
+        .chain(v.tasks_completed_twice.iter().cloned())
+        .chain(v.slots_run_twice.iter().cloned())
+        .take(40)
+    {
+        println!("  {line}");
+    }
+    for ((fault, unavailable), failover) in report
+        .history
+        .faults
+        .iter()
+        .zip(&report.row.unavailable)
+        .zip(&report.row.topology_failover)
+    {
+        println!(
+            "  {} at {} µs: topology failover {failover:?}, unavailable {unavailable:?}",
+            fault.what, fault.at
+        );
+    }
+    assert_eq!(report.row.failovers, config.faults.len());
+    let h = &report.history;
+    let grants_of = |prefix: &str| {
+        h.grants
+            .iter()
+            .filter(|g| g.key.starts_with(prefix))
+            .count()
+    };
+    let counts = [
+        ("raw ops", h.raw.len()),
+        ("lock grants", grants_of("l")),
+        ("fair lock grants", grants_of("fair")),
+        ("semaphore permits", grants_of("sem")),
+        ("side-effect applies", h.applies.len()),
+        ("board completions", h.completions.len()),
+        ("scheduler runs", h.slot_runs.len()),
+    ];
+    let takeovers = h.slot_runs.iter().filter(|r| r.takeovers > 0).count();
+    println!("  recorded: {counts:?}, {takeovers} scheduler runs after a takeover");
+    assert!(
+        counts.iter().all(|(_, n)| *n > 0),
+        "a workload recorded nothing: {counts:?}"
+    );
+    report
+}
+
+/// etcd, 3 members: 2 leader kills and 1 pause; no violation of any kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kills etcd members of scripts/ha; run alone: cargo test -p coord-failover -- --ignored --test-threads 1"]
+async fn etcd_leader_kills_and_pause() {
+    let Some(endpoints) = server_env("COORD_HA_ETCD_ENDPOINTS") else {
+        return;
+    };
+    let report = round(RoundConfig {
+        topology: Topology::Etcd,
+        store: Store::Etcd(endpoints),
+        mode: "raft".into(),
+        pg_sync: None,
+        faults: faults_from_env(&[Fault::Kill, Fault::Kill, Fault::Pause]),
+    })
+    .await;
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+}
+
+/// PostgreSQL primary + standby, synchronous replication: the primary killed,
+/// the standby promoted; no acknowledged write lost, no duplicate fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kills the PostgreSQL primary of scripts/ha; run alone: cargo test -p coord-failover -- --ignored --test-threads 1"]
+async fn postgres_sync_promotion() {
+    let Some(url) = server_env("COORD_HA_POSTGRES_URL") else {
+        return;
+    };
+    let report = round(RoundConfig {
+        topology: Topology::Postgres,
+        store: Store::Postgres(url),
+        mode: "sync".into(),
+        pg_sync: Some(true),
+        faults: faults_from_env(&[Fault::Kill]),
+    })
+    .await;
+    let v = &report.violations;
+    assert_eq!(v.acked_writes_lost, 0, "{v:#?}");
+    assert!(v.non_linearizable_keys.is_empty(), "{v:#?}");
+    assert!(v.dup_fences.is_empty(), "{v:#?}");
+}
+
+/// PostgreSQL primary + standby, asynchronous replication: the primary
+/// killed, the standby promoted; what an async standby loses is reported,
+/// not asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kills the PostgreSQL primary of scripts/ha; run alone: cargo test -p coord-failover -- --ignored --test-threads 1"]
+async fn postgres_async_promotion() {
+    let Some(url) = server_env("COORD_HA_POSTGRES_URL") else {
+        return;
+    };
+    round(RoundConfig {
+        topology: Topology::Postgres,
+        store: Store::Postgres(url),
+        mode: "async".into(),
+        pg_sync: Some(false),
+        faults: faults_from_env(&[Fault::Kill]),
+    })
+    .await;
+}
+
+/// Redis Cluster: the primary of the namespace's shard killed; asynchronous
+/// replication, so the numbers are reported, not asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kills a Redis Cluster primary of scripts/ha; run alone: cargo test -p coord-failover -- --ignored --test-threads 1"]
+async fn redis_cluster_shard_primary_kill() {
+    let Some(url) = server_env("COORD_HA_REDIS_CLUSTER_URL") else {
+        return;
+    };
+    round(RoundConfig {
+        topology: Topology::RedisCluster,
+        store: Store::RedisCluster(url),
+        mode: "async".into(),
+        pg_sync: None,
+        faults: faults_from_env(&[Fault::Kill]),
+    })
+    .await;
+}
+
+/// Redis primary + 2 replicas behind 3 Sentinels: the primary killed, a
+/// replica promoted; asynchronous replication, so the numbers are reported,
+/// not asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kills the Redis Sentinel primary of scripts/ha; run alone: cargo test -p coord-failover -- --ignored --test-threads 1"]
+async fn redis_sentinel_async_primary_kill() {
+    let Some(url) = server_env("COORD_HA_REDIS_SENTINEL_URL") else {
+        return;
+    };
+    round(RoundConfig {
+        topology: Topology::RedisSentinel,
+        store: Store::RedisSentinel(url),
+        mode: "async".into(),
+        pg_sync: None,
+        faults: faults_from_env(&[Fault::Kill]),
+    })
+    .await;
+}
+
+/// Redis Sentinel with `?replicas=1&replica_timeout_ms=500` (`WAIT 1 500`
+/// after every txn; fewer acknowledgements is `Indeterminate`): reported,
+/// not asserted. With two replicas one acknowledgement does not say which:
+/// the Sentinels may promote the one that lacks the write (measured: 1 of
+/// 25 rounds under load lost seconds of acknowledged writes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kills the Redis Sentinel primary of scripts/ha; run alone: cargo test -p coord-failover -- --ignored --test-threads 1"]
+async fn redis_sentinel_replicas_primary_kill() {
+    let Some(url) = server_env("COORD_HA_REDIS_SENTINEL_URL") else {
+        return;
+    };
+    round(RoundConfig {
+        topology: Topology::RedisSentinel,
+        store: Store::RedisSentinel(with_param(&url, "replicas=1&replica_timeout_ms=500")),
+        mode: "replicas=1".into(),
+        pg_sync: None,
+        faults: faults_from_env(&[Fault::Kill]),
+    })
+    .await;
+}
+
+/// Redis Sentinel with `?replicas=2&replica_timeout_ms=500`, every replica
+/// of the topology: whichever the Sentinels promote after a clean primary
+/// kill holds every acknowledged write, so none is lost and every raw key
+/// is linearizable (writes are `Indeterminate` while a replica is missing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kills the Redis Sentinel primary of scripts/ha; run alone: cargo test -p coord-failover -- --ignored --test-threads 1"]
+async fn redis_sentinel_all_replicas_primary_kill() {
+    let Some(url) = server_env("COORD_HA_REDIS_SENTINEL_URL") else {
+        return;
+    };
+    let report = round(RoundConfig {
+        topology: Topology::RedisSentinel,
+        store: Store::RedisSentinel(with_param(&url, "replicas=2&replica_timeout_ms=500")),
+        mode: "replicas=2".into(),
+        pg_sync: None,
+        faults: faults_from_env(&[Fault::Kill]),
+    })
+    .await;
+    let v = &report.violations;
+    assert_eq!(v.acked_writes_lost, 0, "{v:#?}");
+    assert!(v.non_linearizable_keys.is_empty(), "{v:#?}");
+}
