@@ -8,7 +8,8 @@
 //! | --- | --- | --- |
 //! | `memory://?namespace=NS` | [`coord_memory::SingleProcessMemoryBackend`] | ONE process only (tests, demos) |
 //! | `sqlite://PATH` | `coord_sqlite` (feature `sqlite`) | the processes of one host |
-//! | `redis://`, `rediss://` (TLS), `redis+cluster://`, `rediss+cluster://` | `coord_redis` (feature `redis`) | one Redis primary (see docs/shapes.md) |
+//! | `redis://`, `rediss://` (TLS), `redis+cluster://`, `rediss+cluster://`, `redis+sentinel://h:p,h:p/MASTER` | `coord_redis` (feature `redis`) | one Redis primary (see docs/shapes.md) |
+//! | `postgres://h1,h2/db` (libpq's multi-host form) | `coord_postgres` | the database on the writable host |
 //! | `postgres://`, `postgresql://` | `coord_postgres` (feature `postgres`) | the database |
 //! | `etcd://host:port[,host:port]`, `etcds://` (TLS: feature `etcd-tls`) | `coord_etcd` (feature `etcd`) | the etcd cluster (raft) |
 //!
@@ -87,6 +88,7 @@ pub const SCHEMES: &[Scheme] = &[
     scheme("rediss",         "redis",         true,  false,  Some("redis"),    cfg!(feature = "redis")),
     scheme("redis+cluster",  "redis+cluster", false, true,   Some("redis"),    cfg!(feature = "redis")),
     scheme("rediss+cluster", "redis+cluster", true,  true,   Some("redis"),    cfg!(feature = "redis")),
+    scheme("redis+sentinel", "redis+sentinel", false, false, Some("redis"),    cfg!(feature = "redis")),
     scheme("postgres",       "postgres",      false, false,  Some("postgres"), cfg!(feature = "postgres")),
     scheme("postgresql",     "postgres",      false, false,  Some("postgres"), cfg!(feature = "postgres")),
     scheme("etcd",           "etcd",          false, false,  Some("etcd"),     cfg!(feature = "etcd")),
@@ -123,11 +125,37 @@ impl Scheme {
     }
 }
 
+/// Warnings about how the store `url` names is deployed, for an operator
+/// (`coordctl` prints them when it connects): each names what a failover
+/// can break and the setting that closes it. Today: a Redis primary with
+/// replicas and no `?replicas=N` (acknowledged writes lost at failover), a
+/// PostgreSQL primary streaming to standbys that are not synchronous (the
+/// same at promotion). Best effort: a store that cannot be asked, or has
+/// nothing to report, gives none; this never fails.
+pub async fn deployment_warnings(url: &str) -> Vec<String> {
+    let Ok(parsed) = StoreUrl::parse(url) else {
+        return Vec::new();
+    };
+    let Ok(scheme) = Scheme::of(&parsed).and_then(Scheme::built) else {
+        return Vec::new();
+    };
+    let warning: Option<String> = match scheme.store {
+        #[cfg(feature = "redis")]
+        "redis" | "redis+sentinel" => {
+            coord_redis::server::unacknowledged_replicas_advice(&parsed).await
+        }
+        #[cfg(feature = "postgres")]
+        "postgres" => coord_postgres::servers::asynchronous_standbys_advice(&parsed).await,
+        _ => None,
+    };
+    warning.into_iter().collect()
+}
+
 /// Open the store a URL names. See the table in the crate docs.
 ///
 /// The store comes wrapped in [`coord_backend::Metered`] with `store` = the
 /// URL's store family ([`Scheme::store`]: `memory`, `sqlite`, `redis`,
-/// `redis+cluster`, `postgres`, `etcd`), so every txn is counted in
+/// `redis+cluster`, `redis+sentinel`, `postgres`, `etcd`), so every txn is counted in
 /// `coord_txn_total` and timed in `coord_txn_seconds` once a `metrics`
 /// recorder is installed (docs/operations.md). Without one this costs
 /// nothing measurable.
@@ -149,7 +177,9 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>> {
         #[cfg(feature = "sqlite")]
         "sqlite" => Arc::new(coord_sqlite::SqliteBackend::connect(&parsed).await?),
         #[cfg(feature = "redis")]
-        "redis" | "redis+cluster" => Arc::new(coord_redis::RedisBackend::connect(&parsed).await?),
+        "redis" | "redis+cluster" | "redis+sentinel" => {
+            Arc::new(coord_redis::RedisBackend::connect(&parsed).await?)
+        }
         #[cfg(feature = "postgres")]
         "postgres" => Arc::new(coord_postgres::PostgresBackend::connect(&parsed).await?),
         #[cfg(feature = "etcd")]
@@ -195,6 +225,47 @@ mod tests {
                 "the crate docs do not list {}://",
                 scheme.name
             );
+        }
+    }
+
+    /// On the replicated topologies of `scripts/ha` (skipped without their
+    /// URLs): a Redis primary with replicas warns unless the URL asks for
+    /// acknowledgements; a PostgreSQL primary with an asynchronous standby
+    /// warns; a store without replicas, or memory, never does.
+    #[tokio::test]
+    async fn deployment_warnings_name_unacknowledged_replicas() {
+        assert!(super::deployment_warnings("memory://").await.is_empty());
+        assert!(super::deployment_warnings("nope://x").await.is_empty());
+        let env = |var: &str| std::env::var(var).ok().filter(|v| !v.is_empty());
+        if let Some(single) = env("COORD_TEST_REDIS_URL") {
+            assert!(super::deployment_warnings(&single).await.is_empty());
+        }
+        if let Some(sentinel) = env("COORD_HA_REDIS_SENTINEL_URL") {
+            // Another test binary may be switching the primary over: ask
+            // again until the Sentinels name one that answers.
+            let mut warnings = Vec::new();
+            for _ in 0..40 {
+                warnings = super::deployment_warnings(&sentinel).await;
+                if !warnings.is_empty() {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            assert_eq!(warnings.len(), 1, "{warnings:?}");
+            // The topology's two replicas, all of which writes must wait for.
+            assert!(warnings[0].contains("?replicas=2 "), "{warnings:?}");
+            let acked = format!("{sentinel}?replicas=1");
+            assert!(super::deployment_warnings(&acked).await.is_empty());
+        }
+        if let Some(pg) = env("COORD_HA_POSTGRES_URL") {
+            // Synchronous or not depends on what ran before (the failover
+            // rounds switch it): the warning appears exactly when an
+            // asynchronous standby streams.
+            let warnings = super::deployment_warnings(&pg).await;
+            assert!(warnings.len() <= 1, "{warnings:?}");
+            if let Some(w) = warnings.first() {
+                assert!(w.contains("synchronous_standby_names"), "{w}");
+            }
         }
     }
 

@@ -30,6 +30,7 @@ pub(crate) async fn run(args: ConformanceArgs) -> Result<ExitCode, Error> {
         .await?
         .snapshot(&["coordctl/probe".to_owned()])
         .await?;
+    crate::warn_about_deployment(&args.store).await;
     let cases: Vec<Case> = coord_conformance::all_cases()
         .into_iter()
         .filter(|c| args.suite.is_empty() || args.suite.iter().any(|s| s == c.suite))

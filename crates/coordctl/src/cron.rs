@@ -68,20 +68,23 @@ pub(crate) struct CronArgs {
     /// `http://ADDR/metrics` (e.g. 127.0.0.1:9464; docs/operations.md). Default: none.
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
-    /// Reclaim the namespace's tombstones (what forgotten claims leave) in
-    /// the background every DURATION, like `coordctl gc` (e.g. `10m`).
-    /// Default: never (run `coordctl gc` yourself).
-    #[arg(long, value_name = "DURATION", value_parser = coord_scheduler::parse_duration)]
-    reclaim_every: Option<std::time::Duration>,
-    /// With `--reclaim-every`: each round first prunes side-effect keys
-    /// completed longer ago than this (as `coordctl gc
-    /// --side-effects-retention`). Default: keep them.
-    #[arg(long, value_name = "DURATION", value_parser = crate::gc::retention, requires = "reclaim_every")]
+    /// Reclaim the namespace's tombstones (what deletes and forgotten
+    /// claims leave) in the background every DURATION, like `coordctl gc`,
+    /// so storage stays bounded by the live records. Default `10m`; `0`
+    /// turns it off (then run `coordctl gc` yourself). A round that meets
+    /// older clients (docs/operations.md, "Bounded storage") is refused and
+    /// logged, and tried again next round.
+    #[arg(long, value_name = "DURATION", value_parser = coord_scheduler::parse_duration, default_value = "10m")]
+    reclaim_every: std::time::Duration,
+    /// Each maintenance round first prunes side-effect keys completed
+    /// longer ago than this (as `coordctl gc --side-effects-retention`).
+    /// Default: keep them (at-most-once holds forever).
+    #[arg(long, value_name = "DURATION", value_parser = crate::gc::retention)]
     side_effects_retention: Option<std::time::Duration>,
-    /// With `--reclaim-every`: each round first prunes board tasks (prefix
-    /// `board/`) completed longer ago than this (as `coordctl gc
-    /// --board-retention`). Default: keep them.
-    #[arg(long, value_name = "DURATION", value_parser = crate::gc::retention, requires = "reclaim_every")]
+    /// Each maintenance round first prunes board tasks (prefix `board/`)
+    /// completed longer ago than this (as `coordctl gc --board-retention`).
+    /// Default: keep them.
+    #[arg(long, value_name = "DURATION", value_parser = crate::gc::retention)]
     board_retention: Option<std::time::Duration>,
 }
 
@@ -113,8 +116,16 @@ pub(crate) async fn run(args: CronArgs) -> Result<ExitCode, Error> {
     let config = Config::from_toml_str(&text).map_err(|e| config_error(&args.config, e))?;
     match args.action {
         None => {
-            let maintenance = args
-                .reclaim_every
+            if args.reclaim_every.is_zero()
+                && (args.side_effects_retention.is_some() || args.board_retention.is_some())
+            {
+                return Err(Error::Config(
+                    "--side-effects-retention and --board-retention prune in the maintenance \
+                     rounds, which --reclaim-every 0 turns off"
+                        .to_owned(),
+                ));
+            }
+            let maintenance = Some(args.reclaim_every)
                 .filter(|every| !every.is_zero())
                 .map(|every| {
                     let mut options = MaintenanceOptions::default().with_every(every);
@@ -149,6 +160,7 @@ async fn open_store(config: &Config) -> Result<Option<(Arc<RunStore>, String)>, 
     };
     let url = &store.url;
     let backend = coord::connect(&url.with_namespace(url.namespace())).await?;
+    crate::warn_about_deployment(&url.with_namespace(url.namespace())).await;
     let run_store = RunStore::new(backend, Arc::new(SystemClock), store.options.clone())
         .map_err(scheduler_error)?;
     let shown = if url.scheme() == "sqlite" && Path::new(url.body()).is_relative() {
@@ -364,10 +376,24 @@ async fn daemon(
     }
     // Dropped when the daemon returns, which stops it.
     let _maintenance = match (maintenance, &store) {
-        (Some(options), Some((s, _))) => Some(coord_adapters::maintenance::spawn_maintenance(
-            s.engine().backend().clone(),
-            options,
-        )),
+        (Some(options), Some((s, _))) => {
+            let prune = match (options.side_effects_retention, options.board_retention) {
+                (None, None) => "",
+                _ => "prune, ",
+            };
+            println!(
+                "coordctl cron: maintenance ({prune}reclaim) every {}",
+                fmt_duration(options.every)
+            );
+            Some(coord_adapters::maintenance::spawn_maintenance(
+                s.engine().backend().clone(),
+                options,
+            ))
+        }
+        (None, Some(_)) => {
+            println!("coordctl cron: no maintenance (--reclaim-every 0): run `coordctl gc`");
+            None
+        }
         _ => None,
     };
     let scheduler = Scheduler::new(

@@ -47,6 +47,12 @@ pub(crate) struct GcArgs {
     /// Passes at most in this run (0: until nothing is left).
     #[arg(long, default_value_t = 0)]
     max_passes: u64,
+    /// You stopped or upgraded every client older than this coordctl: lets
+    /// the reclaim go on in a namespace holding records from before clients
+    /// announced their storage format (once; docs/operations.md, "Bounded
+    /// storage"). Announced older clients still refuse it.
+    #[arg(long)]
+    older_clients_stopped: bool,
     /// Say what would run, change nothing.
     #[arg(long)]
     dry_run: bool,
@@ -118,7 +124,9 @@ pub(crate) async fn run(args: GcArgs) -> Result<ExitCode, Error> {
         if let Some(retention) = args.board_retention {
             options = options.with_board_retention(retention);
         }
-        options = options.with_board_prefixes(board_prefixes(&args));
+        options = options
+            .with_board_prefixes(board_prefixes(&args))
+            .with_older_clients_stopped(args.older_clients_stopped);
         let round = maintenance::run_once(&store, &options).await?;
         report.pruned = round.pruned;
         report.pruned_tasks = round.pruned_tasks;

@@ -58,6 +58,15 @@ enum Command {
     CrashDrive(crash::DriveArgs),
 }
 
+/// Print what [`coord::deployment_warnings`] finds about the store `url`
+/// names (e.g. a Redis primary with replicas and no `?replicas=N`), once,
+/// on standard error, as `coordctl: warning: ...`.
+pub(crate) async fn warn_about_deployment(url: &str) {
+    for warning in coord::deployment_warnings(url).await {
+        eprintln!("coordctl: warning: {warning}");
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

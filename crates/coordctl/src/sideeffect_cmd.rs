@@ -95,6 +95,7 @@ pub(crate) fn relative(at_ms: Option<u64>, now_ms: u64) -> String {
 /// `coordctl inspect`: uncertain keys, in-flight intents, resources.
 pub(crate) async fn inspect(args: InspectArgs) -> Result<ExitCode, Error> {
     let stores = Stores::new(coord::connect(&args.store).await?)?;
+    crate::warn_about_deployment(&args.store).await;
     // Without --key or --all, only the keys needing attention are read, from
     // the index the adapter keeps of them (not every key the store holds).
     let open = if args.keys.is_empty() && !args.all {

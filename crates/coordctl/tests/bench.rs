@@ -447,3 +447,56 @@ fn gc_reclaims_tombstones_in_passes() {
         assert!(!out.stderr.is_empty(), "{args:?} said nothing");
     }
 }
+
+/// A namespace holding records from before clients announced their storage
+/// format: `coordctl gc` refuses (saying what to do) until
+/// `--older-clients-stopped`, once; later runs need it no more.
+#[test]
+fn gc_needs_the_operators_word_for_records_from_before_announcements() {
+    use coord_backend::{Assert, Mutation, Version};
+    use sqlx::Connection;
+    let scratch = Scratch::new("gc-formats");
+    let url = scratch.sqlite_url("c.db", Some("app"));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let store = coord::connect(&url).await.unwrap();
+        let put = [Mutation::put("k", b"v".to_vec())];
+        assert!(
+            store
+                .txn(&[Assert::missing("k")], &put)
+                .await
+                .unwrap()
+                .applied
+        );
+        let delete = [Mutation::delete("k")];
+        assert!(
+            store
+                .txn(&[Assert::at("k", Version(1))], &delete)
+                .await
+                .unwrap()
+                .applied
+        );
+        // As if those records had been written before announcements.
+        let options = sqlx::sqlite::SqliteConnectOptions::new().filename(scratch.0.join("c.db"));
+        let mut conn = sqlx::SqliteConnection::connect_with(&options)
+            .await
+            .unwrap();
+        sqlx::query("DELETE FROM coord_clients")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        conn.close().await.unwrap();
+    });
+    let refused = coordctl(&["gc", "--store", &url]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("--older-clients-stopped"), "{stderr}");
+    let done = gc_json(&["gc", "--store", &url, "--older-clients-stopped", "--json"]);
+    assert_eq!(&done["removed"], &Value::from(1), "{done}");
+    let again = coordctl(&["gc", "--store", &url]);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+}

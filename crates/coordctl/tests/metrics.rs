@@ -363,6 +363,8 @@ fn cron_serves_every_metric_with_counts_that_match_its_history() {
         out.contains(&format!("metrics at http://127.0.0.1:{port}/metrics")),
         "{out}"
     );
+    // Maintenance runs by default (no --reclaim-every given).
+    assert!(out.contains("maintenance (reclaim) every 600s"), "{out}");
 }
 
 #[test]
@@ -393,7 +395,7 @@ fn a_busy_metrics_address_is_an_error_before_anything_runs() {
 /// `--reclaim-every` with `--board-retention`: the background rounds prune
 /// the task completed two hours ago (by its board's clock), keep the one
 /// completed now, and reclaim the tombstone the prune left; both counted on
-/// `/metrics`. Without `--reclaim-every` the retention flag is refused.
+/// `/metrics`. With `--reclaim-every 0` (no maintenance) the retention flag is refused.
 #[test]
 fn cron_prunes_and_reclaims_in_the_background() {
     use coord_adapters::board::{Board, BoardAdapter, BoardOptions, TaskSpec};
@@ -426,7 +428,7 @@ fn cron_prunes_and_reclaims_in_the_background() {
     let refused = Command::new(env!("CARGO_BIN_EXE_coordctl"))
         .args(["cron", "--config"])
         .arg(&config)
-        .args(["--board-retention", "1h"])
+        .args(["--reclaim-every", "0", "--board-retention", "1h"])
         .stdin(Stdio::null())
         .output()
         .unwrap();

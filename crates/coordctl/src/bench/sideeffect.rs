@@ -105,7 +105,17 @@ impl Bench {
                 "raw txn on {key} rejected: another writer uses the bench's keys"
             ));
         }
-        self.raw_versions[i] = Version(self.raw_versions[i].0 + 1);
+        // +1 per write from the first version on, which the store chooses
+        // (an etcd namespace in floor mode starts at the create revision).
+        self.raw_versions[i] = if self.raw_versions[i].is_missing() {
+            self.backend
+                .get(&key)
+                .await
+                .map_err(|e| format!("reading {key}: {e}"))?
+                .version
+        } else {
+            Version(self.raw_versions[i].0 + 1)
+        };
         Ok(())
     }
 

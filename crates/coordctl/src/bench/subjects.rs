@@ -160,7 +160,19 @@ pub(crate) fn primitives(store: &Arc<dyn Backend>, raw: &mut Raw) -> Vec<Pair> {
                 if !out.applied {
                     return Err("txn rejected: another writer uses the bench's namespace".into());
                 }
-                version.store(v + 1, Ordering::Relaxed);
+                // +1 per write from the first version on, which a store
+                // chooses (an etcd namespace in floor mode starts at the
+                // key's create revision): read once, after the create.
+                let next = if v == 0 {
+                    let entries = store
+                        .snapshot(&["bench/cas".to_owned()])
+                        .await
+                        .map_err(fail("snapshot"))?;
+                    entries.first().map_or(1, |e| e.version.0)
+                } else {
+                    v + 1
+                };
+                version.store(next, Ordering::Relaxed);
                 Ok(())
             }
         })
