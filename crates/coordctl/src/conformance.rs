@@ -11,7 +11,7 @@ use coord_conformance::{factory, run_cases, Case};
 pub(crate) struct ConformanceArgs {
     /// Store URL, e.g. sqlite://c.db, redis://127.0.0.1:6379, postgres://…, etcd://127.0.0.1:2379
     /// (`--store`, like every other command; `--backend` is the older name, still accepted).
-    #[arg(long = "store", alias = "backend")]
+    #[arg(long = "store", alias = "backend", env = crate::STORE_ENV, hide_env_values = true)]
     store: String,
     /// Only the suites named (comma separated: backend, lock, board, sideeffect, scheduler,
     /// rwlock, election, fair_lock, semaphore, fault_model, changes); default: all.

@@ -58,7 +58,7 @@ const PHASE_MARKER: &str = "crash-child phase=";
 #[derive(Args)]
 pub(crate) struct ChildArgs {
     /// Store URL.
-    #[arg(long)]
+    #[arg(long, env = crate::STORE_ENV, hide_env_values = true)]
     store: String,
     /// The idempotency key.
     #[arg(long)]
@@ -221,7 +221,7 @@ pub(crate) async fn child(args: ChildArgs) -> Result<ExitCode, Error> {
 #[derive(Args)]
 pub(crate) struct DriveArgs {
     /// Store URL (use a fresh `?namespace=` per run).
-    #[arg(long)]
+    #[arg(long, env = crate::STORE_ENV, hide_env_values = true)]
     store: String,
     /// Kill iterations (each with a fresh key).
     #[arg(long, default_value_t = 40)]
@@ -376,7 +376,7 @@ impl Driver {
     fn child_command(&self, key: &str, pauses: Pauses) -> Command {
         let mut cmd = Command::new(&self.exe);
         cmd.arg("crash-child")
-            .args(["--store", &self.store])
+            .env(crate::STORE_ENV, &self.store)
             .args(["--key", key])
             .arg("--counter-file")
             .arg(&self.counter_file)
@@ -408,7 +408,9 @@ impl Driver {
     /// `coordctl reconcile` as an operator would run it.
     fn reconcile(&self, key: &str, applied: bool) -> Result<(), String> {
         let mut cmd = Command::new(&self.exe);
-        cmd.arg("reconcile").arg(key).args(["--store", &self.store]);
+        cmd.arg("reconcile")
+            .arg(key)
+            .env(crate::STORE_ENV, &self.store);
         if applied {
             cmd.args([
                 "--applied",

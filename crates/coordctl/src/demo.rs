@@ -22,7 +22,7 @@ use tokio::io::AsyncReadExt;
 #[derive(Args)]
 pub(crate) struct DemoArgs {
     /// Store URL; default: a fresh SQLite file in a temporary directory (the embedded default).
-    #[arg(long)]
+    #[arg(long, env = crate::STORE_ENV, hide_env_values = true)]
     store: Option<String>,
     /// Worker processes.
     #[arg(long, default_value_t = 4)]
@@ -41,7 +41,7 @@ pub(crate) struct DemoArgs {
 /// Arguments of one worker (internal).
 #[derive(Args)]
 pub(crate) struct WorkerArgs {
-    #[arg(long)]
+    #[arg(long, env = crate::STORE_ENV, hide_env_values = true)]
     store: String,
     #[arg(long)]
     id: u32,
@@ -178,7 +178,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode, Error> {
     for id in 0..args.workers {
         let child = tokio::process::Command::new(&exe)
             .arg("demo-worker")
-            .args(["--store", &store_url])
+            .env(crate::STORE_ENV, &store_url)
             .args(["--id", &id.to_string()])
             .args(["--increments", &args.increments.to_string()])
             .args(["--counters", &args.counters.to_string()])

@@ -25,7 +25,7 @@ use serde::Serialize;
 #[derive(Debug, Args)]
 pub(crate) struct GcArgs {
     /// Store URL (with `?namespace=NS` when the application uses one).
-    #[arg(long)]
+    #[arg(long, env = crate::STORE_ENV, hide_env_values = true)]
     store: String,
     /// Remove side-effect keys completed longer ago than this (`24h`, `7d`,
     /// `90m`; at least one minute). A key retried after its record went runs

@@ -58,6 +58,12 @@ enum Command {
     CrashDrive(crash::DriveArgs),
 }
 
+/// The environment variable every `--store` falls back to: a URL with a
+/// password given so stays out of the process list (`ps` shows arguments,
+/// not the environment); an explicit `--store` wins. Child processes that
+/// `demo` and the crash test start get their URL the same way.
+pub(crate) const STORE_ENV: &str = "COORD_STORE";
+
 /// Print what [`coord::deployment_warnings`] finds about the store `url`
 /// names (e.g. a Redis primary with replicas and no `?replicas=N`), once,
 /// on standard error, as `coordctl: warning: ...`.

@@ -33,7 +33,7 @@ use serde::Serialize;
 #[derive(Debug, Args)]
 pub(crate) struct ScaleArgs {
     /// Store URL to measure; the command writes under fresh namespaces derived from the URL's.
-    #[arg(long)]
+    #[arg(long, env = crate::STORE_ENV, hide_env_values = true)]
     store: String,
     /// Keys in the "live" namespace, and keys created and deleted in the "deleted" one.
     #[arg(long, default_value_t = 1_000_000)]

@@ -37,7 +37,7 @@ use crate::views::{self, shorten, side_effect_error, InspectView, Stores};
 #[derive(Args)]
 pub(crate) struct InspectArgs {
     /// Store URL (with `?namespace=NS` when the application uses one).
-    #[arg(long)]
+    #[arg(long, env = crate::STORE_ENV, hide_env_values = true)]
     store: String,
     /// Only these idempotency keys (repeatable); default: every key in the store.
     #[arg(long = "key")]
@@ -59,7 +59,7 @@ pub(crate) struct ReconcileArgs {
     /// The idempotency key to resolve.
     key: String,
     /// Store URL (with `?namespace=NS` when the application uses one).
-    #[arg(long)]
+    #[arg(long, env = crate::STORE_ENV, hide_env_values = true)]
     store: String,
     /// The action DID take effect downstream: the key becomes completed and replays `--result`.
     #[arg(long)]

@@ -500,3 +500,41 @@ fn gc_needs_the_operators_word_for_records_from_before_announcements() {
         String::from_utf8_lossy(&again.stderr)
     );
 }
+
+/// `--store` falls back to `COORD_STORE`, so a password need not be on the
+/// command line; `--help` names the variable without showing its value; an
+/// explicit `--store` wins; with neither, clap's usage error.
+#[test]
+fn store_url_from_the_environment() {
+    use std::process::Command;
+    let scratch = Scratch::new("store-env");
+    let url = scratch.sqlite_url("c.db", Some("env"));
+    let run = |env: Option<&str>, args: &[&str]| {
+        let mut cmd = Command::new(common::COORDCTL);
+        cmd.args(args).env_remove("COORD_STORE");
+        if let Some(value) = env {
+            cmd.env("COORD_STORE", value);
+        }
+        cmd.output().expect("run coordctl")
+    };
+
+    let from_env = run(Some(&url), &["gc", "--dry-run"]);
+    assert!(from_env.status.success(), "{from_env:?}");
+    assert!(String::from_utf8_lossy(&from_env.stdout).contains("nothing changed"));
+    let inspect = run(Some(&url), &["inspect", "--json"]);
+    assert!(inspect.status.success(), "{inspect:?}");
+
+    let secret = "postgres://app:s3cret-pw@127.0.0.1:1/db";
+    let help = run(Some(secret), &["gc", "--help"]);
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(help.status.success(), "{help:?}");
+    assert!(text.contains("COORD_STORE"), "{text}");
+    assert!(!text.contains("s3cret"), "help shows the password: {text}");
+
+    let explicit = run(Some("nope://x"), &["gc", "--dry-run", "--store", &url]);
+    assert!(explicit.status.success(), "{explicit:?}");
+
+    let neither = run(None, &["gc", "--dry-run"]);
+    assert_eq!(neither.status.code(), Some(2), "{neither:?}");
+    assert!(String::from_utf8_lossy(&neither.stderr).contains("--store"));
+}

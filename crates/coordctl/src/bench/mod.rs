@@ -53,7 +53,7 @@ const WARMUP: u32 = 5;
 pub(crate) struct BenchArgs {
     /// Store URL to measure, e.g. sqlite://c.db, redis://127.0.0.1:6379, postgres://…, etcd://127.0.0.1:2379.
     /// The bench writes under a fresh namespace derived from the URL's.
-    #[arg(long)]
+    #[arg(long, env = crate::STORE_ENV, hide_env_values = true)]
     store: String,
     /// Seconds each measurement runs (split in 4 slices interleaved with its baseline).
     #[arg(long, default_value_t = 2.0, conflicts_with = "iterations")]

@@ -71,7 +71,7 @@ use reconcile::reconcile;
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
     /// Store URL (with `?namespace=NS` when the application uses one).
-    #[arg(long)]
+    #[arg(long, env = crate::STORE_ENV, hide_env_values = true)]
     store: String,
     /// Address to listen on (an IP literal and a port; port 0 picks a free one).
     #[arg(long, default_value = "127.0.0.1:8080")]
