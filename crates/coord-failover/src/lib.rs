@@ -25,7 +25,10 @@
 //!    SIGCONT of it (a pause), SIGKILL of the PostgreSQL primary (the
 //!    postmaster and its backends at once, as when its machine dies), then
 //!    `promote-standby` and `rejoin-old-primary` (with `pg-sync on` or
-//!    `off`: synchronous or asynchronous standby), SIGKILL of the Redis
+//!    `off`: synchronous or asynchronous standby), a split brain on
+//!    PostgreSQL (SIGSTOP of the primary and its backends, `promote-standby`,
+//!    SIGCONT, both primaries serving for [`SPLIT_BRAIN`], then
+//!    `rejoin-old-primary`), SIGKILL of the Redis
 //!    Cluster primary serving the namespace's slot, SIGKILL of the Redis
 //!    Sentinel primary (then polls, bounded in number, until the Sentinels
 //!    name another; clients reach it through a `redis+sentinel://` URL, as
@@ -92,12 +95,18 @@ pub enum Fault {
     /// primary of the namespace's slot, then wait for its replica to take over;
     /// Redis Sentinel: the primary, then wait until the Sentinels name another).
     Kill,
-    /// SIGSTOP the etcd leader for [`PAUSE`], then SIGCONT.
+    /// SIGSTOP the etcd leader for [`PAUSE`], then SIGCONT. PostgreSQL: SIGSTOP
+    /// the primary with its backends, `promote-standby`, SIGCONT (a split
+    /// brain: two primaries for [`SPLIT_BRAIN`]), then `rejoin-old-primary`.
     Pause,
 }
 
-/// How long a paused leader stays stopped.
+/// How long a paused etcd leader stays stopped.
 pub const PAUSE: Duration = Duration::from_secs(4);
+
+/// How long a paused PostgreSQL primary, resumed after the promotion, runs
+/// beside the new primary before it is stopped and rejoined.
+pub const SPLIT_BRAIN: Duration = Duration::from_secs(3);
 
 /// One round: a topology, its store, the mode's name and the faults in order.
 #[derive(Clone, Debug)]
@@ -332,7 +341,26 @@ fn inject(topology: Topology, fault: Fault, namespace: &str, recorder: &Recorder
             signal(pid, "CONT")?;
             up(topology)
         }
-        (Topology::Postgres, _) => {
+        (Topology::Postgres, Fault::Pause) => {
+            let primary = find_role(topology, "primary", 20)?;
+            let pid = primary.pid.unwrap_or_default();
+            topology::signal_tree(pid, "STOP")?;
+            let fault = record(format!(
+                "SIGSTOP postgres primary :{} and its backends, standby promoted, SIGCONT: \
+                 two primaries for {SPLIT_BRAIN:?}",
+                primary.port
+            ));
+            topology::promote_standby()?;
+            new_leader(fault);
+            // No fencing, as with a failover manager that does not stop the
+            // old primary: it serves the sessions it has, and new ones, until
+            // `rejoin-old-primary` stops and rewinds it.
+            topology::signal_tree(pid, "CONT")?;
+            std::thread::sleep(SPLIT_BRAIN);
+            topology::rejoin_old_primary()?;
+            up(topology)
+        }
+        (Topology::Postgres, Fault::Kill) => {
             let primary = find_role(topology, "primary", 20)?;
             topology::kill_tree(primary.pid.unwrap_or_default())?;
             let fault = record(format!(

@@ -132,10 +132,12 @@ pub fn signal(pid: u32, signal: &str) -> HaResult<()> {
     }
 }
 
-/// SIGKILL `pid` and its child processes in one `kill` command, as when
-/// its machine dies: a PostgreSQL postmaster killed alone leaves its
-/// backends serving the sessions they have until they notice.
-pub fn kill_tree(pid: u32) -> HaResult<()> {
+/// Send `signal` to `pid` and its child processes in one `kill` command, as
+/// when its machine dies (`KILL`) or freezes (`STOP`, then `CONT`): a
+/// PostgreSQL postmaster signalled alone leaves its backends serving the
+/// sessions they have. A child may exit between `pgrep` and `kill` (`kill`
+/// then fails for it), so `kill`'s status is not judged.
+pub fn signal_tree(pid: u32, signal: &str) -> HaResult<()> {
     let children = Command::new("pgrep")
         .arg("-P")
         .arg(pid.to_string())
@@ -147,9 +149,18 @@ pub fn kill_tree(pid: u32) -> HaResult<()> {
             .split_whitespace()
             .map(str::to_owned),
     );
-    // A child may exit between pgrep and kill (kill then fails for it):
-    // what counts is that the root is dead, or a zombie, afterwards.
-    let _ = Command::new("kill").arg("-KILL").args(&pids).status();
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .args(&pids)
+        .stderr(std::process::Stdio::null())
+        .status();
+    Ok(())
+}
+
+/// SIGKILL `pid` and its child processes ([`signal_tree`]), then wait until
+/// the root is dead or a zombie.
+pub fn kill_tree(pid: u32) -> HaResult<()> {
+    signal_tree(pid, "KILL")?;
     // SIGKILL takes effect when the process is next scheduled: wait for it.
     for _ in 0..100 {
         let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -162,7 +173,9 @@ pub fn kill_tree(pid: u32) -> HaResult<()> {
         }
         sleep(Duration::from_millis(10));
     }
-    Err(HaError(format!("kill -KILL {pids:?}: {pid} still runs")))
+    Err(HaError(format!(
+        "kill -KILL {pid} and its children: {pid} still runs"
+    )))
 }
 
 /// The first process of `topology` whose role is `role`, asking up to

@@ -126,6 +126,29 @@ async fn postgres_async_promotion() {
     .await;
 }
 
+/// PostgreSQL primary + standby, synchronous and then asynchronous
+/// replication: a split brain (the primary frozen with its backends, the
+/// standby promoted, the old primary resumed beside it, then stopped and
+/// rejoined). Nothing fences the old primary, so what it acknowledges in
+/// between is reported, not asserted (docs/shapes.md, failover).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "pauses the PostgreSQL primary of scripts/ha; run alone: cargo test -p coord-failover -- --ignored --test-threads 1"]
+async fn postgres_split_brain() {
+    let Some(url) = server_env("COORD_HA_POSTGRES_URL") else {
+        return;
+    };
+    for (mode, sync) in [("sync, split brain", true), ("async, split brain", false)] {
+        round(RoundConfig {
+            topology: Topology::Postgres,
+            store: Store::Postgres(url.clone()),
+            mode: mode.into(),
+            pg_sync: Some(sync),
+            faults: faults_from_env(&[Fault::Pause]),
+        })
+        .await;
+    }
+}
+
 /// Redis Cluster: the primary of the namespace's shard killed; asynchronous
 /// replication, so the numbers are reported, not asserted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
