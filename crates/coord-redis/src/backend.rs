@@ -159,30 +159,82 @@ struct Reply {
     wait: Option<RedisResult<Value>>,
 }
 
-/// Split the replies of `[script…, WAIT]` (the last `count` replies of a
-/// pipeline): the script's reply (an error reply as `Err`) and `WAIT`'s.
-fn split_replies(mut replies: Vec<Value>, ack: Option<ReplicaAck>) -> RedisResult<Reply> {
-    let wait = ack.map(|_| replies.pop().unwrap_or(Value::Nil).extract_error());
+/// What goes behind a txn script with `?replicas=N`: a write to the
+/// namespace's barrier key, then `WAIT` on the same connection.
+///
+/// `WAIT` counts the replicas that reached the connection's last propagated
+/// write. Since Redis 7.2 a command that writes nothing does not move that
+/// mark, so a rejected script (or an applied one that only asserted) would be
+/// waited for at a stale offset: its answer could rest on another client's
+/// write that no replica holds yet — its own earlier txn, whose answer was
+/// lost, among them (the CAS engine then calls a rejected resend whose
+/// entries show its puts "applied"). The barrier is propagated after the
+/// script, so `WAIT` covers everything the script saw. One key per namespace,
+/// overwritten: nothing grows.
+#[derive(Clone, Copy)]
+struct AckAfter<'a> {
+    ack: ReplicaAck,
+    barrier: &'a [u8],
+}
+
+impl AckAfter<'_> {
+    /// Commands pipelined behind the script: `SET barrier 1`, `WAIT N T`.
+    const COMMANDS: usize = 2;
+
+    fn add_to(&self, pipe: &mut redis::Pipeline, asking: bool) {
+        if asking {
+            // ASKING holds for the next command only.
+            pipe.cmd("ASKING");
+        }
+        pipe.cmd("SET").arg(self.barrier).arg("1");
+        pipe.add_command(self.ack.command());
+    }
+}
+
+/// Split the replies of `[script…, SET barrier, WAIT]` (the last replies of
+/// a pipeline): the script's reply (an error reply as `Err`) and `WAIT`'s
+/// (the barrier's error instead, when the barrier failed: then `WAIT`
+/// proves nothing). `asking`: an `ASKING` went in front of the barrier.
+fn split_replies(
+    mut replies: Vec<Value>,
+    ack: Option<AckAfter<'_>>,
+    asking: bool,
+) -> RedisResult<Reply> {
+    let wait = ack.map(|_| {
+        let wait = replies.pop().unwrap_or(Value::Nil).extract_error();
+        let barrier = replies.pop().unwrap_or(Value::Nil).extract_error();
+        if asking {
+            replies.pop();
+        }
+        barrier.and(wait)
+    });
     let value = replies.pop().unwrap_or(Value::Nil).extract_error()?;
     Ok(Reply { value, wait })
 }
 
-/// `EVALSHA` of `call`, followed by `WAIT` in the same pipeline when `ack`
-/// is given (one round trip: both are written at once, Redis answers in order).
+/// `EVALSHA` of `call`, followed by the barrier and `WAIT` in the same
+/// pipeline when `ack` is given (one round trip: all are written at once,
+/// Redis answers in order).
 async fn send_script(
     conn: &mut impl ConnectionLike,
     call: &Call,
-    ack: Option<ReplicaAck>,
+    ack: Option<AckAfter<'_>>,
 ) -> RedisResult<Reply> {
     match ack {
         None => Ok(Reply {
             value: call.evalsha().query_async::<Value>(conn).await?,
             wait: None,
         }),
-        Some(ack) => {
+        Some(after) => {
             let mut pipe = redis::pipe();
-            pipe.add_command(call.evalsha()).add_command(ack.command());
-            split_replies(conn.req_packed_commands(&pipe, 0, 2).await?, Some(ack))
+            pipe.add_command(call.evalsha());
+            after.add_to(&mut pipe, false);
+            split_replies(
+                conn.req_packed_commands(&pipe, 0, 1 + AckAfter::COMMANDS)
+                    .await?,
+                Some(after),
+                false,
+            )
         }
     }
 }
@@ -211,12 +263,13 @@ where
 impl Conn {
     /// Send `call` once (plus a `SCRIPT LOAD` when the server answers
     /// `NOSCRIPT`, which ran nothing), to `redirect` when given, followed
-    /// by `WAIT` on the same connection (the same node) when `ack` is given.
+    /// by the barrier and `WAIT` on the same connection (the same node)
+    /// when `ack` is given.
     async fn run(
         &self,
         call: &Call,
         redirect: Option<Redirect>,
-        ack: Option<ReplicaAck>,
+        ack: Option<AckAfter<'_>>,
     ) -> std::result::Result<Reply, Failure> {
         match self {
             Conn::Standalone(standalone) => standalone.run(call, ack).await,
@@ -233,8 +286,9 @@ impl Conn {
                     None => {
                         // WAIT counts the replicas of the node it runs on:
                         // it goes to the master of the script's slot (every
-                        // key of a call shares the namespace's hash tag), in
-                        // one pipeline on that node's connection.
+                        // key of a call, the barrier too, shares the
+                        // namespace's hash tag), in one pipeline on that
+                        // node's connection.
                         let slot_key = call.keys.first().cloned().unwrap_or_default();
                         let node = || {
                             SingleNodeRoutingInfo::SpecificNode(Route::with_key(
@@ -245,15 +299,15 @@ impl Conn {
                         let pipe = |call: &Call| {
                             let mut pipe = redis::pipe();
                             pipe.add_command(call.evalsha());
-                            pipe.add_command(ack.expect("checked above").command());
+                            ack.expect("checked above").add_to(&mut pipe, false);
                             pipe
                         };
                         resend_after_loading(c.clone(), call.lua, || {
                             let mut c = c.clone();
                             async move {
-                                c.route_pipeline(pipe(call), 0, 2, node())
+                                c.route_pipeline(pipe(call), 0, 1 + AckAfter::COMMANDS, node())
                                     .await
-                                    .and_then(|replies| split_replies(replies, ack))
+                                    .and_then(|replies| split_replies(replies, ack, false))
                             }
                         })
                         .await
@@ -272,12 +326,12 @@ impl Conn {
                         }
                         pipe.add_command(call.eval());
                         if let Some(ack) = ack {
-                            pipe.add_command(ack.command());
+                            ack.add_to(&mut pipe, to.ask);
                         }
                         let count = pipe.len();
                         c.route_pipeline(pipe, 0, count, node)
                             .await
-                            .and_then(|replies| split_replies(replies, ack))
+                            .and_then(|replies| split_replies(replies, ack, to.ask))
                     }
                 }
                 .map_err(Failure::Sent)
@@ -402,7 +456,7 @@ impl Standalone {
     async fn run(
         &self,
         call: &Call,
-        ack: Option<ReplicaAck>,
+        ack: Option<AckAfter<'_>>,
     ) -> std::result::Result<Reply, Failure> {
         let live = self.connection().await.map_err(Failure::NotSent)?;
         let result = resend_after_loading(live.conn.clone(), call.lua, || {
@@ -444,8 +498,11 @@ pub struct RedisBackend {
     /// The URL without its password, for `Debug`.
     endpoint: String,
     options: RedisOptions,
-    /// `?replicas=N&replica_timeout_ms=T`: `WAIT` behind every txn.
+    /// `?replicas=N&replica_timeout_ms=T`: the barrier and `WAIT` behind
+    /// every txn (see [`AckAfter`]).
     ack: Option<ReplicaAck>,
+    /// `coord:{NS}:ack`, the barrier key written before each `WAIT`.
+    barrier_key: Vec<u8>,
     /// Change notifications (shared by clones), see `changes.rs`.
     subscriber: Arc<Subscriber>,
 }
@@ -609,6 +666,7 @@ impl RedisBackend {
             dead_key: format!("coord:{{{namespace}}}:dead").into_bytes(),
             floor_key: format!("coord:{{{namespace}}}:floor").into_bytes(),
             clients_key: format!("coord:{{{namespace}}}:clients").into_bytes(),
+            barrier_key: format!("coord:{{{namespace}}}:ack").into_bytes(),
             announcer: Arc::new(coord_backend::reclaim::Announcer::new(
                 coord_backend::reclaim::STORAGE_FORMAT,
             )),
@@ -653,7 +711,7 @@ impl RedisBackend {
         call: &Call,
         op: Op,
         what: &str,
-        ack: Option<ReplicaAck>,
+        ack: Option<AckAfter<'_>>,
     ) -> Result<Reply> {
         let mut redirects = 0;
         let mut read_attempts = 0;
@@ -782,8 +840,10 @@ impl RedisBackend {
     /// Run a txn script and read its reply: `applied` with the versions of
     /// `puts` (the keys put, in mutation order), or `rejected` with the
     /// current entries of `asserted` (the asserted keys, in order). With
-    /// `?replicas=N`, an applied txn is `Indeterminate` unless `WAIT` (sent
-    /// behind it) counted N replicas.
+    /// `?replicas=N`, either answer is `Indeterminate` unless `WAIT` (sent
+    /// behind the script and the barrier) counted N replicas: an applied
+    /// txn may be lost by a failover, and a rejection may rest on a write
+    /// that a failover loses (see [`AckAfter`]).
     async fn run_txn(
         &self,
         call: &Call,
@@ -791,18 +851,22 @@ impl RedisBackend {
         puts: &[&str],
         first_key: &str,
     ) -> Result<TxnOutcome> {
-        let Reply { value, wait } = self.call_acked(call, Op::Txn, "txn", self.ack).await?;
+        let after = self.ack.map(|ack| AckAfter {
+            ack,
+            barrier: &self.barrier_key,
+        });
+        let Reply { value, wait } = self.call_acked(call, Op::Txn, "txn", after).await?;
         let mut reply = array(value).map_err(|e| self.malformed_reply(e, first_key))?;
+        let what = || {
+            format!(
+                "txn on {} (namespace {}, key {first_key:?})",
+                self.endpoint, self.namespace
+            )
+        };
         match reply.first().and_then(tag) {
             Some(b"applied") => {
                 if let (Some(ack), Some(wait)) = (self.ack, wait) {
-                    ack.judge(
-                        wait,
-                        &format!(
-                            "txn on {} (namespace {}, key {first_key:?})",
-                            self.endpoint, self.namespace
-                        ),
-                    )?;
+                    ack.judge(wait, &what())?;
                 }
                 // A version missing or not reading as one (never sent by
                 // these scripts) is left unreported, not an error.
@@ -818,6 +882,9 @@ impl RedisBackend {
                 ))
             }
             Some(b"rejected") => {
+                if let (Some(ack), Some(wait)) = (self.ack, wait) {
+                    ack.judge_rejection(wait, &what())?;
+                }
                 reply.remove(0);
                 Ok(TxnOutcome::rejected(self.entries(reply, asserted)?))
             }

@@ -84,17 +84,25 @@
 //!
 //! # Replication acknowledgement: `?replicas=N&replica_timeout_ms=T`
 //!
-//! Off by default; any URL form. Every txn script is followed by `WAIT N T`
-//! ([`server::ReplicaAck`]) in the same pipeline, on the same connection (on
-//! Cluster, to the master of the namespace's slot, where the script ran):
+//! Off by default; any URL form. Every txn script is followed, in the same
+//! pipeline and on the same connection (on Cluster, the master of the
+//! namespace's slot, where the script ran), by a write to the namespace's
+//! barrier key `coord:{NS}:ack` and `WAIT N T` ([`server::ReplicaAck`]):
 //! **still one round trip**, which now lasts until N replicas acknowledged
 //! the connection's writes or T ms passed (default 1000). An applied txn
 //! that fewer than N replicas acknowledged is
 //! [`Error::Indeterminate`](coord_backend::Error::Indeterminate), never
 //! success: it is **not rolled back**, stays readable on the primary, and
-//! may or may not survive a failover. A rejected txn carries the `WAIT` too
-//! (it is not judged). What it promises: a txn reported applied was held by
-//! N replicas when the reply came. What it does not: `WAIT` is not
+//! may or may not survive a failover. A rejected txn is judged the same way:
+//! the state that rejected it may be a write no replica holds yet (the
+//! caller's own earlier txn among them, whose lost answer the CAS engine
+//! settles by sending it again and reading the rejection), so short of N it
+//! is `Indeterminate` too. The barrier is why `WAIT` covers that state: since
+//! Redis 7.2, `WAIT` counts replicas up to the connection's last *propagated*
+//! write, and a script that wrote nothing propagates nothing (up to 7.0 the
+//! mark moved after every command, so there the barrier only costs a SET). What it
+//! promises: a txn's answer, applied or rejected, rests only on writes that
+//! N replicas held when the reply came. What it does not: `WAIT` is not
 //! consensus; Sentinel (or Cluster) may still promote a replica that did not
 //! get it, losing an acknowledged write. Reclaims, format announcements and
 //! reads are not waited for.

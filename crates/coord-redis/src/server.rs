@@ -412,6 +412,39 @@ impl ReplicaAck {
         cmd
     }
 
+    /// Judge the reply of [`ReplicaAck::command`] sent behind a rejected
+    /// write (and a barrier write, so that it covers everything the write's
+    /// asserts were checked against): `Ok` when at least N replicas
+    /// acknowledged, otherwise [`Error::Indeterminate`]. The write did not
+    /// apply, but the state that rejected it may be a write that no replica
+    /// holds yet, possibly the caller's own earlier write whose answer was
+    /// lost: a conclusion drawn from it ("my first attempt applied") could be
+    /// undone by a failover.
+    pub fn judge_rejection(&self, reply: RedisResult<Value>, what: &str) -> Result<()> {
+        let acked = match reply {
+            Ok(Value::Int(n)) if n >= i64::from(self.replicas) => return Ok(()),
+            other => Self::acked_count(other),
+        };
+        Err(Error::indeterminate(
+            format!(
+                "{what}: rejected, but the state it was checked against was acknowledged by \
+                 {acked} of the {} replicas asked for within {} ms (replicas=N); a failover may \
+                 lose that state, so the rejection settles nothing",
+                self.replicas, self.timeout_ms
+            ),
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "replication not acknowledged"),
+        ))
+    }
+
+    /// How many replicas a `WAIT` reply counted, for a message.
+    fn acked_count(reply: RedisResult<Value>) -> String {
+        match reply {
+            Ok(Value::Int(n)) => format!("{n}"),
+            Ok(other) => format!("an unexpected WAIT reply ({other:?})"),
+            Err(error) => format!("no WAIT reply ({error})"),
+        }
+    }
+
     /// Judge the reply of [`ReplicaAck::command`] to an applied write:
     /// `Ok` when at least N replicas acknowledged, otherwise the
     /// [`Error::Indeterminate`] the caller must get (the write stays applied
@@ -419,9 +452,7 @@ impl ReplicaAck {
     pub fn judge(&self, reply: RedisResult<Value>, what: &str) -> Result<()> {
         let acked = match reply {
             Ok(Value::Int(n)) if n >= i64::from(self.replicas) => return Ok(()),
-            Ok(Value::Int(n)) => format!("{n}"),
-            Ok(other) => format!("an unexpected WAIT reply ({other:?})"),
-            Err(error) => format!("no WAIT reply ({error})"),
+            other => Self::acked_count(other),
         };
         Err(Error::indeterminate(
             format!(

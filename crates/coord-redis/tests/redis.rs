@@ -1590,9 +1590,10 @@ mod sentinel {
         assert!(shown.contains(&sentinels[0]), "{shown}");
     }
 
-    /// `replicas=2` where no replica exists: every applied write is
+    /// `replicas=N` with fewer replicas than N: every applied write is
     /// `Indeterminate`, and stays written (WAIT rolls nothing back); a
-    /// rejected txn is still a plain rejection.
+    /// rejected txn is `Indeterminate` too, since the state that rejected
+    /// it is held by too few replicas.
     async fn short_of_replicas(base: &str, replicas: u32) {
         let ns = unique_namespace("wait");
         let url = with_namespace(
@@ -1629,11 +1630,44 @@ mod sentinel {
         let after = plain.snapshot(&["a".into(), "b".into()]).await.unwrap();
         assert!(!after[0].exists());
         assert_eq!(after[1].value.as_deref(), Some(&b"3"[..]));
-        let rejected = store
-            .put_if("b", Version(99), b"no".to_vec())
-            .await
-            .unwrap();
-        assert!(!rejected.applied);
+        // The CAS engine settles a lost answer by sending the same txn again:
+        // rejected, with the first one's puts in the store, reads as "my first
+        // send applied". No replica holds those puts, so that must not be an
+        // answer (it once was: WAIT behind a script that wrote nothing counted
+        // the replicas at the connection's older mark and passed).
+        let once = || store.put_if("c", Version::MISSING, b"mine".to_vec());
+        indeterminate(once().await);
+        indeterminate(once().await);
+        let fresh = RedisBackend::connect(&url).await.unwrap();
+        indeterminate(fresh.put_if("c", Version::MISSING, b"mine".to_vec()).await);
+        indeterminate(fresh.put_if("b", Version(99), b"no".to_vec()).await);
+        assert_eq!(
+            plain.get("c").await.unwrap().value.as_deref(),
+            Some(&b"mine"[..])
+        );
+    }
+
+    /// With enough replicas, a rejection behind the barrier is a plain
+    /// rejection, with the current entries.
+    async fn rejection_acknowledged(base: &str, replicas: u32) {
+        let ns = unique_namespace("wait");
+        let url = with_namespace(&with_params(base, &format!("replicas={replicas}")), &ns);
+        let store = RedisBackend::connect(&url).await.unwrap();
+        assert!(applied(store.put_if("k", Version::MISSING, b"v".to_vec())).await);
+        for again in [
+            store.put_if("k", Version::MISSING, b"v".to_vec()).await,
+            store.put_if("k", Version(99), b"w".to_vec()).await,
+            store
+                .txn(
+                    &[Assert::at("k", Version(99))],
+                    &[Mutation::put("x", vec![])],
+                )
+                .await,
+        ] {
+            let outcome = again.unwrap();
+            assert!(!outcome.applied);
+            assert_eq!(outcome.current[0].value.as_deref(), Some(&b"v"[..]));
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1669,6 +1703,108 @@ mod sentinel {
             assert!(applied(other.put_if("k", Version::MISSING, b"v".to_vec())).await);
         }
         assert!(applied(store.put_if("k", Version::MISSING, b"v".to_vec())).await);
+        rejection_acknowledged(&base, 1).await;
+    }
+
+    /// The replicas of the settled Sentinel primary, stopped (SIGSTOP) until
+    /// dropped (SIGCONT): they take no replication stream meanwhile.
+    struct FrozenReplicas(Vec<u32>);
+
+    impl FrozenReplicas {
+        async fn stop(url: &str) -> FrozenReplicas {
+            let (sentinels, master) = sentinels_of(url);
+            let primary = support::settled(&sentinels, &master).await;
+            let mut info = redis::cmd("INFO");
+            info.arg("replication");
+            let info: String = cmd(&primary, &info).await.unwrap();
+            let mut pids = Vec::new();
+            for line in info.lines().filter(|l| l.starts_with("slave")) {
+                let field = |name: &str| {
+                    line.split([':', ','])
+                        .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+                        .map(str::to_owned)
+                        .unwrap()
+                };
+                let replica = format!("{}:{}", field("ip"), field("port"));
+                let mut server = redis::cmd("INFO");
+                server.arg("server");
+                let server: String = cmd(&replica, &server).await.unwrap();
+                let pid = server
+                    .lines()
+                    .find_map(|l| l.strip_prefix("process_id:"))
+                    .and_then(|p| p.trim().parse().ok())
+                    .expect("INFO server names the process");
+                pids.push(pid);
+            }
+            assert_eq!(pids.len(), 2, "the topology has two replicas");
+            let frozen = FrozenReplicas(pids);
+            frozen.signal("-STOP");
+            frozen
+        }
+
+        fn signal(&self, signal: &str) {
+            for pid in &self.0 {
+                let status = std::process::Command::new("kill")
+                    .arg(signal)
+                    .arg(pid.to_string())
+                    .status()
+                    .unwrap();
+                assert!(status.success(), "kill {signal} {pid}");
+            }
+        }
+    }
+
+    impl Drop for FrozenReplicas {
+        fn drop(&mut self) {
+            self.signal("-CONT");
+        }
+    }
+
+    /// A rejection resting on another client's write that no replica holds
+    /// is `Indeterminate` with `replicas=N`, even on a connection whose own
+    /// last write every replica acknowledged: the barrier written behind the
+    /// script moves the mark `WAIT` counts to. (Without it, Redis 7.2 and
+    /// later count replicas at the connection's older write, which they all
+    /// have; Redis 7.0, Debian 12's, moves the mark after every command, so
+    /// there this passes with or without the barrier.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rejection_over_an_unreplicated_write_is_indeterminate() {
+        let Some(base) = server_env(SENTINEL) else {
+            return;
+        };
+        // Alone: the replicas are stopped for a moment.
+        let _alone = topology(true).await;
+        let ns = unique_namespace("barrier");
+        let acked = with_params(&base, "replicas=2&replica_timeout_ms=300");
+        let store = RedisBackend::connect(&with_namespace(&acked, &ns))
+            .await
+            .unwrap();
+        let plain = connect(&base, &ns).await;
+        assert!(applied(store.put_if("mine", Version::MISSING, b"1".to_vec())).await);
+        let frozen = FrozenReplicas::stop(&base).await;
+        assert!(applied(plain.put_if("k", Version::MISSING, b"theirs".to_vec())).await);
+        let answer = store.put_if("k", Version::MISSING, b"mine".to_vec()).await;
+        drop(frozen);
+        match answer {
+            Err(Error::Indeterminate { message, .. }) => {
+                assert!(message.contains("rejected"), "{message}");
+            }
+            other => panic!("expected Indeterminate, got {other:?}"),
+        }
+        // Replicas back: the same rejection, acknowledged, is a plain one.
+        let mut last = None;
+        for _ in 0..50 {
+            match store.put_if("k", Version::MISSING, b"mine".to_vec()).await {
+                Ok(outcome) => {
+                    assert!(!outcome.applied);
+                    assert_eq!(outcome.current[0].value.as_deref(), Some(&b"theirs"[..]));
+                    return;
+                }
+                Err(error) => last = Some(error),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the replicas did not come back: {last:?}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1686,6 +1822,7 @@ mod sentinel {
         assert!(
             applied(store.txn(&[], &[Mutation::put("a", vec![]), Mutation::delete("k")])).await
         );
+        rejection_acknowledged(&base, 2).await;
         // Three replicas where there are two: Indeterminate, still written.
         short_of_replicas(&base, 3).await;
     }
