@@ -313,7 +313,8 @@ pub fn parse_time_zone(name: &str) -> Result<Tz, String> {
         .map_err(|_| format!("unknown time zone {name:?} (use an IANA name such as Europe/Paris)"))
 }
 
-/// Parse a duration such as `500ms`, `30s`, `5m`, `1h30m`, `2d`.
+/// Parse a duration such as `500ms`, `30s`, `5m`, `1h30m`, `1h 30m`, `2d`
+/// (the `humantime` crate's syntax, which also reads `5min`, `2days`, `1week`).
 ///
 /// ```
 /// use coord_scheduler::parse_duration;
@@ -322,73 +323,20 @@ pub fn parse_time_zone(name: &str) -> Result<Tz, String> {
 /// assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
 /// assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
 /// assert!(parse_duration("5 parsecs").is_err());
+/// assert!(parse_duration("30").is_err()); // a unit is required
 /// ```
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let compact: String = text.chars().filter(|c| !c.is_whitespace()).collect();
-    if compact.is_empty() {
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
         return Err("empty duration".into());
     }
-    let mut total = Duration::ZERO;
-    let mut rest = compact.as_str();
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        if digits == 0 {
-            return Err(format!("duration {text:?}: expected a number at {rest:?}"));
-        }
-        let number: u64 = rest[..digits]
-            .parse()
-            .map_err(|_| format!("duration {text:?}: number too large"))?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let millis_per = match unit {
-            "ms" => 1,
-            "s" => 1_000,
-            "m" => 60_000,
-            "h" => 3_600_000,
-            "d" => 86_400_000,
-            "" => return Err(format!("duration {text:?}: missing unit (ms, s, m, h, d)")),
-            other => {
-                return Err(format!(
-                    "duration {text:?}: unknown unit {other:?} (ms, s, m, h, d)"
-                ))
-            }
-        };
-        let millis = number
-            .checked_mul(millis_per)
-            .ok_or_else(|| format!("duration {text:?} is too large"))?;
-        total = total
-            .checked_add(Duration::from_millis(millis))
-            .ok_or_else(|| format!("duration {text:?} is too large"))?;
-    }
-    Ok(total)
+    humantime::parse_duration(trimmed)
+        .map_err(|e| format!("duration {text:?}: {e} (write e.g. 500ms, 30s, 5m, 1h30m, 2d)"))
 }
 
-/// Format a duration the way [`parse_duration`] reads it.
+/// Format a duration the way [`parse_duration`] reads it (`1h 30m`).
 pub(crate) fn format_duration(duration: Duration) -> String {
-    let mut ms = duration.as_millis();
-    if ms == 0 {
-        return "0s".into();
-    }
-    let mut out = String::new();
-    for (unit, size) in [
-        ("d", 86_400_000u128),
-        ("h", 3_600_000),
-        ("m", 60_000),
-        ("s", 1_000),
-        ("ms", 1),
-    ] {
-        if ms >= size {
-            out.push_str(&format!("{}{unit}", ms / size));
-            ms %= size;
-        }
-    }
-    out
+    humantime::format_duration(duration).to_string()
 }
 
 /// The deterministic jitter of one `(job, slot)`: the same on every instance,
