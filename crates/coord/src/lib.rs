@@ -15,6 +15,19 @@
 //!
 //! [`SCHEMES`] is the same table in code.
 //!
+//! # Features
+//!
+//! | feature | default | what it brings |
+//! | --- | --- | --- |
+//! | `sqlite`, `redis`, `postgres` | on | the store of that name in [`connect`] |
+//! | `scheduler` | on | [`scheduler`]: cron and interval jobs run once per slot across instances |
+//! | `etcd` | off | the etcd store; its gRPC client runs `protoc` at build time: install it (`apt-get install protobuf-compiler`, `brew install protobuf`) or point `PROTOC` at one |
+//! | `etcd-tls` | off | `etcds://` |
+//! | `native-locks` | off | `coord::native_locks`: `RedisLock` (with `redis`) and `PgAdvisoryLock` (with `postgres`), the stores' own lock primitives behind the same `Lock` trait, for comparison and migration |
+//!
+//! `default-features = false` keeps the memory store (one process) and the
+//! adapters only.
+//!
 //! Every URL takes `?namespace=NAME` (default `coord`): applications sharing
 //! one store never see each other's keys.
 //!
@@ -36,6 +49,14 @@ use std::sync::Arc;
 
 pub use coord_adapters as adapters;
 pub use coord_backend as backend;
+/// The stores' own locks (feature `native-locks`): Redis single-node Redlock
+/// and PostgreSQL advisory locks, with fencing tokens.
+#[cfg(feature = "native-locks")]
+pub use coord_locks_native as native_locks;
+/// Cron and interval jobs run once per `(job, slot)` across instances
+/// (feature `scheduler`, on by default).
+#[cfg(feature = "scheduler")]
+pub use coord_scheduler as scheduler;
 
 use coord_backend::{Backend, Error, Result, StoreUrl};
 
