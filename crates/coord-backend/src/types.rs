@@ -183,6 +183,13 @@ pub struct TxnOutcome {
     /// When applied: `(key, version)` of puts whose version the store
     /// reports (any subset of the txn's puts, possibly none).
     pub written: Vec<(String, Version)>,
+    /// On rejection, `Some(why)` when the store was asked to confirm that
+    /// what it answers survives a failover and could not (Redis with
+    /// `?replicas=N`: fewer replicas acknowledged): `current` may show
+    /// writes a failover loses, the caller's own earlier txn among them.
+    /// The rejection itself is final (the txn never applies later); only a
+    /// conclusion drawn from `current` is in doubt. `None` otherwise.
+    pub unconfirmed: Option<String>,
 }
 
 impl TxnOutcome {
@@ -197,6 +204,7 @@ impl TxnOutcome {
             applied: true,
             current: Vec::new(),
             written,
+            unconfirmed: None,
         }
     }
 
@@ -206,6 +214,16 @@ impl TxnOutcome {
             applied: false,
             current,
             written: Vec::new(),
+            unconfirmed: None,
+        }
+    }
+
+    /// A rejected txn whose `current` the store could not confirm durable
+    /// (see [`TxnOutcome::unconfirmed`]).
+    pub fn rejected_unconfirmed(current: Vec<Entry>, why: String) -> Self {
+        TxnOutcome {
+            unconfirmed: Some(why),
+            ..Self::rejected(current)
         }
     }
 

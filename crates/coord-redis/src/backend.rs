@@ -840,10 +840,11 @@ impl RedisBackend {
     /// Run a txn script and read its reply: `applied` with the versions of
     /// `puts` (the keys put, in mutation order), or `rejected` with the
     /// current entries of `asserted` (the asserted keys, in order). With
-    /// `?replicas=N`, either answer is `Indeterminate` unless `WAIT` (sent
-    /// behind the script and the barrier) counted N replicas: an applied
-    /// txn may be lost by a failover, and a rejection may rest on a write
-    /// that a failover loses (see [`AckAfter`]).
+    /// `?replicas=N`, unless `WAIT` (sent behind the script and the
+    /// barrier) counted N replicas, an applied txn is `Indeterminate` (a
+    /// failover may lose it) and a rejection is marked
+    /// [`TxnOutcome::unconfirmed`] (it may rest on a write a failover loses,
+    /// see [`AckAfter`]).
     async fn run_txn(
         &self,
         call: &Call,
@@ -882,11 +883,16 @@ impl RedisBackend {
                 ))
             }
             Some(b"rejected") => {
-                if let (Some(ack), Some(wait)) = (self.ack, wait) {
-                    ack.judge_rejection(wait, &what())?;
-                }
+                let doubt = match (self.ack, wait) {
+                    (Some(ack), Some(wait)) => ack.judge_rejection(wait, &what()),
+                    _ => None,
+                };
                 reply.remove(0);
-                Ok(TxnOutcome::rejected(self.entries(reply, asserted)?))
+                let current = self.entries(reply, asserted)?;
+                Ok(match doubt {
+                    None => TxnOutcome::rejected(current),
+                    Some(why) => TxnOutcome::rejected_unconfirmed(current, why),
+                })
             }
             _ => Err(self.malformed_reply(reply, first_key)),
         }

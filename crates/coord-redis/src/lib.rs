@@ -93,16 +93,19 @@
 //! that fewer than N replicas acknowledged is
 //! [`Error::Indeterminate`](coord_backend::Error::Indeterminate), never
 //! success: it is **not rolled back**, stays readable on the primary, and
-//! may or may not survive a failover. A rejected txn is judged the same way:
-//! the state that rejected it may be a write no replica holds yet (the
-//! caller's own earlier txn among them, whose lost answer the CAS engine
-//! settles by sending it again and reading the rejection), so short of N it
-//! is `Indeterminate` too. The barrier is why `WAIT` covers that state: since
+//! may or may not survive a failover. A rejected txn is judged too: the
+//! state that rejected it may be a write no replica holds yet (the caller's
+//! own earlier txn among them, whose lost answer the CAS engine settles by
+//! sending it again and reading the rejection), so short of N the rejection
+//! is marked [`TxnOutcome::unconfirmed`](coord_backend::TxnOutcome::unconfirmed)
+//! and the engine does not conclude "my first send applied" from it (the
+//! caller gets `Indeterminate`); a rejection is final, so any other use of
+//! it is unchanged. The barrier is why `WAIT` covers that state: since
 //! Redis 7.2, `WAIT` counts replicas up to the connection's last *propagated*
 //! write, and a script that wrote nothing propagates nothing (up to 7.0 the
 //! mark moved after every command, so there the barrier only costs a SET). What it
-//! promises: a txn's answer, applied or rejected, rests only on writes that
-//! N replicas held when the reply came. What it does not: `WAIT` is not
+//! promises: a txn reported applied, directly or by the engine's settling of
+//! a lost answer, was held by N replicas when the reply came. What it does not: `WAIT` is not
 //! consensus; Sentinel (or Cluster) may still promote a replica that did not
 //! get it, losing an acknowledged write. Reclaims, format announcements and
 //! reads are not waited for.

@@ -414,25 +414,23 @@ impl ReplicaAck {
 
     /// Judge the reply of [`ReplicaAck::command`] sent behind a rejected
     /// write (and a barrier write, so that it covers everything the write's
-    /// asserts were checked against): `Ok` when at least N replicas
-    /// acknowledged, otherwise [`Error::Indeterminate`]. The write did not
-    /// apply, but the state that rejected it may be a write that no replica
-    /// holds yet, possibly the caller's own earlier write whose answer was
-    /// lost: a conclusion drawn from it ("my first attempt applied") could be
-    /// undone by a failover.
-    pub fn judge_rejection(&self, reply: RedisResult<Value>, what: &str) -> Result<()> {
+    /// asserts were checked against): `None` when at least N replicas
+    /// acknowledged, otherwise why the entries the rejection returns are not
+    /// confirmed ([`coord_backend::TxnOutcome::unconfirmed`]). The write
+    /// did not apply, and never will; but the state that rejected it may be
+    /// a write no replica holds yet, possibly the caller's own earlier write
+    /// whose answer was lost, so "my first attempt applied" cannot be
+    /// concluded from it.
+    pub fn judge_rejection(&self, reply: RedisResult<Value>, what: &str) -> Option<String> {
         let acked = match reply {
-            Ok(Value::Int(n)) if n >= i64::from(self.replicas) => return Ok(()),
+            Ok(Value::Int(n)) if n >= i64::from(self.replicas) => return None,
             other => Self::acked_count(other),
         };
-        Err(Error::indeterminate(
-            format!(
-                "{what}: rejected, but the state it was checked against was acknowledged by \
-                 {acked} of the {} replicas asked for within {} ms (replicas=N); a failover may \
-                 lose that state, so the rejection settles nothing",
-                self.replicas, self.timeout_ms
-            ),
-            std::io::Error::new(std::io::ErrorKind::TimedOut, "replication not acknowledged"),
+        Some(format!(
+            "{what}: rejected, but the state it was checked against was acknowledged by \
+             {acked} of the {} replicas asked for within {} ms (replicas=N); a failover may \
+             lose that state",
+            self.replicas, self.timeout_ms
         ))
     }
 

@@ -1592,8 +1592,8 @@ mod sentinel {
 
     /// `replicas=N` with fewer replicas than N: every applied write is
     /// `Indeterminate`, and stays written (WAIT rolls nothing back); a
-    /// rejected txn is `Indeterminate` too, since the state that rejected
-    /// it is held by too few replicas.
+    /// rejected txn is a rejection marked `unconfirmed`, since the state
+    /// that rejected it is held by too few replicas.
     async fn short_of_replicas(base: &str, replicas: u32) {
         let ns = unique_namespace("wait");
         let url = with_namespace(
@@ -1632,18 +1632,37 @@ mod sentinel {
         assert_eq!(after[1].value.as_deref(), Some(&b"3"[..]));
         // The CAS engine settles a lost answer by sending the same txn again:
         // rejected, with the first one's puts in the store, reads as "my first
-        // send applied". No replica holds those puts, so that must not be an
-        // answer (it once was: WAIT behind a script that wrote nothing counted
-        // the replicas at the connection's older mark and passed).
+        // send applied". No replica holds those puts, so the rejection says
+        // so (it once did not: the engine answered success).
         let once = || store.put_if("c", Version::MISSING, b"mine".to_vec());
         indeterminate(once().await);
-        indeterminate(once().await);
-        let fresh = RedisBackend::connect(&url).await.unwrap();
-        indeterminate(fresh.put_if("c", Version::MISSING, b"mine".to_vec()).await);
-        indeterminate(fresh.put_if("b", Version(99), b"no".to_vec()).await);
+        let unconfirmed = |r: Result<TxnOutcome>| {
+            let outcome = r.unwrap();
+            assert!(!outcome.applied);
+            let why = outcome.unconfirmed.expect("marked unconfirmed");
+            assert!(why.contains("replicas"), "{why}");
+            outcome.current
+        };
         assert_eq!(
-            plain.get("c").await.unwrap().value.as_deref(),
+            unconfirmed(once().await)[0].value.as_deref(),
             Some(&b"mine"[..])
+        );
+        let fresh = RedisBackend::connect(&url).await.unwrap();
+        unconfirmed(fresh.put_if("c", Version::MISSING, b"mine".to_vec()).await);
+        unconfirmed(fresh.put_if("b", Version(99), b"no".to_vec()).await);
+        // What the caller sees through the engine: not success.
+        let engine = coord_adapters::CasEngine::new(Arc::new(store.clone()));
+        let answer = engine
+            .decide::<_, Error, _>(&["d".into()], |_view| {
+                Ok(coord_adapters::Decision::commit(
+                    vec![Mutation::put("d", b"once".to_vec())],
+                    (),
+                ))
+            })
+            .await;
+        assert!(
+            matches!(&answer, Err(Error::Indeterminate { .. })),
+            "{answer:?}"
         );
     }
 
@@ -1667,6 +1686,7 @@ mod sentinel {
             let outcome = again.unwrap();
             assert!(!outcome.applied);
             assert_eq!(outcome.current[0].value.as_deref(), Some(&b"v"[..]));
+            assert_eq!(outcome.unconfirmed, None);
         }
     }
 
@@ -1761,14 +1781,14 @@ mod sentinel {
     }
 
     /// A rejection resting on another client's write that no replica holds
-    /// is `Indeterminate` with `replicas=N`, even on a connection whose own
+    /// is marked `unconfirmed` with `replicas=N`, even on a connection whose own
     /// last write every replica acknowledged: the barrier written behind the
     /// script moves the mark `WAIT` counts to. (Without it, Redis 7.2 and
     /// later count replicas at the connection's older write, which they all
     /// have; Redis 7.0, Debian 12's, moves the mark after every command, so
     /// there this passes with or without the barrier.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_rejection_over_an_unreplicated_write_is_indeterminate() {
+    async fn a_rejection_over_an_unreplicated_write_is_unconfirmed() {
         let Some(base) = server_env(SENTINEL) else {
             return;
         };
@@ -1785,23 +1805,24 @@ mod sentinel {
         assert!(applied(plain.put_if("k", Version::MISSING, b"theirs".to_vec())).await);
         let answer = store.put_if("k", Version::MISSING, b"mine".to_vec()).await;
         drop(frozen);
-        match answer {
-            Err(Error::Indeterminate { message, .. }) => {
-                assert!(message.contains("rejected"), "{message}");
-            }
-            other => panic!("expected Indeterminate, got {other:?}"),
-        }
+        let outcome = answer.unwrap();
+        assert!(!outcome.applied);
+        assert_eq!(outcome.current[0].value.as_deref(), Some(&b"theirs"[..]));
+        let why = outcome.unconfirmed.expect("marked unconfirmed");
+        assert!(why.contains("rejected"), "{why}");
         // Replicas back: the same rejection, acknowledged, is a plain one.
         let mut last = None;
         for _ in 0..50 {
-            match store.put_if("k", Version::MISSING, b"mine".to_vec()).await {
-                Ok(outcome) => {
-                    assert!(!outcome.applied);
-                    assert_eq!(outcome.current[0].value.as_deref(), Some(&b"theirs"[..]));
-                    return;
-                }
-                Err(error) => last = Some(error),
+            let outcome = store
+                .put_if("k", Version::MISSING, b"mine".to_vec())
+                .await
+                .unwrap();
+            assert!(!outcome.applied);
+            if outcome.unconfirmed.is_none() {
+                assert_eq!(outcome.current[0].value.as_deref(), Some(&b"theirs"[..]));
+                return;
             }
+            last = outcome.unconfirmed;
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         panic!("the replicas did not come back: {last:?}");

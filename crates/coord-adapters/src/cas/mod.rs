@@ -25,7 +25,10 @@
 //!
 //! - the resend applies: the original never will; the decision's answer holds;
 //! - the resend is rejected and every put of the txn is in the store
-//!   byte-for-byte: one of the two applied, the answer holds (this is the
+//!   byte-for-byte (and the store does not mark the rejection
+//!   [`unconfirmed`](coord_backend::TxnOutcome::unconfirmed): a store asked
+//!   to confirm replication that could not is [`Error::Indeterminate`]
+//!   here): one of the two applied, the answer holds (this is the
 //!   caller recognising its own token: every adapter puts a freshly minted
 //!   token in at least one value of every commit, so nobody else writes those
 //!   bytes);
@@ -450,6 +453,17 @@ impl CasEngine {
                     crate::telemetry::cas_conflict(self.backend.store_name());
                     self.remember(&outcome.current);
                     if puts_landed(mutations, &outcome.current) {
+                        // Our puts are there, but the store could not say
+                        // they survive a failover: not an answer.
+                        if let Some(why) = outcome.unconfirmed {
+                            return Err(Error::Indeterminate {
+                                message: format!(
+                                    "the answer of a txn was lost; its writes are in the store, \
+                                     but not confirmed durable: {why}"
+                                ),
+                                source: Some(Box::new(last)),
+                            });
+                        }
                         return Ok(());
                     }
                     return Err(Error::Indeterminate {
@@ -790,6 +804,81 @@ mod tests {
             matches!(refused, Err(Error::InvalidInput(_))),
             "{refused:?}"
         );
+    }
+
+    /// A store whose first txn applies and loses its answer, and whose
+    /// rejections say (when `doubt`) that their entries are not confirmed
+    /// durable: a replicated store that could not get its replicas' ack.
+    #[derive(Debug)]
+    struct LostThenUnconfirmed {
+        inner: SingleProcessMemoryBackend,
+        lost_one: std::sync::atomic::AtomicBool,
+        doubt: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl Backend for LostThenUnconfirmed {
+        fn namespace(&self) -> &str {
+            self.inner.namespace()
+        }
+        fn limits(&self) -> coord_backend::Limits {
+            self.inner.limits()
+        }
+        async fn raw_snapshot(&self, keys: &[&str]) -> coord_backend::Result<Vec<Entry>> {
+            self.inner.raw_snapshot(keys).await
+        }
+        async fn raw_keys(&self, prefix: &str) -> coord_backend::Result<Vec<String>> {
+            self.inner.raw_keys(prefix).await
+        }
+        async fn raw_txn(
+            &self,
+            asserts: &[Assert],
+            mutations: &[Mutation],
+        ) -> coord_backend::Result<TxnOutcome> {
+            let outcome = self.inner.raw_txn(asserts, mutations).await?;
+            if !self.lost_one.swap(true, Ordering::SeqCst) {
+                return Err(Error::indeterminate(
+                    "answer lost",
+                    std::io::Error::other("test"),
+                ));
+            }
+            Ok(match (outcome.applied, self.doubt) {
+                (false, true) => TxnOutcome::rejected_unconfirmed(
+                    outcome.current,
+                    "1 of the 2 replicas asked for".into(),
+                ),
+                _ => outcome,
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_resend_refused_over_unconfirmed_entries_settles_nothing() {
+        for doubt in [false, true] {
+            let store = Arc::new(LostThenUnconfirmed {
+                inner: SingleProcessMemoryBackend::new("cas-unconfirmed").unwrap(),
+                lost_one: false.into(),
+                doubt,
+            });
+            let engine = CasEngine::new(store.clone());
+            let answer = engine
+                .decide::<_, Error, _>(&["n".into()], counter_step)
+                .await;
+            // The lost txn applied either way; the resend is refused and
+            // shows its bytes. Only a confirmed rejection makes that an answer.
+            assert_eq!(
+                store.inner.get("n").await.unwrap().value.as_deref(),
+                Some(&b"1"[..])
+            );
+            if doubt {
+                assert!(
+                    matches!(&answer, Err(Error::Indeterminate { message, .. }) if message.contains("not confirmed durable")),
+                    "{answer:?}"
+                );
+            } else {
+                assert_eq!(answer.unwrap(), 1);
+            }
+        }
     }
 
     #[test]
