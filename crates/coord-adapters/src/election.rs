@@ -107,6 +107,99 @@ impl ElectionError {
 
 crate::wake::store_errors!(ElectionError, waits);
 
+/// A held leadership that renews itself in the background (the
+/// [`Guard`](crate::guard::Guard) of an [`Election`]; see [`crate::guard`]).
+/// Its [`fence`](crate::guard::Guard::fence) is the term.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use coord_adapters::election::{Election, GenericElection, LeadershipGuard};
+/// use coord_memory::SingleProcessMemoryBackend;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let election: Arc<dyn Election> =
+///     Arc::new(GenericElection::new(Arc::new(SingleProcessMemoryBackend::new("demo")?)));
+/// let lead = LeadershipGuard::campaign(&election, "ingest", "node-a", "10.0.0.7:80",
+///     Duration::from_secs(10), Duration::from_secs(1)).await?;
+/// assert_eq!(lead.fence(), lead.leadership().term());
+/// lead.release().await?; // resigns
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+pub type LeadershipGuard = crate::guard::Guard<dyn Election>;
+
+#[async_trait]
+impl<'a> crate::guard::Renew for dyn Election + 'a {
+    type Held = Leadership;
+    type Error = ElectionError;
+
+    async fn renew_grant(&self, held: &Leadership) -> Result<(), ElectionError> {
+        self.renew(held).await
+    }
+
+    /// Releasing a leadership resigns it.
+    async fn release_grant(&self, held: Leadership) -> Result<(), ElectionError> {
+        self.resign(held).await
+    }
+
+    fn lease(held: &Leadership) -> crate::guard::Lease<'_> {
+        crate::guard::Lease {
+            key: held.name(),
+            fence: held.term(),
+            ttl: held.ttl(),
+            requested: held.requested_instant(),
+        }
+    }
+
+    fn expired(held: &Leadership) -> ElectionError {
+        ElectionError::Lost {
+            name: held.name().to_owned(),
+            reason: LostReason::Expired,
+        }
+    }
+}
+
+impl crate::guard::Guard<dyn Election> {
+    /// Become leader of `name` now if nobody leads, and guard it.
+    pub async fn try_campaign(
+        election: &Arc<dyn Election>,
+        name: &str,
+        candidate: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Result<Option<Self>, ElectionError> {
+        Ok(election
+            .try_campaign(name, candidate, value, ttl)
+            .await?
+            .map(|l| Self::new(election.clone(), l, crate::guard::GuardOptions::default())))
+    }
+
+    /// Wait up to `timeout` to lead `name` (see [`Election::campaign`]), and guard it.
+    pub async fn campaign(
+        election: &Arc<dyn Election>,
+        name: &str,
+        candidate: &str,
+        value: &str,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<Self, ElectionError> {
+        let leadership = election
+            .campaign(name, candidate, value, ttl, timeout)
+            .await?;
+        Ok(Self::new(
+            election.clone(),
+            leadership,
+            crate::guard::GuardOptions::default(),
+        ))
+    }
+
+    /// The guarded leadership (for [`Election::proclaim`]).
+    pub fn leadership(&self) -> &Leadership {
+        self.held()
+    }
+}
+
 /// The checks every implementation runs first: a non-empty election name
 /// and candidate id without NUL bytes, and a TTL of at least 1 ms.
 pub fn validate_election_input(

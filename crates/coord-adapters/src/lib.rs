@@ -22,6 +22,7 @@ pub mod board;
 pub mod cas;
 pub mod election;
 mod grant;
+pub mod guard;
 pub mod jitter;
 pub mod lock;
 pub mod maintenance;
@@ -37,7 +38,7 @@ pub use board::{Board, BoardAdapter, BoardError};
 pub use cas::{CasEngine, CasOptions, CasStats, Decision, Nonce, Record, View};
 pub use lock::{
     FairLock, GenericLock, GenericSemaphore, Lock, LockError, LockExt, LockGuard, LockHandle,
-    Semaphore,
+    PermitGuard, Semaphore,
 };
 pub use sideeffect::{Runner, SideEffectAdapter, SideEffectError, SideEffectStore};
 pub use token::mint_token;

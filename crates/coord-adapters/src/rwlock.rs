@@ -146,6 +146,89 @@ impl RwHandle {
     pub fn lease(&self) -> &LockHandle {
         &self.lease
     }
+
+    /// When the granting request was sent (local monotonic time): the lease
+    /// is surely over at this instant plus the TTL.
+    pub fn requested_instant(&self) -> Instant {
+        self.lease.requested_instant()
+    }
+}
+
+/// A held read or write lock that renews itself in the background (the
+/// [`Guard`](crate::guard::Guard) of an [`RwLock`]; see [`crate::guard`]).
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use coord_adapters::rwlock::{GenericRwLock, RwGuard, RwLock};
+/// use coord_memory::SingleProcessMemoryBackend;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let rw: Arc<dyn RwLock> = Arc::new(GenericRwLock::new(Arc::new(SingleProcessMemoryBackend::new("demo")?)));
+/// let reading = RwGuard::try_read(&rw, "catalog", Duration::from_secs(30)).await?.expect("no writer");
+/// assert!(RwGuard::try_write(&rw, "catalog", Duration::from_secs(30)).await?.is_none());
+/// reading.release().await?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+pub type RwGuard = crate::guard::Guard<dyn RwLock>;
+
+#[async_trait]
+impl<'a> crate::guard::Renew for dyn RwLock + 'a {
+    type Held = RwHandle;
+    type Error = LockError;
+
+    async fn renew_grant(&self, held: &RwHandle) -> Result<(), LockError> {
+        self.renew(held).await
+    }
+
+    async fn release_grant(&self, held: RwHandle) -> Result<(), LockError> {
+        self.release(held).await
+    }
+
+    fn lease(held: &RwHandle) -> crate::guard::Lease<'_> {
+        crate::guard::Lease {
+            key: held.key(),
+            fence: held.fence(),
+            ttl: held.ttl(),
+            requested: held.requested_instant(),
+        }
+    }
+
+    fn expired(held: &RwHandle) -> LockError {
+        LockError::lost(held.key(), LostReason::Expired)
+    }
+}
+
+impl crate::guard::Guard<dyn RwLock> {
+    /// Take `key` for reading if no writer holds it or waits, and guard it.
+    pub async fn try_read(
+        rw: &Arc<dyn RwLock>,
+        key: &str,
+        ttl: Duration,
+    ) -> Result<Option<Self>, LockError> {
+        Ok(rw
+            .try_read(key, ttl)
+            .await?
+            .map(|h| Self::new(rw.clone(), h, crate::guard::GuardOptions::default())))
+    }
+
+    /// Take `key` for writing if nobody holds it, and guard it.
+    pub async fn try_write(
+        rw: &Arc<dyn RwLock>,
+        key: &str,
+        ttl: Duration,
+    ) -> Result<Option<Self>, LockError> {
+        Ok(rw
+            .try_write(key, ttl)
+            .await?
+            .map(|h| Self::new(rw.clone(), h, crate::guard::GuardOptions::default())))
+    }
+
+    /// The guarded handle.
+    pub fn handle(&self) -> &RwHandle {
+        self.held()
+    }
 }
 
 /// A read-write lock service; see the [module docs](self) for the contract

@@ -289,6 +289,107 @@ pub enum BoardError {
 
 crate::wake::store_errors!(BoardError);
 
+/// A board claim as a [`ClaimGuard`] holds it: the claim, its TTL, and when
+/// the claiming request was sent (the lease counts from then).
+#[derive(Clone, Debug)]
+pub struct HeldClaim {
+    /// The claim (its token renews and releases it).
+    pub task: ClaimedTask,
+    /// The TTL each renewal extends the lease by.
+    pub ttl: Duration,
+    /// When the claiming request was sent (local monotonic time).
+    pub requested: tokio::time::Instant,
+}
+
+/// A held task claim that renews itself in the background (the
+/// [`Guard`](crate::guard::Guard) of a [`Board`]; see [`crate::guard`]).
+/// Its [`fence`](crate::guard::Guard::fence) is the claim's takeover fence.
+/// [`ClaimGuard::complete`] completes the task; dropping or releasing the
+/// guard gives it back.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use coord_adapters::board::{Board, BoardAdapter, ClaimGuard, TaskSpec};
+/// use coord_memory::SingleProcessMemoryBackend;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let board: Arc<dyn Board> = Arc::new(BoardAdapter::new(Arc::new(SingleProcessMemoryBackend::new("demo")?)));
+/// board.add(TaskSpec::new("fetch", b"url".to_vec())).await?;
+/// let claim = ClaimGuard::claim(&board, "fetch", "agent-1", Duration::from_secs(60)).await?;
+/// claim.complete(b"42 rows".to_vec()).await?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+pub type ClaimGuard = crate::guard::Guard<dyn Board>;
+
+#[async_trait]
+impl<'a> crate::guard::Renew for dyn Board + 'a {
+    type Held = HeldClaim;
+    type Error = BoardError;
+
+    async fn renew_grant(&self, held: &HeldClaim) -> Result<(), BoardError> {
+        self.renew(&held.task.id, &held.task.token, held.ttl)
+            .await
+            .map(|_| ())
+    }
+
+    async fn release_grant(&self, held: HeldClaim) -> Result<(), BoardError> {
+        self.release(&held.task.id, &held.task.token).await
+    }
+
+    fn lease(held: &HeldClaim) -> crate::guard::Lease<'_> {
+        crate::guard::Lease {
+            key: &held.task.id,
+            fence: held.task.fence,
+            ttl: held.ttl,
+            requested: held.requested,
+        }
+    }
+
+    fn expired(held: &HeldClaim) -> BoardError {
+        BoardError::LeaseLost {
+            id: held.task.id.clone(),
+        }
+    }
+}
+
+impl crate::guard::Guard<dyn Board> {
+    /// Claim task `id` for `agent` (see [`Board::claim`]) and guard the claim.
+    pub async fn claim(
+        board: &std::sync::Arc<dyn Board>,
+        id: &str,
+        agent: &str,
+        ttl: Duration,
+    ) -> Result<Self, BoardError> {
+        let requested = tokio::time::Instant::now();
+        let task = board.claim(id, agent, ttl).await?;
+        Ok(Self::new(
+            board.clone(),
+            HeldClaim {
+                task,
+                ttl,
+                requested,
+            },
+            crate::guard::GuardOptions::default(),
+        ))
+    }
+
+    /// The guarded claim.
+    pub fn task(&self) -> &ClaimedTask {
+        &self.held().task
+    }
+
+    /// Stop renewing, then complete the task with `result` (see
+    /// [`Board::complete`]). `LeaseLost` when the claim was lost meanwhile.
+    pub async fn complete(self, result: Vec<u8>) -> Result<(), BoardError> {
+        let (board, held) = self.into_parts().await;
+        board
+            .complete(&held.task.id, &held.task.token, result)
+            .await
+    }
+}
+
 /// A task board. Object safe: use `Arc<dyn Board>`. See the [module docs](self)
 /// for the contract (checked by `coord_conformance::board`).
 #[async_trait]

@@ -79,7 +79,7 @@ mod wait;
 
 pub use fair::{FairLock, FairLockOptions, FairLockStatus, TicketStatus};
 pub use generic::{GenericLock, LockOptions, LockStatus};
-pub use guard::{GuardOptions, LockGuard, LostSignal};
+pub use guard::{GuardOptions, LockGuard, LostSignal, PermitGuard};
 pub(crate) use observe::renewed;
 pub use observe::{lock_lost_if, observe_release, observe_renew, observe_try_lock};
 pub use semaphore::{
