@@ -70,13 +70,26 @@ pub(crate) const READ_ONLY_TRANSACTION: &str = "25006";
 /// than READ COMMITTED (see [`crate::schema`]).
 pub(crate) const ISOLATION_REFUSED: &str = "CO001";
 
+/// Whether an error response says the server session went away rather than
+/// that the statement failed: a connection exception (class 08: PgBouncer
+/// reports a server that died mid-transaction as `08P01` "server conn
+/// crashed?" on the client connection it keeps open) or a shutdown
+/// terminating the session (57P01, 57P02). PostgreSQL holds a statement's
+/// results (CommandComplete included) until the end of the message, so
+/// none having arrived proves nothing: the COMMIT may have run, and with a
+/// synchronous standby reached it, before the session died.
+fn connection_gone(code: Option<&str>) -> bool {
+    code.is_some_and(|c| c.starts_with("08") || c == "57P01" || c == "57P02")
+}
+
 /// An error of the txn statement. `completed` = the server had already sent
 /// CommandComplete, i.e. the function had run to its end.
 ///
 /// With the extended protocol an autocommit statement commits when the server
 /// processes the `Sync` that follows `Execute`, after CommandComplete. So:
 /// - an error *response* before CommandComplete means the statement failed and
-///   its transaction rolled back: nothing applied → `Unavailable` (retry is safe);
+///   its transaction rolled back: nothing applied → `Unavailable` (retry is safe),
+///   unless it says the session went away ([`connection_gone`]): `Indeterminate`;
 /// - an error response after CommandComplete arose in or after the implicit
 ///   COMMIT, and a lost connection (I/O error, closed socket, protocol garbage)
 ///   at any point leaves the commit unknown → `Indeterminate`.
@@ -103,9 +116,14 @@ pub(crate) fn txn(error: sqlx::Error, completed: bool) -> Error {
                 "coord_txn refused to run: {db} (it needs READ COMMITTED; nothing was applied)"
             ))
         }
-        sqlx::Error::Database(db) if !completed => {
+        sqlx::Error::Database(db) if !completed && !connection_gone(db.code().as_deref()) => {
             Error::unavailable("txn rejected by PostgreSQL; nothing was applied", db)
         }
+        sqlx::Error::Database(db) if !completed => Error::indeterminate(
+            "the server connection went away while the txn ran (reported by a pooler or a \
+             shutting-down server); it may have committed before",
+            db,
+        ),
         sqlx::Error::Database(db) => Error::indeterminate(
             "txn failed at COMMIT; it may or may not have been applied",
             db,
@@ -114,5 +132,23 @@ pub(crate) fn txn(error: sqlx::Error, completed: bool) -> Error {
             "connection lost after the txn was sent; it may or may not have been applied",
             other,
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connection_gone;
+
+    #[test]
+    fn a_session_gone_is_not_a_statement_failure() {
+        // PgBouncer's "server conn crashed?", a connection failure, shutdowns.
+        for code in ["08P01", "08006", "08003", "57P01", "57P02"] {
+            assert!(connection_gone(Some(code)), "{code}");
+        }
+        // The statement itself failed: nothing applied.
+        for code in ["40001", "40P01", "23505", "22P02", "25006", "57014"] {
+            assert!(!connection_gone(Some(code)), "{code}");
+        }
+        assert!(!connection_gone(None));
     }
 }
