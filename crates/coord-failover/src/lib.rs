@@ -320,9 +320,11 @@ fn inject(topology: Topology, fault: Fault, namespace: &str, recorder: &Recorder
             let survivors = others(leader.port)?;
             signal(leader.pid.unwrap_or_default(), "KILL")?;
             let fault = record(format!("SIGKILL etcd leader :{}", leader.port));
-            // Survivors elect a leader (bounded polls), then the member restarts.
+            // Survivors elect a leader (bounded polls), then the member restarts
+            // (once it is really gone: see `wait_gone`).
             wait_etcd_leader(&survivors, ATTEMPTS)?;
             new_leader(fault);
+            topology::wait_gone(leader.pid.unwrap_or_default())?;
             up(topology)
         }
         (Topology::Etcd, Fault::Pause) => {
@@ -389,6 +391,7 @@ fn inject(topology: Topology, fault: Fault, namespace: &str, recorder: &Recorder
             // first would come back as an empty master of its slots.
             wait_roles(topology, "primary", 3, ATTEMPTS)?;
             new_leader(fault);
+            topology::wait_gone(pid)?;
             up(topology)
         }
         (Topology::RedisSentinel, _) => {
@@ -399,6 +402,7 @@ fn inject(topology: Topology, fault: Fault, namespace: &str, recorder: &Recorder
             // node restarts, so `up` brings it back as a replica of the new one.
             topology::wait_sentinel_failover(primary.port, ATTEMPTS)?;
             new_leader(fault);
+            topology::wait_gone(primary.pid.unwrap_or_default())?;
             up(topology)
         }
     }

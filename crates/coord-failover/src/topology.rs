@@ -158,11 +158,20 @@ pub fn signal_tree(pid: u32, signal: &str) -> HaResult<()> {
 }
 
 /// SIGKILL `pid` and its child processes ([`signal_tree`]), then wait until
-/// the root is dead or a zombie.
+/// the root is gone ([`wait_gone`]).
 pub fn kill_tree(pid: u32) -> HaResult<()> {
     signal_tree(pid, "KILL")?;
-    // SIGKILL takes effect when the process is next scheduled: wait for it.
-    for _ in 0..100 {
+    wait_gone(pid)
+}
+
+/// Wait until `pid` is dead or a zombie (at most [`GONE_WITHIN`]). SIGKILL
+/// takes effect when the process leaves the kernel: one in an uninterruptible
+/// wait (an fsync on a loaded disk: etcd and PostgreSQL fsync all the time)
+/// keeps running meanwhile. `scripts/ha up` run before that sees the server
+/// alive, does not restart it, and then waits for it in vain.
+pub fn wait_gone(pid: u32) -> HaResult<()> {
+    let deadline = std::time::Instant::now() + GONE_WITHIN;
+    loop {
         let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         // The state follows the command name, which is in parentheses.
         let dead = state
@@ -171,12 +180,17 @@ pub fn kill_tree(pid: u32) -> HaResult<()> {
         if dead {
             return Ok(());
         }
+        if std::time::Instant::now() >= deadline {
+            return Err(HaError(format!(
+                "kill -KILL {pid}: still running after {GONE_WITHIN:?}"
+            )));
+        }
         sleep(Duration::from_millis(10));
     }
-    Err(HaError(format!(
-        "kill -KILL {pid} and its children: {pid} still runs"
-    )))
 }
+
+/// How long [`wait_gone`] waits for a killed process to exit.
+pub const GONE_WITHIN: Duration = Duration::from_secs(30);
 
 /// The first process of `topology` whose role is `role`, asking up to
 /// `attempts` times half a second apart (a topology mid-election has none).

@@ -107,6 +107,30 @@ async fn postgres_sync_promotion() {
     assert!(v.dup_fences.is_empty(), "{v:#?}");
 }
 
+/// The same synchronous promotion with every client going through PgBouncer
+/// in transaction pooling (`?pooler=transaction`): `scripts/ha` points the
+/// pooler at the promoted standby, as a failover manager would. No
+/// acknowledged write lost, no duplicate fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kills the PostgreSQL primary of scripts/ha; run alone: cargo test -p coord-failover -- --ignored --test-threads 1"]
+async fn postgres_sync_promotion_through_pgbouncer() {
+    let Some(url) = server_env("COORD_HA_PGBOUNCER_TX_URL") else {
+        return;
+    };
+    let report = round(RoundConfig {
+        topology: Topology::Postgres,
+        store: Store::Postgres(with_param(&url, "pooler=transaction")),
+        mode: "sync, PgBouncer transaction pooling".into(),
+        pg_sync: Some(true),
+        faults: faults_from_env(&[Fault::Kill]),
+    })
+    .await;
+    let v = &report.violations;
+    assert_eq!(v.acked_writes_lost, 0, "{v:#?}");
+    assert!(v.non_linearizable_keys.is_empty(), "{v:#?}");
+    assert!(v.dup_fences.is_empty(), "{v:#?}");
+}
+
 /// PostgreSQL primary + standby, asynchronous replication: the primary
 /// killed, the standby promoted; what an async standby loses is reported,
 /// not asserted.
