@@ -32,7 +32,9 @@
 //!    Cluster primary serving the namespace's slot, SIGKILL of the Redis
 //!    Sentinel primary (then polls, bounded in number, until the Sentinels
 //!    name another; clients reach it through a `redis+sentinel://` URL, as
-//!    is, with `?replicas=1` or with `?replicas=2`, `&replica_timeout_ms=500`); after each, `up`
+//!    is, with `?replicas=1` or with `?replicas=2`, `&replica_timeout_ms=500`;
+//!    and with `?replicas=1` after one of the two replicas was killed first,
+//!    [`Fault::KillWithOneReplicaLeft`]); after each, `up`
 //!    brings the topology back before the next (the old Redis primary as a
 //!    replica of the new one).
 //! 3. The checks ([`check`](mod@check)): linearizability of every raw key (todc-utils'
@@ -99,6 +101,12 @@ pub enum Fault {
     /// the primary with its backends, `promote-standby`, SIGCONT (a split
     /// brain: two primaries for [`SPLIT_BRAIN`]), then `rejoin-old-primary`.
     Pause,
+    /// Redis Sentinel only: SIGKILL one of the two replicas and wait until
+    /// the Sentinels flag it down and the other has every write the primary
+    /// had then ([`topology::leave_one_replica`]), then as [`Fault::Kill`].
+    /// With `?replicas=1` the one live replica is every replica: a clean
+    /// primary kill must lose no acknowledged write. `up` restarts both.
+    KillWithOneReplicaLeft,
 }
 
 /// How long a paused etcd leader stays stopped.
@@ -315,6 +323,13 @@ fn inject(topology: Topology, fault: Fault, namespace: &str, recorder: &Recorder
             .collect())
     };
     match (topology, fault) {
+        (
+            Topology::Etcd | Topology::Postgres | Topology::RedisCluster,
+            Fault::KillWithOneReplicaLeft,
+        ) => Err(topology::HaError(format!(
+            "{fault:?} is a Redis Sentinel fault, not one for {}",
+            topology.name()
+        ))),
         (Topology::Etcd, Fault::Kill) => {
             let leader = find_role(topology, "leader", 20)?;
             let survivors = others(leader.port)?;
@@ -395,9 +410,19 @@ fn inject(topology: Topology, fault: Fault, namespace: &str, recorder: &Recorder
             up(topology)
         }
         (Topology::RedisSentinel, _) => {
+            let left = match fault {
+                Fault::KillWithOneReplicaLeft => {
+                    let stopped = topology::leave_one_replica(ATTEMPTS)?;
+                    format!(" (replica :{stopped} killed before, one replica left)")
+                }
+                Fault::Kill | Fault::Pause => String::new(),
+            };
             let primary = find_role(topology, "primary", 20)?;
             signal(primary.pid.unwrap_or_default(), "KILL")?;
-            let fault = record(format!("SIGKILL redis-sentinel primary :{}", primary.port));
+            let fault = record(format!(
+                "SIGKILL redis-sentinel primary :{}{left}",
+                primary.port
+            ));
             // The Sentinels promote a replica (bounded polls) before the killed
             // node restarts, so `up` brings it back as a replica of the new one.
             topology::wait_sentinel_failover(primary.port, ATTEMPTS)?;

@@ -250,23 +250,13 @@ pub fn rejoin_old_primary() -> HaResult<()> {
 /// The port of the Redis Cluster primary serving the slot of `key`, asked
 /// of the cluster through `redis-cli` (any answering node of `ports`).
 pub fn redis_cluster_owner(ports: &[u16], key: &str) -> HaResult<u16> {
-    for port in ports {
-        let cli = |args: &[&str]| -> Option<String> {
-            let out = Command::new("timeout")
-                .args(["3", "redis-cli", "-h", "127.0.0.1", "-p", &port.to_string()])
-                .args(args)
-                .output()
-                .ok()?;
-            out.status
-                .success()
-                .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-        };
-        let Some(slot) =
-            cli(&["cluster", "keyslot", key]).and_then(|s| s.trim().parse::<u16>().ok())
+    for &port in ports {
+        let Some(slot) = redis_cli(port, &["cluster", "keyslot", key])
+            .and_then(|s| s.trim().parse::<u16>().ok())
         else {
             continue;
         };
-        let Some(nodes) = cli(&["cluster", "nodes"]) else {
+        let Some(nodes) = redis_cli(port, &["cluster", "nodes"]) else {
             continue;
         };
         if let Some(owner) = slot_owner(&nodes, slot) {
@@ -286,21 +276,103 @@ pub fn sentinel_master(processes: &[Process]) -> Option<u16> {
         .iter()
         .filter(|p| p.role == "sentinel")
         .find_map(|s| {
-            let out = Command::new("timeout")
-                .args([
-                    "3",
-                    "redis-cli",
-                    "-h",
-                    "127.0.0.1",
-                    "-p",
-                    &s.port.to_string(),
-                ])
-                .args(["sentinel", "get-master-addr-by-name", SENTINEL_MASTER])
-                .output()
-                .ok()?;
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let text = redis_cli(
+                s.port,
+                &["sentinel", "get-master-addr-by-name", SENTINEL_MASTER],
+            )?;
             text.lines().nth(1)?.trim().parse().ok()
         })
+}
+
+/// What `redis-cli -p PORT ARGS` printed (3 s at most), when it exited 0.
+pub fn redis_cli(port: u16, args: &[&str]) -> Option<String> {
+    let out = Command::new("timeout")
+        .args(["3", "redis-cli", "-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The number after `field:` in the `INFO replication` of the Redis server
+/// on `port`.
+fn replication_offset(port: u16, field: &str) -> Option<u64> {
+    let info = redis_cli(port, &["info", "replication"])?;
+    info.lines()
+        .find_map(|line| line.trim().strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Whether every Sentinel among `processes` flags the replica on `port` as
+/// down (`s_down`), so none of them can promote it.
+fn sentinels_see_down(processes: &[Process], port: u16) -> bool {
+    let sentinels: Vec<u16> = processes
+        .iter()
+        .filter(|p| p.role == "sentinel")
+        .map(|p| p.port)
+        .collect();
+    !sentinels.is_empty()
+        && sentinels.iter().all(|&sentinel| {
+            let Some(text) = redis_cli(sentinel, &["sentinel", "replicas", SENTINEL_MASTER]) else {
+                return false;
+            };
+            // One flat list of field/value lines per replica, each starting at `name`.
+            let lines: Vec<&str> = text.lines().map(str::trim).collect();
+            let (mut this_port, mut down) = (None, false);
+            for pair in lines.chunks(2) {
+                match pair {
+                    ["name", _] => (this_port, down) = (None, false),
+                    ["port", p] => this_port = p.parse::<u16>().ok(),
+                    ["flags", f] => down = f.split(',').any(|flag| flag == "s_down"),
+                    _ => {}
+                }
+                if this_port == Some(port) && down {
+                    return true;
+                }
+            }
+            false
+        })
+}
+
+/// Leave the Sentinel primary with one live replica: SIGKILL the other
+/// (once it is gone), then wait (at most `attempts` polls [`POLL`] apart)
+/// until every Sentinel flags it down and the live replica has everything
+/// the primary had written when it died. From then on an acknowledgement
+/// (`WAIT 1`) can only come from the live replica, and the writes
+/// acknowledged before came to it through the primary's stream. Returns
+/// the killed replica's port.
+pub fn leave_one_replica(attempts: u32) -> HaResult<u16> {
+    let processes = pids(Topology::RedisSentinel)?;
+    let primary = processes
+        .iter()
+        .find(|p| p.role == "primary")
+        .ok_or_else(|| HaError(format!("no Sentinel primary: {processes:?}")))?;
+    let replicas: Vec<&Process> = processes
+        .iter()
+        .filter(|p| p.role == "replica" && p.pid.is_some())
+        .collect();
+    let [kept, stopped] = replicas[..] else {
+        return Err(HaError(format!("not 2 live replicas: {processes:?}")));
+    };
+    let pid = stopped.pid.unwrap_or_default();
+    signal(pid, "KILL")?;
+    wait_gone(pid)?;
+    let written = replication_offset(primary.port, "master_repl_offset")
+        .ok_or_else(|| HaError(format!("no replication offset from :{}", primary.port)))?;
+    for _ in 0..attempts.max(1) {
+        let caught_up =
+            replication_offset(kept.port, "slave_repl_offset").is_some_and(|o| o >= written);
+        if caught_up && sentinels_see_down(&processes, stopped.port) {
+            return Ok(stopped.port);
+        }
+        sleep(POLL);
+    }
+    Err(HaError(format!(
+        "replica :{} never caught up with offset {written}, or the Sentinels never saw :{} down",
+        kept.port, stopped.port
+    )))
 }
 
 /// Wait (at most `attempts` polls [`POLL`] apart) until the Sentinels
