@@ -23,6 +23,7 @@
 //! | `scheduler` | on | [`scheduler`]: cron and interval jobs run once per slot across instances |
 //! | `etcd` | off | the etcd store; its gRPC client runs `protoc` at build time: install it (`apt-get install protobuf-compiler`, `brew install protobuf`) or point `PROTOC` at one |
 //! | `etcd-tls` | off | `etcds://` |
+//! | `http` | off | `coord::http`: an `Idempotency-Key` tower layer (axum `Router::layer`): a retried request runs its handler at most once |
 //! | `native-locks` | off | `coord::native_locks`: `RedisLock` (with `redis`) and `PgAdvisoryLock` (with `postgres`), the stores' own lock primitives behind the same `Lock` trait, for comparison and migration |
 //!
 //! `default-features = false` keeps the memory store (one process) and the
@@ -49,6 +50,9 @@ use std::sync::Arc;
 
 pub use coord_adapters as adapters;
 pub use coord_backend as backend;
+/// The `Idempotency-Key` layer for HTTP services (feature `http`).
+#[cfg(feature = "http")]
+pub use coord_http as http;
 /// The stores' own locks (feature `native-locks`): Redis single-node Redlock
 /// and PostgreSQL advisory locks, with fencing tokens.
 #[cfg(feature = "native-locks")]
