@@ -347,7 +347,7 @@ impl Failure {
                 "",
                 &state.shown,
                 state.allow_writes,
-                &html::error_body(&self.message),
+                &html::note(&self.message),
             );
             (self.status, Html(body)).into_response()
         }

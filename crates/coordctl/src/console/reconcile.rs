@@ -150,13 +150,7 @@ async fn reconcile_step(
                     Ok((
                         "Reconciled".to_owned(),
                         "/sideeffects",
-                        format!(
-                            "<p class=\"note\" id=\"reconciled\">Resolved <span class=\"key\">{}</span> as <b>{}</b>: {what}.<br>Reason: {}</p>\
-<p><a href=\"/sideeffects\">Back to the side-effect keys</a></p>",
-                            html::esc(&key),
-                            html::esc(&form.verdict),
-                            html::esc(&reason)
-                        ),
+                        html::reconciled(&key, &form.verdict, what, &reason),
                     ))
                 }
                 Err(refused) => Err(Failure::new(

@@ -57,7 +57,10 @@ fn limits_are_bounded() {
 #[test]
 fn escapes_markup() {
     assert_eq!(
-        html::esc(r#"<script>alert("x")</script>&'"#),
-        "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;&#39;"
+        html::note(r#"<script>alert("x")</script>&"#),
+        r#"<p class="note">&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;</p>"#
     );
+    let page = html::confirm("k\"><b>", "applied", "<i>", "r", "now", "t");
+    assert!(!page.contains("<b>\"") && !page.contains("<i>"), "{page}");
+    assert!(page.contains(r#"value="k&quot;&gt;&lt;b&gt;""#), "{page}");
 }
