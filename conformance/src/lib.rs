@@ -33,6 +33,7 @@ pub mod fair_lock;
 pub mod fault;
 pub mod fault_model;
 pub mod faults;
+pub mod golden;
 pub mod lock;
 pub mod reclaim;
 pub mod retention;

@@ -2313,3 +2313,119 @@ mod declared_pooler {
         }
     }
 }
+
+/// The namespace's rows of the three tables, as JSON.
+async fn dump_namespace(conn: &mut PgConnection, namespace: &str) -> serde_json::Value {
+    use sqlx::Row;
+    let kv = sqlx::query(
+        "SELECT key, version, encode(value, 'hex') AS value FROM coord_kv WHERE ns = $1 ORDER BY key",
+    )
+    .bind(namespace)
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| {
+        serde_json::json!({
+            "key": r.get::<String, _>("key"),
+            "version": r.get::<i64, _>("version"),
+            "value": r.get::<Option<String>, _>("value"),
+        })
+    })
+    .collect::<Vec<_>>();
+    let floor = sqlx::query("SELECT floor FROM coord_floor WHERE ns = $1")
+        .bind(namespace)
+        .fetch_optional(&mut *conn)
+        .await
+        .unwrap()
+        .map(|r| r.get::<i64, _>("floor"));
+    let clients = sqlx::query(
+        "SELECT client, format, seen_ms FROM coord_clients WHERE ns = $1 ORDER BY client",
+    )
+    .bind(namespace)
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| {
+        serde_json::json!({
+            "client": r.get::<String, _>("client"),
+            "format": r.get::<i32, _>("format"),
+            "seen_ms": r.get::<i64, _>("seen_ms"),
+        })
+    })
+    .collect::<Vec<_>>();
+    serde_json::json!({ "coord_kv": kv, "coord_floor": floor, "coord_clients": clients })
+}
+
+/// Insert the dumped rows under `namespace` (into this release's tables: a
+/// release that changes them restores this dump into a database made with
+/// the old tables first, then lets its own migration run).
+async fn restore_namespace(conn: &mut PgConnection, namespace: &str, rows: &serde_json::Value) {
+    for row in rows["coord_kv"].as_array().unwrap() {
+        sqlx::query(
+            "INSERT INTO coord_kv (ns, key, version, value) VALUES ($1, $2, $3, decode($4, 'hex'))",
+        )
+        .bind(namespace)
+        .bind(row["key"].as_str().unwrap())
+        .bind(row["version"].as_i64().unwrap())
+        .bind(row["value"].as_str())
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    }
+    if let Some(floor) = rows["coord_floor"].as_i64() {
+        sqlx::query("INSERT INTO coord_floor (ns, floor) VALUES ($1, $2)")
+            .bind(namespace)
+            .bind(floor)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+    }
+    for row in rows["coord_clients"].as_array().unwrap() {
+        sqlx::query(
+            "INSERT INTO coord_clients (ns, client, format, seen_ms) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(namespace)
+        .bind(row["client"].as_str().unwrap())
+        .bind(row["format"].as_i64().unwrap() as i32)
+        .bind(row["seen_ms"].as_i64().unwrap())
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    }
+}
+
+/// A namespace written by the release that introduced storage format 3,
+/// restored row by row from its dump (`tests/golden/format-3.json`), reads
+/// the same keys, versions and values with this release, and versions
+/// continue above them and above the floor (`coord_conformance::golden`).
+/// `COORD_WRITE_GOLDEN=1` writes the dump of the current format (for a NEW
+/// format only: the old ones stay).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_of_format_3_is_read_by_this_release() {
+    const FORMAT: u32 = 3;
+    let Some(base) = base_url() else {
+        return;
+    };
+    if std::env::var_os("COORD_WRITE_GOLDEN").is_some() {
+        let namespace = unique_namespace("golden");
+        let store = connect(&base, &namespace, PostgresOptions::default()).await;
+        if let Err(failure) = coord_conformance::golden::write_namespace(&store).await {
+            panic!("{}", failure.message);
+        }
+        let mut conn = PgConnection::connect(&base).await.unwrap();
+        let dump = dump_namespace(&mut conn, &namespace).await;
+        coord_conformance::golden::save_dump(env!("CARGO_MANIFEST_DIR"), dump);
+        return;
+    }
+    let dump = coord_conformance::golden::load_dump(env!("CARGO_MANIFEST_DIR"), FORMAT);
+    let namespace = unique_namespace("golden_read");
+    // The tables exist once a client of this release connected.
+    let store = connect(&base, &namespace, PostgresOptions::default()).await;
+    let mut conn = PgConnection::connect(&base).await.unwrap();
+    restore_namespace(&mut conn, &namespace, &dump).await;
+    if let Err(failure) = coord_conformance::golden::read_back(&store).await {
+        panic!("{}", failure.message);
+    }
+}

@@ -1848,3 +1848,122 @@ mod sentinel {
         short_of_replicas(&base, 3).await;
     }
 }
+
+/// Every key of `namespace` as JSON (`{"name", "type", "content"}`), sorted.
+async fn dump_namespace(base: &str, namespace: &str) -> serde_json::Value {
+    use redis::AsyncCommands;
+    let mut conn = raw_connection(base).await;
+    let prefix = format!("coord:{{{namespace}}}:");
+    let mut names: Vec<String> = conn.keys(format!("{prefix}*")).await.unwrap();
+    names.sort();
+    let mut keys = Vec::new();
+    for name in names {
+        let kind: String = redis::cmd("TYPE")
+            .arg(&name)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let content = match kind.as_str() {
+            "hash" => {
+                let map: std::collections::BTreeMap<String, String> =
+                    conn.hgetall(&name).await.unwrap();
+                serde_json::json!(map)
+            }
+            "zset" => {
+                let members: Vec<(String, f64)> =
+                    conn.zrange_withscores(&name, 0, -1).await.unwrap();
+                serde_json::json!(members)
+            }
+            "set" => {
+                let mut members: Vec<String> = conn.smembers(&name).await.unwrap();
+                members.sort();
+                serde_json::json!(members)
+            }
+            "string" => {
+                let value: String = conn.get(&name).await.unwrap();
+                serde_json::json!(value)
+            }
+            other => panic!("{name}: a {other} in a coord namespace"),
+        };
+        keys.push(serde_json::json!({
+            "name": &name[prefix.len()..],
+            "type": kind,
+            "content": content,
+        }));
+    }
+    serde_json::json!(keys)
+}
+
+/// Write the dumped keys under `namespace`'s prefix.
+async fn restore_namespace(base: &str, namespace: &str, keys: &serde_json::Value) {
+    use redis::AsyncCommands;
+    let mut conn = raw_connection(base).await;
+    let prefix = format!("coord:{{{namespace}}}:");
+    for key in keys.as_array().unwrap() {
+        let name = format!("{prefix}{}", key["name"].as_str().unwrap());
+        let content = &key["content"];
+        match key["type"].as_str().unwrap() {
+            "hash" => {
+                let fields: Vec<(String, String)> = content
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .map(|(f, v)| (f.clone(), v.as_str().unwrap().to_owned()))
+                    .collect();
+                let _: () = conn.hset_multiple(&name, &fields).await.unwrap();
+            }
+            "zset" => {
+                for member in content.as_array().unwrap() {
+                    let _: () = conn
+                        .zadd(
+                            &name,
+                            member[0].as_str().unwrap(),
+                            member[1].as_f64().unwrap(),
+                        )
+                        .await
+                        .unwrap();
+                }
+            }
+            "set" => {
+                for member in content.as_array().unwrap() {
+                    let _: () = conn.sadd(&name, member.as_str().unwrap()).await.unwrap();
+                }
+            }
+            "string" => {
+                let _: () = conn.set(&name, content.as_str().unwrap()).await.unwrap();
+            }
+            other => panic!("{name}: unknown type {other}"),
+        }
+    }
+}
+
+/// A namespace written by the release that introduced storage format 3,
+/// restored key by key from its dump (`tests/golden/format-3.json`), reads
+/// the same keys, versions and values with this release, and versions
+/// continue above them and above the floor (`coord_conformance::golden`).
+/// `COORD_WRITE_GOLDEN=1` writes the dump of the current format (for a NEW
+/// format only: the old ones stay).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_of_format_3_is_read_by_this_release() {
+    const FORMAT: u32 = 3;
+    let Some(base) = server_env(STANDALONE) else {
+        return;
+    };
+    if std::env::var_os("COORD_WRITE_GOLDEN").is_some() {
+        let namespace = unique_namespace("golden");
+        let store = connect(&base, &namespace).await;
+        if let Err(failure) = coord_conformance::golden::write_namespace(&store).await {
+            panic!("{}", failure.message);
+        }
+        let dump = dump_namespace(&base, &namespace).await;
+        coord_conformance::golden::save_dump(env!("CARGO_MANIFEST_DIR"), dump);
+        return;
+    }
+    let dump = coord_conformance::golden::load_dump(env!("CARGO_MANIFEST_DIR"), FORMAT);
+    let namespace = unique_namespace("golden_read");
+    restore_namespace(&base, &namespace, &dump).await;
+    let store = connect(&base, &namespace).await;
+    if let Err(failure) = coord_conformance::golden::read_back(&store).await {
+        panic!("{}", failure.message);
+    }
+}

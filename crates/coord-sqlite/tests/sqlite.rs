@@ -664,50 +664,6 @@ fn golden_file(format: u32) -> PathBuf {
         .join(format!("format-{format}.db"))
 }
 
-/// What the golden namespace holds: live keys, versions and values.
-const GOLDEN: [(&str, u64, &str); 4] = [
-    ("a/kept", 1, "first"),
-    ("a/updated", 2, "second"),
-    ("b/recreated", 4, "after the reclaim"),
-    ("c/\u{e9}t\u{e9}", 1, "non-ASCII key"),
-];
-
-/// Write the golden namespace the way an application would (puts, an
-/// update, a delete, a reclaim that raised the floor, a create above it).
-async fn write_golden(store: &SqliteBackend) {
-    let out = store
-        .txn(
-            &[],
-            &[
-                put("a/kept", "first"),
-                put("a/updated", "first"),
-                put("a/deleted", "x"),
-                put("c/\u{e9}t\u{e9}", "non-ASCII key"),
-            ],
-        )
-        .await
-        .unwrap();
-    assert!(out.applied);
-    assert!(applied(store.put_if("a/updated", Version(1), b"second".to_vec())).await);
-    assert!(applied(store.put_if("b/recreated", Version::MISSING, b"x".to_vec())).await);
-    assert!(applied(store.put_if("b/recreated", Version(1), b"y".to_vec())).await);
-    assert!(applied(store.delete_if("b/recreated", Version(2))).await);
-    assert!(applied(store.delete_if("a/deleted", Version(1))).await);
-    let reclaimed = store
-        .reclaim(&coord_backend::ReclaimOptions::DEFAULT)
-        .await
-        .unwrap();
-    assert_eq!(reclaimed.removed, 2);
-    assert!(
-        applied(store.put_if(
-            "b/recreated",
-            Version::MISSING,
-            b"after the reclaim".to_vec()
-        ))
-        .await
-    );
-}
-
 /// A database file written by the release that introduced storage format 3
 /// opens with this release (its schema migrated if it changed) and reads
 /// the same keys, versions and values; versions continue above them and
@@ -721,7 +677,9 @@ async fn a_database_of_format_3_is_read_by_this_release() {
     if std::env::var_os("COORD_WRITE_GOLDEN").is_some() {
         let scratch = private_file("golden");
         let store = SqliteBackend::open(&scratch, "golden").await.unwrap();
-        write_golden(&store).await;
+        if let Err(failure) = coord_conformance::golden::write_namespace(&store).await {
+            panic!("{}", failure.message);
+        }
         store.close().await;
         drop(store);
         let target = golden_file(STORAGE_FORMAT);
@@ -744,26 +702,9 @@ async fn a_database_of_format_3_is_read_by_this_release() {
     std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
     std::fs::copy(golden_file(FORMAT), &copy).expect("the golden file");
     let store = SqliteBackend::open(&copy, "golden").await.unwrap();
-    let keys = store.keys("").await.unwrap();
-    let entries = store.snapshot(&keys).await.unwrap();
-    let read: Vec<(String, u64, String)> = entries
-        .iter()
-        .map(|e| {
-            let value = String::from_utf8(e.value.clone().unwrap()).unwrap();
-            (e.key.clone(), e.version.0, value)
-        })
-        .collect();
-    let expected: Vec<(String, u64, String)> = GOLDEN
-        .iter()
-        .map(|(k, v, value)| ((*k).to_owned(), *v, (*value).to_owned()))
-        .collect();
-    assert_eq!(read, expected);
-    // Writes continue from the stored versions, and a key deleted before the
-    // reclaim starts above its floor, never at a version it had before.
-    assert!(applied(store.put_if("a/updated", Version(2), b"third".to_vec())).await);
-    assert_eq!(store.get("a/updated").await.unwrap().version, Version(3));
-    assert!(applied(store.put_if("a/deleted", Version::MISSING, b"again".to_vec())).await);
-    assert!(store.get("a/deleted").await.unwrap().version > Version(2));
+    if let Err(failure) = coord_conformance::golden::read_back(&store).await {
+        panic!("{}", failure.message);
+    }
     store.close().await;
     std::fs::remove_file(&copy).unwrap();
 }
