@@ -67,27 +67,31 @@ async fn round(config: RoundConfig) -> RoundReport {
     report
 }
 
-/// One Redis round: the topology's URL from `variable` (skipped when unset),
-/// with `params` added to its query (`None`: as is), under `mode`'s name.
-async fn redis_round(
+/// One round on `topology`: its URL from `variable` (skipped when unset),
+/// with `params` added to its query (`None`: as is), under `mode`'s name;
+/// `pg_sync` as in [`RoundConfig`].
+async fn round_on(
     topology: Topology,
     variable: &str,
     params: Option<&str>,
     mode: &str,
+    pg_sync: Option<bool>,
     fault: Fault,
 ) -> Option<RoundReport> {
     let url = server_env(variable)?;
     let url = params.map_or_else(|| url.clone(), |p| with_param(&url, p));
     let store = match topology {
         Topology::RedisCluster => Store::RedisCluster(url),
-        _ => Store::RedisSentinel(url),
+        Topology::RedisSentinel => Store::RedisSentinel(url),
+        Topology::Postgres => Store::Postgres(url),
+        Topology::Etcd => Store::Etcd(url),
     };
     Some(
         round(RoundConfig {
             topology,
             store,
             mode: mode.into(),
-            pg_sync: None,
+            pg_sync,
             faults: faults_from_env(&[fault]),
         })
         .await,
@@ -117,20 +121,20 @@ async fn etcd_leader_kills_and_pause() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "kills the PostgreSQL primary of scripts/ha; run alone: cargo test -p coord-failover -- --ignored --test-threads 1"]
 async fn postgres_sync_promotion() {
-    let Some(url) = server_env("COORD_HA_POSTGRES_URL") else {
-        return;
-    };
-    let report = round(RoundConfig {
-        topology: Topology::Postgres,
-        store: Store::Postgres(url),
-        mode: "sync".into(),
-        pg_sync: Some(true),
-        faults: faults_from_env(&[Fault::Kill]),
-    })
-    .await;
-    assert_nothing_acknowledged_lost(&report);
-    let v = &report.violations;
-    assert!(v.non_linearizable_keys.is_empty(), "{v:#?}");
+    if let Some(report) = round_on(
+        Topology::Postgres,
+        "COORD_HA_POSTGRES_URL",
+        None,
+        "sync",
+        Some(true),
+        Fault::Kill,
+    )
+    .await
+    {
+        assert_nothing_acknowledged_lost(&report);
+        let v = &report.violations;
+        assert!(v.non_linearizable_keys.is_empty(), "{v:#?}");
+    }
 }
 
 /// The same synchronous promotion with every client going through PgBouncer
@@ -140,20 +144,20 @@ async fn postgres_sync_promotion() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "kills the PostgreSQL primary of scripts/ha; run alone: cargo test -p coord-failover -- --ignored --test-threads 1"]
 async fn postgres_sync_promotion_through_pgbouncer() {
-    let Some(url) = server_env("COORD_HA_PGBOUNCER_TX_URL") else {
-        return;
-    };
-    let report = round(RoundConfig {
-        topology: Topology::Postgres,
-        store: Store::Postgres(with_param(&url, "pooler=transaction")),
-        mode: "sync, PgBouncer transaction pooling".into(),
-        pg_sync: Some(true),
-        faults: faults_from_env(&[Fault::Kill]),
-    })
-    .await;
-    assert_nothing_acknowledged_lost(&report);
-    let v = &report.violations;
-    assert!(v.non_linearizable_keys.is_empty(), "{v:#?}");
+    if let Some(report) = round_on(
+        Topology::Postgres,
+        "COORD_HA_PGBOUNCER_TX_URL",
+        Some("pooler=transaction"),
+        "sync, PgBouncer transaction pooling",
+        Some(true),
+        Fault::Kill,
+    )
+    .await
+    {
+        assert_nothing_acknowledged_lost(&report);
+        let v = &report.violations;
+        assert!(v.non_linearizable_keys.is_empty(), "{v:#?}");
+    }
 }
 
 /// PostgreSQL primary + standby, asynchronous replication: the primary
@@ -162,16 +166,14 @@ async fn postgres_sync_promotion_through_pgbouncer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "kills the PostgreSQL primary of scripts/ha; run alone: cargo test -p coord-failover -- --ignored --test-threads 1"]
 async fn postgres_async_promotion() {
-    let Some(url) = server_env("COORD_HA_POSTGRES_URL") else {
-        return;
-    };
-    round(RoundConfig {
-        topology: Topology::Postgres,
-        store: Store::Postgres(url),
-        mode: "async".into(),
-        pg_sync: Some(false),
-        faults: faults_from_env(&[Fault::Kill]),
-    })
+    round_on(
+        Topology::Postgres,
+        "COORD_HA_POSTGRES_URL",
+        None,
+        "async",
+        Some(false),
+        Fault::Kill,
+    )
     .await;
 }
 
@@ -183,17 +185,15 @@ async fn postgres_async_promotion() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "pauses the PostgreSQL primary of scripts/ha; run alone: cargo test -p coord-failover -- --ignored --test-threads 1"]
 async fn postgres_split_brain() {
-    let Some(url) = server_env("COORD_HA_POSTGRES_URL") else {
-        return;
-    };
     for (mode, sync) in [("sync, split brain", true), ("async, split brain", false)] {
-        round(RoundConfig {
-            topology: Topology::Postgres,
-            store: Store::Postgres(url.clone()),
-            mode: mode.into(),
-            pg_sync: Some(sync),
-            faults: faults_from_env(&[Fault::Pause]),
-        })
+        round_on(
+            Topology::Postgres,
+            "COORD_HA_POSTGRES_URL",
+            None,
+            mode,
+            Some(sync),
+            Fault::Pause,
+        )
         .await;
     }
 }
@@ -203,11 +203,12 @@ async fn postgres_split_brain() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "kills a Redis Cluster primary of scripts/ha; run alone: cargo test -p coord-failover -- --ignored --test-threads 1"]
 async fn redis_cluster_shard_primary_kill() {
-    redis_round(
+    round_on(
         Topology::RedisCluster,
         "COORD_HA_REDIS_CLUSTER_URL",
         None,
         "async",
+        None,
         Fault::Kill,
     )
     .await;
@@ -220,11 +221,12 @@ async fn redis_cluster_shard_primary_kill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "kills a Redis Cluster primary of scripts/ha; run alone: cargo test -p coord-failover -- --ignored --test-threads 1"]
 async fn redis_cluster_replicas_shard_primary_kill() {
-    if let Some(report) = redis_round(
+    if let Some(report) = round_on(
         Topology::RedisCluster,
         "COORD_HA_REDIS_CLUSTER_URL",
         Some("replicas=1&replica_timeout_ms=500"),
         "replicas=1",
+        None,
         Fault::Kill,
     )
     .await
@@ -239,11 +241,12 @@ async fn redis_cluster_replicas_shard_primary_kill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "kills the Redis Sentinel primary of scripts/ha; run alone: cargo test -p coord-failover -- --ignored --test-threads 1"]
 async fn redis_sentinel_async_primary_kill() {
-    redis_round(
+    round_on(
         Topology::RedisSentinel,
         "COORD_HA_REDIS_SENTINEL_URL",
         None,
         "async",
+        None,
         Fault::Kill,
     )
     .await;
@@ -257,11 +260,12 @@ async fn redis_sentinel_async_primary_kill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "kills the Redis Sentinel primary of scripts/ha; run alone: cargo test -p coord-failover -- --ignored --test-threads 1"]
 async fn redis_sentinel_replicas_primary_kill() {
-    redis_round(
+    round_on(
         Topology::RedisSentinel,
         "COORD_HA_REDIS_SENTINEL_URL",
         Some("replicas=1&replica_timeout_ms=500"),
         "replicas=1",
+        None,
         Fault::Kill,
     )
     .await;
@@ -275,11 +279,12 @@ async fn redis_sentinel_replicas_primary_kill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "kills the Redis Sentinel primary of scripts/ha; run alone: cargo test -p coord-failover -- --ignored --test-threads 1"]
 async fn redis_sentinel_one_replica_left_primary_kill() {
-    if let Some(report) = redis_round(
+    if let Some(report) = round_on(
         Topology::RedisSentinel,
         "COORD_HA_REDIS_SENTINEL_URL",
         Some("replicas=1&replica_timeout_ms=500"),
         "replicas=1, one replica left",
+        None,
         Fault::KillWithOneReplicaLeft,
     )
     .await
@@ -308,11 +313,12 @@ fn assert_nothing_acknowledged_lost(report: &RoundReport) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "kills the Redis Sentinel primary of scripts/ha; run alone: cargo test -p coord-failover -- --ignored --test-threads 1"]
 async fn redis_sentinel_all_replicas_primary_kill() {
-    if let Some(report) = redis_round(
+    if let Some(report) = round_on(
         Topology::RedisSentinel,
         "COORD_HA_REDIS_SENTINEL_URL",
         Some("replicas=2&replica_timeout_ms=500"),
         "replicas=2",
+        None,
         Fault::Kill,
     )
     .await
