@@ -567,6 +567,20 @@ impl Backend for FaultyBackend {
             .await
     }
 
+    async fn raw_first_keys(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> coord_backend::Result<Vec<String>> {
+        self.run(
+            Call::Read,
+            "keys",
+            || self.inner.raw_first_keys(prefix, limit),
+            None,
+        )
+        .await
+    }
+
     // Maintenance, not one of the faulted primitives: passed through.
     async fn reclaim(
         &self,

@@ -38,6 +38,9 @@ enum Flaw {
     /// An applied txn reports each put's version as one past its assert
     /// (a guess: wrong for a key created again after a delete).
     ReportsGuessedVersions,
+    /// `first_keys` ignores its limit past the first key: the head plus
+    /// one key too many.
+    FirstKeysOverrun,
     /// A reclaim removes tombstones but leaves the floor where it was.
     ReclaimForgetsFloor,
     /// A reclaim removes tombstones, lets go of the store, then raises the
@@ -282,6 +285,17 @@ impl Backend for FlawedStore {
             .map(|(k, _)| k.clone())
             .collect())
     }
+
+    async fn raw_first_keys(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        let mut keys = self.raw_keys(prefix).await?;
+        let keep = if self.flaw == Flaw::FirstKeysOverrun && limit > 1 {
+            limit + 1
+        } else {
+            limit
+        };
+        keys.truncate(keep);
+        Ok(keys)
+    }
 }
 
 fn raise_floor(cells: &mut BTreeMap<String, Cell>, to: u64) {
@@ -373,6 +387,7 @@ caught! {
         ["version_monotonic", "all_or_nothing", "model_sequences"];
     torn_snapshot_is_caught: TornSnapshot, ["snapshot_consistency"];
     prefix_as_pattern_is_caught: PrefixAsPattern, ["keys_literal_prefix", "model_sequences"];
+    first_keys_overrun_is_caught: FirstKeysOverrun, ["keys_literal_prefix"];
     stale_rejection_entries_are_caught: StaleRejection,
         ["rejected_txn_current", "increment_race", "assert_missing", "model_sequences"];
     empty_rejection_entries_are_caught: EmptyRejection,

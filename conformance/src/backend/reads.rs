@@ -62,7 +62,8 @@ const LITERAL_PREFIXES: &[&str] = &[
 /// `keys(prefix)` lists existing keys sorted by bytes, never deleted ones, and
 /// matches the prefix literally: `a_` does not match `ab`, `a%` not `abc`,
 /// `a*` not `aa`, `[a]` and `\` only themselves, `é` not `e`, `a` not `A`.
-/// The empty prefix lists every key of the namespace.
+/// The empty prefix lists every key of the namespace. `first_keys(prefix, n)`
+/// is the head of that listing, n keys long (deleted keys do not count).
 pub async fn keys_literal_prefix(backend: Arc<dyn Backend>) -> CheckResult {
     let backend = &*backend;
     require_empty(backend, "keys_literal_prefix").await?;
@@ -97,6 +98,15 @@ pub async fn keys_literal_prefix(backend: Arc<dyn Backend>) -> CheckResult {
             "keys({prefix:?}) returned {listed:?}, expected {expected:?} (sorted by bytes, \
              prefix matched literally, deleted keys excluded)"
         );
+        for limit in [1, 2, 3, expected.len() + 1] {
+            let first = backend.first_keys(prefix, limit).await?;
+            let head = &expected[..limit.min(expected.len())];
+            ensure!(
+                first == head,
+                "first_keys({prefix:?}, {limit}) returned {first:?}, expected {head:?} (the \
+                 head of what keys lists)"
+            );
+        }
     }
     Ok(())
 }

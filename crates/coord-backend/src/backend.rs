@@ -125,6 +125,20 @@ pub trait Backend: Send + Sync + Debug {
         self.raw_keys(prefix).await
     }
 
+    /// The first `limit` keys [`Backend::keys`] would list under `prefix`
+    /// (fewer when fewer exist), so a reader of the head of a long index
+    /// does not pay for the whole of it.
+    ///
+    /// Provided: checks the prefix, answers `limit = 0` without the store,
+    /// then asks [`Backend::raw_first_keys`].
+    async fn first_keys(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        crate::validate::validate_prefix(prefix, &self.limits())?;
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.raw_first_keys(prefix, limit).await
+    }
+
     /// Remove tombstones (deleted keys' counters) without ever handing a
     /// version out twice: see [`crate::reclaim`] for the floor that makes it
     /// safe, and for why it needs no grace period.
@@ -155,6 +169,17 @@ pub trait Backend: Send + Sync + Debug {
     /// The store's key listing, called by [`Backend::keys`] only, with a
     /// checked prefix: the existing keys under it, sorted by bytes.
     async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>>;
+
+    /// The store's listing of the first `limit` keys (at least 1) under a
+    /// checked prefix, called by [`Backend::first_keys`] only. The default
+    /// lists everything and keeps the head: correct on any store, and what a
+    /// wrapper that does not forward it gets; every store of this project
+    /// stops at `limit` in the store itself.
+    async fn raw_first_keys(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        let mut keys = self.raw_keys(prefix).await?;
+        keys.truncate(limit);
+        Ok(keys)
+    }
 }
 
 /// The entries of `keys` (distinct) in their order, from what a store

@@ -155,6 +155,10 @@ impl Backend for Metered {
         self.inner.keys(prefix).await
     }
 
+    async fn first_keys(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        self.inner.first_keys(prefix, limit).await
+    }
+
     async fn reclaim(&self, options: &crate::ReclaimOptions) -> Result<crate::Reclaimed> {
         let result = self.inner.reclaim(options).await;
         if let Ok(done) = &result {
@@ -175,6 +179,10 @@ impl Backend for Metered {
 
     async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
         self.inner.raw_keys(prefix).await
+    }
+
+    async fn raw_first_keys(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        self.inner.raw_first_keys(prefix, limit).await
     }
 }
 

@@ -588,8 +588,22 @@ impl Backend for EtcdBackend {
     }
 
     async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
+        self.list_keys(prefix, None).await
+    }
+
+    async fn raw_first_keys(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        self.list_keys(prefix, Some(limit)).await
+    }
+}
+
+impl EtcdBackend {
+    /// The keys under `prefix`, the first `limit` of them (`None`: all).
+    /// Tombstones are keys here: a limited listing reads a page a little
+    /// larger than `limit`, and more pages while tombstones fill them.
+    async fn list_keys(&self, prefix: &str, limit: Option<usize>) -> Result<Vec<String>> {
         let mut out = Vec::new();
-        self.scan(prefix, "keys", |kv| {
+        let page = limit.map(|n| n.saturating_add(16));
+        self.scan_pages(prefix, "keys", page, |kv| {
             let version = kv.version();
             let (etcd_key, value) = kv.into_key_value();
             let key = self.decode_key(&etcd_key)?;
@@ -599,7 +613,7 @@ impl Backend for EtcdBackend {
             } else {
                 out.push(key);
             }
-            Ok(true)
+            Ok(limit.is_none_or(|n| out.len() < n))
         })
         .await?;
         Ok(out)
@@ -615,6 +629,18 @@ impl EtcdBackend {
         &self,
         prefix: &str,
         what: &str,
+        visit: impl FnMut(KeyValue) -> Result<bool>,
+    ) -> Result<bool> {
+        self.scan_pages(prefix, what, None, visit).await
+    }
+
+    /// [`Self::scan`], its pages at most `page_at_most` keys long (the
+    /// reader of a few keys does not want a thousand).
+    async fn scan_pages(
+        &self,
+        prefix: &str,
+        what: &str,
+        page_at_most: Option<usize>,
         mut visit: impl FnMut(KeyValue) -> Result<bool>,
     ) -> Result<bool> {
         let start = self.etcd_key(prefix);
@@ -622,7 +648,7 @@ impl EtcdBackend {
         // Values come along (to tell tombstones): keep each page's answer
         // well below the decoding limit.
         let page = (2 << 20) / (self.limits.max_value_bytes + 2048).max(1);
-        let page = page.clamp(16, 1000) as i64;
+        let page = page.min(page_at_most.unwrap_or(usize::MAX)).clamp(16, 1000) as i64;
         let mut from = start;
         let mut revision = 0;
         loop {

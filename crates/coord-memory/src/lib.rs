@@ -236,6 +236,17 @@ impl Backend for SingleProcessMemoryBackend {
             .collect())
     }
 
+    async fn raw_first_keys(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        let cells = self.lock();
+        Ok(cells
+            .live
+            .range(prefix.to_owned()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .take(limit)
+            .map(|(k, _)| k.clone())
+            .collect())
+    }
+
     /// Under the store's one lock: the first tombstones (in key order) go,
     /// and the floor rises past their counters in the same step.
     async fn reclaim(&self, options: &ReclaimOptions) -> Result<Reclaimed> {

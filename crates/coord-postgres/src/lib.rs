@@ -240,10 +240,11 @@ const SNAPSHOT_SQL: &str =
     "SELECT key, version, value FROM coord_kv WHERE ns = $1 AND key = ANY($2) AND value IS NOT NULL";
 const TXN_SQL: &str = "SELECT applied, k, ver, val FROM coord_txn($1, $2, $3, $4, $5, $6)";
 const RECLAIM_SQL: &str = "SELECT removed, more FROM coord_reclaim($1, $2)";
+// `LIMIT NULL` is no limit.
 const KEYS_RANGE_SQL: &str = "SELECT key FROM coord_kv \
-     WHERE ns = $1 AND key >= $2 AND key < $3 AND value IS NOT NULL ORDER BY key";
-const KEYS_FROM_SQL: &str =
-    "SELECT key FROM coord_kv WHERE ns = $1 AND key >= $2 AND value IS NOT NULL ORDER BY key";
+     WHERE ns = $1 AND key >= $2 AND key < $3 AND value IS NOT NULL ORDER BY key LIMIT $4";
+const KEYS_FROM_SQL: &str = "SELECT key FROM coord_kv \
+     WHERE ns = $1 AND key >= $2 AND value IS NOT NULL ORDER BY key LIMIT $3";
 
 /// The PostgreSQL store: a pool of sqlx connections to one database, reading
 /// and writing one namespace. Cheap to clone (the pool is shared).
@@ -835,50 +836,11 @@ impl Backend for PostgresBackend {
     }
 
     async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
-        let successor = prefix_successor(prefix);
-        if self.pooled.is_some() {
-            let namespace = Param::Text(&self.namespace);
-            let sql = match &successor {
-                Some(successor) => pooled::inline(
-                    KEYS_RANGE_SQL,
-                    &[namespace, Param::Text(prefix), Param::Text(successor)],
-                ),
-                None => pooled::inline(KEYS_FROM_SQL, &[namespace, Param::Text(prefix)]),
-            };
-            let rows = self
-                .pooled_call("keys", sql, |e, _| errors::read("keys", e))
-                .await?;
-            return rows
-                .iter()
-                .map(|row| row.try_get(0).map_err(|e| errors::read("keys", e)))
-                .collect();
-        }
-        let mut conn = self.acquire("keys").await?;
-        let rows: std::result::Result<Vec<(String,)>, sqlx::Error> = match successor {
-            Some(successor) => {
-                sqlx::query_as(KEYS_RANGE_SQL)
-                    .bind(&self.namespace)
-                    .bind(prefix)
-                    .bind(successor)
-                    .fetch_all(&mut *conn)
-                    .await
-            }
-            None => {
-                sqlx::query_as(KEYS_FROM_SQL)
-                    .bind(&self.namespace)
-                    .bind(prefix)
-                    .fetch_all(&mut *conn)
-                    .await
-            }
-        };
-        let rows = match rows {
-            Ok(rows) => rows,
-            Err(error) => {
-                self.after_failure(&mut conn, &error);
-                return Err(errors::read("keys", error));
-            }
-        };
-        Ok(rows.into_iter().map(|(k,)| k).collect())
+        self.list_keys(prefix, None).await
+    }
+
+    async fn raw_first_keys(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        self.list_keys(prefix, Some(limit)).await
     }
 
     /// `coord_reclaim` (see `schema.rs`) in batches of at most
@@ -908,6 +870,71 @@ impl Backend for PostgresBackend {
                 return Ok(Reclaimed::new(removed, more));
             }
         }
+    }
+}
+
+impl PostgresBackend {
+    /// The keys under `prefix`, the first `limit` of them (`None`: all).
+    async fn list_keys(&self, prefix: &str, limit: Option<usize>) -> Result<Vec<String>> {
+        let limit = limit.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+        let successor = prefix_successor(prefix);
+        if self.pooled.is_some() {
+            let namespace = Param::Text(&self.namespace);
+            let sql = match &successor {
+                Some(successor) => pooled::inline(
+                    KEYS_RANGE_SQL,
+                    &[
+                        namespace,
+                        Param::Text(prefix),
+                        Param::Text(successor),
+                        Param::Int(limit.unwrap_or(i64::MAX)),
+                    ],
+                ),
+                None => pooled::inline(
+                    KEYS_FROM_SQL,
+                    &[
+                        namespace,
+                        Param::Text(prefix),
+                        Param::Int(limit.unwrap_or(i64::MAX)),
+                    ],
+                ),
+            };
+            let rows = self
+                .pooled_call("keys", sql, |e, _| errors::read("keys", e))
+                .await?;
+            return rows
+                .iter()
+                .map(|row| row.try_get(0).map_err(|e| errors::read("keys", e)))
+                .collect();
+        }
+        let mut conn = self.acquire("keys").await?;
+        let rows: std::result::Result<Vec<(String,)>, sqlx::Error> = match successor {
+            Some(successor) => {
+                sqlx::query_as(KEYS_RANGE_SQL)
+                    .bind(&self.namespace)
+                    .bind(prefix)
+                    .bind(successor)
+                    .bind(limit)
+                    .fetch_all(&mut *conn)
+                    .await
+            }
+            None => {
+                sqlx::query_as(KEYS_FROM_SQL)
+                    .bind(&self.namespace)
+                    .bind(prefix)
+                    .bind(limit)
+                    .fetch_all(&mut *conn)
+                    .await
+            }
+        };
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(error) => {
+                self.after_failure(&mut conn, &error);
+                return Err(errors::read("keys", error));
+            }
+        };
+        Ok(rows.into_iter().map(|(k,)| k).collect())
     }
 }
 

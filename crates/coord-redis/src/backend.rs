@@ -990,9 +990,23 @@ impl Backend for RedisBackend {
     }
 
     async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
+        self.list_keys(prefix, None).await
+    }
+
+    async fn raw_first_keys(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        self.list_keys(prefix, Some(limit)).await
+    }
+}
+
+impl RedisBackend {
+    /// The keys under `prefix`, the first `limit` of them (`None`: all).
+    async fn list_keys(&self, prefix: &str, limit: Option<usize>) -> Result<Vec<String>> {
         let (min, max) = lex_range(prefix.as_bytes());
         let mut call = Call::new(&KEYS);
         call.key(self.index_key.as_slice()).arg(min).arg(max);
+        if let Some(limit) = limit {
+            call.arg(limit.to_string());
+        }
         let reply = self.call(&call, Op::Read, "keys").await?;
         let index = String::from_utf8_lossy(&self.index_key).into_owned();
         let reply = array(reply).map_err(|e| self.malformed_reply(e, &index))?;

@@ -253,10 +253,16 @@ return {'applied', plus_one(v)}
 "#
 );
 
-/// KEYS[1]: the index. ARGV[1], ARGV[2]: the `ZRANGEBYLEX` bounds.
+/// KEYS[1]: the index. ARGV[1], ARGV[2]: the `ZRANGEBYLEX` bounds; ARGV[3]
+/// (optional): the most members to return.
 /// Reply: `ok`, then the members in byte order; or `malformed, <key>, <reason>`.
 pub(crate) const KEYS: &str = r#"
-local r = redis.pcall('ZRANGEBYLEX', KEYS[1], ARGV[1], ARGV[2])
+local r
+if ARGV[3] then
+  r = redis.pcall('ZRANGEBYLEX', KEYS[1], ARGV[1], ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
+else
+  r = redis.pcall('ZRANGEBYLEX', KEYS[1], ARGV[1], ARGV[2])
+end
 if r['err'] then return {'malformed', KEYS[1], r['err']} end
 table.insert(r, 1, 'ok')
 return r

@@ -381,21 +381,30 @@ impl SqliteBackend {
         read_entries(&mut conn, &self.namespace, keys).await
     }
 
-    async fn keys_once(&self, prefix: &str) -> std::result::Result<Vec<String>, Attempt> {
+    /// The keys under `prefix`, the first `limit` of them (`None`: all).
+    async fn keys_once(
+        &self,
+        prefix: &str,
+        limit: Option<usize>,
+    ) -> std::result::Result<Vec<String>, Attempt> {
+        // SQLite reads a negative LIMIT as none.
+        let limit = limit.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
         let rows = match successor(prefix) {
             Some(end) => sqlx::query(
                 "SELECT key FROM coord_kv INDEXED BY coord_kv_live \
                  WHERE ns = ?1 AND key >= ?2 AND key < CAST(?3 AS TEXT) \
-                 AND value IS NOT NULL ORDER BY key",
+                 AND value IS NOT NULL ORDER BY key LIMIT ?4",
             )
             .bind(&self.namespace)
             .bind(prefix)
-            .bind(end),
+            .bind(end)
+            .bind(limit),
             None => sqlx::query(
                 "SELECT key FROM coord_kv INDEXED BY coord_kv_live \
-                 WHERE ns = ?1 AND value IS NOT NULL ORDER BY key",
+                 WHERE ns = ?1 AND value IS NOT NULL ORDER BY key LIMIT ?2",
             )
-            .bind(&self.namespace),
+            .bind(&self.namespace)
+            .bind(limit),
         }
         .fetch_all(&self.pool)
         .await
@@ -837,7 +846,17 @@ impl Backend for SqliteBackend {
     }
 
     async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
-        retry_busy(&self.options, "listing keys", || self.keys_once(prefix)).await
+        retry_busy(&self.options, "listing keys", || {
+            self.keys_once(prefix, None)
+        })
+        .await
+    }
+
+    async fn raw_first_keys(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        retry_busy(&self.options, "listing keys", || {
+            self.keys_once(prefix, Some(limit))
+        })
+        .await
     }
 
     /// One write transaction on the writer connection: the first tombstones
