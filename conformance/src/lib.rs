@@ -35,6 +35,7 @@ pub mod fault_model;
 pub mod faults;
 pub mod golden;
 pub mod lock;
+pub mod queue;
 pub mod reclaim;
 pub mod retention;
 pub mod rwlock;
@@ -56,7 +57,7 @@ pub mod __private {
 }
 
 /// Every suite of this crate for one store: a module per suite (`backend`,
-/// `lock`, `board`, `sideeffect`, `scheduler`, `rwlock`, `election`, `fair_lock`,
+/// `lock`, `board`, `queue`, `sideeffect`, `scheduler`, `rwlock`, `election`, `fair_lock`,
 /// `semaphore`, `fault_model`, `changes`, `reclaim`, `retention`), each case one `#[tokio::test]`.
 ///
 /// The factory expression is evaluated inside those modules, which import
@@ -81,6 +82,7 @@ macro_rules! __every_suite {
             backend: backend_suite, backend_tests;
             lock: lock_suite, lock_tests;
             board: board_suite, board_tests;
+            queue: queue_suite, queue_tests;
             sideeffect: sideeffect_suite, sideeffect_tests;
             scheduler: scheduler_suite, scheduler_tests;
             rwlock: rwlock_suite, rwlock_tests;

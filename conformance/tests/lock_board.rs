@@ -336,6 +336,12 @@ impl BuggyBoard {
             deps: rec.spec.deps.clone(),
             fence: rec.fence,
             state,
+            queue: None,
+            priority: 0,
+            attempts: 0,
+            max_attempts: None,
+            last_error: None,
+            not_before: None,
         }
     }
 

@@ -1,20 +1,20 @@
 //! [`BoardAdapter`]: the task board decided over the three primitives of any backend.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use coord_backend::{Backend, Error, InvalidInput, Mutation};
 
-use super::record::{ClaimRecord, DoneRecord, TaskRecord};
+use super::record::{BackoffRecord, ClaimRecord, DoneRecord, TaskRecord};
 use super::{
     validate_claim, validate_spec, validate_task_id, validate_ttl, Board, BoardError, ClaimedTask,
-    Task, TaskSpec,
+    Failed, RetryPolicy, Task, TaskSpec,
 };
 use crate::cas::record::time_at;
 use crate::cas::{
-    record_options, whole_millis, CasStats, Decision, LeaseRecord, Nonce, Record, RecordSpace, View,
+    record_options, whole_millis, CasStats, Decision, Nonce, Record, RecordSpace, View,
 };
 use crate::mint_token;
 use crate::retention::{PruneOptions, Pruned, Removal, RetentionIndex};
@@ -33,7 +33,8 @@ record_options! {
 /// (each wrong guess is a rejected txn that returns the truth).
 #[derive(Clone, Debug)]
 pub struct BoardAdapter {
-    space: RecordSpace,
+    pub(super) space: RecordSpace,
+    pub(super) spread: Arc<super::queue::ClaimSpread>,
 }
 
 impl BoardAdapter {
@@ -46,6 +47,7 @@ impl BoardAdapter {
     pub fn with_options(backend: Arc<dyn Backend>, options: BoardOptions) -> Self {
         BoardAdapter {
             space: options.space(backend),
+            spread: Arc::default(),
         }
     }
 
@@ -58,29 +60,29 @@ impl BoardAdapter {
         format!("{}task/", self.space.prefix())
     }
 
-    fn task_key(&self, id: &str) -> String {
+    pub(super) fn task_key(&self, id: &str) -> String {
         format!("{}task/{id}", self.space.prefix())
     }
 
     /// Where completions are indexed by minute, for [`BoardAdapter::prune`].
-    fn done_index(&self) -> RetentionIndex {
+    pub(super) fn done_index(&self) -> RetentionIndex {
         RetentionIndex::under(format!("{}done/", self.space.prefix()))
     }
 
     /// The prefix of `dep`'s reverse-dependency entries. The id's length
     /// comes first, so the prefix of `a` is not a prefix of `a/b`'s.
-    fn dependents_prefix(&self, dep: &str) -> String {
+    pub(super) fn dependents_prefix(&self, dep: &str) -> String {
         format!("{}rdep/{}:{dep}/", self.space.prefix(), dep.len())
     }
 
     /// The entry saying `id` depends on `dep`, which was not completed when
     /// `id` was added: it exists from then until `id` completes, so a prune
     /// of `dep` finds every task still waiting on it.
-    fn dependent_key(&self, dep: &str, id: &str) -> String {
+    pub(super) fn dependent_key(&self, dep: &str, id: &str) -> String {
         format!("{}{id}", self.dependents_prefix(dep))
     }
 
-    fn read(&self, view: &View, id: &str) -> Result<Option<TaskRecord>, Error> {
+    pub(super) fn read(&self, view: &View, id: &str) -> Result<Option<TaskRecord>, Error> {
         let key = self.task_key(id);
         view.value(&key)
             .map(|bytes| TaskRecord::decode(&key, id, bytes))
@@ -106,6 +108,11 @@ impl BoardAdapter {
                 };
                 if record.done.is_some() {
                     return Err(BoardError::Completed {
+                        id: spec.id.clone(),
+                    });
+                }
+                if record.dead.is_some() {
+                    return Err(BoardError::Dead {
                         id: spec.id.clone(),
                     });
                 }
@@ -135,18 +142,36 @@ impl BoardAdapter {
                         .take(room)
                         .map(|d| Mutation::delete(self.dependent_key(d, &spec.id))),
                 );
+                let unmet: Vec<String> = spec
+                    .deps
+                    .iter()
+                    .filter(|d| !met.contains(d))
+                    .cloned()
+                    .collect();
+                let mut written = BTreeSet::from([key.clone()]);
+                let (dep_writes, marks) =
+                    self.await_deps(view, spec.queue.is_some(), &unmet, &mut written)?;
+                entries.extend(marks);
                 let mut redefined = TaskRecord {
                     payload: spec.payload.clone(),
                     deps: spec.deps.clone(),
                     met,
                     claim: None,
+                    queue: spec.queue.clone(),
+                    priority: spec.priority,
+                    max_attempts: spec.retry.max_attempts,
+                    backoff: stored_backoff(&spec),
+                    not_before_ms: spec.run_at.map(millis_at).or(record.not_before_ms),
                     nonce: Nonce::default(),
                     ..record
                 };
+                entries.extend(self.reindex(&mut redefined, now));
+                let mut mutations = dep_writes;
+                mutations.push(redefined.put(&key));
                 // Entries are named by this task, whose record this txn
                 // rewrites (asserted).
                 Ok(Decision::CommitWithUnasserted {
-                    mutations: vec![redefined.put(&key)],
+                    mutations,
                     unasserted: entries,
                     then: (),
                 })
@@ -204,7 +229,8 @@ impl BoardAdapter {
         }
         let key = self.task_key(id);
         let removals = self.done_index().removals();
-        let per_txn = (self.space.keys_per_call().saturating_sub(3) / 2).max(1);
+        // Each waiter: its entry, its record, its new queue index entry.
+        let per_txn = (self.space.keys_per_call().saturating_sub(3) / 3).max(1);
         let prefix = self.dependents_prefix(id);
         loop {
             let waiting = self.space.engine().backend().keys(&prefix).await?;
@@ -225,17 +251,12 @@ impl BoardAdapter {
                     if view.value(entry).is_none() {
                         return Ok(Decision::Return(Step::Done(Removal::Gone)));
                     }
-                    let at_ms = match self.read(view, id)? {
-                        Some(TaskRecord {
-                            done:
-                                Some(DoneRecord {
-                                    at_ms: Some(at), ..
-                                }),
-                            ..
-                        }) => at,
-                        // Not completed (added again since), or completed
-                        // before completions had a time: a stale entry.
-                        _ => {
+                    let at_ms = match self.read(view, id)?.and_then(|r| r.final_at_ms()) {
+                        Some(at) => at,
+                        // Not completed or dead (added again, or retried,
+                        // since), or completed before completions had a
+                        // time: a stale entry.
+                        None => {
                             return Ok(Decision::Commit {
                                 mutations: vec![Mutation::delete(entry)],
                                 then: Step::Done(Removal::Gone),
@@ -245,31 +266,29 @@ impl BoardAdapter {
                     if at_ms > cutoff_ms {
                         return Ok(Decision::Return(Step::Done(Removal::Kept)));
                     }
-                    let mut mutations = Vec::new();
-                    for waiter in batch {
-                        if view.value(waiter).is_none() {
-                            continue;
-                        }
-                        let dependent = &waiter[prefix.len()..];
-                        if let Some(mut record) = self.read(view, dependent)? {
-                            let waits = record.done.is_none()
-                                && record.deps.iter().any(|d| d == id)
-                                && !record.met.iter().any(|d| d == id);
-                            if waits {
-                                record.met.push(id.to_owned());
-                                mutations.push(record.put(self.task_key(dependent)));
-                            }
-                        }
-                        mutations.push(Mutation::delete(waiter.as_str()));
-                    }
+                    let waiting: Vec<String> = batch
+                        .iter()
+                        .filter(|waiter| view.value(waiter).is_some())
+                        .map(|waiter| waiter[prefix.len()..].to_owned())
+                        .collect();
+                    let now = self.space.now_millis();
+                    let (mut mutations, mut unasserted) = self.mark_met(view, id, &waiting, now)?;
+                    // The entries listed are in the view: delete them there.
+                    unasserted.retain(|m| !view.contains(m.key()));
+                    mutations.extend(
+                        waiting
+                            .iter()
+                            .map(|w| Mutation::delete(self.dependent_key(id, w))),
+                    );
                     if last {
                         mutations.push(Mutation::delete(key.as_str()));
                         mutations.push(Mutation::delete(entry));
                         // "Missing" comes back: count it, so a late copy of
                         // the add that created the task cannot land now.
                         mutations.push(self.done_index().count_removal(view)?);
-                        return Ok(Decision::Commit {
+                        return Ok(Decision::CommitWithUnasserted {
                             mutations,
+                            unasserted,
                             then: Step::Done(Removal::Removed),
                         });
                     }
@@ -277,8 +296,9 @@ impl BoardAdapter {
                         // Every listed entry went meanwhile: list again.
                         return Ok(Decision::Return(Step::More));
                     }
-                    Ok(Decision::Commit {
+                    Ok(Decision::CommitWithUnasserted {
                         mutations,
+                        unasserted,
                         then: Step::More,
                     })
                 })
@@ -295,7 +315,7 @@ impl BoardAdapter {
     /// could never add or claim, rather than storing half of it.
     fn check_fits(&self, spec: &TaskSpec) -> Result<(), BoardError> {
         let max = self.space.keys_per_call();
-        let count = 2 + 2 * spec.deps.len();
+        let count = Self::keys_to_add(spec);
         if count > max {
             return Err(BoardError::Invalid(InvalidInput::TooManyKeys {
                 count,
@@ -303,6 +323,17 @@ impl BoardAdapter {
             }));
         }
         Ok(())
+    }
+
+    /// The keys a txn adding `spec` names: the task, its marker, the
+    /// removal counter, and per dependency its record and entry; queued,
+    /// also its index entry and per dependency a marker.
+    fn keys_to_add(spec: &TaskSpec) -> usize {
+        if spec.queue.is_some() {
+            4 + 3 * spec.deps.len()
+        } else {
+            3 + 2 * spec.deps.len()
+        }
     }
 
     /// `spec` normalized and checked to fit (see [`Self::check_fits`]), its
@@ -341,6 +372,28 @@ impl BoardAdapter {
         Ok((met, entries))
     }
 
+    /// Write `record` (at `key`) holding `claim`, its queue entry moved to
+    /// the lease's end, and answer the renewal to its holder.
+    fn grant(
+        &self,
+        key: &str,
+        record: TaskRecord,
+        claim: ClaimRecord,
+        now: u64,
+    ) -> Decision<ClaimedTask> {
+        let mut granted = TaskRecord {
+            claim: Some(claim.clone()),
+            nonce: Nonce::default(),
+            ..record
+        };
+        let entry = self.reindex(&mut granted, now);
+        Decision::CommitWithUnasserted {
+            mutations: vec![granted.put(key)],
+            unasserted: entry,
+            then: granted.claimed_task(claim),
+        }
+    }
+
     /// The decision shared by `release` and `complete`: the token must hold the live claim.
     fn holder_check<'r>(
         &self,
@@ -360,20 +413,6 @@ impl BoardAdapter {
     }
 }
 
-/// Write `record` (at `key`) holding `claim`, and answer the claim to its
-/// holder: what a claim and a renewal decide once they may.
-fn grant(key: &str, record: TaskRecord, claim: ClaimRecord) -> Decision<ClaimedTask> {
-    let mut granted = TaskRecord {
-        claim: Some(claim.clone()),
-        nonce: Nonce::default(),
-        ..record
-    };
-    Decision::Commit {
-        mutations: vec![granted.put(key)],
-        then: granted.claimed_task(claim),
-    }
-}
-
 /// `answer`, its fence (if granted) recorded on the current span.
 fn with_fence(answer: Result<ClaimedTask, BoardError>) -> Result<ClaimedTask, BoardError> {
     if let Ok(claimed) = &answer {
@@ -390,6 +429,202 @@ fn normalize(mut spec: TaskSpec) -> Result<TaskSpec, BoardError> {
     Ok(spec)
 }
 
+/// Writes of one decision: of keys in its view, of keys outside it.
+type Writes = (Vec<Mutation>, Vec<Mutation>);
+
+/// `at` in milliseconds since the Unix epoch (0 before it).
+fn millis_at(at: std::time::SystemTime) -> u64 {
+    at.duration_since(std::time::UNIX_EPOCH)
+        .map(whole_millis)
+        .unwrap_or(0)
+}
+
+/// The backoff a record keeps for `spec`: none when it is the default.
+fn stored_backoff(spec: &TaskSpec) -> Option<BackoffRecord> {
+    let default = BackoffRecord::from(RetryPolicy::default());
+    Some(BackoffRecord::from(spec.retry)).filter(|b| *b != default)
+}
+
+/// Whether `record` holds what adding `spec` would store ("the same
+/// content": payload, dependencies, queue, priority, retry policy).
+fn same_content(record: &TaskRecord, spec: &TaskSpec) -> bool {
+    record.payload == spec.payload
+        && record.deps == spec.deps
+        && record.queue == spec.queue
+        && record.priority == spec.priority
+        && record.max_attempts == spec.retry.max_attempts
+        && record.backoff == stored_backoff(spec)
+}
+
+impl BoardAdapter {
+    /// The writes that add `spec` (normalized) in a view holding its key,
+    /// its marker, its dependencies' and the removal counter (writes of
+    /// viewed keys, writes of others); `None` when the same task is there
+    /// already. `written` dedupes writes across one txn; `awaited_here`:
+    /// ids a queued task of the same txn waits on.
+    fn plan_add(
+        &self,
+        view: &View,
+        spec: &TaskSpec,
+        now: u64,
+        written: &mut BTreeSet<String>,
+        awaited_here: &HashSet<String>,
+    ) -> Result<Option<Writes>, BoardError> {
+        if let Some(existing) = self.read(view, &spec.id)? {
+            return if same_content(&existing, spec) {
+                Ok(None)
+            } else {
+                Err(BoardError::AlreadyExists {
+                    id: spec.id.clone(),
+                })
+            };
+        }
+        let (met, mut unviewed) = self.settle_deps(view, &spec.id, &spec.deps, &[])?;
+        let unmet: Vec<String> = spec
+            .deps
+            .iter()
+            .filter(|d| !met.contains(d) && !awaited_here.contains(*d))
+            .cloned()
+            .collect();
+        let (mut viewed, marks) = self.await_deps(view, spec.queue.is_some(), &unmet, written)?;
+        unviewed.extend(marks);
+        let marker = self.waiters_key(&spec.id);
+        let awaited = view.value(&marker).is_some();
+        if awaited {
+            viewed.push(Mutation::delete(marker));
+        }
+        let mut record = TaskRecord {
+            id: spec.id.clone(),
+            payload: spec.payload.clone(),
+            deps: spec.deps.clone(),
+            met,
+            fence: 0,
+            claim: None,
+            done: None,
+            queue: spec.queue.clone(),
+            priority: spec.priority,
+            not_before_ms: spec.run_at.map(millis_at),
+            attempts: 0,
+            max_attempts: spec.retry.max_attempts,
+            backoff: stored_backoff(spec),
+            last_error: None,
+            dead: None,
+            awaited: awaited || awaited_here.contains(&spec.id),
+            indexed: None,
+            nonce: Nonce::default(),
+        };
+        unviewed.extend(self.reindex(&mut record, now));
+        viewed.push(record.put(self.task_key(&spec.id)));
+        Ok(Some((viewed, unviewed)))
+    }
+
+    /// Put every task of `tasks` on the board in ONE txn: all or none. The
+    /// txn reads each task, each dependency and the removal counter, and
+    /// writes each task, its index entry and its dependency entries, so
+    /// it must fit the store's `max_keys_per_call` (128 on etcd, 1024 on the
+    /// other stores): a batch that does not is refused with
+    /// `InvalidInput::TooManyKeys` before anything is written; split it
+    /// (each part is then atomic on its own). A task of the batch may
+    /// depend on another one of it. A task already there with the same
+    /// content is left as it is; with other content the whole batch is
+    /// refused ([`BoardError::AlreadyExists`]).
+    pub async fn add_many(&self, tasks: Vec<TaskSpec>) -> Result<(), BoardError> {
+        let specs = tasks
+            .into_iter()
+            .map(normalize)
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut ids = HashSet::new();
+        if let Some(twice) = specs.iter().find(|s| !ids.insert(s.id.clone())) {
+            return Err(BoardError::Invalid(InvalidInput::Argument(format!(
+                "task {:?} appears twice in one add_many",
+                twice.id
+            ))));
+        }
+        let mut keys: Vec<String> = specs
+            .iter()
+            .flat_map(|s| [self.task_key(&s.id), self.waiters_key(&s.id)])
+            .collect();
+        let mut seen: HashSet<String> = keys.iter().cloned().collect();
+        // What a queued task of the batch waits on, created by it too.
+        let awaited_here: HashSet<String> = specs
+            .iter()
+            .filter(|s| s.queue.is_some())
+            .flat_map(|s| s.deps.iter().filter(|d| ids.contains(*d)).cloned())
+            .collect();
+        let mut count = 1;
+        for spec in &specs {
+            self.check_fits(spec)?;
+            count += Self::keys_to_add(spec) - 1;
+            for dep in &spec.deps {
+                let key = self.task_key(dep);
+                if seen.insert(key.clone()) {
+                    keys.push(key);
+                }
+            }
+        }
+        let max = self.space.keys_per_call();
+        if count > max {
+            return Err(BoardError::Invalid(InvalidInput::TooManyKeys {
+                count,
+                max,
+            }));
+        }
+        keys.push(self.done_index().removals());
+        let now = self.space.now_millis();
+        self.space
+            .engine()
+            .decide::<(), BoardError, _>(&keys, |view| {
+                let mut mutations = Vec::new();
+                let mut unasserted = Vec::new();
+                let mut written = BTreeSet::new();
+                for spec in &specs {
+                    let plan = self.plan_add(view, spec, now, &mut written, &awaited_here)?;
+                    if let Some((viewed, others)) = plan {
+                        mutations.extend(viewed);
+                        unasserted.extend(others);
+                    }
+                }
+                if mutations.is_empty() {
+                    return Ok(Decision::Return(()));
+                }
+                Ok(Decision::CommitWithUnasserted {
+                    mutations,
+                    unasserted,
+                    then: (),
+                })
+            })
+            .await
+    }
+
+    /// Claim the next ready task of `queue`: see [`super::queue`].
+    /// `claim_next_wait`: the same, waiting up to `timeout` for one, woken
+    /// by the store's change notifications on the queue's index (polling
+    /// every `poll` without them).
+    pub async fn claim_next_wait_polling(
+        &self,
+        queue: &str,
+        agent: &str,
+        ttl: Duration,
+        timeout: Duration,
+        poll: Duration,
+    ) -> Result<Option<ClaimedTask>, BoardError> {
+        super::validate_queue(queue)?;
+        let deadline = crate::wake::Deadline::after(timeout);
+        let mut wake = self.space.watch(&format!("queue/{queue}/")).await;
+        loop {
+            if let Some(task) = self.claim_next(queue, agent, ttl).await? {
+                return Ok(Some(task));
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline.at {
+                return Ok(None);
+            }
+            wake.until(crate::wake::later(now, poll).min(deadline.at))
+                .await;
+        }
+    }
+}
+
 #[async_trait]
 impl Board for BoardAdapter {
     #[tracing::instrument(name = "board.add", skip_all, fields(
@@ -403,44 +638,52 @@ impl Board for BoardAdapter {
         // too: "missing" comes back once the task is pruned, the counter
         // never does, so a lost add's resend or late original cannot
         // create the task a second time (see `crate::retention`).
-        let (spec, key, mut keys) = self.prepare(task)?;
+        let (spec, _key, mut keys) = self.prepare(task)?;
         keys.push(self.done_index().removals());
+        keys.push(self.waiters_key(&spec.id));
+        let now = self.space.now_millis();
+        let none = HashSet::new();
         self.space
             .engine()
             .decide::<(), BoardError, _>(&keys, |view| {
-                match self.read(view, &spec.id) {
-                    Ok(Some(existing)) => {
-                        if existing.payload == spec.payload && existing.deps == spec.deps {
-                            Ok(Decision::Return(()))
-                        } else {
-                            Err(BoardError::AlreadyExists {
-                                id: spec.id.clone(),
-                            })
-                        }
-                    }
-                    Ok(None) => {
-                        let (met, entries) = self.settle_deps(view, &spec.id, &spec.deps, &[])?;
-                        let mut record = TaskRecord {
-                            id: spec.id.clone(),
-                            payload: spec.payload.clone(),
-                            deps: spec.deps.clone(),
-                            met,
-                            fence: 0,
-                            claim: None,
-                            done: None,
-                            nonce: Nonce::default(),
-                        };
-                        // The entries are fresh by construction: named by this
-                        // task, whose record this txn creates (asserted missing).
-                        Ok(Decision::CommitWithUnasserted {
-                            mutations: vec![record.put(&key)],
-                            unasserted: entries,
-                            then: (),
-                        })
-                    }
-                    Err(e) => Err(e.into()),
+                match self.plan_add(view, &spec, now, &mut BTreeSet::new(), &none)? {
+                    None => Ok(Decision::Return(())),
+                    // The entries are fresh by construction: named by this
+                    // task, whose record this txn creates (asserted missing).
+                    Some((mutations, unasserted)) => Ok(Decision::CommitWithUnasserted {
+                        mutations,
+                        unasserted,
+                        then: (),
+                    }),
                 }
             })
+            .await
+    }
+
+    async fn add_many(&self, tasks: Vec<TaskSpec>) -> Result<(), BoardError> {
+        BoardAdapter::add_many(self, tasks).await
+    }
+
+    #[tracing::instrument(name = "board.claim_next", skip_all, fields(
+        queue = %queue, store = self.space.store_name(), fence = tracing::field::Empty,
+    ))]
+    async fn claim_next(
+        &self,
+        queue: &str,
+        agent: &str,
+        ttl: Duration,
+    ) -> Result<Option<ClaimedTask>, BoardError> {
+        BoardAdapter::claim_next(self, queue, agent, ttl).await
+    }
+
+    async fn claim_next_wait(
+        &self,
+        queue: &str,
+        agent: &str,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<Option<ClaimedTask>, BoardError> {
+        self.claim_next_wait_polling(queue, agent, ttl, timeout, Duration::from_secs(1))
             .await
     }
 
@@ -456,12 +699,15 @@ impl Board for BoardAdapter {
         let answer = self
             .space
             .engine()
-            .decide::<ClaimedTask, BoardError, _>(std::slice::from_ref(&key), |view| {
+            .decide::<Option<ClaimedTask>, BoardError, _>(std::slice::from_ref(&key), |view| {
                 let Some(record) = self.read(view, id)? else {
                     return Err(BoardError::NotFound { id: id.to_owned() });
                 };
                 if record.done.is_some() {
                     return Err(BoardError::Completed { id: id.to_owned() });
+                }
+                if record.dead.is_some() {
+                    return Err(BoardError::Dead { id: id.to_owned() });
                 }
                 if let Some(claim) = record.live_claim(now) {
                     return Err(BoardError::AlreadyClaimed {
@@ -470,14 +716,18 @@ impl Board for BoardAdapter {
                         expires_at: time_at(claim.lease.expires_ms),
                     });
                 }
+                if let Some(at) = record.not_before_ms.filter(|at| *at > now) {
+                    return Err(BoardError::NotReady {
+                        id: id.to_owned(),
+                        at: time_at(at),
+                    });
+                }
                 // The dependency list lives in the record, so its keys are only
                 // known now. Whatever the list says in THIS view is read and
                 // asserted; if it changed since an earlier round, the new keys
                 // are added here (and stale extra keys are merely asserted too).
                 let unread: Vec<String> = record
-                    .deps
-                    .iter()
-                    .filter(|d| !record.met.contains(d))
+                    .unmet()
                     .map(|d| self.task_key(d))
                     .filter(|k| !view.contains(k))
                     .collect();
@@ -485,7 +735,7 @@ impl Board for BoardAdapter {
                     return Ok(Decision::Expand(unread));
                 }
                 let mut pending = Vec::new();
-                for dep in record.deps.iter().filter(|d| !record.met.contains(d)) {
+                for dep in record.unmet() {
                     match self.read(view, dep)? {
                         Some(d) if d.done.is_some() => {}
                         _ => pending.push(dep.clone()),
@@ -497,22 +747,33 @@ impl Board for BoardAdapter {
                         pending,
                     });
                 }
-                // A first claim takes the record's version: a record
-                // added again after a prune has a version above every
-                // version (so every fence) its earlier life had.
-                let fence = if record.fence == 0 {
-                    view.version(&key).0.max(1)
-                } else {
-                    record.fence + 1
-                };
-                let claim = ClaimRecord {
-                    agent: agent.to_owned(),
-                    lease: LeaseRecord::new(token.clone(), expires_ms),
-                };
-                Ok(grant(&key, TaskRecord { fence, ..record }, claim))
+                // A queued task's dependencies completed meanwhile are met
+                // for good: say so in the record (its queue entry depends on
+                // it), and drop their reverse-dependency entries.
+                let mut record = record;
+                let mut dropped = Vec::new();
+                if record.queue.is_some() {
+                    let completed: Vec<String> = record.unmet().cloned().collect();
+                    dropped = completed
+                        .iter()
+                        .map(|d| Mutation::delete(self.dependent_key(d, id)))
+                        .collect();
+                    record.met.extend(completed);
+                }
+                Ok(self
+                    .take(view, &key, record, agent, &token, expires_ms, now)?
+                    .with_unasserted(dropped))
             })
             .await;
-        with_fence(answer)
+        match answer {
+            Ok(Some(claimed)) => {
+                tracing::Span::current().record("fence", claimed.fence);
+                Ok(claimed)
+            }
+            // Its last attempt had run out: it is dead now.
+            Ok(None) => Err(BoardError::Dead { id: id.to_owned() }),
+            Err(error) => Err(error),
+        }
     }
 
     #[tracing::instrument(name = "board.renew", skip_all, fields(
@@ -533,7 +794,7 @@ impl Board for BoardAdapter {
                 // A clock stepping back must not shorten a lease already granted.
                 let mut lease = claim.lease.clone();
                 lease.extend(now.saturating_add(whole_millis(ttl)));
-                Ok(grant(&key, record, ClaimRecord { lease, ..claim }))
+                Ok(self.grant(&key, record, ClaimRecord { lease, ..claim }, now))
             })
             .await;
         with_fence(answer)
@@ -551,13 +812,17 @@ impl Board for BoardAdapter {
             .decide::<(), BoardError, _>(std::slice::from_ref(&key), |view| {
                 let record = self.read(view, id)?;
                 let record = self.holder_check(record.as_ref(), id, token, now)?.clone();
+                // Given back, not failed: the attempt is not counted.
                 let mut released = TaskRecord {
                     claim: None,
+                    attempts: record.attempts.saturating_sub(1),
                     nonce: Nonce::default(),
                     ..record
                 };
-                Ok(Decision::Commit {
+                let entry = self.reindex(&mut released, now);
+                Ok(Decision::CommitWithUnasserted {
                     mutations: vec![released.put(&key)],
+                    unasserted: entry,
                     then: (),
                 })
             })
@@ -568,6 +833,13 @@ impl Board for BoardAdapter {
         key = %id, store = self.space.store_name(), fence = tracing::field::Empty,
     ))]
     async fn complete(&self, id: &str, token: &str, result: Vec<u8>) -> Result<(), BoardError> {
+        enum Step {
+            /// The tasks waiting on this one must be listed (its record
+            /// was at this version when seen).
+            List(coord_backend::Version),
+            /// Completed; these waiting tasks had no room in its txn.
+            Done(Vec<String>),
+        }
         validate_task_id(id)?;
         if token.is_empty() {
             return Err(BoardError::Invalid(InvalidInput::Argument(
@@ -576,54 +848,194 @@ impl Board for BoardAdapter {
         }
         let key = self.task_key(id);
         let index = self.done_index();
-        let keys = [key.clone(), index.cursor()];
+        let mut listed: Option<(coord_backend::Version, Vec<String>)> = None;
+        loop {
+            let mut keys = vec![key.clone(), index.cursor()];
+            let room = self.dependents_per_txn(self.space.keys_per_call() / 2);
+            let (fit, rest): (&[String], &[String]) = match &listed {
+                Some((_, all)) => all.split_at(all.len().min(room)),
+                None => (&[], &[]),
+            };
+            keys.extend(fit.iter().map(|d| self.task_key(d)));
+            let now = self.space.now_millis();
+            let step = self
+                .space
+                .engine()
+                .decide::<Step, BoardError, _>(&keys, |view| {
+                    let record = self.read(view, id)?;
+                    // A retry of the completion that already landed is a no-op.
+                    if let Some(done) = record.as_ref().and_then(|r| r.done.as_ref()) {
+                        if done.token == token && done.result == result {
+                            return Ok(Decision::Return(Step::Done(Vec::new())));
+                        }
+                    }
+                    let record = self.holder_check(record.as_ref(), id, token, now)?.clone();
+                    // Queued tasks wait on this one: they are listed after
+                    // the record was seen at this version (every add of one
+                    // rewrites it, so none added before is missed, and one
+                    // added since makes this txn fail), and marked met here.
+                    let version = view.version(&key);
+                    if record.awaited && listed.as_ref().is_none_or(|(at, _)| *at != version) {
+                        return Ok(Decision::Return(Step::List(version)));
+                    }
+                    let agent = record
+                        .claim
+                        .as_ref()
+                        .map(|c| c.agent.clone())
+                        .unwrap_or_default();
+                    // The task no longer waits on anything: its reverse-dependency
+                    // entries go (nothing writes them again once it is completed).
+                    // (A task stored before entries existed may list more
+                    // dependencies than fit: it has no entries to delete.)
+                    let budget = self.space.keys_per_call() / 2;
+                    let mut unasserted: Vec<Mutation> = record
+                        .unmet()
+                        .take(budget)
+                        .map(|d| Mutation::delete(self.dependent_key(d, id)))
+                        .collect();
+                    let (cursor, entry) = index.final_writes(view, now, id);
+                    unasserted.push(entry);
+                    let awaited = record.awaited;
+                    let mut completed = TaskRecord {
+                        claim: None,
+                        done: Some(DoneRecord {
+                            agent,
+                            token: token.to_owned(),
+                            result: result.clone(),
+                            at_ms: Some(now),
+                        }),
+                        awaited: false,
+                        nonce: Nonce::default(),
+                        ..record
+                    };
+                    unasserted.extend(self.reindex(&mut completed, now));
+                    let mut mutations = vec![completed.put(&key)];
+                    mutations.extend(cursor);
+                    let mut later = Vec::new();
+                    if awaited {
+                        let (marked, others) = self.mark_met(view, id, fit, now)?;
+                        mutations.extend(marked);
+                        unasserted.extend(others);
+                        later = rest.to_vec();
+                    }
+                    Ok(Decision::CommitWithUnasserted {
+                        mutations,
+                        unasserted,
+                        then: Step::Done(later),
+                    })
+                })
+                .await?;
+            match step {
+                Step::List(at) => listed = Some((at, self.dependents_of(id).await?)),
+                Step::Done(later) => {
+                    if !later.is_empty() {
+                        self.mark_met_later(id, &later).await?;
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    async fn fail(&self, id: &str, token: &str, error: &str) -> Result<Failed, BoardError> {
+        validate_task_id(id)?;
+        let key = self.task_key(id);
+        let now = self.space.now_millis();
+        let error = error.to_owned();
+        self.space
+            .engine()
+            .decide::<Failed, BoardError, _>(std::slice::from_ref(&key), |view| {
+                let record = self.read(view, id)?;
+                let record = self.holder_check(record.as_ref(), id, token, now)?.clone();
+                let failed = TaskRecord {
+                    claim: None,
+                    last_error: Some(error.clone()),
+                    ..record
+                };
+                if failed
+                    .max_attempts
+                    .is_some_and(|max| failed.attempts >= max)
+                {
+                    return Ok(self
+                        .finish(view, &key, failed, now, false)?
+                        .map(|()| Failed::Dead));
+                }
+                let backoff = failed
+                    .backoff
+                    .unwrap_or_else(|| RetryPolicy::default().into());
+                let at =
+                    now.saturating_add(super::queue::backoff_ms(backoff, failed.attempts.max(1)));
+                let mut waiting = TaskRecord {
+                    not_before_ms: Some(at),
+                    ..failed
+                };
+                let entry = self.reindex(&mut waiting, now);
+                Ok(Decision::CommitWithUnasserted {
+                    mutations: vec![waiting.put(&key)],
+                    unasserted: entry,
+                    then: Failed::RetryAt(time_at(at)),
+                })
+            })
+            .await
+    }
+
+    async fn cancel(&self, id: &str) -> Result<(), BoardError> {
+        validate_task_id(id)?;
+        let key = self.task_key(id);
         let now = self.space.now_millis();
         self.space
             .engine()
-            .decide::<(), BoardError, _>(&keys, |view| {
-                let record = self.read(view, id)?;
-                // A retry of the completion that already landed is a no-op.
-                if let Some(done) = record.as_ref().and_then(|r| r.done.as_ref()) {
-                    if done.token == token && done.result == result {
-                        return Ok(Decision::Return(()));
-                    }
+            .decide::<(), BoardError, _>(std::slice::from_ref(&key), |view| {
+                let Some(record) = self.read(view, id)? else {
+                    return Err(BoardError::NotFound { id: id.to_owned() });
+                };
+                if record.done.is_some() {
+                    return Err(BoardError::Completed { id: id.to_owned() });
                 }
-                let record = self.holder_check(record.as_ref(), id, token, now)?.clone();
-                let agent = record
-                    .claim
-                    .as_ref()
-                    .map(|c| c.agent.clone())
-                    .unwrap_or_default();
-                // The task no longer waits on anything: its reverse-dependency
-                // entries go (nothing writes them again once it is completed).
-                // (A task stored before entries existed may list more
-                // dependencies than fit: it has no entries to delete.)
-                let budget = self.space.keys_per_call().saturating_sub(3);
-                let mut unasserted: Vec<Mutation> = record
-                    .deps
-                    .iter()
-                    .filter(|d| !record.met.contains(d))
-                    .take(budget)
-                    .map(|d| Mutation::delete(self.dependent_key(d, id)))
-                    .collect();
-                let (cursor, entry) = index.final_writes(view, now, id);
-                unasserted.push(entry);
-                let mut completed = TaskRecord {
-                    claim: None,
-                    done: Some(DoneRecord {
-                        agent,
-                        token: token.to_owned(),
-                        result: result.clone(),
-                        at_ms: Some(now),
-                    }),
+                if record.dead.as_ref().is_some_and(|d| d.cancelled) {
+                    return Ok(Decision::Return(()));
+                }
+                self.finish(view, &key, record, now, true)
+            })
+            .await
+    }
+
+    async fn retry_dead(&self, id: &str) -> Result<(), BoardError> {
+        validate_task_id(id)?;
+        let key = self.task_key(id);
+        let now = self.space.now_millis();
+        self.space
+            .engine()
+            .decide::<(), BoardError, _>(std::slice::from_ref(&key), |view| {
+                let Some(record) = self.read(view, id)? else {
+                    return Err(BoardError::NotFound { id: id.to_owned() });
+                };
+                match &record.dead {
+                    Some(dead) if !dead.cancelled => {}
+                    Some(_) => {
+                        return Err(BoardError::Invalid(InvalidInput::Argument(format!(
+                            "task {id:?} was cancelled, not dead: it is not retried"
+                        ))))
+                    }
+                    None if record.done.is_some() => {
+                        return Err(BoardError::Completed { id: id.to_owned() })
+                    }
+                    // Not dead (retried already, or never was): nothing to do.
+                    None => return Ok(Decision::Return(())),
+                }
+                // Its retention entry stays behind: a prune finds the task
+                // alive and drops only the entry.
+                let mut revived = TaskRecord {
+                    dead: None,
+                    attempts: 0,
+                    not_before_ms: None,
                     nonce: Nonce::default(),
                     ..record
                 };
-                let mut mutations = vec![completed.put(&key)];
-                mutations.extend(cursor);
+                let entry = self.reindex(&mut revived, now);
                 Ok(Decision::CommitWithUnasserted {
-                    mutations,
-                    unasserted,
+                    mutations: vec![revived.put(&key)],
+                    unasserted: entry,
                     then: (),
                 })
             })
@@ -744,8 +1156,9 @@ mod tests {
         let backend: Arc<dyn Backend> = Arc::new(SingleProcessMemoryBackend::new("b").unwrap());
         let max = backend.limits().max_keys_per_call;
         let board = BoardAdapter::new(backend);
-        // The task, each dependency and its reverse-dependency entry.
-        let fit = (max - 1) / 2;
+        // The task, its marker, the removal counter, each dependency and
+        // its reverse-dependency entry.
+        let fit = (max - 3) / 2;
         let deps: Vec<String> = (0..=fit).map(|i| format!("d{i}")).collect();
         assert!(matches!(
             board

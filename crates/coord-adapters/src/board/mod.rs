@@ -67,6 +67,7 @@ use async_trait::async_trait;
 use coord_backend::{redact::Bytes, InvalidInput};
 
 mod adapter;
+mod queue;
 mod record;
 
 pub use adapter::{BoardAdapter, BoardOptions};
@@ -79,10 +80,76 @@ pub struct TaskSpec {
     /// Opaque bytes for the agent that claims it.
     pub payload: Vec<u8>,
     /// Ids of the tasks that must be completed before this one can be
-    /// claimed: at most `(max_keys_per_call - 1) / 2` of the store's
-    /// `Limits` (20 on etcd, 63 on the other stores), as adding a task reads
-    /// each one and writes its reverse-dependency entry in one txn.
+    /// claimed: at most `(max_keys_per_call - 3) / 2` of the store's
+    /// `Limits` (19 on etcd, 62 on the other stores), as adding a task reads
+    /// each one and writes its reverse-dependency entry in one txn; for a
+    /// task in a queue, `(max_keys_per_call - 4) / 3` (12 on etcd, 41
+    /// elsewhere), as it also marks each dependency as awaited.
     pub deps: Vec<String>,
+    /// The queue [`Board::claim_next`] finds it in (`None`: claimed by id only).
+    pub queue: Option<String>,
+    /// Within its queue, higher priorities are claimed first (default 0).
+    pub priority: i16,
+    /// Not claimed before this time (the board's clock).
+    pub run_at: Option<SystemTime>,
+    /// Failed attempts allowed, and the wait after each one.
+    pub retry: RetryPolicy,
+}
+
+/// How a task is retried after a failed attempt ([`Board::fail`], or a
+/// claim whose lease ran out).
+///
+/// After the n-th failed attempt the task waits `initial × 2^(n-1)`, at most
+/// `max`, of which a random half is jitter (so tasks that failed together do
+/// not come back together), then is claimable again; once `max_attempts`
+/// attempts have failed it is [`TaskState::Dead`] instead. A lease that ran
+/// out is a failed attempt without a wait: the lease already was one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts (claims that failed or ran out) before the task is dead;
+    /// `None` (the default): retried for ever.
+    pub max_attempts: Option<u32>,
+    /// The wait after the first failure (default 1 s).
+    pub initial_backoff: Duration,
+    /// The longest wait (default 1 hour).
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: None,
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// At most `max_attempts` attempts (at least 1), with the default backoff.
+    pub fn attempts(max_attempts: u32) -> Self {
+        RetryPolicy {
+            max_attempts: Some(max_attempts),
+            ..RetryPolicy::default()
+        }
+    }
+
+    /// The same policy with a backoff from `initial` up to `max`.
+    pub fn with_backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.initial_backoff = initial;
+        self.max_backoff = max;
+        self
+    }
+}
+
+/// What [`Board::fail`] did with the task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Failed {
+    /// It is claimable again from this time on.
+    RetryAt(SystemTime),
+    /// It used its last attempt: [`TaskState::Dead`].
+    Dead,
 }
 
 impl Debug for TaskSpec {
@@ -92,6 +159,10 @@ impl Debug for TaskSpec {
             .field("id", &self.id)
             .field("payload", &Bytes(&self.payload))
             .field("deps", &self.deps)
+            .field("queue", &self.queue)
+            .field("priority", &self.priority)
+            .field("run_at", &self.run_at)
+            .field("retry", &self.retry)
             .finish()
     }
 }
@@ -104,6 +175,12 @@ impl Debug for Task {
             .field("deps", &self.deps)
             .field("fence", &self.fence)
             .field("state", &self.state)
+            .field("queue", &self.queue)
+            .field("priority", &self.priority)
+            .field("attempts", &self.attempts)
+            .field("max_attempts", &self.max_attempts)
+            .field("last_error", &self.last_error)
+            .field("not_before", &self.not_before)
             .finish()
     }
 }
@@ -127,6 +204,8 @@ impl Debug for TaskState {
                 .field("agent", agent)
                 .field("result", &Bytes(result))
                 .finish(),
+            TaskState::Dead { error } => f.debug_struct("Dead").field("error", error).finish(),
+            TaskState::Cancelled => f.write_str("Cancelled"),
         }
     }
 }
@@ -138,7 +217,36 @@ impl TaskSpec {
             id: id.into(),
             payload: payload.into(),
             deps: Vec::new(),
+            queue: None,
+            priority: 0,
+            run_at: None,
+            retry: RetryPolicy::default(),
         }
+    }
+
+    /// The same task in `queue` (non-empty, no `/`), so
+    /// [`Board::claim_next`] finds it once it is ready.
+    pub fn in_queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = Some(queue.into());
+        self
+    }
+
+    /// The same task with `priority` (higher first; default 0).
+    pub fn with_priority(mut self, priority: i16) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// The same task, not claimed before `at`.
+    pub fn with_run_at(mut self, at: SystemTime) -> Self {
+        self.run_at = Some(at);
+        self
+    }
+
+    /// The same task with `retry` as its retry policy.
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
     }
 
     /// The same task, depending on `deps`.
@@ -165,6 +273,19 @@ pub struct Task {
     pub fence: u64,
     /// Its state, judged at the time of the read.
     pub state: TaskState,
+    /// Its queue, if any.
+    pub queue: Option<String>,
+    /// Its priority in its queue.
+    pub priority: i16,
+    /// Attempts counted so far (claims that failed, ran out, or still run).
+    pub attempts: u32,
+    /// Attempts allowed before it is dead (`None`: no limit).
+    pub max_attempts: Option<u32>,
+    /// The error of its last failed attempt.
+    pub last_error: Option<String>,
+    /// Not claimable before this time (its run-at or a backoff), if that is
+    /// still ahead.
+    pub not_before: Option<SystemTime>,
 }
 
 /// Where a task stands.
@@ -194,6 +315,13 @@ pub enum TaskState {
         /// The result it was completed with.
         result: Vec<u8>,
     },
+    /// Its last allowed attempt failed; [`Board::retry_dead`] brings it back.
+    Dead {
+        /// The error of that attempt.
+        error: Option<String>,
+    },
+    /// Cancelled ([`Board::cancel`]): never claimed again.
+    Cancelled,
 }
 
 /// A successful claim (or renewal): the credentials for renew / release / complete.
@@ -276,6 +404,26 @@ pub enum BoardError {
     Completed {
         /// The task id.
         id: String,
+    },
+    /// The task is dead or cancelled.
+    #[error("task {id:?} is dead or cancelled")]
+    Dead {
+        /// The task id.
+        id: String,
+    },
+    /// The task waits for its run-at time or a retry backoff.
+    #[error("task {id:?} is not ready before {at:?}")]
+    NotReady {
+        /// The task id.
+        id: String,
+        /// When it becomes claimable.
+        at: SystemTime,
+    },
+    /// This board implementation does not offer the call.
+    #[error("this board does not support {what}")]
+    Unsupported {
+        /// The call.
+        what: &'static str,
     },
     /// The call was refused before touching the store (empty id or agent,
     /// TTL under one millisecond, a task depending on itself, ...).
@@ -422,6 +570,70 @@ pub trait Board: Send + Sync + Debug {
 
     /// Every task on the board, sorted by id.
     async fn list(&self) -> Result<Vec<Task>, BoardError>;
+
+    /// Put several tasks on the board in one atomic step: all of them or
+    /// none (see [`BoardAdapter::add_many`] for how many fit).
+    async fn add_many(&self, tasks: Vec<TaskSpec>) -> Result<(), BoardError> {
+        let _ = tasks;
+        Err(BoardError::Unsupported { what: "add_many" })
+    }
+
+    /// Claim the next ready task of `queue` for `agent` for `ttl`: the
+    /// highest priority first, the longest ready first within a priority
+    /// (see [`BoardAdapter::claim_next`]); `None` when none is ready.
+    async fn claim_next(
+        &self,
+        queue: &str,
+        agent: &str,
+        ttl: Duration,
+    ) -> Result<Option<ClaimedTask>, BoardError> {
+        let _ = (queue, agent, ttl);
+        Err(BoardError::Unsupported { what: "claim_next" })
+    }
+
+    /// [`Board::claim_next`], waiting up to `timeout` for a task to become
+    /// ready. The default polls; [`BoardAdapter`] sleeps on the store's
+    /// change notifications (polling without them).
+    async fn claim_next_wait(
+        &self,
+        queue: &str,
+        agent: &str,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<Option<ClaimedTask>, BoardError> {
+        let deadline = crate::wake::later(tokio::time::Instant::now(), timeout);
+        loop {
+            if let Some(task) = self.claim_next(queue, agent, ttl).await? {
+                return Ok(Some(task));
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep_until(deadline.min(now + Duration::from_millis(200))).await;
+        }
+    }
+
+    /// The attempt of the claim holding `token` failed with `error`: the
+    /// task is retried after its backoff, or is dead if that was its last
+    /// attempt (see [`RetryPolicy`]).
+    async fn fail(&self, id: &str, token: &str, error: &str) -> Result<Failed, BoardError> {
+        let _ = (id, token, error);
+        Err(BoardError::Unsupported { what: "fail" })
+    }
+
+    /// Cancel a task that is not completed: never claimed again. A live
+    /// claim's holder finds its lease lost.
+    async fn cancel(&self, id: &str) -> Result<(), BoardError> {
+        let _ = id;
+        Err(BoardError::Unsupported { what: "cancel" })
+    }
+
+    /// Make a dead task claimable again, its attempts counted from zero.
+    async fn retry_dead(&self, id: &str) -> Result<(), BoardError> {
+        let _ = id;
+        Err(BoardError::Unsupported { what: "retry_dead" })
+    }
 }
 
 /// Checks every board implementation should run first.
@@ -455,8 +667,32 @@ fn validate_ttl(ttl: Duration) -> Result<(), BoardError> {
     Ok(())
 }
 
+/// A queue name: non-empty, no `/` (it is a key component), no NUL.
+pub fn validate_queue(queue: &str) -> Result<(), BoardError> {
+    if queue.is_empty() || queue.contains('/') || queue.contains('\0') {
+        return Err(BoardError::Invalid(InvalidInput::Argument(format!(
+            "queue name {queue:?} must be non-empty, without '/' or NUL"
+        ))));
+    }
+    Ok(())
+}
+
 fn validate_spec(spec: &TaskSpec) -> Result<(), BoardError> {
     validate_task_id(&spec.id)?;
+    if let Some(queue) = &spec.queue {
+        validate_queue(queue)?;
+    }
+    if spec.retry.max_attempts == Some(0) {
+        return Err(BoardError::Invalid(InvalidInput::Argument(
+            "max_attempts must be at least 1".into(),
+        )));
+    }
+    if spec.retry.initial_backoff > spec.retry.max_backoff {
+        return Err(BoardError::Invalid(InvalidInput::Argument(format!(
+            "initial backoff {:?} above the max backoff {:?}",
+            spec.retry.initial_backoff, spec.retry.max_backoff
+        ))));
+    }
     for dep in &spec.deps {
         validate_task_id(dep)?;
         if dep == &spec.id {
@@ -485,6 +721,12 @@ mod redaction_tests {
                 agent: "a".into(),
                 result: b"SECRET-result".to_vec(),
             },
+            queue: None,
+            priority: 0,
+            attempts: 1,
+            max_attempts: None,
+            last_error: None,
+            not_before: None,
         };
         let claimed = ClaimedTask {
             id: "t1".into(),

@@ -29,12 +29,71 @@ pub(super) struct TaskRecord {
     pub(super) fence: u64,
     pub(super) claim: Option<ClaimRecord>,
     pub(super) done: Option<DoneRecord>,
+    /// The queue the task waits in (see `queue.rs`); absent: claimed by id only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) queue: Option<String>,
+    /// Higher is claimed first from its queue.
+    #[serde(default, skip_serializing_if = "is_zero_i16")]
+    pub(super) priority: i16,
+    /// No claim before this time (ms since the epoch): the task's run-at,
+    /// then the end of each backoff.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) not_before_ms: Option<u64>,
+    /// Claims that ran (or still run) an attempt: every claim counts one, a
+    /// release gives it back. An expired claim stays counted.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub(super) attempts: u32,
+    /// The attempt after which a failure makes the task dead (absent: never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) max_attempts: Option<u32>,
+    /// The backoff after a failure (absent: the default one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) backoff: Option<BackoffRecord>,
+    /// The error of the last failed attempt (a `fail`, or a lease that ran out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) last_error: Option<String>,
+    /// Dead (attempts used up) or cancelled: never claimed again unless retried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) dead: Option<DeadRecord>,
+    /// A queued task waits on this one: its completion marks it met there
+    /// (see `queue.rs`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) awaited: bool,
+    /// The task's entry in its queue's index, when it has one: written and
+    /// removed only in txns that write this record (see `queue.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) indexed: Option<String>,
     /// Fresh per write, so an indeterminate txn can be told apart from
     /// someone else's identical write.
     pub(super) nonce: Nonce,
 }
 
 record_kind!(TaskRecord, "a task record");
+
+fn is_zero_i16(n: &i16) -> bool {
+    *n == 0
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
+}
+
+/// A retry backoff: `initial_ms` doubled per failed attempt, at most `max_ms`.
+#[derive(Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub(super) struct BackoffRecord {
+    pub(super) initial_ms: u64,
+    pub(super) max_ms: u64,
+}
+
+/// Why a task stopped for good short of completion.
+#[derive(Clone, Serialize, Deserialize)]
+pub(super) struct DeadRecord {
+    /// When (ms since the epoch, the deciding instance's clock).
+    pub(super) at_ms: u64,
+    /// Cancelled by an operator rather than out of attempts.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) cancelled: bool,
+}
 
 // No `Debug`: it holds a token or stored bytes; see coord_backend::redact.
 #[derive(Clone, Serialize, Deserialize)]
@@ -86,6 +145,21 @@ impl TaskRecord {
         }
     }
 
+    /// When the task reached its final state (completed, dead or
+    /// cancelled), if it did and the time is known: what retention judges.
+    pub(super) fn final_at_ms(&self) -> Option<u64> {
+        match (&self.done, &self.dead) {
+            (Some(done), _) => done.at_ms,
+            (None, Some(dead)) => Some(dead.at_ms),
+            (None, None) => None,
+        }
+    }
+
+    /// Dependencies not yet known completed for good.
+    pub(super) fn unmet(&self) -> impl Iterator<Item = &String> {
+        self.deps.iter().filter(|d| !self.met.contains(d))
+    }
+
     /// The live claim at `now`, if any.
     pub(super) fn live_claim(&self, now: u64) -> Option<&ClaimRecord> {
         self.claim.as_ref().filter(|c| c.lease.is_live(now))
@@ -96,6 +170,10 @@ impl TaskRecord {
             (Some(done), _) => TaskState::Completed {
                 agent: done.agent.clone(),
                 result: done.result.clone(),
+            },
+            (None, _) if self.dead.as_ref().is_some_and(|d| d.cancelled) => TaskState::Cancelled,
+            (None, _) if self.dead.is_some() => TaskState::Dead {
+                error: self.last_error.clone(),
             },
             (None, Some(c)) if c.lease.is_live(now) => TaskState::Claimed {
                 agent: c.agent.clone(),
@@ -113,6 +191,12 @@ impl TaskRecord {
             deps: self.deps.clone(),
             fence: self.fence,
             state,
+            queue: self.queue.clone(),
+            priority: self.priority,
+            attempts: self.attempts,
+            max_attempts: self.max_attempts,
+            last_error: self.last_error.clone(),
+            not_before: self.not_before_ms.filter(|at| *at > now).map(time_at),
         }
     }
 }
@@ -160,6 +244,16 @@ mod tests {
             fence: 3,
             claim: None,
             done: None,
+            queue: None,
+            priority: 0,
+            not_before_ms: None,
+            attempts: 0,
+            max_attempts: None,
+            backoff: None,
+            last_error: None,
+            dead: None,
+            awaited: false,
+            indexed: None,
             nonce: Nonce::default(),
         };
         let bytes = record.to_bytes();

@@ -146,6 +146,34 @@ pub enum Decision<T> {
 }
 
 impl<T> Decision<T> {
+    /// The same decision with `more` writes of keys outside the view (see
+    /// [`Decision::CommitWithUnasserted`]), if it commits.
+    pub fn with_unasserted(self, more: Vec<Mutation>) -> Decision<T> {
+        if more.is_empty() {
+            return self;
+        }
+        match self {
+            Decision::Commit { mutations, then } => Decision::CommitWithUnasserted {
+                mutations,
+                unasserted: more,
+                then,
+            },
+            Decision::CommitWithUnasserted {
+                mutations,
+                mut unasserted,
+                then,
+            } => {
+                unasserted.extend(more);
+                Decision::CommitWithUnasserted {
+                    mutations,
+                    unasserted,
+                    then,
+                }
+            }
+            other => other,
+        }
+    }
+
     /// The same decision with its answer mapped by `f`.
     pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Decision<U> {
         match self {

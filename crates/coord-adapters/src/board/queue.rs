@@ -1,0 +1,606 @@
+//! The board as a work queue: the index [`BoardAdapter::claim_next`] reads
+//! instead of the board.
+//!
+//! # The index
+//!
+//! A task in a queue has at most one **entry** under `<prefix>queue/<queue>/`
+//! (an empty value; the key says everything):
+//!
+//! - `r/<rank>/<since><seq>/<id>` while it is **ready**: not completed, dead
+//!   or claimed, every dependency met, its run-at and backoff behind it.
+//!   `<rank>` is `i16::MAX - priority` in 4 hex digits (higher priorities
+//!   sort first), `<since>` the millisecond it became ready and `<seq>` a
+//!   counter of this process (first in, first out within a priority).
+//! - `t/<at>/<rank>/<id>` while it **waits for a time**: a run-at or a
+//!   backoff ahead (`<at>` = then), or a claim (`<at>` = its lease's end: a
+//!   claim that runs out is found here and taken over).
+//!
+//! The record names its entry (`indexed`), and an entry is written or
+//! removed only by a txn that writes the task's record, asserted: the
+//! record's version orders every change of the entry, so a late copy of a
+//! txn cannot move an entry the record no longer names (the txn asserts a
+//! record that has changed since).
+//!
+//! A task waiting on dependencies has no entry. Adding it marks each
+//! unmet dependency as awaited (`<prefix>waiters/<len>:<dep>`); completing
+//! an awaited task reads the tasks waiting on it, marks it met in each and
+//! gives those that are now ready their entry, in the txn that completes it.
+//!
+//! # Claiming the next task
+//!
+//! A claim lists the first [`HEAD`] ready entries (one store read, however
+//! long the queue), takes the highest priority present, and tries one of its
+//! first entries: the first when this client has not lost a race lately, a
+//! random one among the first `width` otherwise, `width` doubling with
+//! each lost race and shrinking with each first-try win. One worker gets
+//! strict priority-then-FIFO order; 32 workers spread over the head instead
+//! of all colliding on it. Timed entries are read too when the ready ones
+//! are exhausted, and at most once a second otherwise: a task whose run-at
+//! passed (or whose claim ran out) waits at most that long behind a busy
+//! queue's ready tasks.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use coord_backend::{Error, Mutation};
+
+use super::adapter::BoardAdapter;
+use super::record::{BackoffRecord, DeadRecord, TaskRecord};
+use super::{BoardError, RetryPolicy};
+use crate::cas::{whole_millis, Record};
+
+/// How many entries of a queue's head one claim reads.
+pub(super) const HEAD: usize = 32;
+
+/// How often a busy queue's timed entries are read.
+const TIMED_EVERY: Duration = Duration::from_secs(1);
+
+/// Lists of the head that lose every race before a claim gives up.
+const ROUNDS: usize = 16;
+
+/// Numbers ready entries of this process, so that tasks made ready in one
+/// millisecond keep their order.
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// Where a task belongs in its queue's index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    Ready,
+    At(u64),
+}
+
+/// `priority` as a key component: higher priorities sort first.
+fn rank(priority: i16) -> u16 {
+    (i32::from(i16::MAX) - i32::from(priority)) as u16
+}
+
+/// The per-client state of [`BoardAdapter::claim_next`]: how widely it
+/// spreads over a queue's head, and when it last read each queue's timed
+/// entries.
+#[derive(Debug, Default)]
+pub(super) struct ClaimSpread {
+    width: AtomicUsize,
+    timed_read: Mutex<HashMap<String, tokio::time::Instant>>,
+}
+
+impl ClaimSpread {
+    fn width(&self) -> usize {
+        self.width.load(Ordering::Relaxed).max(1)
+    }
+
+    fn lost_race(&self) {
+        let width = (self.width() * 2).min(HEAD);
+        self.width.store(width, Ordering::Relaxed);
+    }
+
+    fn won_first_try(&self) {
+        let width = self.width().saturating_sub(1).max(1);
+        self.width.store(width, Ordering::Relaxed);
+    }
+
+    /// Whether the timed entries of `queue` are due a read (and if so, note it).
+    fn timed_due(&self, queue: &str, ready_empty: bool) -> bool {
+        let now = tokio::time::Instant::now();
+        let mut read = self.timed_read.lock().unwrap_or_else(|e| e.into_inner());
+        let due = ready_empty
+            || read
+                .get(queue)
+                .is_none_or(|at| now.duration_since(*at) >= TIMED_EVERY);
+        if due {
+            read.insert(queue.to_owned(), now);
+        }
+        due
+    }
+}
+
+/// An entry worth a claim attempt.
+struct Candidate {
+    /// Sorts the head: priority, then since when it is claimable.
+    order: (u16, u64, u32),
+    key: String,
+    id: String,
+}
+
+/// The wait after the `attempts`-th failed attempt (at least 1): the
+/// policy's doubling backoff, of which a random half is jitter.
+pub(super) fn backoff_ms(backoff: BackoffRecord, attempts: u32) -> u64 {
+    let doublings = attempts.saturating_sub(1).min(62);
+    let full = backoff
+        .initial_ms
+        .saturating_mul(1u64 << doublings)
+        .min(backoff.max_ms);
+    let half = full / 2;
+    half + (crate::jitter::unit() * (full - half) as f64) as u64
+}
+
+impl From<RetryPolicy> for BackoffRecord {
+    fn from(policy: RetryPolicy) -> Self {
+        BackoffRecord {
+            initial_ms: whole_millis(policy.initial_backoff),
+            max_ms: whole_millis(policy.max_backoff),
+        }
+    }
+}
+
+impl BoardAdapter {
+    fn queue_prefix(&self, queue: &str) -> String {
+        format!("{}queue/{queue}/", self.space.prefix())
+    }
+
+    fn ready_prefix(&self, queue: &str) -> String {
+        format!("{}r/", self.queue_prefix(queue))
+    }
+
+    fn timed_prefix(&self, queue: &str) -> String {
+        format!("{}t/", self.queue_prefix(queue))
+    }
+
+    /// The marker saying some task waits on `dep` (written by the adds of
+    /// queued tasks; read by the completion of `dep`).
+    pub(super) fn waiters_key(&self, dep: &str) -> String {
+        format!("{}waiters/{}:{dep}", self.space.prefix(), dep.len())
+    }
+
+    /// Where `record` belongs in its queue's index at `now`.
+    fn slot(record: &TaskRecord, now: u64) -> Option<Slot> {
+        record.queue.as_ref()?;
+        if record.done.is_some() || record.dead.is_some() || record.unmet().next().is_some() {
+            return None;
+        }
+        if let Some(claim) = &record.claim {
+            return Some(Slot::At(claim.lease.expires_ms));
+        }
+        match record.not_before_ms {
+            Some(at) if at > now => Some(Slot::At(at)),
+            _ => Some(Slot::Ready),
+        }
+    }
+
+    /// Point `record`'s index entry where the record now belongs: the
+    /// writes (outside the view: see the module docs for why they need no
+    /// assert) that remove its old entry and create its new one. An entry
+    /// already in the right place stays, so a ready task keeps its turn.
+    pub(super) fn reindex(&self, record: &mut TaskRecord, now: u64) -> Vec<Mutation> {
+        let wanted = Self::slot(record, now);
+        let queue = record.queue.clone().unwrap_or_default();
+        let rank = rank(record.priority);
+        let ready_here = format!("{}{rank:04x}/", self.ready_prefix(&queue));
+        let timed = |at: u64| {
+            format!(
+                "{}{at:012x}/{rank:04x}/{}",
+                self.timed_prefix(&queue),
+                record.id
+            )
+        };
+        let fits = match (wanted, record.indexed.as_deref()) {
+            (None, None) => true,
+            (Some(Slot::Ready), Some(entry)) => entry.starts_with(&ready_here),
+            (Some(Slot::At(at)), Some(entry)) => entry == timed(at),
+            _ => false,
+        };
+        if fits {
+            return Vec::new();
+        }
+        let mut writes = Vec::new();
+        if let Some(old) = record.indexed.take() {
+            writes.push(Mutation::delete(old));
+        }
+        if let Some(slot) = wanted {
+            let entry = match slot {
+                Slot::Ready => {
+                    let seq = SEQ.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
+                    format!("{ready_here}{now:012x}{seq:06x}/{}", record.id)
+                }
+                Slot::At(at) => timed(at),
+            };
+            writes.push(Mutation::put(entry.as_str(), Vec::new()));
+            record.indexed = Some(entry);
+        }
+        writes
+    }
+
+    /// The first entries of `queue` a claim may try at `now`, best first.
+    async fn candidates(&self, queue: &str, now: u64) -> Result<Vec<Candidate>, Error> {
+        let backend = self.space.engine().backend();
+        let ready_prefix = self.ready_prefix(queue);
+        let ready = backend.first_keys(&ready_prefix, HEAD).await?;
+        let mut found: Vec<Candidate> = ready
+            .into_iter()
+            .filter_map(|key| {
+                let rest = key.strip_prefix(&ready_prefix)?;
+                let (rank, rest) = rest.split_once('/')?;
+                let (since, id) = rest.split_once('/')?;
+                let order = (
+                    u16::from_str_radix(rank, 16).ok()?,
+                    u64::from_str_radix(since.get(..12)?, 16).ok()?,
+                    u32::from_str_radix(since.get(12..)?, 16).ok()?,
+                );
+                let id = id.to_owned();
+                Some(Candidate { order, key, id })
+            })
+            .collect();
+        if self.spread.timed_due(queue, found.is_empty()) {
+            let timed_prefix = self.timed_prefix(queue);
+            for key in backend.first_keys(&timed_prefix, HEAD).await? {
+                let parsed = key.strip_prefix(&timed_prefix).and_then(|rest| {
+                    let (at, rest) = rest.split_once('/')?;
+                    let (rank, id) = rest.split_once('/')?;
+                    let at = u64::from_str_radix(at, 16).ok()?;
+                    Some((at, u16::from_str_radix(rank, 16).ok()?, id.to_owned()))
+                });
+                match parsed {
+                    // Sorted by time: the rest is not due either.
+                    Some((at, _, _)) if at > now => break,
+                    Some((at, rank, id)) => found.push(Candidate {
+                        order: (rank, at, 0),
+                        key,
+                        id,
+                    }),
+                    None => {}
+                }
+            }
+        }
+        found.sort_by_key(|c| c.order);
+        Ok(found)
+    }
+
+    /// Claim the next ready task of `queue` for `agent` for `ttl`, in one
+    /// decision over that task (see the [module docs](self) for which one):
+    /// `None` when the queue has no ready task.
+    ///
+    /// Taking over a claim whose lease ran out counts that claim as a
+    /// failed attempt; if it was the task's last, the task is dead instead
+    /// and the next one is tried.
+    pub async fn claim_next(
+        &self,
+        queue: &str,
+        agent: &str,
+        ttl: Duration,
+    ) -> Result<Option<super::ClaimedTask>, BoardError> {
+        super::validate_queue(queue)?;
+        // Any id will do: the checks are of the agent and the TTL.
+        super::validate_claim("-", agent, ttl)?;
+        for _ in 0..ROUNDS {
+            let now = self.space.now_millis();
+            let found = self.candidates(queue, now).await?;
+            let Some(best) = found.first() else {
+                return Ok(None);
+            };
+            // The head's priority first; within it, spread as contention says.
+            let tier = found
+                .iter()
+                .take_while(|c| c.order.0 == best.order.0)
+                .count();
+            let width = self.spread.width().min(tier);
+            let start = if width > 1 {
+                ((crate::jitter::unit() * width as f64) as usize).min(width - 1)
+            } else {
+                0
+            };
+            let order = (start..tier).chain(0..start).chain(tier..found.len());
+            for (tries, index) in order.enumerate() {
+                let candidate = &found[index];
+                if let Some(task) = self
+                    .claim_entry(&candidate.id, &candidate.key, agent, ttl)
+                    .await?
+                {
+                    if tries == 0 {
+                        self.spread.won_first_try();
+                    }
+                    return Ok(Some(task));
+                }
+                self.spread.lost_race();
+            }
+        }
+        Err(BoardError::Store(Error::ConflictRetriesExhausted {
+            attempts: (ROUNDS * HEAD) as u32,
+        }))
+    }
+
+    /// Claim task `id` if `entry` still is its index entry and it is
+    /// claimable: `None` when another client got there first (or it changed).
+    async fn claim_entry(
+        &self,
+        id: &str,
+        entry: &str,
+        agent: &str,
+        ttl: Duration,
+    ) -> Result<Option<super::ClaimedTask>, BoardError> {
+        let key = self.task_key(id);
+        let now = self.space.now_millis();
+        let expires_ms = now.saturating_add(whole_millis(ttl));
+        let token = crate::mint_token();
+        let answer = self
+            .space
+            .engine()
+            .decide::<Option<super::ClaimedTask>, BoardError, _>(
+                std::slice::from_ref(&key),
+                |view| {
+                    let Some(record) = self.read(view, id)? else {
+                        return Ok(crate::cas::Decision::Return(None));
+                    };
+                    let claimable = record.indexed.as_deref() == Some(entry)
+                        && Self::slot(&record, now).is_some()
+                        && record.live_claim(now).is_none()
+                        && record.not_before_ms.is_none_or(|at| at <= now);
+                    if !claimable {
+                        return Ok(crate::cas::Decision::Return(None));
+                    }
+                    self.take(view, &key, record, agent, &token, expires_ms, now)
+                },
+            )
+            .await;
+        if let Ok(Some(claimed)) = &answer {
+            tracing::Span::current().record("fence", claimed.fence);
+        }
+        answer
+    }
+
+    /// The decision of a claim of a claimable `record` (read under `key`):
+    /// a claim that ran out is a failed attempt, and makes the task dead
+    /// (answer `None`) when it was the last; otherwise the task is claimed,
+    /// one more attempt counted, its entry moved to the new lease's end.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn take(
+        &self,
+        view: &crate::cas::View,
+        key: &str,
+        mut record: TaskRecord,
+        agent: &str,
+        token: &str,
+        expires_ms: u64,
+        now: u64,
+    ) -> Result<crate::cas::Decision<Option<super::ClaimedTask>>, BoardError> {
+        if let Some(expired) = record.claim.take() {
+            record.last_error = Some(format!("the lease of {:?} ran out", expired.agent));
+            if record
+                .max_attempts
+                .is_some_and(|max| record.attempts >= max)
+            {
+                return self.bury(view, key, record, now).map(|d| d.map(|()| None));
+            }
+        }
+        // A first claim takes the record's version: a record added again
+        // after a prune has a version above every version (so every fence)
+        // its earlier life had.
+        let fence = if record.fence == 0 {
+            view.version(key).0.max(1)
+        } else {
+            record.fence + 1
+        };
+        let claim = super::record::ClaimRecord {
+            agent: agent.to_owned(),
+            lease: crate::cas::LeaseRecord::new(token.to_owned(), expires_ms),
+        };
+        let mut granted = TaskRecord {
+            fence,
+            attempts: record.attempts.saturating_add(1),
+            claim: Some(claim.clone()),
+            nonce: crate::cas::Nonce::default(),
+            ..record
+        };
+        let entry = self.reindex(&mut granted, now);
+        Ok(crate::cas::Decision::CommitWithUnasserted {
+            mutations: vec![granted.put(key)],
+            unasserted: entry,
+            then: Some(granted.claimed_task(claim)),
+        })
+    }
+
+    /// Make `record` dead (its attempts used up) at `now`: the decision,
+    /// once the view holds the retention cursor (asked for first).
+    fn bury(
+        &self,
+        view: &crate::cas::View,
+        key: &str,
+        record: TaskRecord,
+        now: u64,
+    ) -> Result<crate::cas::Decision<()>, BoardError> {
+        self.finish(view, key, record, now, false)
+    }
+
+    /// `record` made dead (`cancelled`: by an operator) at `now`, indexed
+    /// for retention like a completion.
+    pub(super) fn finish(
+        &self,
+        view: &crate::cas::View,
+        key: &str,
+        record: TaskRecord,
+        now: u64,
+        cancelled: bool,
+    ) -> Result<crate::cas::Decision<()>, BoardError> {
+        let index = self.done_index();
+        if !view.contains(&index.cursor()) {
+            return Ok(crate::cas::Decision::Expand(vec![index.cursor()]));
+        }
+        let mut dead = TaskRecord {
+            claim: None,
+            dead: Some(DeadRecord {
+                at_ms: now,
+                cancelled,
+            }),
+            nonce: crate::cas::Nonce::default(),
+            ..record
+        };
+        let mut unasserted = self.reindex(&mut dead, now);
+        let (cursor, entry) = index.final_writes(view, now, &dead.id);
+        unasserted.push(entry);
+        let mut mutations = vec![dead.put(key)];
+        mutations.extend(cursor);
+        Ok(crate::cas::Decision::CommitWithUnasserted {
+            mutations,
+            unasserted,
+            then: (),
+        })
+    }
+
+    /// The tasks whose reverse-dependency entries name `dep`.
+    pub(super) async fn dependents_of(&self, dep: &str) -> Result<Vec<String>, Error> {
+        let prefix = self.dependents_prefix(dep);
+        let keys = self.space.engine().backend().keys(&prefix).await?;
+        Ok(keys
+            .into_iter()
+            .filter_map(|k| k.strip_prefix(&prefix).map(str::to_owned))
+            .collect())
+    }
+
+    /// In the view: mark `dep` (completed, or removed) met in each of
+    /// `dependents` still waiting on it, index those now ready, and drop
+    /// their reverse-dependency entries. Returns (writes of viewed keys,
+    /// writes of other keys).
+    pub(super) fn mark_met(
+        &self,
+        view: &crate::cas::View,
+        dep: &str,
+        dependents: &[String],
+        now: u64,
+    ) -> Result<(Vec<Mutation>, Vec<Mutation>), Error> {
+        let mut mutations = Vec::new();
+        let mut unasserted = Vec::new();
+        for dependent in dependents {
+            if let Some(mut record) = self.read(view, dependent)? {
+                let waits = record.done.is_none()
+                    && record.deps.iter().any(|d| d == dep)
+                    && !record.met.iter().any(|d| d == dep);
+                if waits {
+                    record.met.push(dep.to_owned());
+                    unasserted.extend(self.reindex(&mut record, now));
+                    record.nonce = crate::cas::Nonce::default();
+                    mutations.push(record.put(self.task_key(dependent)));
+                }
+            }
+            unasserted.push(Mutation::delete(self.dependent_key(dep, dependent)));
+        }
+        Ok((mutations, unasserted))
+    }
+
+    /// How many dependents one completion marks in its own txn; the rest
+    /// follow in txns of their own (see [`Self::mark_met_later`]).
+    pub(super) fn dependents_per_txn(&self, used: usize) -> usize {
+        // Each: its record (read and written), its reverse-dependency entry,
+        // its new index entry.
+        (self.space.keys_per_call().saturating_sub(used) / 3).max(1)
+    }
+
+    /// Mark completed `dep` met in `dependents`, as many per txn as fit:
+    /// the dependents a completion had no room for. Each txn asserts `dep`'s
+    /// record, so it runs only while `dep` is still completed.
+    pub(super) async fn mark_met_later(
+        &self,
+        dep: &str,
+        dependents: &[String],
+    ) -> Result<(), Error> {
+        let dep_key = self.task_key(dep);
+        for batch in dependents.chunks(self.dependents_per_txn(1)) {
+            let mut keys = vec![dep_key.clone()];
+            keys.extend(batch.iter().map(|d| self.task_key(d)));
+            let now = self.space.now_millis();
+            self.space
+                .engine()
+                .decide(&keys, |view| -> Result<crate::cas::Decision<()>, Error> {
+                    match self.read(view, dep)? {
+                        Some(record) if record.done.is_some() => {}
+                        _ => return Ok(crate::cas::Decision::Return(())),
+                    }
+                    let (mutations, unasserted) = self.mark_met(view, dep, batch, now)?;
+                    if mutations.is_empty() {
+                        return Ok(crate::cas::Decision::Return(()));
+                    }
+                    Ok(crate::cas::Decision::CommitWithUnasserted {
+                        mutations,
+                        unasserted,
+                        then: (),
+                    })
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// A queued task waits on each of `unmet`: the writes that say so, in
+    /// a view holding their records (and the keys written, deduped across
+    /// one txn through `written`). An existing dependency's record is
+    /// rewritten with `awaited` set (always rewritten: its completion lists
+    /// the waiting tasks at one version of the record and asserts that
+    /// version, so a task added after the listing changes it); a missing
+    /// one gets its marker, which its own add reads.
+    pub(super) fn await_deps(
+        &self,
+        view: &crate::cas::View,
+        queued: bool,
+        unmet: &[String],
+        written: &mut BTreeSet<String>,
+    ) -> Result<(Vec<Mutation>, Vec<Mutation>), Error> {
+        let mut viewed = Vec::new();
+        let mut marked = Vec::new();
+        if !queued {
+            return Ok((viewed, marked));
+        }
+        for dep in unmet {
+            let key = self.task_key(dep);
+            match self.read(view, dep)? {
+                Some(mut record) => {
+                    if written.insert(key.clone()) {
+                        record.awaited = true;
+                        viewed.push(record.put(key));
+                    }
+                }
+                None => {
+                    let marker = self.waiters_key(dep);
+                    if written.insert(marker.clone()) {
+                        marked.push(Mutation::put(marker, Vec::new()));
+                    }
+                }
+            }
+        }
+        Ok((viewed, marked))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn higher_priorities_rank_first() {
+        assert!(rank(5) < rank(0));
+        assert!(rank(0) < rank(-5));
+        assert_eq!(rank(i16::MAX), 0);
+        assert_eq!(rank(i16::MIN), u16::MAX);
+    }
+
+    #[test]
+    fn backoff_doubles_within_its_bounds() {
+        let policy = BackoffRecord {
+            initial_ms: 1_000,
+            max_ms: 10_000,
+        };
+        for attempts in 1..70 {
+            let full = (1_000u64 << (attempts - 1).min(20)).min(10_000);
+            let wait = backoff_ms(policy, attempts);
+            assert!(wait >= full / 2 && wait <= full, "{attempts}: {wait}");
+        }
+    }
+}
