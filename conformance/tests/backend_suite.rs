@@ -442,3 +442,18 @@ fn pattern_matcher_of_the_flawed_store() {
     assert!(m("a_", "ab") && m("a%", "abc") && m("a*", "aa") && m("", "x"));
     assert!(!m("a_", "a") && !m("b", "ab"));
 }
+
+/// The queue's fault check (workers whose answers are lost or land late)
+/// passes on the control and goes red on a store whose txn is not atomic:
+/// two workers are handed one task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queue_faults_check_is_red_on_a_non_atomic_store() {
+    use coord_conformance::queue::faults_never_double_or_lose;
+    if let Err(failure) = faults_never_double_or_lose(flawed(Flaw::None)).await {
+        panic!("the control failed: {}", failure.message);
+    }
+    match faults_never_double_or_lose(flawed(Flaw::NonAtomicTxn)).await {
+        Ok(()) => panic!("a non-atomic store passed faults_never_double_or_lose"),
+        Err(failure) => println!("NonAtomicTxn: {}", failure.message),
+    }
+}

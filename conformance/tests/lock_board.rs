@@ -576,3 +576,208 @@ async fn board_suite_red_on_each_bug() {
     ];
     red_on_each_bug(&board_suite::checks(), BuggyBoard::env, reds).await;
 }
+
+// ---------------------------------------------------------------------------
+// Broken queues: a real BoardAdapter (memory store) behind a wrapper whose
+// switchable bugs change what the queue calls do.
+
+#[derive(Clone, Copy, Debug, Default)]
+struct QueueBugs {
+    /// `claim_next` hands the task it just handed out to the next caller too.
+    hands_out_twice: bool,
+    /// `claim_next` takes the first open task by id, whatever its priority,
+    /// run-at or age.
+    by_id_order: bool,
+    /// `add` forgets the run-at.
+    drops_run_at: bool,
+    /// `add` forgets the retry policy (unlimited attempts, default backoff).
+    drops_retry_policy: bool,
+    /// `fail` gives the task back instead (no backoff, no attempt counted).
+    fail_releases: bool,
+    /// A task with dependencies is added outside its queue.
+    dependents_unqueued: bool,
+    /// `add_many` adds one task after the other.
+    add_many_one_by_one: bool,
+    /// `cancel` does nothing.
+    cancel_ignored: bool,
+}
+
+/// What a broken queue wraps, and its bugs.
+#[derive(Debug)]
+struct BrokenQueue {
+    inner: Arc<dyn Board>,
+    bugs: QueueBugs,
+    /// The last claim `claim_next` answered (for `hands_out_twice`).
+    last: Mutex<Option<ClaimedTask>>,
+}
+
+impl BrokenQueue {
+    fn env(bugs: QueueBugs) -> BoardEnv {
+        use coord_adapters::board::{BoardAdapter, BoardOptions};
+        let clock = manual_clock();
+        let store = Arc::new(SingleProcessMemoryBackend::new(&unique_namespace("queue")).unwrap());
+        let options = BoardOptions::default().with_clock(clock.clone());
+        let board: Arc<dyn Board> = Arc::new(BrokenQueue {
+            inner: Arc::new(BoardAdapter::with_options(store, options)),
+            bugs,
+            last: Mutex::default(),
+        });
+        BoardEnv::new(every_client(board), clock)
+    }
+
+    fn spec(&self, mut spec: TaskSpec) -> TaskSpec {
+        if self.bugs.drops_run_at {
+            spec.run_at = None;
+        }
+        if self.bugs.drops_retry_policy {
+            spec.retry = Default::default();
+        }
+        if self.bugs.dependents_unqueued && !spec.deps.is_empty() {
+            spec.queue = None;
+        }
+        spec
+    }
+}
+
+#[async_trait]
+impl Board for BrokenQueue {
+    async fn add(&self, task: TaskSpec) -> Result<(), BoardError> {
+        self.inner.add(self.spec(task)).await
+    }
+
+    async fn add_many(&self, tasks: Vec<TaskSpec>) -> Result<(), BoardError> {
+        let tasks: Vec<TaskSpec> = tasks.into_iter().map(|t| self.spec(t)).collect();
+        if self.bugs.add_many_one_by_one {
+            for task in tasks {
+                self.inner.add(task).await?;
+            }
+            return Ok(());
+        }
+        self.inner.add_many(tasks).await
+    }
+
+    async fn claim_next(
+        &self,
+        queue: &str,
+        agent: &str,
+        ttl: Duration,
+    ) -> Result<Option<ClaimedTask>, BoardError> {
+        if self.bugs.hands_out_twice {
+            if let Some(again) = self.last.lock().unwrap().take() {
+                return Ok(Some(again));
+            }
+        }
+        let claimed = if self.bugs.by_id_order {
+            let mut found = None;
+            for task in self.inner.list().await? {
+                let open = matches!(task.state, TaskState::Open | TaskState::Expired { .. });
+                if task.queue.as_deref() == Some(queue) && open {
+                    if let Ok(claimed) = self.inner.claim(&task.id, agent, ttl).await {
+                        found = Some(claimed);
+                        break;
+                    }
+                }
+            }
+            found
+        } else {
+            self.inner.claim_next(queue, agent, ttl).await?
+        };
+        if self.bugs.hands_out_twice {
+            *self.last.lock().unwrap() = claimed.clone();
+        }
+        Ok(claimed)
+    }
+
+    async fn fail(
+        &self,
+        id: &str,
+        token: &str,
+        error: &str,
+    ) -> Result<coord_adapters::board::Failed, BoardError> {
+        if self.bugs.fail_releases {
+            self.inner.release(id, token).await?;
+            return Ok(coord_adapters::board::Failed::RetryAt(
+                UNIX_EPOCH + Duration::from_millis(1_700_000_010_000),
+            ));
+        }
+        self.inner.fail(id, token, error).await
+    }
+
+    async fn cancel(&self, id: &str) -> Result<(), BoardError> {
+        if self.bugs.cancel_ignored {
+            return Ok(());
+        }
+        self.inner.cancel(id).await
+    }
+
+    async fn retry_dead(&self, id: &str) -> Result<(), BoardError> {
+        self.inner.retry_dead(id).await
+    }
+
+    async fn claim(&self, id: &str, agent: &str, ttl: Duration) -> Result<ClaimedTask, BoardError> {
+        self.inner.claim(id, agent, ttl).await
+    }
+
+    async fn renew(&self, id: &str, token: &str, ttl: Duration) -> Result<ClaimedTask, BoardError> {
+        self.inner.renew(id, token, ttl).await
+    }
+
+    async fn release(&self, id: &str, token: &str) -> Result<(), BoardError> {
+        self.inner.release(id, token).await
+    }
+
+    async fn complete(&self, id: &str, token: &str, result: Vec<u8>) -> Result<(), BoardError> {
+        self.inner.complete(id, token, result).await
+    }
+
+    async fn get(&self, id: &str) -> Result<Task, BoardError> {
+        self.inner.get(id).await
+    }
+
+    async fn list(&self) -> Result<Vec<Task>, BoardError> {
+        self.inner.list().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queue_suite_red_on_each_bug() {
+    use coord_conformance::queue as queue_suite;
+    let checks = queue_suite::checks();
+    all_pass(
+        queue_suite::checks(),
+        || BrokenQueue::env(QueueBugs::default()),
+        "bug-free BrokenQueue, queue",
+    )
+    .await;
+    let retries = [
+        "expired_claims_count_as_attempts",
+        "backoff_respected",
+        "dead_after_max_attempts",
+    ];
+    let reds: &[Red<'_, QueueBugs>] = &[
+        (
+            |b| b.hands_out_twice = true,
+            &["each_ready_task_claimed_once"],
+        ),
+        (
+            |b| b.by_id_order = true,
+            &["priority_then_fifo", "run_at_respected"],
+        ),
+        (|b| b.drops_run_at = true, &["run_at_respected"]),
+        (|b| b.drops_retry_policy = true, &retries),
+        (
+            |b| b.fail_releases = true,
+            &["backoff_respected", "dead_after_max_attempts"],
+        ),
+        (
+            |b| b.dependents_unqueued = true,
+            &["ready_when_last_dependency_completes"],
+        ),
+        (
+            |b| b.add_many_one_by_one = true,
+            &["add_many_all_or_nothing"],
+        ),
+        (|b| b.cancel_ignored = true, &["cancel_stops_a_task"]),
+    ];
+    red_on_each_bug(&checks, BrokenQueue::env, reds).await;
+}
