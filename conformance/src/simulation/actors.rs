@@ -283,6 +283,55 @@ pub(super) async fn board_actor(actor: Actor) {
     }
 }
 
+/// A queue worker: takes the next ready task of queue `q`, works on it,
+/// then completes it, fails it (retried after its backoff, dead after 3
+/// attempts) or walks away (its lease runs out: a failed attempt).
+pub(super) async fn queue_actor(actor: Actor) {
+    let (inst, log, shared, mut rng, end) = actor.parts();
+    let board = inst.board();
+    let who = inst.name.as_str();
+    while Instant::now() < end {
+        inst.wait_running().await;
+        match board.claim_next(QUEUE, who, LOCK_TTL).await {
+            Ok(Some(task)) => {
+                let id = task.id.clone();
+                facts(&shared)
+                    .claims
+                    .entry(id.clone())
+                    .or_default()
+                    .push(task.fence);
+                count(&shared, "queue claims");
+                log.event(who, format!("claimed next {id} fence {}", task.fence));
+                tokio::time::sleep(Duration::from_millis(rng.random_range(50..1500))).await;
+                inst.wait_running().await;
+                let roll = rng.random_range(0..10);
+                if roll < 7 {
+                    let done = board
+                        .complete(&id, &task.token, who.as_bytes().to_vec())
+                        .await;
+                    if done.is_ok() {
+                        let life = String::from_utf8_lossy(&task.payload);
+                        facts(&shared)
+                            .completions
+                            .entry(format!("{id}@{life}"))
+                            .or_default()
+                            .push(who.to_owned());
+                    }
+                    log.event(who, format!("complete {id}: {}", said(done)));
+                } else if roll < 9 {
+                    let failed = board.fail(&id, &task.token, "simulated failure").await;
+                    log.event(who, format!("fail {id}: {}", said(failed.map(|_| ()))));
+                } else {
+                    log.event(who, format!("walk away from {id}"));
+                }
+            }
+            Ok(None) => {}
+            Err(e) => log.event(who, format!("claim next: {}", kind(&e.to_string()))),
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(20..300))).await;
+    }
+}
+
 pub(super) async fn runner_actor(actor: Actor) {
     let (inst, log, shared, mut rng, end) = actor.parts();
     let runner = Runner::new(Arc::new(SideEffectAdapter::with_clock(

@@ -11,8 +11,8 @@ use coord_backend::{Backend, Clock};
 
 use super::recipes::{check_all_free, check_holdings, check_recipe_grants_reached};
 use super::{
-    read_counter, Facts, Grant, LockKind, SlotRun, ACTIONS, EPOCH_MS, LOCK_TTL, SCHEDULER_JOB,
-    SCHEDULER_WINDOW, TASKS,
+    read_counter, Facts, Grant, LockKind, SlotRun, ACTIONS, EPOCH_MS, LOCK_TTL, QUEUE, QUEUED,
+    SCHEDULER_JOB, SCHEDULER_WINDOW, TASKS,
 };
 
 /// One lock's invariants: unique fences; validity windows in fence order
@@ -192,6 +192,7 @@ pub(super) async fn check(
             _ => {}
         }
     }
+    check_queue_drains(f, store, clock.as_ref(), violations).await;
     // Scheduler: at most one run per slot.
     // A slot runs again only as a takeover, after the earlier run stopped
     // acting on it (its lease lost or its work done).
@@ -223,6 +224,73 @@ pub(super) async fn check(
 /// Once every run's lease is far past the run store's window, a prune
 /// leaves no claim and no running entry of the scheduler's job: a run whose
 /// finish was lost and that nobody took over (abandoned) is forgotten too.
+/// Queue: nothing committed is lost. Two hours later (every lease and
+/// backoff over), a clean client drains the queue; then every queued task
+/// is completed (or pruned after completing) or dead, and none whose
+/// completion was answered Ok is claimed by the drain.
+async fn check_queue_drains(
+    f: &Facts,
+    store: &Arc<dyn Backend>,
+    clock: &dyn Clock,
+    violations: &mut Vec<String>,
+) {
+    let later = Arc::new(coord_backend::ManualClock::at_millis(
+        clock.now_millis() + 2 * 3_600_000,
+    ));
+    let board =
+        BoardAdapter::with_options(store.clone(), BoardOptions::default().with_clock(later));
+    let mut drained = BTreeSet::new();
+    loop {
+        match board.claim_next(QUEUE, "checker", LOCK_TTL).await {
+            Ok(Some(task)) => {
+                drained.insert(task.id.clone());
+                if let Err(e) = board.complete(&task.id, &task.token, Vec::new()).await {
+                    violations.push(format!("queue drain: completing {}: {e}", task.id));
+                    return;
+                }
+            }
+            Ok(None) => break,
+            Err(e) => {
+                violations.push(format!("queue drain: {e}"));
+                return;
+            }
+        }
+    }
+    for t in 0..QUEUED {
+        // `qd<t>` waits for good on a dead `q<t>` (or one pruned once dead).
+        let dep_dead = match board.get(&format!("q{t}")).await {
+            Ok(task) => matches!(task.state, TaskState::Dead { .. }),
+            Err(_) => !f.completions.contains_key(&format!("q{t}@life-0")),
+        };
+        for id in [format!("q{t}"), format!("qd{t}")] {
+            let completed_ok = f.completions.contains_key(&format!("{id}@life-0"));
+            match board.get(&id).await {
+                Ok(task) => match &task.state {
+                    TaskState::Completed { .. } | TaskState::Dead { .. } => {}
+                    TaskState::Open if id.starts_with("qd") && dep_dead => {}
+                    state => violations.push(format!(
+                        "queued task {id} is neither completed nor dead after the drain: {state:?} \
+                         (it has no entry claim_next finds)"
+                    )),
+                },
+                // Pruned once completed (a completion answered in doubt
+                // may have applied): only a task someone claimed can be.
+                Err(BoardError::NotFound { .. })
+                    if f.claims.contains_key(&id) || drained.contains(&id) => {}
+                Err(BoardError::NotFound { .. }) => violations.push(format!(
+                    "queued task {id} vanished, yet nobody ever claimed it"
+                )),
+                Err(e) => violations.push(format!("queued task {id} unreadable at the end: {e}")),
+            }
+            if completed_ok && drained.contains(&id) {
+                violations.push(format!(
+                    "queued task {id} was completed (answered Ok) and claimed again by the drain"
+                ));
+            }
+        }
+    }
+}
+
 async fn check_claims_drain(store: &Arc<dyn Backend>, violations: &mut Vec<String>) {
     use coord_backend::ManualClock;
     use coord_scheduler::{RunStore, RunStoreOptions, SlotStore};

@@ -111,7 +111,7 @@ mod check;
 mod recipes;
 
 use actors::{
-    behind_runner, board_actor, board_maintainer, lock_actor, reclaimer, runner_actor,
+    behind_runner, board_actor, board_maintainer, lock_actor, queue_actor, reclaimer, runner_actor,
     start_scheduler, Actor,
 };
 use check::check;
@@ -361,6 +361,11 @@ const SCHEDULER_WINDOW: Duration = Duration::from_secs(20);
 /// How far the late runner's clock is behind.
 const BEHIND_MS: i64 = 120_000;
 const TASKS: usize = 6;
+
+/// The queue the queue workers drain: `QUEUED` tasks `q<i>` (3 attempts,
+/// 1-2 s backoff) and `qd<i>` waiting on each.
+const QUEUE: &str = "q";
+const QUEUED: usize = 6;
 const ACTIONS: usize = 40;
 
 async fn simulate(seed: u64, options: SimOptions) -> SimReport {
@@ -396,6 +401,7 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
     let lockers: Vec<_> = (0..3).map(|i| make(format!("l{i}"), 10 + i)).collect();
     let fair_lockers: Vec<_> = (0..3).map(|i| make(format!("f{i}"), 50 + i)).collect();
     let workers: Vec<_> = (0..2).map(|i| make(format!("w{i}"), 20 + i)).collect();
+    let queue_workers: Vec<_> = (0..3).map(|i| make(format!("q{i}"), 110 + i)).collect();
     let board_keeper = make("b0".to_owned(), 60);
     // Completes side effects on a clock two minutes behind everyone else's.
     let late_runner = make("r3".to_owned(), 33);
@@ -423,8 +429,28 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
             .expect("seeding the board");
     }
 
+    let retry = coord_adapters::board::RetryPolicy::attempts(3)
+        .with_backoff(Duration::from_secs(1), Duration::from_secs(2));
+    let queued = |id: String| {
+        TaskSpec::new(id, b"life-0".to_vec())
+            .in_queue(QUEUE)
+            .with_retry(retry)
+    };
+    for t in 0..QUEUED {
+        board
+            .add_many(vec![
+                queued(format!("qd{t}")).with_deps([format!("q{t}")]),
+                queued(format!("q{t}")).with_priority((t % 3) as i16),
+            ])
+            .await
+            .expect("seeding the queue");
+    }
+
     let mut tasks = Vec::new();
     let actor = |inst: &Arc<Instance>, salt: u64| Actor::new(inst, &log, &shared, seed ^ salt, end);
+    for (i, inst) in queue_workers.iter().enumerate() {
+        tasks.push(tokio::spawn(queue_actor(actor(inst, 1100 + i as u64))));
+    }
     for (i, inst) in lockers.iter().enumerate() {
         let actor = actor(inst, 100 + i as u64);
         tasks.push(tokio::spawn(lock_actor(LockKind::Generic, actor)));
@@ -459,6 +485,7 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
         .iter()
         .chain(&fair_lockers)
         .chain(&workers)
+        .chain(&queue_workers)
         .chain(&runners)
         .chain([&board_keeper, &late_runner])
         .chain(&permit_takers)

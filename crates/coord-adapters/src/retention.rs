@@ -126,10 +126,14 @@ impl RetentionIndex {
         let cursor = self.cursor();
         let at_minute = minute_of(at_ms);
         let (cursor_write, minute) = match view.value(&cursor) {
+            // Created a minute back: the cursor only says where entries may
+            // start, and one below the present keeps the completions of this
+            // minute from each rewriting it (a hot key while a new index
+            // fills, as every completion of the minute would contend on it).
             None => (
                 Some(Mutation::put(
                     cursor.as_str(),
-                    at_minute.to_string().into_bytes(),
+                    at_minute.saturating_sub(1).to_string().into_bytes(),
                 )),
                 at_minute,
             ),

@@ -251,7 +251,9 @@ impl BoardAdapter {
                     if view.value(entry).is_none() {
                         return Ok(Decision::Return(Step::Done(Removal::Gone)));
                     }
-                    let at_ms = match self.read(view, id)?.and_then(|r| r.final_at_ms()) {
+                    let record = self.read(view, id)?;
+                    let completed = record.as_ref().is_some_and(|r| r.done.is_some());
+                    let at_ms = match record.and_then(|r| r.final_at_ms()) {
                         Some(at) => at,
                         // Not completed or dead (added again, or retried,
                         // since), or completed before completions had a
@@ -272,7 +274,13 @@ impl BoardAdapter {
                         .map(|waiter| waiter[prefix.len()..].to_owned())
                         .collect();
                     let now = self.space.now_millis();
-                    let (mut mutations, mut unasserted) = self.mark_met(view, id, &waiting, now)?;
+                    // A dead or cancelled task leaves its dependents waiting
+                    // (on a task of its id, as one never added would).
+                    let (mut mutations, mut unasserted) = if completed {
+                        self.mark_met(view, id, &waiting, now)?
+                    } else {
+                        (Vec::new(), Vec::new())
+                    };
                     // The entries listed are in the view: delete them there.
                     unasserted.retain(|m| !view.contains(m.key()));
                     mutations.extend(

@@ -67,10 +67,11 @@ use async_trait::async_trait;
 use coord_backend::{redact::Bytes, InvalidInput};
 
 mod adapter;
-mod queue;
+pub mod queue;
 mod record;
 
 pub use adapter::{BoardAdapter, BoardOptions};
+pub use queue::QueueStats;
 
 /// A task to put on the board.
 #[derive(Clone, PartialEq, Eq)]

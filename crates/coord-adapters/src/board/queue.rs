@@ -40,7 +40,7 @@
 //! queue's ready tasks.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -51,8 +51,17 @@ use super::record::{BackoffRecord, DeadRecord, TaskRecord};
 use super::{BoardError, RetryPolicy};
 use crate::cas::{whole_millis, Record};
 
-/// How many entries of a queue's head one claim reads.
-pub(super) const HEAD: usize = 32;
+/// How many entries of a queue's head one listing reads (keys only).
+pub(super) const HEAD: usize = 128;
+
+/// How many task records one listing reads, from where this client aims
+/// in the head: the claims it tries until it lists again.
+const WINDOW: usize = 8;
+
+/// How long a client claims from its window before listing again, so a
+/// task added ahead of it (a higher priority) waits at most this long, or
+/// [`WINDOW`] claims of this client.
+const FRESH: Duration = Duration::from_millis(250);
 
 /// How often a busy queue's timed entries are read.
 const TIMED_EVERY: Duration = Duration::from_secs(1);
@@ -83,6 +92,21 @@ fn rank(priority: i16) -> u16 {
 pub(super) struct ClaimSpread {
     width: AtomicUsize,
     timed_read: Mutex<HashMap<String, tokio::time::Instant>>,
+    /// Per queue: the window still to try, and when it was listed.
+    windows: Mutex<HashMap<String, (Vec<Candidate>, tokio::time::Instant)>>,
+    claims: AtomicU64,
+    lost: AtomicU64,
+}
+
+/// What [`BoardAdapter::claim_next`] did on one client so far (for
+/// benchmarks and tests).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueStats {
+    /// Tasks claimed.
+    pub claims: u64,
+    /// Entries tried and found taken (or changed) by another client first.
+    pub lost_races: u64,
 }
 
 impl ClaimSpread {
@@ -91,6 +115,7 @@ impl ClaimSpread {
     }
 
     fn lost_race(&self) {
+        self.lost.fetch_add(1, Ordering::Relaxed);
         let width = (self.width() * 2).min(HEAD);
         self.width.store(width, Ordering::Relaxed);
     }
@@ -98,6 +123,21 @@ impl ClaimSpread {
     fn won_first_try(&self) {
         let width = self.width().saturating_sub(1).max(1);
         self.width.store(width, Ordering::Relaxed);
+    }
+
+    /// The rest of `queue`'s window, if it is fresh.
+    fn take_window(&self, queue: &str) -> Option<Vec<Candidate>> {
+        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        let (window, at) = windows.remove(queue)?;
+        (at.elapsed() < FRESH && !window.is_empty()).then_some(window)
+    }
+
+    fn keep_window(&self, queue: &str, window: Vec<Candidate>, at: tokio::time::Instant) {
+        if window.is_empty() {
+            return;
+        }
+        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        windows.insert(queue.to_owned(), (window, at));
     }
 
     /// Whether the timed entries of `queue` are due a read (and if so, note it).
@@ -116,6 +156,7 @@ impl ClaimSpread {
 }
 
 /// An entry worth a claim attempt.
+#[derive(Debug)]
 struct Candidate {
     /// Sorts the head: priority, then since when it is claimable.
     order: (u16, u64, u32),
@@ -145,6 +186,14 @@ impl From<RetryPolicy> for BackoffRecord {
 }
 
 impl BoardAdapter {
+    /// What `claim_next` did on this client so far.
+    pub fn queue_stats(&self) -> QueueStats {
+        QueueStats {
+            claims: self.spread.claims.load(Ordering::Relaxed),
+            lost_races: self.spread.lost.load(Ordering::Relaxed),
+        }
+    }
+
     fn queue_prefix(&self, queue: &str) -> String {
         format!("{}queue/{queue}/", self.space.prefix())
     }
@@ -283,40 +332,64 @@ impl BoardAdapter {
         // Any id will do: the checks are of the agent and the TTL.
         super::validate_claim("-", agent, ttl)?;
         for _ in 0..ROUNDS {
-            let now = self.space.now_millis();
-            let found = self.candidates(queue, now).await?;
-            let Some(best) = found.first() else {
+            let (mut window, listed) = match self.spread.take_window(queue) {
+                Some(window) => (window, false),
+                None => (self.list_window(queue).await?, true),
+            };
+            if window.is_empty() {
                 return Ok(None);
-            };
-            // The head's priority first; within it, spread as contention says.
-            let tier = found
-                .iter()
-                .take_while(|c| c.order.0 == best.order.0)
-                .count();
-            let width = self.spread.width().min(tier);
-            let start = if width > 1 {
-                ((crate::jitter::unit() * width as f64) as usize).min(width - 1)
-            } else {
-                0
-            };
-            let order = (start..tier).chain(0..start).chain(tier..found.len());
-            for (tries, index) in order.enumerate() {
-                let candidate = &found[index];
-                if let Some(task) = self
+            }
+            let listed_at = tokio::time::Instant::now();
+            let mut tries = 0;
+            while !window.is_empty() {
+                let candidate = window.remove(0);
+                let claimed = self
                     .claim_entry(&candidate.id, &candidate.key, agent, ttl)
-                    .await?
-                {
-                    if tries == 0 {
+                    .await?;
+                if let Some(task) = claimed {
+                    self.spread.claims.fetch_add(1, Ordering::Relaxed);
+                    if tries == 0 && listed {
                         self.spread.won_first_try();
                     }
+                    self.spread.keep_window(queue, window, listed_at);
                     return Ok(Some(task));
                 }
+                tries += 1;
                 self.spread.lost_race();
             }
         }
         Err(BoardError::Store(Error::ConflictRetriesExhausted {
             attempts: (ROUNDS * HEAD) as u32,
         }))
+    }
+
+    /// List `queue`'s head and read the records of a window of it, from
+    /// where this client aims (see the [module docs](self)): the entries to
+    /// try, in order, their records in the engine's memory (so each claim
+    /// is one txn).
+    async fn list_window(&self, queue: &str) -> Result<Vec<Candidate>, BoardError> {
+        let now = self.space.now_millis();
+        let mut found = self.candidates(queue, now).await?;
+        let Some(best) = found.first() else {
+            return Ok(Vec::new());
+        };
+        // The head's priority first; within it, spread as contention says.
+        let tier = found
+            .iter()
+            .take_while(|c| c.order.0 == best.order.0)
+            .count();
+        let width = self.spread.width().min(tier);
+        let start = if width > 1 {
+            ((crate::jitter::unit() * width as f64) as usize).min(width - 1)
+        } else {
+            0
+        };
+        found.truncate(tier);
+        found.rotate_left(start);
+        found.truncate(WINDOW);
+        let keys: Vec<String> = found.iter().map(|c| self.task_key(&c.id)).collect();
+        self.space.engine().snapshot(&keys).await?;
+        Ok(found)
     }
 
     /// Claim task `id` if `entry` still is its index entry and it is

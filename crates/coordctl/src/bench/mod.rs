@@ -13,6 +13,7 @@
 //! that namespace (stores keep tombstones).
 
 mod measure;
+mod queue;
 mod sideeffect;
 mod subjects;
 
@@ -64,6 +65,30 @@ pub(crate) struct BenchArgs {
     /// Print one JSON document (schema below) instead of the table.
     #[arg(long)]
     json: bool,
+    /// Measure the board as a work queue instead: `--tasks` tasks drained by
+    /// each number of workers in `--workers`, beside the store's conditional
+    /// write at the same concurrency (JSON: `{"store", "namespace", "queue": [rows]}`).
+    #[arg(long)]
+    queue: bool,
+    /// Tasks per worker count (with `--queue`).
+    #[arg(long, default_value_t = 10_000, requires = "queue")]
+    tasks: usize,
+    /// Worker counts (with `--queue`), comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,8,32",
+        requires = "queue"
+    )]
+    workers: Vec<usize>,
+}
+
+/// What `--queue --json` prints.
+#[derive(Debug, Serialize)]
+struct QueueReport {
+    store: String,
+    namespace: String,
+    queue: Vec<queue::QueueRow>,
 }
 
 /// The JSON document's schema, shown by `coordctl bench --help`.
@@ -218,6 +243,27 @@ pub(crate) async fn run(args: BenchArgs) -> Result<ExitCode, Error> {
     let store = coord::connect(&given.with_namespace(&namespace)).await?;
     // Some clients connect lazily (etcd): one read proves the store answers.
     store.snapshot(&["bench/probe".to_owned()]).await?;
+
+    if args.queue {
+        if args.tasks == 0 || args.workers.contains(&0) {
+            return Err(Error::Config(
+                "--tasks and every --workers count must be at least 1".into(),
+            ));
+        }
+        let rows = queue::measure(&store, args.tasks, &args.workers, |what| {
+            eprintln!("coordctl bench: {what}")
+        })
+        .await?;
+        let report = QueueReport {
+            store: shown(&given),
+            namespace,
+            queue: rows,
+        };
+        crate::views::print_report(&report, args.json, |r: &QueueReport| {
+            queue::print(&r.store, &r.queue)
+        })?;
+        return Ok(ExitCode::SUCCESS);
+    }
 
     let mut cleanup = subjects::Cleanup::new();
     let result = measure_all(&store, &url, &run, budget, &mut cleanup).await;
