@@ -529,8 +529,9 @@ impl BoardAdapter {
     /// Put every task of `tasks` on the board in ONE txn: all or none. The
     /// txn reads each task, each dependency and the removal counter, and
     /// writes each task, its index entry and its dependency entries, so
-    /// it must fit the store's `max_keys_per_call` (128 on etcd, 1024 on the
-    /// other stores): a batch that does not is refused with
+    /// it must fit the store's `max_keys_per_call` (42 on etcd, 128 on the
+    /// other stores; a task without dependencies takes 3 keys, and the
+    /// batch one more): a batch that does not is refused with
     /// `InvalidInput::TooManyKeys` before anything is written; split it
     /// (each part is then atomic on its own). A task of the batch may
     /// depend on another one of it. A task already there with the same
@@ -1122,6 +1123,42 @@ mod tests {
         let b = claimed(&board, "b").await;
         assert_eq!(board.stats().round_trips() - before.round_trips(), 1);
         assert_eq!(b.fence, 1);
+    }
+
+    #[tokio::test]
+    async fn a_pruned_dead_task_leaves_its_dependents_waiting() {
+        use crate::retention::PruneOptions;
+        let backend = Arc::new(SingleProcessMemoryBackend::new("b").unwrap());
+        let clock = Arc::new(ManualClock::at_millis(1_000_000_000));
+        let board =
+            BoardAdapter::with_options(backend, BoardOptions::default().with_clock(clock.clone()));
+        let once = super::super::RetryPolicy::attempts(1);
+        board
+            .add(TaskSpec::new("a", vec![]).in_queue("q").with_retry(once))
+            .await
+            .unwrap();
+        board
+            .add(TaskSpec::new("b", vec![]).in_queue("q").with_deps(["a"]))
+            .await
+            .unwrap();
+        let a = board
+            .claim_next("q", "w", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(board.fail("a", &a.token, "no").await.unwrap(), Failed::Dead);
+        clock.advance(Duration::from_secs(7200));
+        let pruned = board
+            .prune(&PruneOptions::after(Duration::from_secs(3600)))
+            .await
+            .unwrap();
+        assert_eq!(pruned.removed, 1);
+        let next = board.claim_next("q", "w", Duration::from_secs(5)).await;
+        assert!(matches!(next, Ok(None)), "{next:?}");
+        assert!(matches!(
+            board.claim("b", "w", Duration::from_secs(5)).await,
+            Err(BoardError::DependenciesNotMet { .. })
+        ));
     }
 
     #[tokio::test]

@@ -28,16 +28,19 @@
 //!
 //! # Claiming the next task
 //!
-//! A claim lists the first [`HEAD`] ready entries (one store read, however
-//! long the queue), takes the highest priority present, and tries one of its
-//! first entries: the first when this client has not lost a race lately, a
-//! random one among the first `width` otherwise, `width` doubling with
-//! each lost race and shrinking with each first-try win. One worker gets
-//! strict priority-then-FIFO order; 32 workers spread over the head instead
-//! of all colliding on it. Timed entries are read too when the ready ones
-//! are exhausted, and at most once a second otherwise: a task whose run-at
-//! passed (or whose claim ran out) waits at most that long behind a busy
-//! queue's ready tasks.
+//! A client lists the first 128 ready entries (keys only: one store read
+//! however long the queue, `Backend::first_keys`), keeps the highest
+//! priority present, and reads the records of a window of 8 of them (one
+//! snapshot): from the first entry when it has not lost a race lately, from
+//! a random one among the first `width` otherwise, `width` doubling with
+//! each race lost and shrinking with each first try won. It then claims
+//! from that window, one txn per claim, until the window is used up or
+//! 250 ms old, and lists again. One worker gets strict priority-then-FIFO
+//! order (a task added ahead of its window waits at most 8 of its claims or
+//! 250 ms); 32 workers spread over the head instead of all colliding on it.
+//! Timed entries are read too when nothing is ready, and at most once a
+//! second otherwise: a task whose run-at passed (or whose claim ran out)
+//! waits at most that long behind a busy queue's ready tasks.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
