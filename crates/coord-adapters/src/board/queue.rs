@@ -28,12 +28,13 @@
 //!
 //! # Claiming the next task
 //!
-//! A client lists the first 128 ready entries (keys only: one store read
+//! A client lists the first 128 ready entries, or as many as it aims into
+//! (up to 1,024) when it has been losing races (keys only: one store read
 //! however long the queue, `Backend::first_keys`), keeps the highest
 //! priority present, and reads the records of a window of 8 of them (one
 //! snapshot): from the first entry when it has not lost a race lately, from
 //! a random one among the first `width` otherwise, `width` doubling with
-//! each race lost and shrinking with each first try won. It then claims
+//! each race lost (up to 1,024) and shrinking with each first try won. It then claims
 //! from that window, one txn per claim, until the window is used up or
 //! 250 ms old, and lists again. One worker gets strict priority-then-FIFO
 //! order (a task added ahead of its window waits at most 8 of its claims or
@@ -55,7 +56,13 @@ use super::{BoardError, RetryPolicy};
 use crate::cas::{whole_millis, Record};
 
 /// How many entries of a queue's head one listing reads (keys only).
+/// How many entries of a queue's head one listing reads (keys only), at
+/// least: a client that keeps losing races reads as far as it aims, up to
+/// [`MAX_HEAD`].
 pub(super) const HEAD: usize = 128;
+
+/// The farthest into the head a client aims (and reads).
+const MAX_HEAD: usize = 1024;
 
 /// How many task records one listing reads, from where this client aims
 /// in the head: the claims it tries until it lists again.
@@ -119,7 +126,7 @@ impl ClaimSpread {
 
     fn lost_race(&self) {
         self.lost.fetch_add(1, Ordering::Relaxed);
-        let width = (self.width() * 2).min(HEAD);
+        let width = (self.width() * 2).min(MAX_HEAD);
         self.width.store(width, Ordering::Relaxed);
     }
 
@@ -277,7 +284,8 @@ impl BoardAdapter {
     async fn candidates(&self, queue: &str, now: u64) -> Result<Vec<Candidate>, Error> {
         let backend = self.space.engine().backend();
         let ready_prefix = self.ready_prefix(queue);
-        let ready = backend.first_keys(&ready_prefix, HEAD).await?;
+        let head = self.spread.width().clamp(HEAD, MAX_HEAD);
+        let ready = backend.first_keys(&ready_prefix, head).await?;
         let mut found: Vec<Candidate> = ready
             .into_iter()
             .filter_map(|key| {
