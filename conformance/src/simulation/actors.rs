@@ -264,23 +264,36 @@ pub(super) async fn board_actor(actor: Actor) {
                 log.event(who, format!("claimed {id} fence {}", task.fence));
                 tokio::time::sleep(Duration::from_millis(rng.random_range(100..2000))).await;
                 inst.wait_running().await;
-                let done = board
-                    .complete(&id, &task.token, who.as_bytes().to_vec())
-                    .await;
-                if done.is_ok() {
-                    let life = String::from_utf8_lossy(&task.payload);
-                    facts(&shared)
-                        .completions
-                        .entry(format!("{id}@{life}"))
-                        .or_default()
-                        .push(who.to_owned());
-                }
-                log.event(who, format!("complete {id}: {}", said(done)));
+                complete_task(&board, &task, who, &shared, &log).await;
             }
             Err(e) => log.event(who, format!("claim {id}: {}", kind(&e.to_string()))),
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(50..500))).await;
     }
+}
+
+/// Complete a claimed task (its result: who completed it) and record a
+/// completion answered Ok under `<id>@<life>` (the life is its payload).
+async fn complete_task(
+    board: &BoardAdapter,
+    task: &coord_adapters::board::ClaimedTask,
+    who: &str,
+    shared: &Shared,
+    log: &Log,
+) {
+    let id = &task.id;
+    let done = board
+        .complete(id, &task.token, who.as_bytes().to_vec())
+        .await;
+    if done.is_ok() {
+        let life = String::from_utf8_lossy(&task.payload);
+        facts(shared)
+            .completions
+            .entry(format!("{id}@{life}"))
+            .or_default()
+            .push(who.to_owned());
+    }
+    log.event(who, format!("complete {id}: {}", said(done)));
 }
 
 /// A queue worker: takes the next ready task of queue `q`, works on it,
@@ -306,18 +319,7 @@ pub(super) async fn queue_actor(actor: Actor) {
                 inst.wait_running().await;
                 let roll = rng.random_range(0..10);
                 if roll < 7 {
-                    let done = board
-                        .complete(&id, &task.token, who.as_bytes().to_vec())
-                        .await;
-                    if done.is_ok() {
-                        let life = String::from_utf8_lossy(&task.payload);
-                        facts(&shared)
-                            .completions
-                            .entry(format!("{id}@{life}"))
-                            .or_default()
-                            .push(who.to_owned());
-                    }
-                    log.event(who, format!("complete {id}: {}", said(done)));
+                    complete_task(&board, &task, who, &shared, &log).await;
                 } else if roll < 9 {
                     let failed = board.fail(&id, &task.token, "simulated failure").await;
                     log.event(who, format!("fail {id}: {}", said(failed.map(|_| ()))));
