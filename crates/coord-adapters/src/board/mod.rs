@@ -69,9 +69,11 @@ use coord_backend::{redact::Bytes, InvalidInput};
 mod adapter;
 pub mod queue;
 mod record;
+mod typed;
 
 pub use adapter::{BoardAdapter, BoardOptions};
 pub use queue::QueueStats;
+pub use typed::TypedBoard;
 
 /// A task to put on the board.
 #[derive(Clone, PartialEq, Eq)]
@@ -419,6 +421,15 @@ pub enum BoardError {
         id: String,
         /// When it becomes claimable.
         at: SystemTime,
+    },
+    /// A typed payload or result does not encode as JSON, or the stored
+    /// bytes are not the JSON of the type asked for (see [`TypedBoard`]).
+    #[error("task {id:?}: {reason}")]
+    Payload {
+        /// The task id.
+        id: String,
+        /// What did not encode or decode, and why.
+        reason: String,
     },
     /// This board implementation does not offer the call.
     #[error("this board does not support {what}")]
