@@ -2,19 +2,23 @@
 //!
 //! Each worker does `increments` CAS increments spread over `counters`
 //! shared counters (through the adapters' CAS engine, so conflicts are
-//! retried from the entries a rejected txn returns) and tries to claim each
-//! of `jobs` shared jobs (create-if-missing). At the end the counters must
-//! sum to workers × increments and every job must have exactly one owner.
-//! Any mismatch exits non-zero: that is a store that is not atomic across
-//! processes.
+//! retried from the entries a rejected txn returns) and, between them, takes
+//! jobs from one work queue of `jobs` tasks (`Board::claim_next`, a
+//! `job_ms` pause standing for the work, then `complete`) until the queue
+//! has none ready. At the end the counters must
+//! sum to workers × increments, every job must be completed by exactly one
+//! worker, and the workers' own counts must agree with the store. Any
+//! mismatch exits non-zero: that is a store that is not atomic across
+//! processes. The table shows how the jobs spread over the workers.
 
 use std::collections::BTreeMap;
 use std::process::{ExitCode, Stdio};
 use std::time::Instant;
 
 use clap::Args;
+use coord_adapters::board::{Board, BoardAdapter, BoardError, TaskSpec, TaskState};
 use coord_adapters::{CasEngine, Decision};
-use coord_backend::{Assert, Error, Mutation};
+use coord_backend::{Error, Mutation};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
@@ -33,9 +37,12 @@ pub(crate) struct DemoArgs {
     /// Shared counters the increments are spread over.
     #[arg(long, default_value_t = 3)]
     counters: u32,
-    /// Shared jobs every worker tries to claim.
+    /// Jobs in the shared work queue the workers drain.
     #[arg(long, default_value_t = 100)]
     jobs: u32,
+    /// How long each job "works" (ms) between its claim and its completion.
+    #[arg(long, default_value_t = 10)]
+    job_ms: u64,
 }
 
 /// Arguments of one worker (internal).
@@ -51,6 +58,8 @@ pub(crate) struct WorkerArgs {
     counters: u32,
     #[arg(long)]
     jobs: u32,
+    #[arg(long)]
+    job_ms: u64,
     /// Unix time (ms) at which every worker starts, so they really race.
     #[arg(long)]
     start_at_ms: u64,
@@ -62,16 +71,38 @@ struct WorkerReport {
     increments: u64,
     conflicts_retried: u64,
     store_calls: u64,
-    claims_won: u64,
+    jobs_done: u64,
+    /// Queue entries this worker found taken by another worker first.
+    lost_races: u64,
     millis: u64,
 }
+
+/// The queue the demo's jobs are in.
+const DEMO_QUEUE: &str = "demo";
+
+/// How long a worker's claim on a job lasts (it completes it at once).
+const JOB_LEASE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Jobs added per `add_many`: one txn each, within every store's key limit.
+const ADD_BATCH: usize = 10;
 
 fn counter_key(i: u32) -> String {
     format!("demo/counter/{i}")
 }
 
-fn job_key(i: u32) -> String {
-    format!("demo/job/{i:04}")
+fn job_id(i: u32) -> String {
+    format!("job-{i:04}")
+}
+
+fn agent(worker: u32) -> String {
+    format!("worker-{worker}")
+}
+
+fn board_error(e: BoardError) -> Error {
+    match e {
+        BoardError::Store(e) => e,
+        other => Error::Config(other.to_string()),
+    }
 }
 
 /// One worker: increments and claims, then one JSON line on stdout.
@@ -85,11 +116,13 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Error> {
     if args.start_at_ms > now_ms {
         tokio::time::sleep(std::time::Duration::from_millis(args.start_at_ms - now_ms)).await;
     }
+    let board = BoardAdapter::new(store.clone());
+    let me = agent(args.id);
     let started = Instant::now();
-    let mut claims_won = 0;
-    let mut claim_calls = 0;
-    let total = args.increments.max(args.jobs);
-    for step in 0..total {
+    let mut jobs_done = 0;
+    let mut queue_drained = args.jobs == 0;
+    let mut step = 0;
+    while step < args.increments || !queue_drained {
         if step < args.increments {
             let key = counter_key((step + args.id) % args.counters);
             engine
@@ -108,28 +141,35 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Error> {
                 })
                 .await?;
         }
-        if step < args.jobs {
-            // Start at a different job per worker so claims really race.
-            let job = job_key((step + args.id * 7) % args.jobs);
-            claim_calls += 1;
-            let out = store
-                .txn(
-                    &[Assert::missing(job.clone())],
-                    &[Mutation::put(job, format!("worker-{}", args.id))],
-                )
-                .await?;
-            if out.applied {
-                claims_won += 1;
+        if !queue_drained {
+            match board
+                .claim_next(DEMO_QUEUE, &me, JOB_LEASE)
+                .await
+                .map_err(board_error)?
+            {
+                Some(job) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(args.job_ms)).await;
+                    board
+                        .complete(&job.id, &job.token, me.clone().into_bytes())
+                        .await
+                        .map_err(board_error)?;
+                    jobs_done += 1;
+                }
+                // Nothing ready: every job is done or held by a worker
+                // that completes it (none fails in the demo).
+                None => queue_drained = true,
             }
         }
+        step += 1;
     }
     let stats = engine.stats();
     let report = WorkerReport {
         id: args.id,
         increments: u64::from(args.increments),
         conflicts_retried: stats.rejections,
-        store_calls: stats.round_trips() + claim_calls,
-        claims_won,
+        store_calls: stats.round_trips() + board.stats().round_trips(),
+        jobs_done,
+        lost_races: board.queue_stats().lost_races,
         millis: started.elapsed().as_millis() as u64,
     };
     println!(
@@ -165,6 +205,16 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode, Error> {
         parsed.without_namespace()
     );
 
+    // The jobs go into the queue before any worker starts.
+    let store = coord::connect(&store_url).await?;
+    let board = BoardAdapter::new(store.clone());
+    let jobs: Vec<TaskSpec> = (0..args.jobs)
+        .map(|i| TaskSpec::new(job_id(i), Vec::new()).in_queue(DEMO_QUEUE))
+        .collect();
+    for batch in jobs.chunks(ADD_BATCH) {
+        board.add_many(batch.to_vec()).await.map_err(board_error)?;
+    }
+
     let exe = std::env::current_exe().map_err(|e| Error::Config(e.to_string()))?;
     let bar = crate::progress::bar(u64::from(args.workers), "workers racing");
     let mut children = Vec::new();
@@ -183,6 +233,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode, Error> {
             .args(["--increments", &args.increments.to_string()])
             .args(["--counters", &args.counters.to_string()])
             .args(["--jobs", &args.jobs.to_string()])
+            .args(["--job-ms", &args.job_ms.to_string()])
             .args(["--start-at-ms", &start_at_ms.to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -210,7 +261,6 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode, Error> {
     }
     bar.finish_and_clear();
 
-    let store = coord::connect(&store_url).await?;
     let counter_keys: Vec<String> = (0..args.counters).map(counter_key).collect();
     let counters = store.snapshot(&counter_keys).await?;
     let counted: u64 = counters
@@ -223,48 +273,51 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode, Error> {
                 .unwrap_or(0)
         })
         .sum();
-    let claimed = store.keys("demo/job/").await?;
+    // Who completed each job, as the store says.
     let mut owners: BTreeMap<String, u64> = BTreeMap::new();
-    for chunk in claimed.chunks(100) {
-        for entry in store.snapshot(chunk).await? {
-            if let Some(v) = entry.value {
-                *owners
-                    .entry(String::from_utf8_lossy(&v).into_owned())
-                    .or_default() += 1;
-            }
+    let mut completed = 0u64;
+    for i in 0..args.jobs {
+        let task = board.get(&job_id(i)).await.map_err(board_error)?;
+        if let TaskState::Completed { agent, .. } = task.state {
+            completed += 1;
+            *owners.entry(agent).or_default() += 1;
         }
     }
 
     println!();
     println!(
-        "{:>8} {:>12} {:>18} {:>12} {:>12} {:>9}",
-        "worker", "increments", "conflicts retried", "store calls", "claims won", "time ms"
+        "{:>8} {:>12} {:>18} {:>12} {:>10} {:>11} {:>9}",
+        "worker",
+        "increments",
+        "conflicts retried",
+        "store calls",
+        "jobs done",
+        "lost races",
+        "time ms"
     );
     for r in &reports {
         println!(
-            "{:>8} {:>12} {:>18} {:>12} {:>12} {:>9}",
-            r.id, r.increments, r.conflicts_retried, r.store_calls, r.claims_won, r.millis
+            "{:>8} {:>12} {:>18} {:>12} {:>10} {:>11} {:>9}",
+            r.id,
+            r.increments,
+            r.conflicts_retried,
+            r.store_calls,
+            r.jobs_done,
+            r.lost_races,
+            r.millis
         );
     }
     let expected_count = u64::from(args.workers) * u64::from(args.increments);
-    let won: u64 = reports.iter().map(|r| r.claims_won).sum();
-    let owners_agree = reports.iter().all(|r| {
-        owners
-            .get(&format!("worker-{}", r.id))
-            .copied()
-            .unwrap_or(0)
-            == r.claims_won
-    });
+    let done: u64 = reports.iter().map(|r| r.jobs_done).sum();
+    let owners_agree = reports
+        .iter()
+        .all(|r| owners.get(&agent(r.id)).copied().unwrap_or(0) == r.jobs_done);
     println!();
     println!("{:<28} {:>10} {:>10}", "total", "actual", "expected");
     let rows = [
         ("counter increments", counted, expected_count),
-        (
-            "jobs claimed (store)",
-            claimed.len() as u64,
-            u64::from(args.jobs),
-        ),
-        ("claims won (workers)", won, u64::from(args.jobs)),
+        ("jobs completed (store)", completed, u64::from(args.jobs)),
+        ("jobs done (workers)", done, u64::from(args.jobs)),
         (
             "workers finished",
             reports.len() as u64,
@@ -281,7 +334,12 @@ pub(crate) async fn run(args: DemoArgs) -> Result<ExitCode, Error> {
         println!("owners recorded in the store disagree with what workers report: MISMATCH");
     }
     if ok {
-        println!("\nall totals match: every increment counted once, every job claimed by exactly one worker");
+        println!("\nall totals match: every increment counted once, every job done by exactly one worker");
+        let busy = reports.iter().filter(|r| r.jobs_done > 0).count();
+        println!(
+            "the {} jobs spread over {busy} of {} workers",
+            args.jobs, args.workers
+        );
         Ok(ExitCode::SUCCESS)
     } else {
         println!("\nTOTALS DO NOT MATCH: this store is not atomic across processes");

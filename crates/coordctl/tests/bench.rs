@@ -3,6 +3,9 @@
 //! never asserted: only that every row was measured (exactly the calls asked
 //! for, positive times), that baselines are there where the store has them,
 //! and that the raw baselines' records are gone afterwards.
+//!
+//! `coordctl demo` (worker processes racing on one store) runs here too: its
+//! totals must match on SQLite (its default) and on every server given.
 
 use coord_backend::StoreUrl;
 use serde_json::Value;
@@ -537,4 +540,54 @@ fn store_url_from_the_environment() {
     let neither = run(None, &["gc", "--dry-run"]);
     assert_eq!(neither.status.code(), Some(2), "{neither:?}");
     assert!(String::from_utf8_lossy(&neither.stderr).contains("--store"));
+}
+
+/// `coordctl demo` on `url` (None: its default, a fresh SQLite file): every
+/// increment counted once and every queued job done by exactly one worker,
+/// as the store and the workers both say.
+fn demo(url: Option<&str>) {
+    let mut args = vec![
+        "demo",
+        "--workers",
+        "3",
+        "--increments",
+        "40",
+        "--jobs",
+        "30",
+        "--job-ms",
+        "2",
+    ];
+    if let Some(url) = url {
+        args.extend(["--store", url]);
+    }
+    let out = coordctl(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for row in [
+        "counter increments",
+        "jobs completed (store)",
+        "jobs done (workers)",
+        "workers finished",
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(row))
+            .unwrap_or_else(|| panic!("no {row:?} row in {text}"));
+        assert!(line.ends_with(" ok"), "{line}");
+    }
+    assert!(text.contains("the 30 jobs spread over"), "{text}");
+}
+
+#[test]
+fn demo_totals_match() {
+    demo(None);
+    for var in ["COORD_TEST_REDIS_URL", "COORD_TEST_POSTGRES_URL"] {
+        if let Some(base) = coord_conformance::server_env(var) {
+            demo(Some(&base));
+        }
+    }
 }
