@@ -71,7 +71,9 @@ pub mod queue;
 mod record;
 
 pub use adapter::{BoardAdapter, BoardOptions};
-pub use queue::{BoundedCount, DeadTask, DeadTasks, QueueDepth, QueueNames, QueueStats};
+pub use queue::{
+    BoundedCount, DeadTask, DeadTasks, QueueDepth, QueueDepths, QueueNames, QueueStats,
+};
 
 /// A task to put on the board.
 #[derive(Clone, PartialEq, Eq)]

@@ -195,6 +195,16 @@ pub struct QueueNames {
     pub more: bool,
 }
 
+/// Every queue's numbers ([`BoardAdapter::refresh_queue_metrics`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueDepths {
+    /// One per queue read, by name.
+    pub queues: Vec<QueueDepth>,
+    /// There were more queues than read.
+    pub more: bool,
+}
+
 /// The largest `limit` a read of the queue's indexes takes.
 pub const MAX_READ_LIMIT: usize = 100_000;
 
@@ -352,6 +362,33 @@ impl BoardAdapter {
             .filter_map(|k| k.strip_prefix(&prefix).map(str::to_owned))
             .collect();
         Ok(QueueNames { names, more })
+    }
+
+    /// Read the numbers of the first `max_queues` queues ([`Self::queues`],
+    /// then [`Self::queue_depth`] of each with `limit`) and set the
+    /// `coord_queue_*` gauges of [`crate::telemetry`] (docs/operations.md)
+    /// through the `metrics` facade: for a process exporting metrics, on its
+    /// own schedule (each call costs `1 + 3 × queues` bounded listings and
+    /// reads no record). The gauges are set only once every read succeeded:
+    /// a store error leaves the previous values and is returned.
+    pub async fn refresh_queue_metrics(
+        &self,
+        max_queues: usize,
+        limit: usize,
+    ) -> Result<QueueDepths, BoardError> {
+        let names = self.queues(max_queues).await?;
+        let mut queues = Vec::with_capacity(names.names.len());
+        for queue in &names.names {
+            queues.push(self.queue_depth(queue, limit).await?);
+        }
+        for depth in &queues {
+            crate::telemetry::queue_depth(depth);
+        }
+        crate::telemetry::queues_truncated(names.more);
+        Ok(QueueDepths {
+            queues,
+            more: names.more,
+        })
     }
 
     /// `queue`'s ready, timed and dead counts and its oldest ready task's

@@ -113,6 +113,8 @@ struct AppState {
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     /// `coord_sideeffect_uncertain` for the watched store, refreshed on scrape.
     uncertain: crate::metrics::UncertainGauge,
+    /// The `coord_queue_*` gauges of the default board, refreshed on scrape.
+    queues: crate::metrics::QueueGauges,
 }
 
 type Shared = Arc<AppState>;
@@ -144,6 +146,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode, Error> {
     let redacted = coord_backend::redact::url(url.without_namespace());
     let state = Arc::new(AppState {
         uncertain: crate::metrics::UncertainGauge::new(backend.clone()),
+        queues: crate::metrics::QueueGauges::new(backend.clone()),
         metrics,
         stores: Stores::new(backend)?,
         shown: format!("{redacted} (namespace {})", url.namespace()),

@@ -150,7 +150,7 @@ pub(super) async fn metrics_text(State(state): State<Shared>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        crate::metrics::render(&state.metrics, Some(&state.uncertain)).await,
+        crate::metrics::render(&state.metrics, Some(&state.uncertain), Some(&state.queues)).await,
     )
         .into_response()
 }
