@@ -160,7 +160,8 @@ pub(super) async fn not_found(State(state): State<Shared>, request: Request) -> 
     Failure::new(
         StatusCode::NOT_FOUND,
         "no such page (pages: /, /locks, /leaders, /tasks, /sideeffects, /jobs, /jobs/JOB; API: /api/locks, \
-/api/elections, /api/rwlocks, /api/fairlocks, /api/semaphores, /api/resources, /api/tasks, /api/sideeffects, /api/jobs, /api/jobs/JOB/runs)",
+/api/elections, /api/rwlocks, /api/fairlocks, /api/semaphores, /api/resources, /api/tasks, /api/queues, /api/sideeffects, \
+/api/jobs, /api/jobs/JOB/runs)",
     )
     .respond(&state, json)
 }
