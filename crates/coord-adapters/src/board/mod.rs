@@ -71,9 +71,11 @@ pub mod queue;
 mod record;
 
 pub use adapter::{BoardAdapter, BoardOptions};
-pub use queue::{
-    BoundedCount, DeadTask, DeadTasks, QueueDepth, QueueDepths, QueueNames, QueueStats,
-};
+pub use queue::QueueStats;
+
+/// What [`Board::queues`], [`Board::queue_depth`] and [`Board::dead_tasks`]
+/// answer (see docs/queue.md, "Watching a queue").
+pub use queue::{BoundedCount, DeadTask, DeadTasks, QueueDepth, QueueDepths, QueueNames};
 
 /// A task to put on the board.
 #[derive(Clone, PartialEq, Eq)]
