@@ -873,7 +873,10 @@ async fn queue_suite_red_on_each_bug() {
             |b| b.by_id_order = true,
             &["priority_then_fifo", "run_at_respected"],
         ),
-        (|b| b.drops_run_at = true, &["run_at_respected"]),
+        (
+            |b| b.drops_run_at = true,
+            &["run_at_respected", "queue_depth_counts"],
+        ),
         (|b| b.drops_retry_policy = true, &retries),
         (
             |b| b.fail_releases = true,
