@@ -22,6 +22,14 @@
 //! - [`add_many_all_or_nothing`]: a batch with one bad task adds nothing;
 //! - [`cancel_stops_a_task`]: a cancelled task is never claimed, its
 //!   holder's lease is lost;
+//! - [`dead_index_follows_death`]: a task that dies (its last failure, or
+//!   its last claim running out) is counted dead in its queue and listed
+//!   with its error, and no longer once retried or cancelled;
+//! - [`queue_depth_counts`]: ready and timed (run-at, live claims) counts,
+//!   the oldest ready task's age, the queue's name listed, and a limit that
+//!   cuts a listing said so;
+//! - [`dead_index_follows_prune`] (over a backend factory): a pruned dead
+//!   task leaves its queue's dead count and list;
 //! - [`faults_never_double_or_lose`] (over a backend factory): workers whose
 //!   answers are lost and whose txns land late never get one task twice,
 //!   and every task is completed in the end.
@@ -31,7 +39,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use coord_adapters::board::{
-    Board, BoardAdapter, BoardError, BoardOptions, Failed, RetryPolicy, TaskSpec, TaskState,
+    Board, BoardAdapter, BoardError, BoardOptions, Failed, QueueDepth, RetryPolicy, TaskSpec,
+    TaskState,
 };
 use coord_backend::{Clock, ManualClock};
 
@@ -438,6 +447,218 @@ pub async fn cancel_stops_a_task(env: BoardEnv) -> CheckResult {
     Ok(())
 }
 
+/// How far the queue reads go in these checks (more than any check adds).
+const LIMIT: usize = 100;
+
+/// `QUEUE`'s numbers.
+async fn depth(board: &Arc<dyn Board>) -> Result<QueueDepth, Failure> {
+    board.queue_depth(QUEUE, LIMIT).await.ctx("queue_depth")
+}
+
+/// The ids and errors of `QUEUE`'s dead tasks, in order.
+async fn dead_list(board: &Arc<dyn Board>) -> Result<Vec<(String, Option<String>)>, Failure> {
+    let dead = board.dead_tasks(QUEUE, LIMIT).await.ctx("dead_tasks")?;
+    Ok(dead
+        .tasks
+        .into_iter()
+        .map(|d| (d.task.id, d.task.last_error))
+        .collect())
+}
+
+/// A task dies of its last failure, another of its last claim running out
+/// (found by a claimer): each is counted dead in the queue and listed with
+/// its error, longest dead first, at the time it died. `retry_dead` takes
+/// one out of the count and the list (it is ready again); cancelling the
+/// other does too (a cancelled task is not dead).
+pub async fn dead_index_follows_death(env: BoardEnv) -> CheckResult {
+    let board = env.client().await?;
+    let once = RetryPolicy::attempts(1);
+    board
+        .add(job("d1").with_retry(once).with_priority(1))
+        .await
+        .ctx("add d1")?;
+    board.add(job("d2").with_retry(once)).await.ctx("add d2")?;
+    let d1 = board
+        .claim_next(QUEUE, "w", TTL)
+        .await
+        .ctx("claim_next")?
+        .ok_or_else(|| Failure::new("d1 should be ready"))?;
+    ensure!(d1.id == "d1", "claimed {} first, expected d1", d1.id);
+    let died_at = env.clock.now();
+    let failed = board.fail("d1", &d1.token, "boom").await.ctx("fail")?;
+    ensure!(
+        failed == Failed::Dead,
+        "its only attempt failed: {failed:?}"
+    );
+    let after_fail = depth(&board).await?;
+    ensure!(
+        after_fail.dead.count == 1 && !after_fail.dead.more,
+        "after d1 died of its failure the queue counts {} dead: {after_fail:?}",
+        after_fail.dead
+    );
+    let dead = board.dead_tasks(QUEUE, LIMIT).await.ctx("dead_tasks")?;
+    ensure!(
+        dead.tasks.len() == 1
+            && dead.tasks[0].task.id == "d1"
+            && dead.tasks[0].died_at == died_at
+            && matches!(&dead.tasks[0].task.state, TaskState::Dead { error: Some(e) } if e == "boom"),
+        "the dead list after d1 died at {died_at:?}: {dead:?}"
+    );
+    // d2's only claim runs out; the next claimer finds it dead.
+    let short = Duration::from_secs(5);
+    let d2 = board
+        .claim_next(QUEUE, "sleepy", short)
+        .await
+        .ctx("claim_next")?;
+    ensure!(
+        d2.as_ref().is_some_and(|c| c.id == "d2"),
+        "claim_next answered {d2:?}, expected d2"
+    );
+    env.clock.advance(short + Duration::from_millis(1));
+    let next = next_id(&board, "w").await?;
+    ensure!(
+        next.is_none(),
+        "claimed {next:?} from a queue of dead tasks"
+    );
+    let listed = dead_list(&board).await?;
+    ensure!(
+        listed.len() == 2
+            && listed[0].0 == "d1"
+            && listed[1].0 == "d2"
+            && listed[1]
+                .1
+                .as_deref()
+                .is_some_and(|e| e.contains("ran out")),
+        "after d2's last claim ran out the dead list is {listed:?}"
+    );
+    ensure!(
+        depth(&board).await?.dead.count == 2,
+        "two dead tasks, the queue counts {}",
+        depth(&board).await?.dead
+    );
+    board.retry_dead("d1").await.ctx("retry_dead")?;
+    let after_retry = depth(&board).await?;
+    ensure!(
+        after_retry.dead.count == 1 && after_retry.ready.count == 1,
+        "after retry_dead(d1): {after_retry:?} (expected 1 dead, 1 ready)"
+    );
+    let listed = dead_list(&board).await?;
+    ensure!(
+        listed.iter().map(|(id, _)| id.as_str()).eq(["d2"]),
+        "after retry_dead(d1) the dead list is {listed:?}"
+    );
+    board.cancel("d2").await.ctx("cancel")?;
+    let after_cancel = depth(&board).await?;
+    ensure!(
+        after_cancel.dead.count == 0,
+        "a cancelled task is still counted dead: {after_cancel:?}"
+    );
+    ensure!(
+        dead_list(&board).await?.is_empty(),
+        "a cancelled task is still listed dead"
+    );
+    Ok(())
+}
+
+/// Ready tasks and timed ones (a run-at ahead, a live claim) are counted
+/// apart; the oldest ready task's age is the time since it became ready,
+/// whatever its priority; the queue's name is listed; a limit below the
+/// count answers the limit and says there are more.
+pub async fn queue_depth_counts(env: BoardEnv) -> CheckResult {
+    let board = env.client().await?;
+    let empty = depth(&board).await?;
+    ensure!(
+        empty.ready.count == 0 && empty.timed.count == 0 && empty.oldest_ready_age.is_none(),
+        "an empty queue: {empty:?}"
+    );
+    board.add(job("old")).await.ctx("add old")?;
+    env.clock.advance(Duration::from_secs(1));
+    board
+        .add(job("urgent").with_priority(5))
+        .await
+        .ctx("add urgent")?;
+    env.clock.advance(Duration::from_secs(1));
+    let later = env.clock.now() + Duration::from_secs(30);
+    board
+        .add(job("later").with_run_at(later))
+        .await
+        .ctx("add later")?;
+    board
+        .add(job("young").with_priority(9))
+        .await
+        .ctx("add young")?;
+    let claimed = next_id(&board, "w").await?;
+    ensure!(
+        claimed.as_deref() == Some("young"),
+        "claimed {claimed:?}, expected young (priority 9)"
+    );
+    let seen = depth(&board).await?;
+    ensure!(
+        seen.ready.count == 2 && seen.timed.count == 2 && seen.depth().count == 4,
+        "ready old + urgent, timed later (run-at) + young (claimed): {seen:?}"
+    );
+    ensure!(
+        seen.oldest_ready_age == Some(Duration::from_secs(2)),
+        "old has been ready for 2 s (urgent, of a higher priority, for 1 s): {seen:?}"
+    );
+    ensure!(
+        !seen.truncated() && seen.dead.count == 0,
+        "nothing cut, nothing dead: {seen:?}"
+    );
+    let cut = board.queue_depth(QUEUE, 1).await.ctx("queue_depth")?;
+    ensure!(
+        cut.ready.count == 1 && cut.ready.more && cut.timed.more && cut.truncated(),
+        "with a limit of 1: {cut:?}"
+    );
+    let queues = board.queues(LIMIT).await.ctx("queues")?;
+    ensure!(
+        queues.names.iter().any(|q| q == QUEUE),
+        "the queue names do not list {QUEUE}: {queues:?}"
+    );
+    Ok(())
+}
+
+/// A dead task pruned after the retention leaves its queue's dead count
+/// and dead list with its record.
+pub async fn dead_index_follows_prune(factory: BackendFactory) -> CheckResult {
+    use coord_adapters::retention::PruneOptions;
+    let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+    let options = BoardOptions::default().with_clock(clock.clone());
+    let store = factory(crate::unique_namespace("queue_dead_prune")).await?;
+    let adapter = BoardAdapter::with_options(store, options);
+    let board: Arc<dyn Board> = Arc::new(adapter.clone());
+    board
+        .add(job("gone").with_retry(RetryPolicy::attempts(1)))
+        .await
+        .ctx("add")?;
+    let claim = board
+        .claim_next(QUEUE, "w", TTL)
+        .await
+        .ctx("claim_next")?
+        .ok_or_else(|| Failure::new("nothing to claim"))?;
+    board.fail("gone", &claim.token, "no").await.ctx("fail")?;
+    ensure!(
+        depth(&board).await?.dead.count == 1,
+        "the dead task is not counted dead"
+    );
+    clock.advance(Duration::from_secs(7200));
+    let pruned = adapter
+        .prune(&PruneOptions::after(Duration::from_secs(3600)))
+        .await
+        .ctx("prune")?;
+    ensure!(pruned.removed == 1, "prune removed {pruned:?}");
+    let after = depth(&board).await?;
+    ensure!(
+        after.dead.count == 0,
+        "a pruned dead task is still counted dead: {after:?}"
+    );
+    ensure!(
+        dead_list(&board).await?.is_empty(),
+        "a pruned dead task is still listed"
+    );
+    Ok(())
+}
+
 /// 6 workers whose store loses answers (20% of writing txns) and delays
 /// others until later calls (10%) drain 40 tasks, then the leases run out
 /// and a clean client drains what is left. No task is held by two claims
@@ -561,5 +782,8 @@ crate::__define_suite! {$
     ready_when_last_dependency_completes,
     add_many_all_or_nothing,
     cancel_stops_a_task,
+    dead_index_follows_death,
+    queue_depth_counts,
+    dead_index_follows_prune => |factory| dead_index_follows_prune(factory),
     faults_never_double_or_lose => |factory| faults_never_double_or_lose(factory),
 }

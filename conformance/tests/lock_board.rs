@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use coord_adapters::board::{
-    validate_claim, validate_task_id, Board, BoardError, ClaimedTask, Task, TaskSpec, TaskState,
+    validate_claim, validate_task_id, Board, BoardError, ClaimedTask, DeadTasks, QueueDepth,
+    QueueNames, Task, TaskSpec, TaskState,
 };
 use coord_adapters::lock::{
     async_trait, validate_lock_input, GenericLock, Lock, LockError, LockHandle, LockOptions,
@@ -600,6 +601,95 @@ struct QueueBugs {
     add_many_one_by_one: bool,
     /// `cancel` does nothing.
     cancel_ignored: bool,
+    /// The dead index is not maintained: the store drops every write that
+    /// would create a queue's dead entry (see [`DeadIndexDropped`]).
+    dead_entries_not_written: bool,
+    /// The dead index is not maintained: the store drops every delete of a
+    /// queue's dead entry (`retry_dead`, `cancel`, a prune leave it behind).
+    dead_entries_not_removed: bool,
+}
+
+/// A store that loses the writes of the queues' dead index
+/// (`board/queue/<q>/d/...`) of one kind: what an adapter that forgets to
+/// maintain that index leaves behind. Everything else goes to the inner
+/// store unchanged.
+#[derive(Debug)]
+struct DeadIndexDropped {
+    inner: Arc<dyn Backend>,
+    /// Drop puts (the entry never appears) or deletes (it never goes).
+    puts: bool,
+}
+
+impl DeadIndexDropped {
+    fn dropped(&self, mutation: &Mutation) -> bool {
+        let dead_entry = mutation
+            .key()
+            .strip_prefix("board/queue/")
+            .and_then(|rest| rest.split_once('/'))
+            .is_some_and(|(_, rest)| rest.starts_with("d/"));
+        dead_entry && matches!(mutation, Mutation::Put { .. }) == self.puts
+    }
+}
+
+#[async_trait]
+impl Backend for DeadIndexDropped {
+    fn namespace(&self) -> &str {
+        self.inner.namespace()
+    }
+
+    fn limits(&self) -> coord_backend::Limits {
+        self.inner.limits()
+    }
+
+    async fn raw_snapshot(
+        &self,
+        keys: &[&str],
+    ) -> coord_backend::Result<Vec<coord_backend::Entry>> {
+        self.inner.raw_snapshot(keys).await
+    }
+
+    async fn raw_txn(
+        &self,
+        asserts: &[coord_backend::Assert],
+        mutations: &[Mutation],
+    ) -> coord_backend::Result<coord_backend::TxnOutcome> {
+        let kept: Vec<Mutation> = mutations
+            .iter()
+            .filter(|m| !self.dropped(m))
+            .cloned()
+            .collect();
+        self.inner.txn(asserts, &kept).await
+    }
+
+    async fn raw_keys(&self, prefix: &str) -> coord_backend::Result<Vec<String>> {
+        self.inner.raw_keys(prefix).await
+    }
+
+    async fn raw_first_keys(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> coord_backend::Result<Vec<String>> {
+        self.inner.raw_first_keys(prefix, limit).await
+    }
+}
+
+/// A factory of memory stores (one per namespace, shared by every call
+/// for it) that drop the dead index's puts or deletes.
+fn dead_index_dropped_factory(puts: bool) -> coord_conformance::BackendFactory {
+    let stores: Arc<Mutex<HashMap<String, Arc<dyn Backend>>>> = Arc::default();
+    Arc::new(move |namespace: String| {
+        let stores = stores.clone();
+        Box::pin(async move {
+            let inner = stores
+                .lock()
+                .unwrap()
+                .entry(namespace.clone())
+                .or_insert_with(|| Arc::new(SingleProcessMemoryBackend::new(&namespace).unwrap()))
+                .clone();
+            Ok(Arc::new(DeadIndexDropped { inner, puts }) as Arc<dyn Backend>)
+        })
+    })
 }
 
 /// What a broken queue wraps, and its bugs.
@@ -615,7 +705,15 @@ impl BrokenQueue {
     fn env(bugs: QueueBugs) -> BoardEnv {
         use coord_adapters::board::{BoardAdapter, BoardOptions};
         let clock = manual_clock();
-        let store = Arc::new(SingleProcessMemoryBackend::new(&unique_namespace("queue")).unwrap());
+        let memory = Arc::new(SingleProcessMemoryBackend::new(&unique_namespace("queue")).unwrap());
+        let store: Arc<dyn Backend> =
+            match (bugs.dead_entries_not_written, bugs.dead_entries_not_removed) {
+                (false, false) => memory,
+                (puts, _) => Arc::new(DeadIndexDropped {
+                    inner: memory,
+                    puts,
+                }),
+            };
         let options = BoardOptions::default().with_clock(clock.clone());
         let board: Arc<dyn Board> = Arc::new(BrokenQueue {
             inner: Arc::new(BoardAdapter::with_options(store, options)),
@@ -714,6 +812,18 @@ impl Board for BrokenQueue {
         self.inner.retry_dead(id).await
     }
 
+    async fn queues(&self, limit: usize) -> Result<QueueNames, BoardError> {
+        self.inner.queues(limit).await
+    }
+
+    async fn queue_depth(&self, queue: &str, limit: usize) -> Result<QueueDepth, BoardError> {
+        self.inner.queue_depth(queue, limit).await
+    }
+
+    async fn dead_tasks(&self, queue: &str, limit: usize) -> Result<DeadTasks, BoardError> {
+        self.inner.dead_tasks(queue, limit).await
+    }
+
     async fn claim(&self, id: &str, agent: &str, ttl: Duration) -> Result<ClaimedTask, BoardError> {
         self.inner.claim(id, agent, ttl).await
     }
@@ -763,7 +873,10 @@ async fn queue_suite_red_on_each_bug() {
             |b| b.by_id_order = true,
             &["priority_then_fifo", "run_at_respected"],
         ),
-        (|b| b.drops_run_at = true, &["run_at_respected"]),
+        (
+            |b| b.drops_run_at = true,
+            &["run_at_respected", "queue_depth_counts"],
+        ),
         (|b| b.drops_retry_policy = true, &retries),
         (
             |b| b.fail_releases = true,
@@ -778,6 +891,37 @@ async fn queue_suite_red_on_each_bug() {
             &["add_many_all_or_nothing"],
         ),
         (|b| b.cancel_ignored = true, &["cancel_stops_a_task"]),
+        (
+            |b| b.dead_entries_not_written = true,
+            &["dead_index_follows_death"],
+        ),
+        (
+            |b| b.dead_entries_not_removed = true,
+            &["dead_index_follows_death"],
+        ),
     ];
     red_on_each_bug(&checks, BrokenQueue::env, reds).await;
+}
+
+/// The queue checks over a backend factory: green on the memory store, red
+/// where the store loses the dead index's puts or deletes.
+#[tokio::test]
+async fn queue_factory_checks_red_without_the_dead_index() {
+    use coord_conformance::queue as queue_suite;
+    let memory: coord_conformance::BackendFactory = Arc::new(|namespace: String| {
+        Box::pin(async move {
+            Ok(Arc::new(SingleProcessMemoryBackend::new(&namespace).unwrap()) as Arc<dyn Backend>)
+        })
+    });
+    queue_suite::dead_index_follows_prune(memory)
+        .await
+        .unwrap_or_else(|f| panic!("dead_index_follows_prune on the memory store: {f}"));
+    for puts in [true, false] {
+        let broken = queue_suite::dead_index_follows_prune(dead_index_dropped_factory(puts)).await;
+        assert!(
+            broken.is_err(),
+            "dead_index_follows_prune passed on a store dropping the dead index's {}",
+            if puts { "puts" } else { "deletes" }
+        );
+    }
 }

@@ -64,6 +64,39 @@ pub const ELECTION_WON_TOTAL: &str = "coord_election_won_total";
 /// `taken_over`, `not_held`).
 pub const ELECTION_LOST_TOTAL: &str = "coord_election_lost_total";
 
+/// Gauge `coord_queue_ready{queue}`: ready tasks of a work queue (claimable
+/// now). Like every `coord_queue_*` gauge, set by
+/// [`crate::board::BoardAdapter::refresh_queue_metrics`] (which a process
+/// calls on its own schedule; `coordctl serve` does per scrape), never by the
+/// queue's calls themselves. The `queue` label is a queue name: the one
+/// label whose values the application chooses, bounded by the queue names
+/// it uses (and by the refresh's `max_queues`).
+pub const QUEUE_READY: &str = "coord_queue_ready";
+
+/// Gauge `coord_queue_timed{queue}`: tasks waiting for a time (a run-at or
+/// a backoff ahead, or a live claim until its lease's end).
+pub const QUEUE_TIMED: &str = "coord_queue_timed";
+
+/// Gauge `coord_queue_depth{queue}`: ready + timed, the tasks of the queue
+/// not completed, dead or cancelled (those waiting on dependencies aside).
+pub const QUEUE_DEPTH: &str = "coord_queue_depth";
+
+/// Gauge `coord_queue_dead{queue}`: dead tasks (attempts used up), waiting
+/// for a `retry_dead` or a prune.
+pub const QUEUE_DEAD: &str = "coord_queue_dead";
+
+/// Gauge `coord_queue_oldest_ready_seconds{queue}`: how long the task ready
+/// longest has been ready (0 when none is).
+pub const QUEUE_OLDEST_READY_SECONDS: &str = "coord_queue_oldest_ready_seconds";
+
+/// Gauge `coord_queue_truncated{queue}`: 1 when a listing behind the
+/// queue's gauges stopped at its limit (those gauges are lower bounds).
+pub const QUEUE_TRUNCATED: &str = "coord_queue_truncated";
+
+/// Gauge `coord_queues_truncated`: 1 when there were more queues than the
+/// refresh reads (the others have no gauges).
+pub const QUEUES_TRUNCATED: &str = "coord_queues_truncated";
+
 /// Every value of the `mode` label of [`RWLOCK_ACQUIRED_TOTAL`].
 pub const RWLOCK_MODES: [&str; 2] = ["read", "write"];
 
@@ -125,6 +158,25 @@ pub fn describe() {
     metrics::describe_counter!(
         ELECTION_LOST_TOTAL,
         "Leaders that learned their leadership is over, by reason"
+    );
+    metrics::describe_gauge!(QUEUE_READY, "Ready tasks of a work queue, by queue");
+    metrics::describe_gauge!(
+        QUEUE_TIMED,
+        "Tasks of a work queue waiting for a run-at, a backoff or a claim's end, by queue"
+    );
+    metrics::describe_gauge!(QUEUE_DEPTH, "Ready + timed tasks of a work queue, by queue");
+    metrics::describe_gauge!(QUEUE_DEAD, "Dead tasks of a work queue, by queue");
+    metrics::describe_gauge!(
+        QUEUE_OLDEST_READY_SECONDS,
+        "Seconds the task ready longest has been ready (0: none), by queue"
+    );
+    metrics::describe_gauge!(
+        QUEUE_TRUNCATED,
+        "1 when a listing behind the queue's gauges stopped at its limit (lower bounds)"
+    );
+    metrics::describe_gauge!(
+        QUEUES_TRUNCATED,
+        "1 when there were more queues than the last refresh of the queue gauges read"
     );
     for mode in RWLOCK_MODES {
         metrics::counter!(RWLOCK_ACQUIRED_TOTAL, "mode" => mode).increment(0);
@@ -188,6 +240,24 @@ pub(crate) fn election_lost(reason: &'static str) {
 
 pub(crate) fn sideeffect(outcome: &'static str) {
     metrics::counter!(SIDEEFFECT_TOTAL, "outcome" => outcome).increment(1);
+}
+
+/// Set the `coord_queue_*` gauges of one queue from `depth`.
+pub(crate) fn queue_depth(depth: &crate::board::QueueDepth) {
+    let queue = depth.queue.clone();
+    let count = |c: crate::board::BoundedCount| c.count as f64;
+    metrics::gauge!(QUEUE_READY, "queue" => queue.clone()).set(count(depth.ready));
+    metrics::gauge!(QUEUE_TIMED, "queue" => queue.clone()).set(count(depth.timed));
+    metrics::gauge!(QUEUE_DEPTH, "queue" => queue.clone()).set(count(depth.depth()));
+    metrics::gauge!(QUEUE_DEAD, "queue" => queue.clone()).set(count(depth.dead));
+    let oldest = depth.oldest_ready_age.unwrap_or_default().as_secs_f64();
+    metrics::gauge!(QUEUE_OLDEST_READY_SECONDS, "queue" => queue.clone()).set(oldest);
+    metrics::gauge!(QUEUE_TRUNCATED, "queue" => queue).set(f64::from(u8::from(depth.truncated())));
+}
+
+/// Set `coord_queues_truncated`.
+pub(crate) fn queues_truncated(more: bool) {
+    metrics::gauge!(QUEUES_TRUNCATED).set(f64::from(u8::from(more)));
 }
 
 pub(crate) fn pruned(adapter: &'static str, removed: u64) {

@@ -233,3 +233,93 @@ fn rwlock_and_election_metrics_count_grants_wins_and_losses() {
     assert_series(&counts, "coord_election_won_total", "", 2);
     assert_series(&counts, "coord_election_lost_total", "reason=taken_over", 2);
 }
+
+/// Every gauge `recorder` saw: `name{label=value,...}` → its value.
+fn gauges(recorder: &DebuggingRecorder) -> BTreeMap<String, f64> {
+    use metrics_util::debugging::DebugValue;
+    let mut out = BTreeMap::new();
+    for (key, _, _, value) in recorder.snapshotter().snapshot().into_vec() {
+        if let DebugValue::Gauge(v) = value {
+            let key = key.key();
+            let labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            let name = if labels.is_empty() {
+                key.name().to_owned()
+            } else {
+                format!("{}{{{}}}", key.name(), labels.join(","))
+            };
+            out.insert(name, v.into_inner());
+        }
+    }
+    out
+}
+
+/// `refresh_queue_metrics` sets each queue's gauges from its index: ready,
+/// timed, depth, dead, the oldest ready task's age, and the truncated flags
+/// (a limit of 1 cuts the listings of a queue of 2 ready tasks).
+#[test]
+fn queue_gauges_follow_each_queue() {
+    use coord_adapters::board::{Board, BoardAdapter, BoardOptions, RetryPolicy, TaskSpec};
+    let clock = Arc::new(ManualClock::at_millis(1_700_000_000_000));
+    let board = BoardAdapter::with_options(
+        store("queue_gauges"),
+        BoardOptions::default().with_clock(clock.clone()),
+    );
+    let recorder = DebuggingRecorder::new();
+    let cut = with_recorder(&recorder, async {
+        let once = RetryPolicy::attempts(1);
+        board
+            .add(TaskSpec::new("a", vec![]).in_queue("mail"))
+            .await
+            .unwrap();
+        clock.advance(Duration::from_secs(3));
+        board
+            .add(TaskSpec::new("b", vec![]).in_queue("mail"))
+            .await
+            .unwrap();
+        board
+            .add(TaskSpec::new("x", vec![]).in_queue("sms").with_retry(once))
+            .await
+            .unwrap();
+        board
+            .add(TaskSpec::new("y", vec![]).in_queue("sms"))
+            .await
+            .unwrap();
+        let ttl = Duration::from_secs(60);
+        let x = board.claim("x", "w", ttl).await.unwrap();
+        board.fail("x", &x.token, "bounced").await.unwrap();
+        board.claim("y", "w", ttl).await.unwrap();
+        let all = board.refresh_queue_metrics(10, 100).await.unwrap();
+        assert_eq!(all.queues.len(), 2);
+        assert!(!all.more);
+        let snapshot = gauges(&recorder);
+        // Cut: at most 1 queue, at most 1 key per listing.
+        let cut = board.refresh_queue_metrics(1, 1).await.unwrap();
+        (snapshot, cut)
+    });
+    let (seen, cut) = cut;
+    let expect = [
+        ("coord_queue_ready{queue=mail}", 2.0),
+        ("coord_queue_timed{queue=mail}", 0.0),
+        ("coord_queue_depth{queue=mail}", 2.0),
+        ("coord_queue_dead{queue=mail}", 0.0),
+        ("coord_queue_oldest_ready_seconds{queue=mail}", 3.0),
+        ("coord_queue_truncated{queue=mail}", 0.0),
+        ("coord_queue_ready{queue=sms}", 0.0),
+        ("coord_queue_timed{queue=sms}", 1.0),
+        ("coord_queue_depth{queue=sms}", 1.0),
+        ("coord_queue_dead{queue=sms}", 1.0),
+        ("coord_queue_oldest_ready_seconds{queue=sms}", 0.0),
+        ("coord_queues_truncated", 0.0),
+    ];
+    for (series, value) in expect {
+        assert_eq!(seen.get(series), Some(&value), "{series}: {seen:#?}");
+    }
+    assert!(cut.more && cut.queues.len() == 1, "{cut:?}");
+    let after = gauges(&recorder);
+    assert_eq!(after.get("coord_queues_truncated"), Some(&1.0));
+    assert_eq!(after.get("coord_queue_truncated{queue=mail}"), Some(&1.0));
+    assert_eq!(after.get("coord_queue_ready{queue=mail}"), Some(&1.0));
+}

@@ -14,7 +14,12 @@
 //!   a result younger than its reuse window (default 10 s) is reused instead.
 //!   Past `limit` keys the gauge is a lower bound and
 //!   `coord_sideeffect_uncertain_truncated` is 1.
-//! - [`render`] refreshes the gauge (when given one) and returns the
+//! - [`QueueGauges::refresh`] sets the `coord_queue_*` gauges of the
+//!   default board (`board/`) through
+//!   `BoardAdapter::refresh_queue_metrics`: at most 100 queues, each of
+//!   its three index listings at most 10,000 keys (past them the
+//!   `*_truncated` gauges are 1), reused for its window (default 10 s).
+//! - [`render`] refreshes the gauges (when given them) and returns the
 //!   Prometheus text format; [`router`] serves it at `GET /metrics`;
 //!   [`serve`] binds an address first (a bad or busy address is an error
 //!   before anything runs) and serves the router in the background.
@@ -33,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use axum::routing::get;
 use axum::Router;
+use coord_adapters::board::{BoardAdapter, BoardError, QueueDepths};
 use coord_adapters::sideeffect::{KeyStatus, SideEffectAdapter};
 use coord_adapters::telemetry::SIDEEFFECT_UNCERTAIN;
 use coord_backend::{Backend, Error, TXN_SECONDS};
@@ -179,15 +185,85 @@ impl UncertainGauge {
     }
 }
 
+/// The `coord_queue_*` gauges of the default board of one store (and
+/// namespace).
+#[derive(Debug)]
+pub(crate) struct QueueGauges {
+    board: BoardAdapter,
+    max_queues: usize,
+    limit: usize,
+    max_age: Duration,
+    last: tokio::sync::Mutex<Option<(Instant, QueueDepths)>>,
+}
+
+impl QueueGauges {
+    /// Default bound on the queues read per refresh.
+    pub(crate) const DEFAULT_MAX_QUEUES: usize = 100;
+    /// Default bound on the keys of each index listing.
+    pub(crate) const DEFAULT_LIMIT: usize = 10_000;
+
+    /// Gauges over `backend` with the default bounds and the reuse window
+    /// of [`UncertainGauge`].
+    pub(crate) fn new(backend: Arc<dyn Backend>) -> Self {
+        Self::with_limits(
+            backend,
+            Self::DEFAULT_MAX_QUEUES,
+            Self::DEFAULT_LIMIT,
+            UncertainGauge::DEFAULT_MAX_AGE,
+        )
+    }
+
+    /// Gauges reading at most `max_queues` queues and `limit` keys per
+    /// listing, reusing a refresh for `max_age`.
+    pub(crate) fn with_limits(
+        backend: Arc<dyn Backend>,
+        max_queues: usize,
+        limit: usize,
+        max_age: Duration,
+    ) -> Self {
+        QueueGauges {
+            board: BoardAdapter::new(backend),
+            max_queues,
+            limit,
+            max_age,
+            last: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Read every queue's numbers and set the gauges (or reuse a read
+    /// younger than the window); a failed read keeps the previous values.
+    pub(crate) async fn refresh(&self) -> Result<QueueDepths, BoardError> {
+        let mut last = self.last.lock().await;
+        if let Some((at, depths)) = last.as_ref() {
+            if at.elapsed() < self.max_age {
+                return Ok(depths.clone());
+            }
+        }
+        let depths = self
+            .board
+            .refresh_queue_metrics(self.max_queues, self.limit)
+            .await?;
+        *last = Some((Instant::now(), depths.clone()));
+        Ok(depths)
+    }
+}
+
 /// The Prometheus text of every metric of this process, after refreshing
-/// `uncertain` (a failed refresh keeps the previous value and is logged).
+/// `uncertain` and `queues` (a failed refresh keeps the previous values and
+/// is logged).
 pub(crate) async fn render(
     handle: &PrometheusHandle,
     uncertain: Option<&UncertainGauge>,
+    queues: Option<&QueueGauges>,
 ) -> String {
     if let Some(gauge) = uncertain {
         if let Err(error) = gauge.refresh().await {
             tracing::warn!(%error, "could not refresh coord_sideeffect_uncertain");
+        }
+    }
+    if let Some(gauges) = queues {
+        if let Err(error) = gauges.refresh().await {
+            tracing::warn!(%error, "could not refresh the coord_queue_* gauges");
         }
     }
     handle.run_upkeep();
@@ -208,7 +284,7 @@ pub(crate) fn router(handle: PrometheusHandle, uncertain: Option<Arc<UncertainGa
                         axum::http::header::CONTENT_TYPE,
                         "text/plain; version=0.0.4; charset=utf-8",
                     )],
-                    render(handle, uncertain.as_deref()).await,
+                    render(handle, uncertain.as_deref(), None).await,
                 )
             }
         }),

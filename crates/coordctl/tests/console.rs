@@ -1000,3 +1000,314 @@ fn conformance_json_parses() {
     assert_eq!(view["failed"], 0);
     assert!(view["store"].as_str().unwrap().starts_with("sqlite://"));
 }
+
+// ----- queues: dead tasks and their retry, in a browser -----
+
+/// Chromium driven through the DevTools protocol over
+/// `--remote-debugging-pipe` (commands on its fd 3, answers on its fd 4,
+/// each a JSON message ending in NUL), which a shell hands it as two FIFOs:
+/// no WebSocket client, no script in the page (clicks are mouse events at
+/// the element's box).
+struct Browser {
+    child: std::process::Child,
+    to: std::fs::File,
+    from: std::sync::mpsc::Receiver<Value>,
+    next_id: u64,
+    session: String,
+    /// Events received while waiting for answers.
+    events: Vec<Value>,
+}
+
+impl Browser {
+    fn start(bin: &Path, dir: &Path) -> Browser {
+        use std::io::BufRead;
+        let (fifo_in, fifo_out) = (dir.join("cdp-in"), dir.join("cdp-out"));
+        for fifo in [&fifo_in, &fifo_out] {
+            let _ = std::fs::remove_file(fifo);
+            let made = Command::new("mkfifo").arg(fifo).status().unwrap();
+            assert!(made.success(), "mkfifo {}", fifo.display());
+        }
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(
+                r#"exec "$0" --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \
+                   --no-first-run --hide-scrollbars --window-size=1280,900 \
+                   --user-data-dir="$1" --remote-debugging-pipe 3<"$2" 4>"$3""#,
+            )
+            .arg(bin)
+            .arg(dir.join("chromium-cdp-profile"))
+            .arg(&fifo_in)
+            .arg(&fifo_out)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromium starts");
+        // The shell opens fd 3 (our writer) first, then fd 4 (our reader).
+        let to = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&fifo_in)
+            .unwrap();
+        let from = std::fs::File::open(&fifo_out).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut reader = std::io::BufReader::new(from);
+            loop {
+                let mut message = Vec::new();
+                match reader.read_until(0, &mut message) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        message.pop();
+                        let value: Value = serde_json::from_slice(&message).unwrap();
+                        if tx.send(value).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        let mut browser = Browser {
+            child,
+            to,
+            from: rx,
+            next_id: 0,
+            session: String::new(),
+            events: Vec::new(),
+        };
+        let target = browser.call(
+            "Target.createTarget",
+            serde_json::json!({"url": "about:blank"}),
+        );
+        let target_id = target["targetId"].as_str().unwrap().to_owned();
+        let attached = browser.call(
+            "Target.attachToTarget",
+            serde_json::json!({"targetId": target_id, "flatten": true}),
+        );
+        browser.session = attached["sessionId"].as_str().unwrap().to_owned();
+        browser.call("Page.enable", serde_json::json!({}));
+        browser
+    }
+
+    /// Send `method` (to the page's session once attached) and wait for its answer.
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        use std::io::Write;
+        self.next_id += 1;
+        let id = self.next_id;
+        let mut message = serde_json::json!({"id": id, "method": method, "params": params});
+        if !self.session.is_empty() {
+            message["sessionId"] = Value::from(self.session.clone());
+        }
+        let mut bytes = serde_json::to_vec(&message).unwrap();
+        bytes.push(0);
+        self.to.write_all(&bytes).unwrap();
+        loop {
+            let answer = self.receive(method);
+            if answer["id"] == id {
+                assert!(answer.get("error").is_none(), "{method}: {answer}");
+                return answer["result"].clone();
+            }
+            if answer.get("method").is_some() {
+                self.events.push(answer);
+            }
+        }
+    }
+
+    fn receive(&mut self, waiting_for: &str) -> Value {
+        self.from
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("no answer from chromium to {waiting_for}: {e}"))
+    }
+
+    /// Wait for the page's `load` event (one that arrived meanwhile counts).
+    fn loaded(&mut self) {
+        loop {
+            if let Some(at) = self
+                .events
+                .iter()
+                .position(|e| e["method"] == "Page.loadEventFired")
+            {
+                self.events.drain(..=at);
+                return;
+            }
+            let event = self.receive("Page.loadEventFired");
+            self.events.push(event);
+        }
+    }
+
+    fn open(&mut self, url: &str) -> String {
+        self.events.clear();
+        self.call("Page.navigate", serde_json::json!({"url": url}));
+        self.loaded();
+        self.html()
+    }
+
+    /// The page's HTML as the browser holds it.
+    fn html(&mut self) -> String {
+        let root = self.call("DOM.getDocument", serde_json::json!({"depth": 0}));
+        let node = root["root"]["nodeId"].clone();
+        self.call("DOM.getOuterHTML", serde_json::json!({"nodeId": node}))["outerHTML"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// Click the first element matching `selector` with the mouse, and wait
+    /// for the page it leads to; its HTML.
+    fn click(&mut self, selector: &str) -> String {
+        let root = self.call("DOM.getDocument", serde_json::json!({"depth": 0}));
+        let found = self.call(
+            "DOM.querySelector",
+            serde_json::json!({"nodeId": root["root"]["nodeId"], "selector": selector}),
+        );
+        let node = found["nodeId"].clone();
+        assert_ne!(node, 0, "nothing matches {selector:?}");
+        self.call(
+            "DOM.scrollIntoViewIfNeeded",
+            serde_json::json!({"nodeId": node}),
+        );
+        let model = self.call("DOM.getBoxModel", serde_json::json!({"nodeId": node}));
+        let quad: Vec<f64> = model["model"]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        let x = (quad[0] + quad[2] + quad[4] + quad[6]) / 4.0;
+        let y = (quad[1] + quad[3] + quad[5] + quad[7]) / 4.0;
+        self.events.clear();
+        for kind in ["mousePressed", "mouseReleased"] {
+            self.call(
+                "Input.dispatchMouseEvent",
+                serde_json::json!({"type": kind, "x": x, "y": y, "button": "left", "clickCount": 1}),
+            );
+        }
+        self.loaded();
+        self.html()
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A queue with a dead task (its error holding HTML) and a ready one: the
+/// API and the task page show the queue's counts and the dead task with its
+/// error; a read-only console has no retry button and refuses `POST /retry`;
+/// with `--allow-writes`, clicking the task's retry button, then confirming,
+/// in headless Chromium makes it ready again (checked through the store).
+#[test]
+fn task_page_retries_a_dead_task() {
+    use coord_adapters::board::{RetryPolicy, TaskState};
+    let scratch = Scratch::new("console-queues");
+    let url = scratch.sqlite_url("coord.db", Some(&unique("console-queues")));
+    let error = "550 <mailbox> unavailable";
+    let board = |url: &str| {
+        let url = url.to_owned();
+        async move { BoardAdapter::new(coord::connect(&url).await.unwrap()) }
+    };
+    runtime().block_on(async {
+        let board = board(&url).await;
+        board
+            .add_many(vec![
+                TaskSpec::new("bounce-1", b"".to_vec())
+                    .in_queue("emails")
+                    .with_retry(RetryPolicy::attempts(1))
+                    .with_priority(1),
+                TaskSpec::new("mail-ok", b"".to_vec()).in_queue("emails"),
+            ])
+            .await
+            .unwrap();
+        let claim = board
+            .claim_next("emails", "w", TEN_MIN)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(claim.id, "bounce-1");
+        board.fail("bounce-1", &claim.token, error).await.unwrap();
+    });
+    let escaped = "550 &lt;mailbox&gt; unavailable";
+    {
+        let server = Server::start(&url, &[]);
+        let queues = server.get("/api/queues").json_ok();
+        let emails = find(&queues["queues"], "queue", "emails");
+        assert_eq!(
+            (&emails["ready"], &emails["dead"], &emails["depth"]),
+            (&Value::from(1), &Value::from(1), &Value::from(1)),
+            "{queues}"
+        );
+        let dead = find(&emails["dead_tasks"], "id", "bounce-1");
+        assert_eq!(dead["last_error"], error, "{queues}");
+        assert_eq!(dead["state"], "dead");
+        let tasks = server.get("/api/tasks").json_ok();
+        let bounce = find(&tasks["tasks"], "id", "bounce-1");
+        assert_eq!(
+            (
+                &bounce["queue"],
+                &bounce["attempts"],
+                &bounce["max_attempts"]
+            ),
+            (&Value::from("emails"), &Value::from(1), &Value::from(1)),
+            "{tasks}"
+        );
+        let page = server.get("/tasks");
+        assert!(page.body.contains(escaped), "{}", page.body);
+        assert!(!page.body.contains("action=\"/retry\""), "{}", page.body);
+        let refused = server.post("/retry", &[("csrf", "x"), ("id", "bounce-1")]);
+        assert_eq!(refused.status, 403, "{}", refused.body);
+    }
+    let writable = Server::start(&url, &["--allow-writes"]);
+    // A form of another origin (no token) is refused, nothing changes.
+    let forged = writable.post(
+        "/retry",
+        &[("csrf", "forged"), ("id", "bounce-1"), ("confirm", "yes")],
+    );
+    assert_eq!(forged.status, 403, "{}", forged.body);
+    let Some(bin) = chromium() else {
+        assert_ne!(
+            std::env::var("COORD_REQUIRE_SERVERS").as_deref(),
+            Ok("1"),
+            "chromium is not installed but COORD_REQUIRE_SERVERS=1 (scripts/services.sh ensure_chromium)"
+        );
+        println!("SKIPPED: the browser part of the retry test (no chromium on PATH)");
+        return;
+    };
+    let mut browser = Browser::start(&bin, &scratch.0);
+    let page = browser.open(&writable.url("/tasks"));
+    assert!(
+        page.contains("bounce-1") && page.contains(escaped),
+        "{page}"
+    );
+    assert_eq!(page.matches("action=\"/retry\"").count(), 1, "{page}");
+    let confirm = browser.click("form.retry button");
+    assert!(confirm.contains("Confirm: retry"), "{confirm}");
+    assert!(confirm.contains("dead after 1 attempt(s)"), "{confirm}");
+    let done = browser.click("form.retry button");
+    assert!(done.contains("id=\"retried\""), "{done}");
+    // The store says so: ready again, attempts from zero, no longer dead.
+    runtime().block_on(async {
+        let board = board(&url).await;
+        let task = board.get("bounce-1").await.unwrap();
+        assert_eq!(
+            (task.state.clone(), task.attempts),
+            (TaskState::Open, 0),
+            "{task:?}"
+        );
+        let depth = board.queue_depth("emails", 100).await.unwrap();
+        assert_eq!((depth.ready.count, depth.dead.count), (2, 0), "{depth:?}");
+        let next = board
+            .claim_next("emails", "w", TEN_MIN)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(next.id, "bounce-1", "the highest priority, ready again");
+    });
+    let line = writable
+        .lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the retry is recorded on stdout");
+    assert!(line.contains("retried dead task \"bounce-1\""), "{line}");
+    let after = browser.open(&writable.url("/tasks"));
+    assert!(after.contains("No dead tasks."), "{after}");
+}

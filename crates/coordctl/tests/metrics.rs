@@ -466,3 +466,71 @@ fn cron_prunes_and_reclaims_in_the_background() {
     });
     assert_eq!(left, ["new"]);
 }
+
+/// `coordctl serve`'s `/metrics` carries the `coord_queue_*` gauges of the
+/// store's default board, per queue: a queue `emails` with 2 ready tasks, 1
+/// claimed, 1 dead, and a queue `sms` with 1 task waiting for its run-at.
+#[test]
+fn serve_exports_the_queue_gauges() {
+    use coord_adapters::board::{Board, BoardAdapter, RetryPolicy, TaskSpec};
+    let scratch = Scratch::new("metrics-queues");
+    let url = scratch.sqlite_url("coord.db", None);
+    runtime().block_on(async {
+        let board = BoardAdapter::new(coord::connect(&url).await.unwrap());
+        let once = RetryPolicy::attempts(1);
+        let tomorrow = std::time::SystemTime::now() + Duration::from_secs(86_400);
+        board
+            .add_many(vec![
+                TaskSpec::new("doomed", vec![])
+                    .in_queue("emails")
+                    .with_retry(once)
+                    .with_priority(9),
+                TaskSpec::new("held", vec![])
+                    .in_queue("emails")
+                    .with_priority(5),
+                TaskSpec::new("mail-1", vec![]).in_queue("emails"),
+                TaskSpec::new("mail-2", vec![]).in_queue("emails"),
+                TaskSpec::new("later", vec![])
+                    .in_queue("sms")
+                    .with_run_at(tomorrow),
+            ])
+            .await
+            .unwrap();
+        let ttl = Duration::from_secs(600);
+        let doomed = board.claim_next("emails", "w", ttl).await.unwrap().unwrap();
+        assert_eq!(doomed.id, "doomed");
+        board
+            .fail("doomed", &doomed.token, "bounced")
+            .await
+            .unwrap();
+        let held = board.claim_next("emails", "w", ttl).await.unwrap().unwrap();
+        assert_eq!(held.id, "held");
+    });
+    let server = common::serve::Server::start(&url, &[]);
+    let reply = server.get("/metrics");
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let scrape = Scrape(parse(&reply.body));
+    let expect = [
+        ("coord_queue_ready{queue=\"emails\"}", 2.0),
+        ("coord_queue_timed{queue=\"emails\"}", 1.0),
+        ("coord_queue_depth{queue=\"emails\"}", 3.0),
+        ("coord_queue_dead{queue=\"emails\"}", 1.0),
+        ("coord_queue_truncated{queue=\"emails\"}", 0.0),
+        ("coord_queue_ready{queue=\"sms\"}", 0.0),
+        ("coord_queue_timed{queue=\"sms\"}", 1.0),
+        ("coord_queue_dead{queue=\"sms\"}", 0.0),
+        ("coord_queue_oldest_ready_seconds{queue=\"sms\"}", 0.0),
+        ("coord_queues_truncated", 0.0),
+    ];
+    for (series, value) in expect {
+        assert_eq!(
+            scrape.0.get(series),
+            Some(&value),
+            "{series} in:\n{}",
+            reply.body
+        );
+    }
+    // Ready since the add, a moment ago (not a tight bound: a busy machine).
+    let oldest = scrape.get("coord_queue_oldest_ready_seconds{queue=\"emails\"}");
+    assert!((0.0..600.0).contains(&oldest), "{oldest}");
+}

@@ -127,6 +127,8 @@ impl BoardAdapter {
                 // pruned); the new ones are settled as `add` does.
                 let (met, mut entries) =
                     self.settle_deps(view, &spec.id, &spec.deps, &record.met)?;
+                let mut written = BTreeSet::from([key.clone()]);
+                entries.extend(self.register_queue(spec.queue.as_deref(), &mut written));
                 // Entries of dropped dependencies go as far as the call has
                 // room; one left behind only makes a later prune of that
                 // dependency look at this task and leave it as it is.
@@ -148,7 +150,6 @@ impl BoardAdapter {
                     .filter(|d| !met.contains(d))
                     .cloned()
                     .collect();
-                let mut written = BTreeSet::from([key.clone()]);
                 let (dep_writes, marks) =
                     self.await_deps(view, spec.queue.is_some(), &unmet, &mut written)?;
                 entries.extend(marks);
@@ -229,8 +230,10 @@ impl BoardAdapter {
         }
         let key = self.task_key(id);
         let removals = self.done_index().removals();
-        // Each waiter: its entry, its record, its new queue index entry.
-        let per_txn = (self.space.keys_per_call().saturating_sub(3) / 3).max(1);
+        // Each waiter: its entry, its record, its new queue index entry;
+        // beside them the task, its retention entry, the removal counter and
+        // its dead entry.
+        let per_txn = (self.space.keys_per_call().saturating_sub(4) / 3).max(1);
         let prefix = self.dependents_prefix(id);
         loop {
             let waiting = self.space.engine().backend().keys(&prefix).await?;
@@ -253,6 +256,7 @@ impl BoardAdapter {
                     }
                     let record = self.read(view, id)?;
                     let completed = record.as_ref().is_some_and(|r| r.done.is_some());
+                    let dead_entry = record.as_ref().and_then(|r| r.dead_entry.clone());
                     let at_ms = match record.and_then(|r| r.final_at_ms()) {
                         Some(at) => at,
                         // Not completed or dead (added again, or retried,
@@ -291,6 +295,8 @@ impl BoardAdapter {
                     if last {
                         mutations.push(Mutation::delete(key.as_str()));
                         mutations.push(Mutation::delete(entry));
+                        // Its dead entry goes with the record that names it.
+                        unasserted.extend(dead_entry.map(Mutation::delete));
                         // "Missing" comes back: count it, so a late copy of
                         // the add that created the task cannot land now.
                         mutations.push(self.done_index().count_removal(view)?);
@@ -335,10 +341,10 @@ impl BoardAdapter {
 
     /// The keys a txn adding `spec` names: the task, its marker, the
     /// removal counter, and per dependency its record and entry; queued,
-    /// also its index entry and per dependency a marker.
+    /// also its index entry, its queue's name and per dependency a marker.
     fn keys_to_add(spec: &TaskSpec) -> usize {
         if spec.queue.is_some() {
-            4 + 3 * spec.deps.len()
+            5 + 3 * spec.deps.len()
         } else {
             3 + 2 * spec.deps.len()
         }
@@ -519,9 +525,11 @@ impl BoardAdapter {
             dead: None,
             awaited: awaited || awaited_here.contains(&spec.id),
             indexed: None,
+            dead_entry: None,
             nonce: Nonce::default(),
         };
         unviewed.extend(self.reindex(&mut record, now));
+        unviewed.extend(self.register_queue(spec.queue.as_deref(), written));
         viewed.push(record.put(self.task_key(&spec.id)));
         Ok(Some((viewed, unviewed)))
     }
@@ -560,10 +568,12 @@ impl BoardAdapter {
             .filter(|s| s.queue.is_some())
             .flat_map(|s| s.deps.iter().filter(|d| ids.contains(*d)).cloned())
             .collect();
-        let mut count = 1;
+        // The removal counter, and each queue's name once.
+        let queues: HashSet<&str> = specs.iter().filter_map(|s| s.queue.as_deref()).collect();
+        let mut count = 1 + queues.len();
         for spec in &specs {
             self.check_fits(spec)?;
-            count += Self::keys_to_add(spec) - 1;
+            count += Self::keys_to_add(spec) - 1 - usize::from(spec.queue.is_some());
             for dep in &spec.deps {
                 let key = self.task_key(dep);
                 if seen.insert(key.clone()) {
@@ -1041,7 +1051,9 @@ impl Board for BoardAdapter {
                     nonce: Nonce::default(),
                     ..record
                 };
-                let entry = self.reindex(&mut revived, now);
+                let mut entry = self.reindex(&mut revived, now);
+                // Out of its queue's dead index, in the same txn.
+                entry.extend(self.redead(&mut revived));
                 Ok(Decision::CommitWithUnasserted {
                     mutations: vec![revived.put(&key)],
                     unasserted: entry,
@@ -1049,6 +1061,22 @@ impl Board for BoardAdapter {
                 })
             })
             .await
+    }
+
+    async fn queues(&self, limit: usize) -> Result<super::QueueNames, BoardError> {
+        BoardAdapter::queues(self, limit).await
+    }
+
+    async fn queue_depth(
+        &self,
+        queue: &str,
+        limit: usize,
+    ) -> Result<super::QueueDepth, BoardError> {
+        BoardAdapter::queue_depth(self, queue, limit).await
+    }
+
+    async fn dead_tasks(&self, queue: &str, limit: usize) -> Result<super::DeadTasks, BoardError> {
+        BoardAdapter::dead_tasks(self, queue, limit).await
     }
 
     async fn get(&self, id: &str) -> Result<Task, BoardError> {

@@ -75,6 +75,10 @@ pub use adapter::{BoardAdapter, BoardOptions};
 pub use queue::QueueStats;
 pub use typed::TypedBoard;
 
+/// What [`Board::queues`], [`Board::queue_depth`] and [`Board::dead_tasks`]
+/// answer (see docs/queue.md, "Watching a queue").
+pub use queue::{BoundedCount, DeadTask, DeadTasks, QueueDepth, QueueDepths, QueueNames};
+
 /// A task to put on the board.
 #[derive(Clone, PartialEq, Eq)]
 pub struct TaskSpec {
@@ -86,7 +90,7 @@ pub struct TaskSpec {
     /// claimed: at most `(max_keys_per_call - 3) / 2` of the store's
     /// `Limits` (19 on etcd, 62 on the other stores), as adding a task reads
     /// each one and writes its reverse-dependency entry in one txn; for a
-    /// task in a queue, `(max_keys_per_call - 4) / 3` (12 on etcd, 41
+    /// task in a queue, `(max_keys_per_call - 5) / 3` (12 on etcd, 41
     /// elsewhere), as it also marks each dependency as awaited.
     pub deps: Vec<String>,
     /// The queue [`Board::claim_next`] finds it in (`None`: claimed by id only).
@@ -645,6 +649,30 @@ pub trait Board: Send + Sync + Debug {
     async fn retry_dead(&self, id: &str) -> Result<(), BoardError> {
         let _ = id;
         Err(BoardError::Unsupported { what: "retry_dead" })
+    }
+
+    /// The names of the queues tasks were added to, sorted, the first
+    /// `limit` (see [`BoardAdapter::queues`]).
+    async fn queues(&self, limit: usize) -> Result<QueueNames, BoardError> {
+        let _ = limit;
+        Err(BoardError::Unsupported { what: "queues" })
+    }
+
+    /// `queue`'s ready, timed and dead counts and the age of its oldest
+    /// ready task, each listing bounded by `limit` (see
+    /// [`BoardAdapter::queue_depth`]).
+    async fn queue_depth(&self, queue: &str, limit: usize) -> Result<QueueDepth, BoardError> {
+        let _ = (queue, limit);
+        Err(BoardError::Unsupported {
+            what: "queue_depth",
+        })
+    }
+
+    /// The first `limit` dead tasks of `queue`, longest dead first, with
+    /// their errors (see [`BoardAdapter::dead_tasks`]).
+    async fn dead_tasks(&self, queue: &str, limit: usize) -> Result<DeadTasks, BoardError> {
+        let _ = (queue, limit);
+        Err(BoardError::Unsupported { what: "dead_tasks" })
     }
 }
 

@@ -21,6 +21,16 @@
 //! txn cannot move an entry the record no longer names (the txn asserts a
 //! record that has changed since).
 //!
+//! A dead task (its attempts used up; not a cancelled one) also has a
+//! **dead entry** `d/<at>/<id>` (`<at>`: when it died), named by the
+//! record's `dead_entry` under the same rule: written by the txn that makes
+//! it dead (`finish`), removed by the one that retries,
+//! cancels or prunes it. It lets [`BoardAdapter::queue_depth`] count and
+//! [`BoardAdapter::dead_tasks`] list a queue's dead tasks without reading
+//! the board. Every queued add also registers its queue's name,
+//! `<prefix>queues/<queue>` (a blind put of an empty key in its txn), which
+//! [`BoardAdapter::queues`] lists: one key per queue name ever used.
+//!
 //! A task waiting on dependencies has no entry. Adding it marks each
 //! unmet dependency as awaited (`<prefix>waiters/<len>:<dep>`); completing
 //! an awaited task reads the tasks waiting on it, marks it met in each and
@@ -46,7 +56,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use coord_backend::{Error, Mutation};
 
@@ -82,6 +92,131 @@ const ROUNDS: usize = 16;
 /// Numbers ready entries of this process, so that tasks made ready in one
 /// millisecond keep their order.
 static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A count of index entries read up to a limit: `count` is exact unless
+/// `more`, when the index holds more than the `count` keys read (a lower
+/// bound).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BoundedCount {
+    /// Entries read (at most the limit asked for).
+    pub count: usize,
+    /// The listing stopped at the limit: there are more.
+    pub more: bool,
+}
+
+impl BoundedCount {
+    /// `keys` listed with a limit of `limit` (asked for `limit + 1`, so one
+    /// more says that the limit cut the listing).
+    fn of(listed: usize, limit: usize) -> Self {
+        BoundedCount {
+            count: listed.min(limit),
+            more: listed > limit,
+        }
+    }
+}
+
+impl std::fmt::Display for BoundedCount {
+    /// `12`, or `1000+` when the listing stopped at its limit.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{}", self.count, if self.more { "+" } else { "" })
+    }
+}
+
+/// One queue's numbers ([`BoardAdapter::queue_depth`]), read from its index
+/// keys alone (no record is read), each listing bounded by a limit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueDepth {
+    /// The queue.
+    pub queue: String,
+    /// Ready tasks: claimable now.
+    pub ready: BoundedCount,
+    /// Tasks waiting for a time: a run-at or a backoff ahead, or held by a
+    /// claim (until its lease's end). Those whose time has passed are
+    /// claimable too (a claim that ran out is taken over).
+    pub timed: BoundedCount,
+    /// Dead tasks (their attempts used up; cancelled ones are not counted):
+    /// waiting for [`Board::retry_dead`](super::Board::retry_dead) or a prune.
+    pub dead: BoundedCount,
+    /// Since when the oldest ready task listed has been ready (the board's
+    /// clock); `None` when none is. When `ready.more`, an older one may be
+    /// among those not listed: its age is then a lower bound.
+    pub oldest_ready_since: Option<SystemTime>,
+    /// How long that is, at the time of the read (the board's clock).
+    pub oldest_ready_age: Option<Duration>,
+}
+
+impl QueueDepth {
+    /// Tasks in the queue not yet completed, dead or cancelled, and not
+    /// waiting on dependencies: ready + timed (a lower bound when either
+    /// is).
+    pub fn depth(&self) -> BoundedCount {
+        BoundedCount {
+            count: self.ready.count + self.timed.count,
+            more: self.ready.more || self.timed.more,
+        }
+    }
+
+    /// Whether any listing stopped at its limit (some numbers are lower bounds).
+    pub fn truncated(&self) -> bool {
+        self.ready.more || self.timed.more || self.dead.more
+    }
+}
+
+/// A dead task as [`BoardAdapter::dead_tasks`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadTask {
+    /// When it died (the deciding instance's clock).
+    pub died_at: SystemTime,
+    /// The task (its state [`TaskState::Dead`](super::TaskState::Dead), with
+    /// the error of its last attempt).
+    pub task: super::Task,
+}
+
+/// The first dead tasks of a queue, longest dead first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadTasks {
+    /// At most the limit asked for.
+    pub tasks: Vec<DeadTask>,
+    /// There are more dead tasks than listed.
+    pub more: bool,
+}
+
+/// Queue names, sorted ([`BoardAdapter::queues`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueNames {
+    /// At most the limit asked for.
+    pub names: Vec<String>,
+    /// There are more queues than listed.
+    pub more: bool,
+}
+
+/// Every queue's numbers ([`BoardAdapter::refresh_queue_metrics`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueDepths {
+    /// One per queue read, by name.
+    pub queues: Vec<QueueDepth>,
+    /// There were more queues than read.
+    pub more: bool,
+}
+
+/// The largest `limit` a read of the queue's indexes takes.
+pub const MAX_READ_LIMIT: usize = 100_000;
+
+/// `limit` checked: at least 1, at most [`MAX_READ_LIMIT`].
+fn check_limit(limit: usize) -> Result<(), BoardError> {
+    if limit == 0 || limit > MAX_READ_LIMIT {
+        return Err(BoardError::Invalid(coord_backend::InvalidInput::Argument(
+            format!("limit must be 1..={MAX_READ_LIMIT}, got {limit}"),
+        )));
+    }
+    Ok(())
+}
 
 /// Where a task belongs in its queue's index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,6 +339,145 @@ impl BoardAdapter {
         }
     }
 
+    /// The queue names ever used by a queued add (sorted), the first
+    /// `limit` (1 to [`MAX_READ_LIMIT`]). One listing of
+    /// `<prefix>queues/`: an add of a queued task registers its queue's name
+    /// in its own txn (a blind put of an empty key), and nothing removes
+    /// it, so the registry holds one key per queue name an application
+    /// ever used (tasks added before the registry existed register their
+    /// queue when one more task of it is added).
+    pub async fn queues(&self, limit: usize) -> Result<QueueNames, BoardError> {
+        check_limit(limit)?;
+        let prefix = self.queues_prefix();
+        let keys = self
+            .space
+            .engine()
+            .backend()
+            .first_keys(&prefix, limit + 1)
+            .await?;
+        let more = keys.len() > limit;
+        let names = keys
+            .into_iter()
+            .take(limit)
+            .filter_map(|k| k.strip_prefix(&prefix).map(str::to_owned))
+            .collect();
+        Ok(QueueNames { names, more })
+    }
+
+    /// Read the numbers of the first `max_queues` queues ([`Self::queues`],
+    /// then [`Self::queue_depth`] of each with `limit`) and set the
+    /// `coord_queue_*` gauges of [`crate::telemetry`] (docs/operations.md)
+    /// through the `metrics` facade: for a process exporting metrics, on its
+    /// own schedule (each call costs `1 + 3 × queues` bounded listings and
+    /// reads no record). The gauges are set only once every read succeeded:
+    /// a store error leaves the previous values and is returned.
+    pub async fn refresh_queue_metrics(
+        &self,
+        max_queues: usize,
+        limit: usize,
+    ) -> Result<QueueDepths, BoardError> {
+        let names = self.queues(max_queues).await?;
+        let mut queues = Vec::with_capacity(names.names.len());
+        for queue in &names.names {
+            queues.push(self.queue_depth(queue, limit).await?);
+        }
+        for depth in &queues {
+            crate::telemetry::queue_depth(depth);
+        }
+        crate::telemetry::queues_truncated(names.more);
+        Ok(QueueDepths {
+            queues,
+            more: names.more,
+        })
+    }
+
+    /// `queue`'s ready, timed and dead counts and its oldest ready task's
+    /// age, from its index keys alone: three listings of at most
+    /// `limit + 1` keys each (`limit`: 1 to [`MAX_READ_LIMIT`]), never a
+    /// record. The listings are not one snapshot: a task moving between
+    /// them meanwhile may be counted twice or not at all.
+    pub async fn queue_depth(&self, queue: &str, limit: usize) -> Result<QueueDepth, BoardError> {
+        super::validate_queue(queue)?;
+        check_limit(limit)?;
+        let backend = self.space.engine().backend();
+        let ready_prefix = self.ready_prefix(queue);
+        let ready = backend.first_keys(&ready_prefix, limit + 1).await?;
+        let timed = backend
+            .first_keys(&self.timed_prefix(queue), limit + 1)
+            .await?;
+        let dead = backend
+            .first_keys(&self.dead_prefix(queue), limit + 1)
+            .await?;
+        // `r/<rank>/<since><seq>/<id>`: the oldest is the least `since`
+        // over every rank.
+        let oldest = ready
+            .iter()
+            .take(limit)
+            .filter_map(|key| {
+                let rest = key.strip_prefix(&ready_prefix)?;
+                let (_rank, rest) = rest.split_once('/')?;
+                u64::from_str_radix(rest.get(..12)?, 16).ok()
+            })
+            .min();
+        let now = self.space.now_millis();
+        Ok(QueueDepth {
+            queue: queue.to_owned(),
+            ready: BoundedCount::of(ready.len(), limit),
+            timed: BoundedCount::of(timed.len(), limit),
+            dead: BoundedCount::of(dead.len(), limit),
+            oldest_ready_since: oldest.map(crate::cas::record::time_at),
+            oldest_ready_age: oldest.map(|since| Duration::from_millis(now.saturating_sub(since))),
+        })
+    }
+
+    /// The first `limit` (1 to [`MAX_READ_LIMIT`]) dead tasks of `queue`,
+    /// longest dead first, with their last errors: one listing of the
+    /// queue's dead index, then their records, as many per snapshot as the
+    /// store takes. A task retried (or pruned) between the listing and the
+    /// read is left out.
+    pub async fn dead_tasks(&self, queue: &str, limit: usize) -> Result<DeadTasks, BoardError> {
+        super::validate_queue(queue)?;
+        check_limit(limit)?;
+        let prefix = self.dead_prefix(queue);
+        let keys = self
+            .space
+            .engine()
+            .backend()
+            .first_keys(&prefix, limit + 1)
+            .await?;
+        let more = keys.len() > limit;
+        let listed: Vec<(String, String, u64)> = keys
+            .into_iter()
+            .take(limit)
+            .filter_map(|key| {
+                let (at, id) = key.strip_prefix(&prefix)?.split_once('/')?;
+                let at = u64::from_str_radix(at, 16).ok()?;
+                let id = id.to_owned();
+                Some((key, id, at))
+            })
+            .collect();
+        let mut tasks = Vec::with_capacity(listed.len());
+        for chunk in listed.chunks(self.space.keys_per_call().max(1)) {
+            let keys: Vec<String> = chunk.iter().map(|(_, id, _)| self.task_key(id)).collect();
+            let entries = self.space.engine().snapshot(&keys).await?;
+            let now = self.space.now_millis();
+            for ((entry_key, id, at), entry) in chunk.iter().zip(entries) {
+                let Some(bytes) = entry.value.as_deref() else {
+                    continue;
+                };
+                let record = TaskRecord::decode(&entry.key, id, bytes)?;
+                // Only a record that still names this entry is dead here.
+                if record.dead_entry.as_deref() == Some(entry_key.as_str()) {
+                    tasks.push(DeadTask {
+                        died_at: crate::cas::record::time_at(*at),
+                        task: record.to_task(now),
+                    });
+                }
+            }
+        }
+        Ok(DeadTasks { tasks, more })
+    }
+
     fn queue_prefix(&self, queue: &str) -> String {
         format!("{}queue/{queue}/", self.space.prefix())
     }
@@ -214,6 +488,59 @@ impl BoardAdapter {
 
     fn timed_prefix(&self, queue: &str) -> String {
         format!("{}t/", self.queue_prefix(queue))
+    }
+
+    fn dead_prefix(&self, queue: &str) -> String {
+        format!("{}d/", self.queue_prefix(queue))
+    }
+
+    /// Where queue names are registered: `<prefix>queues/<queue>`, one
+    /// empty key per queue name ever used (see [`BoardAdapter::queues`]).
+    fn queues_prefix(&self) -> String {
+        format!("{}queues/", self.space.prefix())
+    }
+
+    /// The write registering `queue`'s name (a blind put of an empty value:
+    /// any number of adds may write it, in any order), once per txn
+    /// through `written`.
+    pub(super) fn register_queue(
+        &self,
+        queue: Option<&str>,
+        written: &mut BTreeSet<String>,
+    ) -> Option<Mutation> {
+        let key = format!("{}{}", self.queues_prefix(), queue?);
+        written
+            .insert(key.clone())
+            .then(|| Mutation::put(key, Vec::new()))
+    }
+
+    /// Point `record`'s dead entry where the record now belongs: under
+    /// `d/<at>/<id>` of its queue while it is dead (not cancelled), nowhere
+    /// otherwise. As [`Self::reindex`]: the writes go with the record's own
+    /// write, which the txn asserts, and the record names the entry, so a
+    /// late copy of a txn cannot move an entry the record no longer names.
+    pub(super) fn redead(&self, record: &mut TaskRecord) -> Vec<Mutation> {
+        let wanted = match (&record.queue, &record.dead, &record.done) {
+            (Some(queue), Some(dead), None) if !dead.cancelled => Some(format!(
+                "{}{:012x}/{}",
+                self.dead_prefix(queue),
+                dead.at_ms,
+                record.id
+            )),
+            _ => None,
+        };
+        if wanted == record.dead_entry {
+            return Vec::new();
+        }
+        let mut writes = Vec::new();
+        if let Some(old) = record.dead_entry.take() {
+            writes.push(Mutation::delete(old));
+        }
+        if let Some(entry) = wanted {
+            writes.push(Mutation::put(entry.as_str(), Vec::new()));
+            record.dead_entry = Some(entry);
+        }
+        writes
     }
 
     /// The marker saying some task waits on `dep` (written by the adds of
@@ -529,6 +856,7 @@ impl BoardAdapter {
             ..record
         };
         let mut unasserted = self.reindex(&mut dead, now);
+        unasserted.extend(self.redead(&mut dead));
         let (cursor, entry) = index.final_writes(view, now, &dead.id);
         unasserted.push(entry);
         let mut mutations = vec![dead.put(key)];

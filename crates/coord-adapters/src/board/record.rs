@@ -63,6 +63,12 @@ pub(super) struct TaskRecord {
     /// removed only in txns that write this record (see `queue.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) indexed: Option<String>,
+    /// The task's entry in its queue's dead index
+    /// (`queue/<queue>/d/<at>/<id>`) while it is dead (not cancelled):
+    /// written and removed only in txns that write this record, as
+    /// `indexed` (see `queue.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) dead_entry: Option<String>,
     /// Fresh per write, so an indeterminate txn can be told apart from
     /// someone else's identical write.
     pub(super) nonce: Nonce,
@@ -254,6 +260,7 @@ mod tests {
             dead: None,
             awaited: false,
             indexed: None,
+            dead_entry: None,
             nonce: Nonce::default(),
         };
         let bytes = record.to_bytes();

@@ -9,7 +9,7 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 use crate::cron::fmt_time;
 use crate::views::{
     ElectionsView, FairLocksView, JobsView, Listing, LockView, LocksView, ResourcesView, RunView,
-    RunsView, RwLocksView, SemaphoresView, SideEffectsView, TasksView, UncertainKind,
+    RunsView, RwLocksView, SemaphoresView, SideEffectsView, TaskPageView, TasksView, UncertainKind,
 };
 
 /// `text` for a query-string value (`?after=…`).
@@ -157,7 +157,7 @@ fn state_badge(state: &str) -> Markup {
     let class = match state {
         "held" | "live" | "claimed" | "running" | "succeeded" => "ok",
         "expired" | "skipped" | "released" | "open" => "warn",
-        "failed" | "timed_out" | "uncertain" | "lease_lost" | "marked" => "bad",
+        "failed" | "timed_out" | "uncertain" | "lease_lost" | "marked" | "dead" => "bad",
         _ => "idle",
     };
     html! { span class=(format!("badge {class}")) { (state) } }
@@ -438,33 +438,170 @@ pub(crate) fn leaders(elections: &ElectionsView, rwlocks: &RwLocksView, limit: u
     .into_string()
 }
 
-/// The task board.
-pub(crate) fn tasks(view: &TasksView, limit: usize) -> String {
+/// A count of a queue's index: `12`, or `10000+` when the listing stopped.
+fn bounded(count: usize, more: bool) -> String {
+    format!("{count}{}", if more { "+" } else { "" })
+}
+
+/// The task page: the queues (counts, dead tasks with their errors and,
+/// with `writes`, a retry form each), then the board's tasks.
+pub(crate) fn tasks(view: &TaskPageView, writes: Option<&Writes<'_>>, limit: usize) -> String {
+    let queues = &view.queues;
+    let tasks = &view.tasks;
     html! {
+        h2 { "Queues (" (queues.queues.len()) @if queues.truncated { "+" } ")" }
+        p.dim {
+            "Counted from each queue's index " code { "board/queue/<queue>/" } " (ready, timed: a \
+             run-at, backoff or live claim ahead, dead), never from the task records; a count \
+             ending in + stopped at its limit."
+        }
+        @if queues.queues.is_empty() {
+            p { "No queues." }
+        } @else {
+            table #queues {
+                tr {
+                    th { "Queue" } th { "Depth" } th { "Ready" } th { "Timed" }
+                    th { "Oldest ready" } th { "Dead" }
+                }
+                @for q in &queues.queues {
+                    tr {
+                        td.key { (q.queue) }
+                        td.num { (bounded(q.depth, q.ready_more || q.timed_more)) }
+                        td.num { (bounded(q.ready, q.ready_more)) }
+                        td.num { (bounded(q.timed, q.timed_more)) }
+                        td {
+                            @match q.oldest_ready_age_ms {
+                                Some(age) => { (span(age)) }
+                                None => "-",
+                            }
+                        }
+                        td.num {
+                            @if q.dead > 0 {
+                                span.badge.bad { (bounded(q.dead, q.dead_more)) }
+                            } @else { "0" }
+                        }
+                    }
+                }
+            }
+        }
+        @let dead: Vec<_> = queues.queues.iter().flat_map(|q| q.dead_tasks.iter().map(move |d| (q, d))).collect();
+        h2 { "Dead tasks (" (dead.len()) ")" }
+        p.note {
+            "A dead task used up its attempts and is never claimed again until retried (its \
+             attempts then count from zero). Fix what its error says first."
+        }
+        @if dead.is_empty() {
+            p { "No dead tasks." }
+        } @else {
+            table #dead {
+                tr {
+                    th { "Task" } th { "Queue" } th { "Died" } th { "Attempts" } th { "Last error" }
+                    @if writes.is_some() { th { "Retry" } }
+                }
+                @for (q, d) in &dead {
+                    tr {
+                        td.key { (d.task.id) }
+                        td.key { (q.queue) }
+                        td { (fmt_time(d.died_ms, None)) }
+                        td.num { (d.task.attempts) }
+                        td.key.error { (d.task.last_error.as_deref().unwrap_or("-")) }
+                        @if let Some(w) = writes {
+                            td {
+                                form.retry method="post" action="/retry" {
+                                    input type="hidden" name="csrf" value=(w.csrf);
+                                    input type="hidden" name="id" value=(d.task.id);
+                                    button type="submit" { "Retry…" }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            @if queues.queues.iter().any(|q| q.dead_tasks_more) {
+                p.dim { "More dead tasks than shown: " code { "/api/queues?limit=N" } " lists up to 500 per queue." }
+            }
+            @if writes.is_none() {
+                p.dim {
+                    "This console is read-only; start it with " code { "--allow-writes" }
+                    " to retry dead tasks from this page."
+                }
+            }
+        }
+        h2 { "Tasks" }
         p.dim {
             "Records " code { "board/task/<id>" } ". Payloads and results are the \
              application's data and are not shown."
         }
-        @if view.rows.is_empty() {
+        @if tasks.rows.is_empty() {
             p { "No tasks on the board." }
         } @else {
             table #tasks {
-                tr { th { "Task" } th { "State" } th { "Agent" } th { "Fence" } th { "Lease" } th { "Depends on" } }
-                @for t in &view.rows {
+                tr {
+                    th { "Task" } th { "State" } th { "Agent" } th { "Fence" } th { "Lease" }
+                    th { "Depends on" } th { "Queue" } th { "Attempts" } th { "Not before" }
+                    th { "Last error" }
+                }
+                @for t in &tasks.rows {
                     tr {
                         td.key { (t.id) }
                         td { (state_badge(t.state)) }
                         td { (t.agent.as_deref().unwrap_or("-")) }
                         td.num { (t.fence) }
-                        td { (when(t.lease_expires_ms, view.listing.now_ms)) }
+                        td { (when(t.lease_expires_ms, tasks.listing.now_ms)) }
                         td.key {
                             @if t.deps.is_empty() { "-" } @else { (t.deps.join(", ")) }
                         }
+                        td.key {
+                            @match &t.queue {
+                                Some(q) => { (q) @if t.priority != 0 { " " span.dim { "(priority " (t.priority) ")" } } }
+                                None => "-",
+                            }
+                        }
+                        td.num {
+                            (t.attempts)
+                            @if let Some(max) = t.max_attempts { " / " (max) }
+                        }
+                        td { (when(t.not_before_ms, tasks.listing.now_ms)) }
+                        td.key { (t.last_error.as_deref().unwrap_or("-")) }
                     }
                 }
             }
-            (more_after("/tasks", "after", &view.listing, limit))
+            (more_after("/tasks", "after", &tasks.listing, limit))
         }
+    }
+    .into_string()
+}
+
+/// The confirmation step of a retry of a dead task.
+pub(crate) fn confirm_retry(id: &str, current: &str, csrf: &str) -> String {
+    html! {
+        p.note {
+            "Retry the dead task " span.key { (id) } ": it becomes ready in its queue again, \
+             its attempts counted from zero, and a worker will run it."
+        }
+        table {
+            tr { th { "Task" } td.key { (id) } }
+            tr { th { "Now" } td { (current) } }
+        }
+        form.retry method="post" action="/retry" style="margin-top:12px" {
+            input type="hidden" name="csrf" value=(csrf);
+            input type="hidden" name="id" value=(id);
+            input type="hidden" name="confirm" value="yes";
+            button type="submit" { "Confirm: retry" }
+            " "
+            a href="/tasks" { "Cancel" }
+        }
+    }
+    .into_string()
+}
+
+/// The page saying a dead task was retried.
+pub(crate) fn retried(id: &str) -> String {
+    html! {
+        p.note #retried {
+            "Retried " span.key { (id) } ": it is ready in its queue again."
+        }
+        p { a href="/tasks" { "Back to the tasks" } }
     }
     .into_string()
 }

@@ -5,12 +5,14 @@
 //!
 //! # Contract
 //!
-//! - Read-only unless started with `--allow-writes`. The one write is the
-//!   reconcile of an uncertain side-effect key: a form per key (verdict and
-//!   a required reason), then a confirmation page, then the verdict is
+//! - Read-only unless started with `--allow-writes`. Two writes: the
+//!   reconcile of an uncertain side-effect key (a form per key, verdict and
+//!   a required reason, then a confirmation page, then the verdict is
 //!   recorded through [`crate::sideeffect_cmd::resolve`], the same adapter
-//!   path as `coordctl reconcile`. Without `--allow-writes` the form is not
-//!   shown and `POST /reconcile` answers 403.
+//!   path as `coordctl reconcile`), and the retry of a dead task of a work
+//!   queue (a button per dead task on the task page, then a confirmation
+//!   page, then `Board::retry_dead`). Without `--allow-writes` neither form
+//!   is shown and `POST /reconcile` and `POST /retry` answer 403.
 //! - Listens on loopback unless `--allow-remote` is given; then too (no
 //!   authentication here) it is for a trusted network only. While not
 //!   remote, a request whose `Host` is not a loopback name is refused (403):
@@ -38,6 +40,7 @@ mod guard;
 mod html;
 mod pages;
 mod reconcile;
+mod retry;
 #[cfg(test)]
 mod tests;
 
@@ -66,6 +69,7 @@ use pages::{
     job_page, leaders_page, listing_page, locks_page, metrics_text, not_found, overview_page,
 };
 use reconcile::reconcile;
+use retry::retry;
 
 /// Arguments of `coordctl serve`.
 #[derive(Debug, Args)]
@@ -113,6 +117,8 @@ struct AppState {
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     /// `coord_sideeffect_uncertain` for the watched store, refreshed on scrape.
     uncertain: crate::metrics::UncertainGauge,
+    /// The `coord_queue_*` gauges of the default board, refreshed on scrape.
+    queues: crate::metrics::QueueGauges,
 }
 
 type Shared = Arc<AppState>;
@@ -144,6 +150,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode, Error> {
     let redacted = coord_backend::redact::url(url.without_namespace());
     let state = Arc::new(AppState {
         uncertain: crate::metrics::UncertainGauge::new(backend.clone()),
+        queues: crate::metrics::QueueGauges::new(backend.clone()),
         metrics,
         stores: Stores::new(backend)?,
         shown: format!("{redacted} (namespace {})", url.namespace()),
@@ -162,7 +169,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode, Error> {
         "coordctl serve: http://{bound}/ on {} ({})",
         state.shown,
         if args.allow_writes {
-            "writes allowed: reconcile from the side-effects page"
+            "writes allowed: reconcile from the side-effects page, retry dead tasks from the task page"
         } else {
             "read-only"
         }
@@ -226,8 +233,11 @@ fn router(state: Shared) -> Router {
             listing_page(
                 "Task board",
                 "/tasks",
-                |s, page| Box::pin(views::tasks(s, page)),
-                |view, _, limit| html::tasks(view, limit),
+                |s, page| Box::pin(views::task_page(s, page)),
+                |view, state, limit| {
+                    let writes = html::Writes { csrf: &state.csrf };
+                    html::tasks(view, state.allow_writes.then_some(&writes), limit)
+                },
             ),
         )
         .route(
@@ -258,6 +268,7 @@ fn router(state: Shared) -> Router {
         )
         .route("/jobs/{job}", get(job_page))
         .route("/reconcile", axum::routing::post(reconcile))
+        .route("/retry", axum::routing::post(retry))
         .route("/leaders", get(leaders_page))
         .route(
             "/api/locks",
@@ -286,6 +297,10 @@ fn router(state: Shared) -> Router {
         .route(
             "/api/tasks",
             api_listing(|s, page| Box::pin(views::tasks(s, page))),
+        )
+        .route(
+            "/api/queues",
+            api_listing(|s, page| Box::pin(views::queues(s, page))),
         )
         .route(
             "/api/sideeffects",

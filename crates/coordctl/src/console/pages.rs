@@ -150,7 +150,7 @@ pub(super) async fn metrics_text(State(state): State<Shared>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        crate::metrics::render(&state.metrics, Some(&state.uncertain)).await,
+        crate::metrics::render(&state.metrics, Some(&state.uncertain), Some(&state.queues)).await,
     )
         .into_response()
 }
@@ -160,7 +160,8 @@ pub(super) async fn not_found(State(state): State<Shared>, request: Request) -> 
     Failure::new(
         StatusCode::NOT_FOUND,
         "no such page (pages: /, /locks, /leaders, /tasks, /sideeffects, /jobs, /jobs/JOB; API: /api/locks, \
-/api/elections, /api/rwlocks, /api/fairlocks, /api/semaphores, /api/resources, /api/tasks, /api/sideeffects, /api/jobs, /api/jobs/JOB/runs)",
+/api/elections, /api/rwlocks, /api/fairlocks, /api/semaphores, /api/resources, /api/tasks, /api/queues, /api/sideeffects, \
+/api/jobs, /api/jobs/JOB/runs)",
     )
     .respond(&state, json)
 }
