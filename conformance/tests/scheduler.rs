@@ -89,6 +89,8 @@ enum Flaw {
     PrunesBehind,
     /// Prunes by a clock an hour ahead: forgets live runs.
     PrunesAhead,
+    /// Claims without the request's attempt bound: takes over past `max_attempts`.
+    UncappedAttempts,
     /// None: the double must pass everything.
     Honest,
 }
@@ -146,6 +148,7 @@ impl SlotStore for Broken {
         match self.flaw {
             Flaw::FreshTokenPerClaim => request.token = coord_adapters::mint_token(),
             Flaw::IgnoresOverlap => request.allow_overlap = true,
+            Flaw::UncappedAttempts => request.max_attempts = None,
             _ => {}
         }
         let floor = self.floors.lock().unwrap().get(&request.job).copied();
@@ -186,6 +189,18 @@ impl SlotStore for Broken {
     async fn release(&self, job: &str, slot: Slot, token: &str) -> Result<(), RunError> {
         self.inner
             .release(job, slot, &self.token(job, slot, token))
+            .await
+    }
+    async fn record_attempt(
+        &self,
+        job: &str,
+        slot: Slot,
+        token: &str,
+        attempt: u32,
+        failure: &str,
+    ) -> Result<(), RunError> {
+        self.inner
+            .record_attempt(job, slot, &self.token(job, slot, token), attempt, failure)
             .await
     }
     async fn active(&self, job: &str) -> Result<Vec<ActiveRun>, RunError> {
@@ -282,6 +297,7 @@ async fn run_check(name: &str, env: &SchedulerEnv) -> CheckResult {
         "dedupe_window_refusal" => suite::dedupe_window_refusal(env).await,
         "running_slot_below_the_floor" => suite::running_slot_below_the_floor(env).await,
         "abandoned_run_forgotten" => suite::abandoned_run_forgotten(env).await,
+        "attempts_by_token" => suite::attempts_by_token(env).await,
         other => panic!("unknown check {other}"),
     }
 }
@@ -323,7 +339,7 @@ red_on! {
         "a claim that ignores the token", ["repeat_safety"];
     red_on_unchecked_ownership: broken(Flaw::UncheckedOwner),
         "heartbeat/finish/release without an ownership check",
-        ["heartbeat_ownership", "takeover_after_expiry", "finish_release_by_token"];
+        ["heartbeat_ownership", "takeover_after_expiry", "finish_release_by_token", "attempts_by_token"];
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -368,6 +384,11 @@ async fn red_on_the_other_flaws() {
             Flaw::PrunesAhead,
             "a prune that forgets live runs",
             "abandoned_run_forgotten",
+        ),
+        (
+            Flaw::UncappedAttempts,
+            "takeovers past max_attempts",
+            "attempts_by_token",
         ),
     ] {
         assert_red(&broken(flaw), what, &[check]).await;
