@@ -144,7 +144,8 @@ pub struct JobOptions {
     /// Lease of a coordinated run; heartbeats renew it every third of it
     /// (default 30 s). A backup takes over when it expires unfinished.
     pub lease_ttl: Duration,
-    /// Stop the handler after this long and record `TimedOut` (default none).
+    /// Stop the handler after this long and record `TimedOut` (default
+    /// none). Counted per attempt; a timed-out attempt is not retried.
     pub timeout: Option<Duration>,
     /// How late a slot may still start; older unclaimed slots are recorded
     /// as skipped (default 60 s). Also the catch-up horizon after a start.
