@@ -160,6 +160,9 @@ impl Retrying<'_> {
             )
             .await
             {
+                // Lost while the store answered: recorded, yet not run (an
+                // attempt counted and not run never lets a slot run more).
+                Ok(()) if *lost.borrow() => return Err(failed()),
                 Ok(()) => return Ok(()),
                 Err(error) if error.is_not_owner() => {
                     tracing::warn!(
