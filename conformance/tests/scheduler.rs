@@ -1996,3 +1996,36 @@ async fn bad_retry_policies_are_refused_typed() {
     }
     assert!(a.scheduler.job_names().is_empty());
 }
+
+/// A retry whose recording gets no answer (`Indeterminate`) is not run on a
+/// guess: the instance asks the store again (a third of a lease later) and
+/// runs the attempt only once the store has accepted it.
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_attempt_is_asked_again_never_run_on_a_guess() {
+    let log: AttemptLog = Arc::default();
+    // Heartbeats every 10 s; waits of 1-2 s.
+    let opts = leased(Duration::from_secs(30), Duration::from_secs(600))
+        .with_retry(3, Backoff::fixed(Duration::from_secs(2)));
+    let (a, store, backend) = retrying("retry_unanswered", opts, failing(&log, |n| n < 2)).await;
+    wait_for_len(&log, 1, Duration::from_secs(1)).await;
+    let failed_at = log.lock().unwrap()[0].1;
+    backend.set(INDETERMINATE);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        log.lock().unwrap().len(),
+        1,
+        "retried without a recorded attempt"
+    );
+    backend.set(FINE);
+    a.wait_idle().await;
+    let runs = log.lock().unwrap().clone();
+    assert_eq!(runs.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![1, 2]);
+    assert!(
+        runs[1].1 - failed_at >= Duration::from_secs(5),
+        "attempt 2 started {:?} after the failure, before the store answered",
+        runs[1].1 - failed_at
+    );
+    let record = slot_record(&store).await;
+    assert_eq!((record.status, record.attempts), (RunStatus::Succeeded, 2));
+    a.shutdown().await;
+}
