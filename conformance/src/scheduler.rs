@@ -36,7 +36,12 @@
 //!   window ago without a finish or a takeover is forgotten by `prune` (no
 //!   longer active, not shown running), and stays refused to everyone, its
 //!   owner included; a live run, and one whose lease ended inside the
-//!   window, stay.
+//!   window, stay;
+//! - [`attempts_by_token`]: a run counts its attempts (1 at its claim); a
+//!   retry is recorded only by the owning token and only as the next
+//!   attempt (asked again: answered, not counted twice); a takeover starts
+//!   the next attempt and refuses the old holder's; a takeover past
+//!   `max_attempts` finishes the run failed instead of starting it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -824,6 +829,86 @@ pub async fn abandoned_run_forgotten(env: &SchedulerEnv) -> CheckResult {
     Ok(())
 }
 
+/// `record_attempt` by `store` is refused as `NotOwner`, or the check fails.
+async fn attempt_refused(
+    store: &dyn SlotStore,
+    job: &str,
+    token: &str,
+    attempt: u32,
+    when: &str,
+) -> CheckResult {
+    let result = store
+        .record_attempt(job, T0, token, attempt, "late failure")
+        .await;
+    ensure!(
+        matches!(result, Err(coord_scheduler::RunError::NotOwner { .. })),
+        "attempt {attempt} recorded by token {token:?} {when}: {result:?}"
+    );
+    Ok(())
+}
+
+/// A run counts its attempts, and only its owner moves the count, only
+/// forward: the claim starts attempt 1; the owner records attempt 2 (asking
+/// again for it is answered without counting it twice, a gap is refused);
+/// another token is refused; a takeover starts attempt 3 and the old
+/// holder's next attempt is refused; a takeover with `max_attempts = 3`
+/// finishes the run failed (history: failed, 3 attempts) instead of starting
+/// a fourth, and the stopped holder can no longer finish it.
+pub async fn attempts_by_token(env: &SchedulerEnv) -> CheckResult {
+    let (clock, [a, b]) = instances::<2>(env, "sched_attempts").await?;
+    let job = "attempts";
+    let first = a.claim(&req(job, T0, "ta", "a")).await?;
+    ensure!(
+        first.won && first.attempts == 1,
+        "a first claim did not start attempt 1: {first:?}"
+    );
+    attempt_refused(&*b, job, "tb", 2, "by a token that never owned the run").await?;
+    a.record_attempt(job, T0, "ta", 2, "boom").await?;
+    a.record_attempt(job, T0, "ta", 2, "boom")
+        .await
+        .map_err(|e| Failure::new(format!("the same attempt asked again was refused: {e}")))?;
+    let gap = a.record_attempt(job, T0, "ta", 4, "boom").await;
+    ensure!(
+        matches!(gap, Err(coord_scheduler::RunError::InvalidArgument(_))),
+        "attempt 4 was recorded after attempt 2: {gap:?}"
+    );
+    let shown = b.history(job, 10).await?;
+    ensure!(
+        shown.first().is_some_and(|r| r.attempts == 2
+            && r.status == RunStatus::Running
+            && r.message.as_deref() == Some("boom")),
+        "history after attempt 2 (expected running, 2 attempts, the failure): {shown:?}"
+    );
+    clock.advance(TTL + Duration::from_secs(1));
+    let taken = b.claim(&req(job, T0, "tb", "b")).await?;
+    ensure!(
+        taken.won && taken.outcome == ClaimOutcome::TakenOver && taken.attempts == 3,
+        "a takeover after attempt 2 did not start attempt 3: {taken:?}"
+    );
+    attempt_refused(&*a, job, "ta", 3, "after the slot was taken over").await?;
+    clock.advance(TTL + Duration::from_secs(1));
+    let capped = req(job, T0, "tc", "c").with_max_attempts(Some(3));
+    let refused = a.claim(&capped).await?;
+    ensure!(
+        !refused.won && refused.outcome == ClaimOutcome::Done && refused.attempts == 3,
+        "a takeover past max_attempts was not refused as done: {refused:?}"
+    );
+    let shown = a.history(job, 10).await?;
+    ensure!(
+        shown
+            .first()
+            .is_some_and(|r| r.attempts == 3 && r.status == RunStatus::Failed),
+        "history of a run whose attempts ran out (expected failed, 3 attempts): {shown:?}"
+    );
+    let late = b.finish(job, T0, "tb", FinalStatus::Succeeded).await;
+    ensure!(
+        matches!(late, Err(coord_scheduler::RunError::NotOwner { .. })),
+        "the stopped holder finished a run whose attempts ran out: {late:?}"
+    );
+    attempt_refused(&*b, job, "tb", 4, "after the run's attempts ran out").await?;
+    Ok(())
+}
+
 crate::__define_suite! {$
     /// The scheduler suite's one list of cases (see [`crate::__define_suite!`]).
     __scheduler_suite "scheduler" |factory, check, name| async move { check(&SchedulerEnv::new(factory)).await };
@@ -846,4 +931,5 @@ crate::__define_suite! {$
     dedupe_window_refusal,
     running_slot_below_the_floor,
     abandoned_run_forgotten,
+    attempts_by_token,
 }

@@ -18,8 +18,8 @@ use coord_conformance::scheduler::{self as suite, run_store_maker, SchedulerEnv,
 use coord_conformance::{factory, unique_namespace, BackendFactory, CheckResult};
 use coord_memory::SingleProcessMemoryBackend;
 use coord_scheduler::{
-    handler, ActiveRun, Claim, ClaimRequest, Error, FinalStatus, Handler, HandlerResult, Job,
-    JobOptions, Lease, LockingHint, ManualRun, RunContext, RunError, RunRecord, RunStatus,
+    handler, ActiveRun, Backoff, Claim, ClaimRequest, Error, FinalStatus, Handler, HandlerResult,
+    Job, JobOptions, Lease, LockingHint, ManualRun, RunContext, RunError, RunRecord, RunStatus,
     RunStore, RunStoreOptions, Schedule, Scheduler, SchedulerOptions, SkipReason, Slot, SlotStore,
     TickAction,
 };
@@ -89,6 +89,8 @@ enum Flaw {
     PrunesBehind,
     /// Prunes by a clock an hour ahead: forgets live runs.
     PrunesAhead,
+    /// Claims without the request's attempt bound: takes over past `max_attempts`.
+    UncappedAttempts,
     /// None: the double must pass everything.
     Honest,
 }
@@ -146,6 +148,7 @@ impl SlotStore for Broken {
         match self.flaw {
             Flaw::FreshTokenPerClaim => request.token = coord_adapters::mint_token(),
             Flaw::IgnoresOverlap => request.allow_overlap = true,
+            Flaw::UncappedAttempts => request.max_attempts = None,
             _ => {}
         }
         let floor = self.floors.lock().unwrap().get(&request.job).copied();
@@ -186,6 +189,18 @@ impl SlotStore for Broken {
     async fn release(&self, job: &str, slot: Slot, token: &str) -> Result<(), RunError> {
         self.inner
             .release(job, slot, &self.token(job, slot, token))
+            .await
+    }
+    async fn record_attempt(
+        &self,
+        job: &str,
+        slot: Slot,
+        token: &str,
+        attempt: u32,
+        failure: &str,
+    ) -> Result<(), RunError> {
+        self.inner
+            .record_attempt(job, slot, &self.token(job, slot, token), attempt, failure)
             .await
     }
     async fn active(&self, job: &str) -> Result<Vec<ActiveRun>, RunError> {
@@ -282,6 +297,7 @@ async fn run_check(name: &str, env: &SchedulerEnv) -> CheckResult {
         "dedupe_window_refusal" => suite::dedupe_window_refusal(env).await,
         "running_slot_below_the_floor" => suite::running_slot_below_the_floor(env).await,
         "abandoned_run_forgotten" => suite::abandoned_run_forgotten(env).await,
+        "attempts_by_token" => suite::attempts_by_token(env).await,
         other => panic!("unknown check {other}"),
     }
 }
@@ -323,7 +339,7 @@ red_on! {
         "a claim that ignores the token", ["repeat_safety"];
     red_on_unchecked_ownership: broken(Flaw::UncheckedOwner),
         "heartbeat/finish/release without an ownership check",
-        ["heartbeat_ownership", "takeover_after_expiry", "finish_release_by_token"];
+        ["heartbeat_ownership", "takeover_after_expiry", "finish_release_by_token", "attempts_by_token"];
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -368,6 +384,11 @@ async fn red_on_the_other_flaws() {
             Flaw::PrunesAhead,
             "a prune that forgets live runs",
             "abandoned_run_forgotten",
+        ),
+        (
+            Flaw::UncappedAttempts,
+            "takeovers past max_attempts",
+            "attempts_by_token",
         ),
     ] {
         assert_red(&broken(flaw), what, &[check]).await;
@@ -1701,4 +1722,310 @@ async fn a_stopped_instance_holding_the_store_does_not_stall_the_survivor() {
 
 fn millis(d: Duration) -> u64 {
     d.as_millis() as u64
+}
+
+// ---------------------------------------------------------------------------
+// Retries (JobOptions::with_retry), on paused tokio time: the wall clock
+// (TokioClock) and the monotonic one move together, and a backoff or a
+// heartbeat sleep advances them without any real wait.
+// ---------------------------------------------------------------------------
+
+/// `(attempt seen by the handler, monotonic instant it started)` per run.
+type AttemptLog = Arc<Mutex<Vec<(u32, tokio::time::Instant)>>>;
+
+/// A handler that logs each attempt, then fails while `fails(attempt)`
+/// says so (with the message `boom <attempt>`).
+fn failing(log: &AttemptLog, fails: impl Fn(u32) -> bool + Send + Sync + 'static) -> Handler {
+    let (log, fails) = (log.clone(), Arc::new(fails));
+    handler(move |ctx: RunContext| {
+        let (log, fails) = (log.clone(), fails.clone());
+        async move {
+            log.lock()
+                .unwrap()
+                .push((ctx.attempt, tokio::time::Instant::now()));
+            if fails(ctx.attempt) {
+                return Err(format!("boom {}", ctx.attempt).into());
+            }
+            Ok(())
+        }
+    })
+}
+
+/// The next hourly slot after [`T0`].
+fn hourly_slot() -> Slot {
+    T0 - T0 % HOUR + HOUR
+}
+
+/// One instance `a` on its own FaultyBackend client of a fresh namespace,
+/// at the next hourly slot, running "job" hourly with `opts` and `h`; the
+/// run of that slot is started (and left running).
+async fn retrying(
+    prefix: &str,
+    opts: JobOptions,
+    h: Handler,
+) -> (Scheduler, Arc<dyn SlotStore>, Arc<FaultyBackend>) {
+    let ns = unique_namespace(prefix);
+    let slot = hourly_slot();
+    let (a, store, clock, backend) = on_faulty(&ns, "a", slot, every("every 1h", opts, h));
+    let report = a.tick_at(clock.now_millis()).await;
+    assert_eq!(report.started(), vec![("job", slot)], "{report:?}");
+    (a, store, backend)
+}
+
+async fn slot_record(store: &Arc<dyn SlotStore>) -> RunRecord {
+    let history = store.history("job", 10).await.unwrap();
+    history
+        .into_iter()
+        .find(|r| r.slot == hourly_slot())
+        .expect("the slot is in history")
+}
+
+/// A handler that fails twice is run a third time and succeeds: each retry
+/// waits its backoff (doubling from 10 s, jittered in [d/2, d]), holds the
+/// lease all along (heartbeats every second on a 3 s lease: a backoff of
+/// 10-20 s outlives several leases), and history shows 3 attempts.
+#[tokio::test(start_paused = true)]
+async fn a_failing_handler_is_retried_after_its_backoff_until_it_succeeds() {
+    let log: AttemptLog = Arc::default();
+    let opts = leased(Duration::from_secs(3), Duration::from_secs(600)).with_retry(
+        5,
+        Backoff::exponential(Duration::from_secs(10), Duration::from_secs(60)),
+    );
+    let (a, store, _) = retrying("retry_success", opts, failing(&log, |n| n < 3)).await;
+    a.wait_idle().await;
+    let runs = log.lock().unwrap().clone();
+    assert_eq!(
+        runs.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+        vec![1, 2, 3],
+        "attempts seen by the handler"
+    );
+    for (i, (lo, hi)) in [(5, 10), (10, 20)].into_iter().enumerate() {
+        let waited = runs[i + 1].1 - runs[i].1;
+        assert!(
+            waited >= Duration::from_secs(lo)
+                && waited <= Duration::from_secs(hi) + Duration::from_millis(50),
+            "retry {} started {waited:?} after the failure, not within [{lo}s, {hi}s]",
+            i + 1
+        );
+    }
+    let record = slot_record(&store).await;
+    assert_eq!(
+        (
+            record.status,
+            record.attempts,
+            record.takeovers,
+            record.message.clone()
+        ),
+        (RunStatus::Succeeded, 3, 0, None),
+        "{record:?}"
+    );
+    assert!(store.active("job").await.unwrap().is_empty());
+    a.shutdown().await;
+}
+
+/// Out of attempts: the run finishes failed with the last error, and
+/// history shows every attempt it started.
+#[tokio::test(start_paused = true)]
+async fn exhausted_attempts_finish_failed_with_the_last_error() {
+    let log: AttemptLog = Arc::default();
+    let opts = leased(Duration::from_secs(3), Duration::from_secs(600))
+        .with_retry(3, Backoff::fixed(Duration::from_secs(2)));
+    let (a, store, _) = retrying("retry_exhausted", opts, failing(&log, |_| true)).await;
+    a.wait_idle().await;
+    assert_eq!(log.lock().unwrap().len(), 3, "three attempts in all");
+    let record = slot_record(&store).await;
+    assert_eq!(
+        (record.status, record.attempts, record.message.as_deref()),
+        (RunStatus::Failed, 3, Some("boom 3")),
+        "{record:?}"
+    );
+    a.shutdown().await;
+}
+
+/// A retry starts only while the slot is still within its lateness bound
+/// (slot + max_late, no jitter here): a backoff that always ends past it
+/// (waits of 20-40 s, max_late 15 s) means no retry at all; with waits of
+/// 5-10 s and max_late 30 s, every attempt starts within the bound.
+#[tokio::test(start_paused = true)]
+async fn the_lateness_bound_stops_retries() {
+    let log: AttemptLog = Arc::default();
+    let opts = leased(Duration::from_secs(3), Duration::from_secs(15))
+        .with_retry(10, Backoff::fixed(Duration::from_secs(40)));
+    let (a, store, _) = retrying("retry_late", opts, failing(&log, |_| true)).await;
+    a.wait_idle().await;
+    assert_eq!(
+        log.lock().unwrap().len(),
+        1,
+        "retried past the lateness bound"
+    );
+    let record = slot_record(&store).await;
+    assert_eq!((record.status, record.attempts), (RunStatus::Failed, 1));
+    a.shutdown().await;
+
+    let log: AttemptLog = Arc::default();
+    let opts = leased(Duration::from_secs(3), Duration::from_secs(30))
+        .with_retry(10, Backoff::fixed(Duration::from_secs(10)));
+    let (a, store, _) = retrying("retry_late_some", opts, failing(&log, |_| true)).await;
+    let started = tokio::time::Instant::now();
+    a.wait_idle().await;
+    let runs = log.lock().unwrap().clone();
+    assert!(
+        (3..10).contains(&runs.len()),
+        "{} attempts: 5-10 s waits within 30 s allow 3 to 7",
+        runs.len()
+    );
+    for (n, at) in &runs {
+        assert!(
+            *at - started <= Duration::from_secs(30),
+            "attempt {n} started {:?} after the slot (max_late 30 s)",
+            *at - started
+        );
+    }
+    let record = slot_record(&store).await;
+    assert_eq!(
+        (record.status, record.attempts as usize),
+        (RunStatus::Failed, runs.len())
+    );
+    a.shutdown().await;
+}
+
+/// A holder that loses its lease during the backoff (its heartbeats hang
+/// for longer than the lease, then the store answers again, and nobody has
+/// taken the slot over) does not retry: a backup may be starting.
+#[tokio::test(start_paused = true)]
+async fn a_lost_lease_stops_retries() {
+    let log: AttemptLog = Arc::default();
+    let opts = leased(Duration::from_secs(3), Duration::from_secs(600))
+        .with_retry(5, Backoff::fixed(Duration::from_secs(20)));
+    let (a, store, backend) = retrying("retry_lost", opts, failing(&log, |_| true)).await;
+    wait_for_len(&log, 1, Duration::from_secs(1)).await;
+    backend.set(HANG);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    backend.set(FINE);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    a.wait_idle().await;
+    assert_eq!(
+        log.lock().unwrap().len(),
+        1,
+        "retried after its lease was lost"
+    );
+    assert_eq!(slot_record(&store).await.attempts, 1);
+    a.shutdown().await;
+}
+
+/// A holder paused through its backoff (its store calls hang past the
+/// lease) is taken over by a backup, whose run is the next attempt; the
+/// holder, answered again, finds its attempt refused and never runs again.
+#[tokio::test(start_paused = true)]
+async fn a_takeover_during_the_backoff_is_the_next_attempt() {
+    let ns = unique_namespace("retry_takeover");
+    let slot = hourly_slot();
+    let max_late = Duration::from_secs(600);
+    let opts = leased(Duration::from_secs(3), max_late)
+        .with_retry(3, Backoff::fixed(Duration::from_secs(30)));
+    let (a_log, b_log): (AttemptLog, AttemptLog) = Default::default();
+    let (a, _, ca, a_backend) = on_faulty(
+        &ns,
+        "a",
+        slot,
+        every("every 1h", opts.clone(), failing(&a_log, |_| true)),
+    );
+    let (b, b_store, cb, _) = on_faulty(
+        &ns,
+        "b",
+        slot,
+        every("every 1h", opts, failing(&b_log, |_| false)),
+    );
+    assert_eq!(a.tick_at(ca.now_millis()).await.started().len(), 1);
+    wait_for_len(&a_log, 1, Duration::from_secs(1)).await;
+    a_backend.set(HANG);
+    let mut taken = false;
+    while !taken && cb.now_millis() < slot + millis(max_late) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        taken = b.tick_at(cb.now_millis()).await.started().len() == 1;
+    }
+    assert!(taken, "b never took the slot over");
+    b.wait_idle().await;
+    a_backend.set(FINE);
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    a.wait_idle().await;
+    assert_eq!(
+        a_log.lock().unwrap().len(),
+        1,
+        "a ran again after the takeover"
+    );
+    let b_runs: Vec<u32> = b_log.lock().unwrap().iter().map(|(n, _)| *n).collect();
+    assert_eq!(b_runs, vec![2], "the takeover is attempt 2");
+    let history = b_store.history("job", 10).await.unwrap();
+    let record = history.iter().find(|r| r.slot == slot).unwrap();
+    assert_eq!(
+        (
+            record.status,
+            record.instance.as_str(),
+            record.attempts,
+            record.takeovers
+        ),
+        (RunStatus::Succeeded, "b", 2, 1),
+        "{record:?}"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_retry_policies_are_refused_typed() {
+    let [a] = instances("retry_refusals", ["a"], T0);
+    let h = handler(|_| async { Ok(()) });
+    let s = Schedule::parse("every 1s", None).unwrap();
+    let second = Duration::from_secs(1);
+    for (retry, why) in [
+        ((0, Backoff::fixed(second)), "max_attempts"),
+        ((3, Backoff::fixed(Duration::ZERO)), "positive"),
+        ((3, Backoff::exponential(2 * second, second)), "below"),
+    ] {
+        let opts = JobOptions::default().with_retry(retry.0, retry.1);
+        match a
+            .scheduler
+            .add_job(Job::new("r", s.clone(), h.clone()).with_options(opts))
+        {
+            Err(Error::InvalidArgument(message)) => {
+                assert!(message.contains(why), "{message}")
+            }
+            other => panic!("{retry:?} was not refused: {other:?}"),
+        }
+    }
+    assert!(a.scheduler.job_names().is_empty());
+}
+
+/// A retry whose recording gets no answer (`Indeterminate`) is not run on a
+/// guess: the instance asks the store again (a third of a lease later) and
+/// runs the attempt only once the store has accepted it.
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_attempt_is_asked_again_never_run_on_a_guess() {
+    let log: AttemptLog = Arc::default();
+    // Heartbeats every 10 s; waits of 1-2 s.
+    let opts = leased(Duration::from_secs(30), Duration::from_secs(600))
+        .with_retry(3, Backoff::fixed(Duration::from_secs(2)));
+    let (a, store, backend) = retrying("retry_unanswered", opts, failing(&log, |n| n < 2)).await;
+    wait_for_len(&log, 1, Duration::from_secs(1)).await;
+    let failed_at = log.lock().unwrap()[0].1;
+    backend.set(INDETERMINATE);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        log.lock().unwrap().len(),
+        1,
+        "retried without a recorded attempt"
+    );
+    backend.set(FINE);
+    a.wait_idle().await;
+    let runs = log.lock().unwrap().clone();
+    assert_eq!(runs.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![1, 2]);
+    assert!(
+        runs[1].1 - failed_at >= Duration::from_secs(5),
+        "attempt 2 started {:?} after the failure, before the store answered",
+        runs[1].1 - failed_at
+    );
+    let record = slot_record(&store).await;
+    assert_eq!((record.status, record.attempts), (RunStatus::Succeeded, 2));
+    a.shutdown().await;
 }

@@ -23,6 +23,15 @@ pub(crate) fn unit() -> f64 {
     })
 }
 
+/// A uniform draw in `[lo, hi]` (`lo` when `hi <= lo`), for a backoff
+/// whose randomness must replay under a seeded simulation.
+pub fn uniform(lo: std::time::Duration, hi: std::time::Duration) -> std::time::Duration {
+    match hi.checked_sub(lo) {
+        Some(span) if !span.is_zero() => lo + span.mul_f64(unit()),
+        _ => lo,
+    }
+}
+
 /// Make this thread's backoff jitter the sequence seeded by `seed`
 /// (`None`: random again). For deterministic simulations on a
 /// current-thread runtime; production code never needs it.

@@ -20,8 +20,14 @@
 //! lease_ttl = "30s"
 //! jitter = "2s"
 //! allow_overlap = false
+//! max_attempts = 3             # retry a failed run: 3 attempts in all (default 1: no retry)
+//! retry_backoff = "10s"        # wait after the 1st failure, doubled after each (default 1s), jittered
+//! retry_backoff_max = "1m"     # cap of the wait (default 16 x retry_backoff)
 //! command = "echo report"      # run by `coordctl cron` with `sh -c`
 //! ```
+//!
+//! `max_attempts` is [`JobOptions::with_retry`] (retries start only within
+//! the slot's `max_late`; a takeover counts as an attempt).
 //!
 //! Durations are strings: `500ms`, `30s`, `5m`, `1h30m`, `2d`. Unknown keys
 //! are errors (a typo must not silently drop a setting). The store URL is
@@ -36,7 +42,9 @@ use serde::Deserialize;
 
 use crate::schedule::parse_duration;
 use crate::validate_job_name;
-use crate::{Handler, Job, JobOptions, LockingHint, RunStoreOptions, Schedule, SchedulerOptions};
+use crate::{
+    Backoff, Handler, Job, JobOptions, LockingHint, RunStoreOptions, Schedule, SchedulerOptions,
+};
 
 /// Why a configuration was refused. Every variant names where.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +107,9 @@ struct RawJob {
     lease_ttl: Option<String>,
     jitter: Option<String>,
     allow_overlap: Option<bool>,
+    max_attempts: Option<u32>,
+    retry_backoff: Option<String>,
+    retry_backoff_max: Option<String>,
     command: Option<String>,
 }
 
@@ -312,6 +323,30 @@ impl Config {
             if let Some(allow) = j.allow_overlap {
                 options.allow_overlap = allow;
             }
+            let backoff = duration_field(&at, "retry_backoff", j.retry_backoff.as_deref())?;
+            let backoff_max =
+                duration_field(&at, "retry_backoff_max", j.retry_backoff_max.as_deref())?;
+            match j.max_attempts {
+                Some(max_attempts) => {
+                    let initial = backoff.unwrap_or(Duration::from_secs(1));
+                    let max = backoff_max.unwrap_or(initial.saturating_mul(16));
+                    options = options.with_retry(max_attempts, Backoff::exponential(initial, max));
+                    if let Some(Err(message)) = options.retry.map(|r| r.check()) {
+                        let field = match message.starts_with("max_attempts") {
+                            true => "max_attempts",
+                            false => "retry_backoff",
+                        };
+                        return Err(invalid(field, message));
+                    }
+                }
+                None if backoff.is_some() || backoff_max.is_some() => {
+                    return Err(invalid(
+                        "retry_backoff",
+                        "needs max_attempts (how many attempts in all)".into(),
+                    ));
+                }
+                None => {}
+            }
             if j.command.as_deref().is_some_and(|c| c.trim().is_empty()) {
                 return Err(invalid("command", "is empty".into()));
             }
@@ -356,6 +391,8 @@ mod tests {
             lease_ttl = "1m"
             jitter = "3s"
             allow_overlap = true
+            max_attempts = 3
+            retry_backoff = "10s"
             "#,
         )
         .unwrap();
@@ -373,6 +410,12 @@ mod tests {
         assert_eq!(j.options.lease_ttl, Duration::from_secs(60));
         assert_eq!(j.options.jitter, Duration::from_secs(3));
         assert!(j.options.allow_overlap);
+        let retry = j.options.retry.unwrap();
+        assert_eq!(retry.max_attempts, 3);
+        assert_eq!(
+            retry.backoff,
+            Backoff::exponential(Duration::from_secs(10), Duration::from_secs(160))
+        );
         assert_eq!(j.options.hint, LockingHint::PreferGlobal);
         assert_eq!(j.schedule.time_zone(), Some(chrono_tz::America::New_York));
         assert!(c.jobs[0].command.is_none());
@@ -391,6 +434,11 @@ mod tests {
             ("[[job]]\nname = \"a\"\nschedule = \"every 1s\"\n[[job]]\nname = \"a\"\nschedule = \"every 2s\"", "twice"),
             ("[[job]]\nname = \"a\"\nschedule = \"every 1s\"\nallow_overlap = \"yes\"", "allow_overlap"),
             ("[store]\nurl = \"memory://\"\nforget_claims_after = \"0s\"", "forget_claims_after"),
+            ("[[job]]\nname = \"a\"\nschedule = \"every 1s\"\nmax_attempts = 0", "max_attempts"),
+            ("[[job]]\nname = \"a\"\nschedule = \"every 1s\"\nmax_attempts = -1", "max_attempts"),
+            ("[[job]]\nname = \"a\"\nschedule = \"every 1s\"\nmax_attempts = 2\nretry_backoff = \"0s\"", "retry_backoff"),
+            ("[[job]]\nname = \"a\"\nschedule = \"every 1s\"\nmax_attempts = 2\nretry_backoff = \"1m\"\nretry_backoff_max = \"1s\"", "retry_backoff"),
+            ("[[job]]\nname = \"a\"\nschedule = \"every 1s\"\nretry_backoff = \"1s\"", "needs max_attempts"),
         ];
         for (text, needle) in cases {
             let err = Config::from_toml_str(text).expect_err(text).to_string();

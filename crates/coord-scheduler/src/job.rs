@@ -90,6 +90,9 @@ pub struct RunContext {
     pub coordinated: bool,
     /// How many times the slot was taken over before this run.
     pub takeovers: u32,
+    /// Which attempt of the slot this is: 1 for its first run, +1 per retry
+    /// after a failure ([`JobOptions::with_retry`]) and per takeover.
+    pub attempt: u32,
     lost: watch::Receiver<bool>,
 }
 
@@ -100,7 +103,7 @@ impl RunContext {
         instance: String,
         manual: bool,
         coordinated: bool,
-        takeovers: u32,
+        (takeovers, attempt): (u32, u32),
         lost: watch::Receiver<bool>,
     ) -> Self {
         RunContext {
@@ -110,6 +113,7 @@ impl RunContext {
             manual,
             coordinated,
             takeovers,
+            attempt,
             lost,
         }
     }
@@ -140,7 +144,8 @@ pub struct JobOptions {
     /// Lease of a coordinated run; heartbeats renew it every third of it
     /// (default 30 s). A backup takes over when it expires unfinished.
     pub lease_ttl: Duration,
-    /// Stop the handler after this long and record `TimedOut` (default none).
+    /// Stop the handler after this long and record `TimedOut` (default
+    /// none). Counted per attempt; a timed-out attempt is not retried.
     pub timeout: Option<Duration>,
     /// How late a slot may still start; older unclaimed slots are recorded
     /// as skipped (default 60 s). Also the catch-up horizon after a start.
@@ -152,6 +157,133 @@ pub struct JobOptions {
     pub allow_overlap: bool,
     /// How to coordinate (default [`LockingHint::PreferGlobal`]).
     pub hint: LockingHint,
+    /// Whether and how a failed run of a slot is run again (default `None`:
+    /// never; see [`JobOptions::with_retry`]).
+    pub retry: Option<Retry>,
+}
+
+/// How long to wait before a retry: doubling from `initial` after each
+/// failed attempt, capped at `max`, with random jitter ("equal jitter":
+/// the wait after attempt `n` is drawn uniformly in `[d/2, d]`, where
+/// `d = min(initial × 2^(n−1), max)`), so instances that failed together
+/// do not retry together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Backoff {
+    /// The wait bound after the first failed attempt (positive).
+    pub initial: Duration,
+    /// The largest wait bound (at least `initial`).
+    pub max: Duration,
+}
+
+impl Backoff {
+    /// Doubling from `initial`, capped at `max`. Checked by
+    /// [`crate::Scheduler::add_job`]: `initial` must be positive and `max`
+    /// at least `initial`.
+    pub const fn exponential(initial: Duration, max: Duration) -> Self {
+        Backoff { initial, max }
+    }
+
+    /// The same bound after every attempt (still jittered in `[d/2, d]`).
+    pub const fn fixed(delay: Duration) -> Self {
+        Backoff {
+            initial: delay,
+            max: delay,
+        }
+    }
+
+    /// The range the wait after failed attempt `attempt` (1 = the first
+    /// run) is drawn from: `[d/2, d]`, `d = min(initial × 2^(attempt−1), max)`.
+    pub fn bounds(&self, attempt: u32) -> (Duration, Duration) {
+        let doublings = attempt.saturating_sub(1).min(31);
+        let d = self
+            .initial
+            .checked_mul(1u32 << doublings)
+            .unwrap_or(self.max)
+            .min(self.max);
+        (d / 2, d)
+    }
+
+    /// A wait after failed attempt `attempt`, drawn in [`Backoff::bounds`]
+    /// (through `coord_adapters::jitter`, so a seeded simulation replays it).
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let (lo, hi) = self.bounds(attempt);
+        coord_adapters::jitter::uniform(lo, hi)
+    }
+}
+
+/// A job's retry policy: see [`JobOptions::with_retry`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Retry {
+    /// The most attempts a slot may start, takeovers included (at least 1).
+    pub max_attempts: u32,
+    /// The wait between a failed attempt and the next.
+    pub backoff: Backoff,
+}
+
+impl Retry {
+    /// What is wrong with the policy, if anything.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if self.max_attempts == 0 {
+            return Err("max_attempts must be at least 1 (1 = no retry)".into());
+        }
+        if self.backoff.initial.is_zero() {
+            return Err("the retry backoff must be positive".into());
+        }
+        if self.backoff.max < self.backoff.initial {
+            return Err(format!(
+                "the retry backoff's max ({:?}) is below its initial wait ({:?})",
+                self.backoff.max, self.backoff.initial
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl JobOptions {
+    /// Run a slot whose handler failed (returned `Err` or panicked; a
+    /// timeout is not retried) again, up to `max_attempts` attempts in all,
+    /// waiting `backoff` between them, **only while the retry still starts
+    /// within the slot's lateness bound**: a retry starts only if the
+    /// instance's clock, both when the wait is chosen (now + wait) and after
+    /// it, is at most `slot + jitter(job, slot) + max_late`, the bound a
+    /// claim of the slot obeys. Otherwise the run finishes failed with the
+    /// last error; history shows how many attempts it started.
+    ///
+    /// For a coordinated job the instance keeps the slot's lease through the
+    /// wait (heartbeats go on), records each retry in the store conditional
+    /// on its token ([`crate::SlotStore::record_attempt`]) before running it,
+    /// and stops retrying once its lease is lost. A takeover also starts the
+    /// next attempt: a holder that stopped (crashed, paused past its lease,
+    /// shut down) during attempt `n` is taken over as attempt `n + 1`, and
+    /// once `max_attempts` were started the takeover finishes the run failed
+    /// instead of running it again. So `max_attempts = 1` means one start
+    /// and no takeover either; without a retry policy (the default) a slot
+    /// is taken over however often its holders stop, as before.
+    ///
+    /// Refused by [`crate::Scheduler::add_job`] (typed
+    /// [`crate::Error::InvalidArgument`]) when `max_attempts` is 0 or the
+    /// backoff is zero or its max is below its initial wait.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use coord_scheduler::{Backoff, JobOptions};
+    ///
+    /// // Up to 3 attempts, waiting ~10 s then ~20 s (jittered, at most 1 min),
+    /// // while the slot is at most 5 minutes late.
+    /// let options = JobOptions::default()
+    ///     .with_max_late(Duration::from_secs(300))
+    ///     .with_retry(3, Backoff::exponential(Duration::from_secs(10), Duration::from_secs(60)));
+    /// assert_eq!(options.retry.unwrap().max_attempts, 3);
+    /// ```
+    pub fn with_retry(mut self, max_attempts: u32, backoff: Backoff) -> Self {
+        self.retry = Some(Retry {
+            max_attempts,
+            backoff,
+        });
+        self
+    }
 }
 
 impl Default for JobOptions {
@@ -163,6 +295,7 @@ impl Default for JobOptions {
             jitter: Duration::ZERO,
             allow_overlap: false,
             hint: LockingHint::PreferGlobal,
+            retry: None,
         }
     }
 }

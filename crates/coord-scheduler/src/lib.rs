@@ -16,6 +16,15 @@
 //!   releases its leases on [`Scheduler::shutdown`]. [`LockingHint`] picks
 //!   per job between no coordination, required coordination, and
 //!   coordination when a store is configured.
+//! - A job with a retry policy ([`JobOptions::with_retry`]: `max_attempts`,
+//!   an exponential [`Backoff`] with jitter and a cap) runs a failed handler
+//!   again after the backoff, only while the retry still starts within the
+//!   slot's lateness bound (`slot + jitter + max_late`, by the instance's
+//!   clock), holding the slot's lease through the wait and recording each
+//!   attempt in the store by token first ([`SlotStore::record_attempt`]).
+//!   A takeover starts the next attempt too; past `max_attempts` it
+//!   finishes the run failed instead of running it. History
+//!   ([`RunRecord::attempts`]) shows how many attempts a slot started.
 //! - [`Config`] reads the TOML configuration (`[store] url = ...`: swapping
 //!   the store is one line).
 //!
@@ -27,6 +36,16 @@
 //! (`coord-adapters`) downstream when the work itself must be fenced.
 //! Expiry and lateness are judged by each instance's clock: keep clocks
 //! synchronized to well within the lease TTL.
+//!
+//! Retries keep that boundary: a retry runs only on the instance that
+//! still holds the slot's lease, after the store accepted its attempt for
+//! that instance's token (a takeover, or a prune, makes the store refuse
+//! it), and not once the instance's lease is lost (no heartbeat confirmed
+//! within the lease). An attempt whose recording got no answer is not run
+//! until the store answers the same question (asking again is safe: the
+//! store answers an attempt it already recorded). So two attempts of one
+//! slot never overlap unless a holder stalls past its lease mid-attempt,
+//! the same case as above.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -73,7 +92,8 @@ pub use coord_adapters::runs::{
 };
 pub use error::Error;
 pub use job::{
-    handler, BoxFuture, Handler, HandlerResult, Job, JobOptions, LockingHint, RunContext,
+    handler, Backoff, BoxFuture, Handler, HandlerResult, Job, JobOptions, LockingHint, Retry,
+    RunContext,
 };
 pub use schedule::{jitter_for, parse_duration, parse_time_zone, Schedule};
 pub use scheduler::{ManualReport, Scheduler, SchedulerOptions, TickAction, TickEvent, TickReport};

@@ -11,8 +11,9 @@
 //!   them (`require_global` / `prefer_global` with a store); `node_local`
 //!   jobs run on every instance.
 //! - Each run ends with ONE line on stdout: `<now> run job=.. slot=..
-//!   instance=.. outcome=.. duration=..ms takeovers=..` (`outcome=interrupted`
-//!   when a timeout or the shutdown stopped it). The scheduler's own warnings
+//!   instance=.. outcome=.. duration=..ms takeovers=.. attempt=..`
+//!   (`outcome=interrupted` when a timeout or the shutdown stopped it; a job
+//!   with `max_attempts` prints one line per attempt). The scheduler's own warnings
 //!   (lost leases, store failures; with `COORD_LOG=info` also every slot
 //!   skipped as late) go to stderr; `COORD_LOG` takes a filter such as
 //!   `info` or `warn,coord_scheduler=debug`.
@@ -236,13 +237,14 @@ impl Drop for RunLine {
             ""
         };
         println!(
-            "{} run job={} slot={} instance={} outcome={outcome} duration={}ms takeovers={}{lost}",
+            "{} run job={} slot={} instance={} outcome={outcome} duration={}ms takeovers={} attempt={}{lost}",
             fmt_time(now_ms(), None),
             self.ctx.job,
             fmt_time(self.ctx.slot, self.tz),
             self.ctx.instance,
             self.started.elapsed().as_millis(),
             self.ctx.takeovers,
+            self.ctx.attempt,
         );
     }
 }
@@ -534,9 +536,10 @@ async fn history(path: &Path, config: &Config, args: HistoryArgs) -> Result<Exit
         "STARTED",
         "DURATION",
         "TAKEOVERS",
+        "ATTEMPTS",
         "MESSAGE",
     ];
-    let rows: Vec<[String; 7]> = view
+    let rows: Vec<[String; 8]> = view
         .runs
         .iter()
         .map(|r| {
@@ -557,15 +560,16 @@ async fn history(path: &Path, config: &Config, args: HistoryArgs) -> Result<Exit
                 r.started.clone(),
                 fmt_run_duration(r.duration_ms),
                 r.takeovers.to_string(),
+                r.attempts.to_string(),
                 r.message.clone().unwrap_or_default(),
             ]
         })
         .collect();
     // The message column only when some run has one.
-    let columns = if rows.iter().any(|r| !r[6].is_empty()) {
-        7
+    let columns = if rows.iter().any(|r| !r[7].is_empty()) {
+        8
     } else {
-        6
+        7
     };
     let mut widths = header.map(str::len);
     for row in &rows {

@@ -175,6 +175,10 @@ fn seed(url: &str) -> Seeded {
                 .unwrap()
                 .won
         );
+        // Failed twice: a retry recorded, then the run finished failed.
+        runs.record_attempt("nightly", slots[1], "t1", 2, "exit status 1")
+            .await
+            .unwrap();
         runs.finish(
             "nightly",
             slots[1],
@@ -346,6 +350,17 @@ fn check_api(server: &Server, seeded: &Seeded) {
     );
     assert_eq!(runs["runs"][1]["skip_reason"], "late");
     assert_eq!(runs["runs"][2]["message"], "exit status 3");
+    let attempts: Vec<u64> = runs["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["attempts"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        attempts,
+        [1, 0, 2, 1],
+        "attempts of running, skipped, retried, succeeded"
+    );
     assert_eq!(runs["runs"][0]["instance"], "node-c");
     // The jobs page summary is the same view as the job's runs.
     assert_eq!(

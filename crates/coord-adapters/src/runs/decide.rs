@@ -28,7 +28,8 @@ pub(super) fn claim(
     let slot = keys.slot;
     let (record, mut running, mut history) = keys.read(view)?;
     let lease = running.runs.get(&slot).cloned();
-    let takeovers = match &record {
+    // (takeovers, attempts) of the run this claim would start.
+    let (takeovers, attempts) = match &record {
         // The floor refuses only slots whose claim is gone: a slot that was
         // still running when a later one was forgotten keeps its record, and
         // is judged by it (its owner retrying, a takeover, its finish).
@@ -39,9 +40,10 @@ pub(super) fn claim(
                 takeovers: 0,
                 holder: None,
                 lease_until_ms: None,
+                attempts: 0,
             }));
         }
-        None => 0,
+        None => (0, 1),
         Some(r) if r.state == SlotState::Running && r.token == request.token => {
             // The same attempt asking again: still ours. Renew an
             // expired lease so the answer is not stale on arrival.
@@ -56,6 +58,7 @@ pub(super) fn claim(
                 takeovers: r.takeovers,
                 holder: Some(r.instance.clone()),
                 lease_until_ms: Some(until),
+                attempts: r.attempts,
             };
             return Ok(match lease {
                 Some(l) if l.token == request.token && l.lease_until_ms > now => {
@@ -85,6 +88,7 @@ pub(super) fn claim(
                 takeovers: r.takeovers,
                 holder: Some(r.instance.clone()),
                 lease_until_ms: None,
+                attempts: r.attempts,
             }));
         }
         Some(r) if r.state == SlotState::Running => match &lease {
@@ -98,14 +102,27 @@ pub(super) fn claim(
                     takeovers: r.takeovers,
                     holder: Some(r.instance.clone()),
                     lease_until_ms: Some(l.lease_until_ms),
+                    attempts: r.attempts,
                 }));
             }
-            // Lease expired (or lost from the running set): take over.
-            _ => r.takeovers.saturating_add(1),
+            // Lease expired (or lost from the running set): take over,
+            // which starts the next attempt.
+            _ => (r.takeovers.saturating_add(1), r.attempts.saturating_add(1)),
         },
-        // Released: free for the next claimer.
-        Some(r) => r.takeovers.saturating_add(1),
+        // Released: free for the next claimer, as the next attempt.
+        Some(r) => (r.takeovers.saturating_add(1), r.attempts.saturating_add(1)),
     };
+    if let Some(r) = record.filter(|r| request.max_attempts.is_some_and(|max| r.attempts >= max)) {
+        return Ok(exhausted(
+            keys,
+            request,
+            r,
+            running,
+            history,
+            now,
+            history_size,
+        ));
+    }
     if !request.allow_overlap {
         if let Some((other, entry)) = running
             .runs
@@ -120,6 +137,7 @@ pub(super) fn claim(
                 takeovers,
                 holder: Some(entry.instance.clone()),
                 lease_until_ms: Some(entry.lease_until_ms),
+                attempts: attempts.saturating_sub(1),
             }));
         }
     }
@@ -130,6 +148,7 @@ pub(super) fn claim(
         started_ms: now,
         finished_ms: None,
         takeovers,
+        attempts,
         nonce: Nonce::default(),
     };
     running.runs.insert(
@@ -152,6 +171,7 @@ pub(super) fn claim(
             started_ms: now,
             finished_ms: None,
             takeovers,
+            attempts,
         },
         history_size,
     );
@@ -167,7 +187,121 @@ pub(super) fn claim(
             takeovers,
             holder: Some(request.instance.clone()),
             lease_until_ms: Some(lease_until),
+            attempts,
         },
+    })
+}
+
+/// The message history shows for a run [`exhausted`] ended.
+pub(super) const EXHAUSTED: &str =
+    "attempts exhausted: the holder of the last attempt stopped without finishing";
+
+/// A takeover that would start an attempt past `request.max_attempts`: the
+/// run is finished failed instead (its slot record done under the
+/// claimer's token, so the stopped holder's late finish is refused), and
+/// the claim is lost with [`ClaimOutcome::Done`].
+fn exhausted(
+    keys: &SlotKeys,
+    request: &ClaimRequest,
+    old: SlotRecord,
+    mut running: RunningSet,
+    mut history: History,
+    now: u64,
+    history_size: usize,
+) -> Decision<Claim> {
+    let slot = keys.slot;
+    let mut record = SlotRecord {
+        token: request.token.clone(),
+        instance: request.instance.clone(),
+        state: SlotState::Done,
+        started_ms: old.started_ms,
+        finished_ms: Some(now),
+        takeovers: old.takeovers,
+        attempts: old.attempts,
+        nonce: Nonce::default(),
+    };
+    running.runs.remove(&slot);
+    let last = history
+        .scheduled_mut(slot)
+        .and_then(|e| e.message.take())
+        .map(|m| format!("{EXHAUSTED} (last failure: {m})"))
+        .unwrap_or_else(|| EXHAUSTED.to_owned());
+    history.upsert(
+        HistoryEntry {
+            slot,
+            manual: false,
+            token: None,
+            instance: old.instance.clone(),
+            status: RunStatus::Failed,
+            message: Some(last),
+            started_ms: old.started_ms,
+            finished_ms: Some(now.max(old.started_ms)),
+            takeovers: old.takeovers,
+            attempts: old.attempts,
+        },
+        history_size,
+    );
+    Decision::Commit {
+        mutations: keys.write(&mut record, &mut running, &mut history),
+        then: Claim {
+            won: false,
+            outcome: ClaimOutcome::Done,
+            takeovers: old.takeovers,
+            holder: Some(old.instance),
+            lease_until_ms: None,
+            attempts: old.attempts,
+        },
+    }
+}
+
+/// Record that the owner `token` starts attempt `attempt` of `keys.slot`
+/// (a retry after `failure`): only while it owns the run (its claim and
+/// its running entry), only as the next attempt. The same attempt asked
+/// again is answered without a write (a retry after a lost reply).
+pub(super) fn record_attempt(
+    view: &View,
+    keys: &SlotKeys,
+    token: &str,
+    attempt: u32,
+    failure: &str,
+    history_size: usize,
+) -> Result<Decision<()>, RunError> {
+    let slot = keys.slot;
+    let (record, running, mut history) = keys.read(view)?;
+    let owned = running.runs.get(&slot).is_some_and(|e| e.token == token);
+    let Some(mut record) =
+        record.filter(|r| owned && r.token == token && r.state == SlotState::Running)
+    else {
+        return Err(RunError::not_owner(&keys.job, slot));
+    };
+    if attempt == record.attempts {
+        return Ok(Decision::Return(()));
+    }
+    if attempt != record.attempts.saturating_add(1) {
+        return Err(RunError::InvalidArgument(format!(
+            "attempt {attempt} does not follow attempt {} of {:?} slot {slot}",
+            record.attempts, keys.job
+        )));
+    }
+    record.attempts = attempt;
+    let entry = HistoryEntry {
+        slot,
+        manual: false,
+        token: None,
+        instance: record.instance.clone(),
+        status: RunStatus::Running,
+        message: Some(failure.to_owned()),
+        started_ms: record.started_ms,
+        finished_ms: None,
+        takeovers: record.takeovers,
+        attempts: attempt,
+    };
+    history.upsert(entry, history_size);
+    // The running set is read, so asserted: a takeover or a prune that
+    // moved it since refuses this write.
+    Ok(Decision::Commit {
+        mutations: vec![record.put(&keys.slot_key), history.put(&keys.history_key)],
+        then: (),
     })
 }
 
@@ -230,6 +364,7 @@ pub(super) fn finish(
                 started_ms: r.started_ms,
                 finished_ms: Some(now),
                 takeovers: r.takeovers,
+                attempts: r.attempts,
             };
             history.upsert(entry, history_size);
             return Ok(Decision::Commit {
@@ -286,6 +421,7 @@ pub(super) fn release(
                     started_ms: r.started_ms,
                     finished_ms: Some(now),
                     takeovers: r.takeovers,
+                    attempts: r.attempts,
                 },
                 history_size,
             );
@@ -326,6 +462,7 @@ pub(super) fn record_manual(
             started_ms: now,
             finished_ms: None,
             takeovers: 0,
+            attempts: 1,
         },
         history_size,
     );
@@ -374,6 +511,7 @@ pub(super) fn record_skip(
             started_ms: now,
             finished_ms: Some(now),
             takeovers: 0,
+            attempts: 1,
         },
         history_size,
     );

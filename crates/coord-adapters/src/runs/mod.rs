@@ -11,6 +11,12 @@
 //!   blocked by a live run of another slot (overlap protection).
 //! - A run whose lease expired without finishing, or that was released, is
 //!   **taken over** by the next claimer; the record counts takeovers.
+//! - Every run counts its **attempts**: 1 at its first claim, +1 per
+//!   takeover and per retry its owner records with
+//!   [`record_attempt`](SlotStore::record_attempt) (conditional on its
+//!   token, never backwards). A claim with
+//!   [`ClaimRequest::max_attempts`] that would take over a run whose
+//!   attempts reached it finishes the run failed instead of starting it.
 //! - [`heartbeat`](SlotStore::heartbeat), [`finish`](SlotStore::finish) and
 //!   [`release`](SlotStore::release) act only with the owning token; anything
 //!   else is [`RunError::NotOwner`] and changes nothing. An expired lease that
@@ -34,7 +40,7 @@
 //!
 //! | key | holds |
 //! | --- | --- |
-//! | `sched/{job}/slot/{slot:020}` | one record per claimed slot: token, instance, state, takeovers (the dedupe memory) |
+//! | `sched/{job}/slot/{slot:020}` | one record per claimed slot: token, instance, state, takeovers, attempts (the dedupe memory) |
 //! | `sched/{job}/running` | every unfinished run of the job with its lease: the overlap check and [`SlotStore::active`] |
 //! | `sched/{job}/history` | the last `history_size` runs (JSON list), newest slot first |
 //!
@@ -108,6 +114,30 @@ pub trait SlotStore: Send + Sync + fmt::Debug {
         token: &str,
         status: FinalStatus,
     ) -> Result<(), RunError>;
+
+    /// Record that the owning `token` starts attempt `attempt` (2 or more)
+    /// of `(job, slot)` again, after `failure` (shown in history until the
+    /// run ends). One conditional decision: refused with
+    /// [`RunError::NotOwner`] unless `token` still owns the run (its claim
+    /// and its lease entry: a takeover or a prune refuses it), and with
+    /// [`RunError::InvalidArgument`] unless `attempt` is the run's next one.
+    /// Asking again for the attempt already recorded answers `Ok` without a
+    /// write, so a call whose reply was lost is asked again, never guessed.
+    ///
+    /// The default refuses every call (`InvalidArgument`): a store that
+    /// does not count attempts never lets a scheduler retry.
+    async fn record_attempt(
+        &self,
+        job: &str,
+        slot: Slot,
+        _token: &str,
+        attempt: u32,
+        _failure: &str,
+    ) -> Result<(), RunError> {
+        Err(RunError::InvalidArgument(format!(
+            "this run store does not record attempts (attempt {attempt} of {job:?} slot {slot})"
+        )))
+    }
 
     /// End the lease now so a backup can take over, only for the owning token.
     async fn release(&self, job: &str, slot: Slot, token: &str) -> Result<(), RunError>;

@@ -112,6 +112,11 @@ pub(super) struct SlotRecord {
     pub(super) finished_ms: Option<u64>,
     #[serde(default)]
     pub(super) takeovers: u32,
+    /// Attempts started for the slot: 1 at the first claim, +1 per retry
+    /// ([`SlotStore::record_attempt`]) and per takeover; only moves forward.
+    /// Absent (= 1) in records written before retries, and when it is 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub(super) attempts: u32,
     /// Fresh per write (see the CAS engine on indeterminate txns);
     /// absent in records written before it.
     #[serde(default)]
@@ -155,6 +160,9 @@ pub(super) struct HistoryEntry {
     pub(super) finished_ms: Option<u64>,
     #[serde(default)]
     pub(super) takeovers: u32,
+    /// As the slot record's (absent = 1).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub(super) attempts: u32,
 }
 
 // No `Debug`: it holds tokens.
@@ -179,6 +187,14 @@ record_kind!(History, "a job's run history");
 
 fn is_zero(n: &Slot) -> bool {
     *n == 0
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 impl History {

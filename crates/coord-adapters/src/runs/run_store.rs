@@ -15,7 +15,7 @@ use super::records::{history_key, running_key, slot_prefix, History, RunningSet,
 use super::RunError;
 use super::{
     validate_job_name, validate_label, ActiveRun, Claim, ClaimRequest, FinalStatus, Lease,
-    ManualRun, RunRecord, SkipReason, Slot, SlotStore,
+    ManualRun, RunRecord, RunStatus, SkipReason, Slot, SlotStore,
 };
 
 /// Claims forgotten per txn by `prune`: a long backlog is split so that no
@@ -231,6 +231,25 @@ impl SlotStore for RunStore {
         .await
     }
 
+    async fn record_attempt(
+        &self,
+        job: &str,
+        slot: Slot,
+        token: &str,
+        attempt: u32,
+        failure: &str,
+    ) -> Result<(), RunError> {
+        if attempt < 2 {
+            return Err(RunError::InvalidArgument(
+                "a recorded attempt is a retry: 2 or more".into(),
+            ));
+        }
+        self.decide_owned(job, slot, token, |view, keys, _now, history_size| {
+            decide::record_attempt(view, keys, token, attempt, failure, history_size)
+        })
+        .await
+    }
+
     async fn release(&self, job: &str, slot: Slot, token: &str) -> Result<(), RunError> {
         self.decide_owned(job, slot, token, |view, keys, now, history_size| {
             decide::release(view, keys, token, now, history_size)
@@ -306,6 +325,12 @@ impl SlotStore for RunStore {
                 started_ms: e.started_ms,
                 duration_ms: e.finished_ms.map(|f| f.saturating_sub(e.started_ms)),
                 takeovers: e.takeovers,
+                // A skipped slot started nothing (its record says 1, the
+                // default that is never written).
+                attempts: match e.status {
+                    RunStatus::Skipped(_) => 0,
+                    _ => e.attempts,
+                },
                 manual: e.manual,
             })
             .collect())

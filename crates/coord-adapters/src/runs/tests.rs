@@ -234,3 +234,47 @@ async fn history_is_bounded_and_skips_do_not_block_claims() {
     assert_eq!(h[1].instance, "b");
     assert!(!s.record_skip("j", 4, "c", SkipReason::Late).await.unwrap());
 }
+
+/// A retry recorded through a txn whose reply was lost (and that commits
+/// only later) is not guessed: the call fails, and the owner asking again
+/// for the same attempt is answered without counting it twice, whether the
+/// late copy landed first or not. A late copy that lands after the owner's
+/// own retry wrote is refused by its asserts.
+#[tokio::test]
+async fn a_lost_reply_on_an_attempt_is_asked_again_never_counted_twice() {
+    let clock = Arc::new(ManualClock::at_millis(1_000_000));
+    let ttl = Duration::from_secs(30);
+    for landed_first in [true, false] {
+        let (held, owner, reader) = forgetful_pair(&clock);
+        let job = format!("j{landed_first}");
+        let run = ClaimRequest::new(&job, 1_000_000, "t", "a", ttl);
+        assert!(owner.claim(&run).await.unwrap().won);
+        held.always(
+            Target::WritingTxn,
+            Fault::LateCommit {
+                after_calls: 1_000_000,
+            },
+        );
+        let lost = owner.record_attempt(&job, 1_000_000, "t", 2, "boom").await;
+        assert!(
+            matches!(lost, Err(RunError::Store(_))),
+            "a lost reply must not read as an answer: {lost:?}"
+        );
+        held.heal();
+        if landed_first {
+            held.flush().await;
+        }
+        owner
+            .record_attempt(&job, 1_000_000, "t", 2, "boom")
+            .await
+            .unwrap();
+        held.flush().await;
+        let shown = reader.history(&job, 10).await.unwrap();
+        assert_eq!(shown[0].attempts, 2, "landed first: {landed_first}");
+        owner
+            .record_attempt(&job, 1_000_000, "t", 3, "boom again")
+            .await
+            .unwrap();
+        assert_eq!(reader.history(&job, 10).await.unwrap()[0].attempts, 3);
+    }
+}

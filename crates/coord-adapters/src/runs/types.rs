@@ -29,6 +29,11 @@ pub struct ClaimRequest {
     /// When a lease of another token that expired by the store's clock may
     /// be taken over (default [`Takeover::WhenExpired`]).
     pub takeover: Takeover,
+    /// The most attempts the slot may start, takeovers included (`None`,
+    /// the default: no bound, every takeover runs). A takeover that would
+    /// start attempt `max_attempts + 1` finishes the run failed instead
+    /// (outcome [`ClaimOutcome::Done`]).
+    pub max_attempts: Option<u32>,
 }
 
 impl std::fmt::Debug for ClaimRequest {
@@ -42,6 +47,7 @@ impl std::fmt::Debug for ClaimRequest {
             .field("lease_ttl", &self.lease_ttl)
             .field("allow_overlap", &self.allow_overlap)
             .field("takeover", &self.takeover)
+            .field("max_attempts", &self.max_attempts)
             .finish()
     }
 }
@@ -97,6 +103,7 @@ impl ClaimRequest {
             lease_ttl,
             allow_overlap: false,
             takeover: Takeover::WhenExpired,
+            max_attempts: None,
         }
     }
 }
@@ -107,6 +114,8 @@ coord_backend::setters! {
         with_takeover(rule: Takeover) => takeover = rule;
         /// Allow (or not) this slot to run while another slot of the job runs.
         with_allow_overlap(allow: bool) => allow_overlap = allow;
+        /// Bound the attempts of the slot, takeovers included (`None` = no bound).
+        with_max_attempts(max: Option<u32>) => max_attempts = max;
     }
 }
 
@@ -146,6 +155,10 @@ pub struct Claim {
     pub holder: Option<String>,
     /// When the holder's lease expires (UTC ms), when there is a live holder.
     pub lease_until_ms: Option<u64>,
+    /// The attempt a won claim starts (1 for a first run, +1 per retry and
+    /// per takeover); for a lost claim, the attempts the slot has started
+    /// (0 when it has none).
+    pub attempts: u32,
 }
 
 /// How a run ended, as its owner reports it to [`SlotStore::finish`].
@@ -210,6 +223,10 @@ pub struct RunRecord {
     pub duration_ms: Option<u64>,
     /// How many times the slot was taken over.
     pub takeovers: u32,
+    /// How many attempts the slot started: 1 plus its retries and takeovers
+    /// (records written before attempts were counted read as 1; a skipped
+    /// slot started none: 0).
+    pub attempts: u32,
     /// Whether it was started by `run_now` (never deduplicated).
     pub manual: bool,
 }

@@ -26,6 +26,30 @@
 //!    after a store error reuses its token, so a claim whose reply was lost
 //!    is recognised as ours.
 //!
+//! # Retries
+//!
+//! A job with [`JobOptions::with_retry`](crate::JobOptions::with_retry)
+//! runs a failed handler (`Err` or a panic; not a timeout, not a manual
+//! run) again, in the same spawned run that holds the slot's lease:
+//!
+//! 1. Attempt `n` failed with attempts left (`n < max_attempts`) and the
+//!    lease not lost: draw the wait `w` from the backoff. If
+//!    `now + w > slot + jitter(job, slot) + max_late` (this instance's
+//!    clock; the bound a claim of the slot obeys), stop.
+//! 2. Wait `w`; heartbeats go on renewing the lease. Shutdown releases the
+//!    run (a backup takes it over as attempt `n + 1`); a lost lease stops.
+//! 3. Judge the bound again with the clock after the wait, then record
+//!    attempt `n + 1` by token in the store. Refused as not the owner: stop
+//!    without recording anything (another instance owns the run). No
+//!    answer (unavailable, timed out, `Indeterminate`): ask the same
+//!    question again every third of a lease, never run unrecorded, until the
+//!    lease is lost or the bound passes.
+//! 4. Run attempt `n + 1` ([`RunContext::attempt`](crate::RunContext::attempt)).
+//!
+//! Stopping finishes the run failed with the last error; history shows
+//! the attempts it started. A takeover is the next attempt (the claim
+//! carries `max_attempts`; past it the store finishes the run failed).
+//!
 //! # Leases and a slow or unreachable store
 //!
 //! - A run's lease is known locally, like `LockGuard`'s: it ends one TTL
@@ -241,7 +265,7 @@ impl Scheduler {
     }
 
     /// Register a job. Refused with a typed error when its name is invalid
-    /// or taken, its lease is zero, it requires a store that is missing
+    /// or taken, its lease is zero, its retry policy is out of range, it requires a store that is missing
     /// ([`Error::NoStore`]), or the store forgets claims too soon for it
     /// ([`Error::DedupeWindowTooShort`]: `jitter + max_late`, and the lease
     /// TTL, must each be below the store's dedupe window).
@@ -262,6 +286,11 @@ impl Scheduler {
                 "job {:?}: timeout must be positive",
                 job.name
             )));
+        }
+        if let Some(retry) = &options.retry {
+            retry.check().map_err(|reason| {
+                Error::InvalidArgument(format!("job {:?}: {reason}", job.name))
+            })?;
         }
         let coordinated = match (options.hint, &self.inner.store) {
             (LockingHint::NodeLocal, _) => false,
@@ -362,7 +391,7 @@ impl Scheduler {
     }
 
     /// Run `job` now, outside its schedule, and wait for it. Manual runs are
-    /// never deduplicated nor overlap-checked; coordinated jobs record them
+    /// never deduplicated nor overlap-checked nor retried; coordinated jobs record them
     /// in the store's history (a store that fails to record refuses the run).
     pub async fn run_now(&self, job: &str) -> Result<ManualReport, Error> {
         if *self.inner.shutdown.borrow() {
@@ -393,7 +422,7 @@ impl Scheduler {
             self.inner.options.instance_id.clone(),
             true,
             store.is_some(),
-            0,
+            (0, 1),
             lost_rx,
         );
         let mut shutdown = self.inner.shutdown.subscribe();

@@ -1,7 +1,9 @@
 //! One run of a handler: spawned in its own task, bounded by the job's
 //! timeout, kept alive by heartbeats while its lease is confirmed, then
 //! finished in the store (or released on shutdown so a backup can take
-//! over at once).
+//! over at once). A job with a retry policy runs a failed handler again
+//! after its backoff, under the same lease (heartbeats go on through the
+//! wait), each retry first recorded in the store by token (`Retrying`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -11,8 +13,8 @@ use coord_adapters::wake::later;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{bounded, wait_shutdown, JobEntry, Scheduler};
-use crate::{FinalStatus, Handler, RunContext, Slot};
+use super::{bounded, millis, wait_shutdown, Inner, JobEntry, Scheduler};
+use crate::{jitter_for, FinalStatus, Handler, Retry, RunContext, Slot, SlotStore};
 
 /// Run `handler` in its own task (a panic becomes a failure), bounded by
 /// `timeout`, alongside `side` (heartbeats; never completes). `None` = shutdown.
@@ -58,15 +60,158 @@ fn unreachable_side() -> Option<FinalStatus> {
     Some(FinalStatus::Failed("heartbeat loop ended".into()))
 }
 
+/// How a run (all its attempts) ends.
+enum End {
+    /// Record this status by token.
+    Finish(FinalStatus),
+    /// Shutdown: release the lease so a backup takes over at once.
+    Release,
+    /// The store says another token owns the run now: nothing to record.
+    NotOwner,
+}
+
+/// What one coordinated run needs between attempts.
+struct Retrying<'a> {
+    inner: &'a Inner,
+    entry: &'a JobEntry,
+    slot: Slot,
+    /// The store and token of a coordinated run.
+    owner: Option<(&'a Arc<dyn SlotStore>, &'a str)>,
+}
+
+impl Retrying<'_> {
+    /// The last instant (UTC ms, this instance's clock) a retry may start:
+    /// the slot's lateness bound, as a claim of the slot obeys it
+    /// (`slot + jitter(job, slot) + max_late`).
+    fn bound(&self) -> u64 {
+        let job = &self.entry.job;
+        self.slot
+            .saturating_add(jitter_for(&job.name, self.slot, job.options.jitter))
+            .saturating_add(millis(job.options.max_late))
+    }
+
+    /// After failed attempt `attempt` (of `retry.max_attempts`): wait the
+    /// backoff holding the lease, then record attempt `attempt + 1` in the
+    /// store. `Ok(())`: run it; `Err(end)`: the run ends so.
+    async fn next(
+        &self,
+        retry: Retry,
+        attempt: u32,
+        failure: &str,
+        lost: &mut watch::Receiver<bool>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), End> {
+        let name = self.entry.job.name.as_str();
+        let slot = self.slot;
+        let failed = || End::Finish(FinalStatus::Failed(failure.to_owned()));
+        if *lost.borrow() {
+            tracing::warn!(
+                job = name,
+                slot,
+                attempt,
+                "attempt failed and the lease is lost: not retrying"
+            );
+            return Err(failed());
+        }
+        let wait = retry.backoff.delay(attempt);
+        let bound = self.bound();
+        let clock = &self.inner.clock;
+        if clock.now_millis().saturating_add(millis(wait)) > bound {
+            tracing::info!(
+                job = name,
+                slot,
+                attempt,
+                "attempt failed: a retry would start past the slot's lateness bound"
+            );
+            return Err(failed());
+        }
+        tracing::info!(
+            job = name,
+            slot,
+            attempt,
+            ?wait,
+            error = failure,
+            "attempt failed: retrying after the backoff"
+        );
+        // Biased, shutdown first, then the lease: no random pick, so a
+        // seeded simulation replays exactly.
+        tokio::select! {
+            biased;
+            _ = wait_shutdown(shutdown) => return Err(End::Release),
+            _ = lost.wait_for(|l| *l) => return Err(failed()),
+            _ = tokio::time::sleep(wait) => {}
+        }
+        let Some((store, token)) = self.owner else {
+            return self.on_time(bound, failed);
+        };
+        let pause = (self.entry.job.options.lease_ttl / 3).max(Duration::from_millis(10));
+        loop {
+            // Judged again before each try: a pause, or a store that is slow
+            // to answer, must not start a retry past the bound.
+            self.on_time(bound, failed)?;
+            if *lost.borrow() {
+                return Err(failed());
+            }
+            let record = store.record_attempt(name, slot, token, attempt + 1, failure);
+            match bounded(
+                self.inner.options.store_timeout,
+                "record an attempt",
+                record,
+            )
+            .await
+            {
+                // Lost while the store answered: recorded, yet not run (an
+                // attempt counted and not run never lets a slot run more).
+                Ok(()) if *lost.borrow() => return Err(failed()),
+                Ok(()) => return Ok(()),
+                Err(error) if error.is_not_owner() => {
+                    tracing::warn!(
+                        job = name,
+                        slot,
+                        "not retrying: another instance owns the run"
+                    );
+                    return Err(End::NotOwner);
+                }
+                Err(error) => {
+                    // Unknown is not "not recorded": ask the same question
+                    // again (the store answers it for an attempt it already
+                    // recorded), until the lease or the bound runs out.
+                    tracing::warn!(job = name, slot, %error, "could not record the retry; asking again");
+                }
+            }
+            tokio::select! {
+                biased;
+                _ = wait_shutdown(shutdown) => return Err(End::Release),
+                _ = lost.wait_for(|l| *l) => return Err(failed()),
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
+    fn on_time(&self, bound: u64, failed: impl Fn() -> End) -> Result<(), End> {
+        if self.inner.clock.now_millis() > bound {
+            tracing::info!(
+                job = %self.entry.job.name,
+                slot = self.slot,
+                "not retrying: past the slot's lateness bound"
+            );
+            return Err(failed());
+        }
+        Ok(())
+    }
+}
+
 impl Scheduler {
     /// Run the handler of a won slot (`token`: coordinated; its claim was
-    /// sent at `claim_sent`) with heartbeats, then finish or release it.
+    /// sent at `claim_sent`; `counts`: its takeovers and the attempt the
+    /// claim started) with heartbeats, retrying failed attempts as its job
+    /// says, then finish or release it.
     pub(super) fn spawn_run(
         &self,
         entry: Arc<JobEntry>,
         slot: Slot,
         token: Option<String>,
-        takeovers: u32,
+        counts: (u32, u32),
         claim_sent: Instant,
     ) {
         let inner = self.inner.clone();
@@ -74,15 +219,6 @@ impl Scheduler {
             let job = &entry.job;
             let name = job.name.clone();
             let (lost_tx, lost_rx) = watch::channel(false);
-            let ctx = RunContext::new(
-                name.clone(),
-                slot,
-                inner.options.instance_id.clone(),
-                false,
-                token.is_some(),
-                takeovers,
-                lost_rx,
-            );
             let mut shutdown = inner.shutdown.subscribe();
             let store = inner.store.clone().filter(|_| token.is_some());
             let ttl = job.options.lease_ttl;
@@ -140,28 +276,73 @@ impl Scheduler {
                 lost("no heartbeat confirmed within the lease (store unreachable or slow)");
                 std::future::pending::<()>().await
             };
-            let status = execute(
-                &job.handler,
-                ctx,
-                job.options.timeout,
-                heartbeats,
-                &mut shutdown,
-            )
-            .await;
+            let (takeovers, first) = counts;
+            let retrying = Retrying {
+                inner: &inner,
+                entry: &entry,
+                slot,
+                owner: store.as_ref().zip(token.as_deref()),
+            };
+            let attempts = async {
+                let mut attempt = first;
+                let mut lost = lost_rx.clone();
+                loop {
+                    let ctx = RunContext::new(
+                        name.clone(),
+                        slot,
+                        inner.options.instance_id.clone(),
+                        false,
+                        token.is_some(),
+                        (takeovers, attempt),
+                        lost_rx.clone(),
+                    );
+                    let pending = std::future::pending::<()>();
+                    let status = execute(
+                        &job.handler,
+                        ctx,
+                        job.options.timeout,
+                        pending,
+                        &mut shutdown,
+                    )
+                    .await;
+                    let failure = match status {
+                        None => return End::Release,
+                        Some(FinalStatus::Failed(failure)) => failure,
+                        Some(status) => return End::Finish(status),
+                    };
+                    let retry = match job.options.retry {
+                        Some(retry) if attempt < retry.max_attempts => retry,
+                        _ => return End::Finish(FinalStatus::Failed(failure)),
+                    };
+                    match retrying
+                        .next(retry, attempt, &failure, &mut lost, &mut shutdown)
+                        .await
+                    {
+                        Ok(()) => attempt += 1,
+                        Err(end) => return end,
+                    }
+                }
+            };
+            // Biased: an ended run is recorded, whatever the heartbeats do.
+            let end = tokio::select! {
+                biased;
+                end = attempts => end,
+                _ = heartbeats => End::Finish(FinalStatus::Failed("heartbeat loop ended".into())),
+            };
             {
                 let mut st = entry.state.lock().unwrap_or_else(|e| e.into_inner());
                 st.local_running.remove(&slot);
             }
-            if let Some(FinalStatus::Failed(_) | FinalStatus::TimedOut) = &status {
+            if let End::Finish(FinalStatus::Failed(_) | FinalStatus::TimedOut) = &end {
                 crate::telemetry::run("failed");
             }
             let (Some(store), Some(token)) = (store, token) else {
-                tracing::info!(job = %name, slot, ?status, "local run ended");
+                tracing::info!(job = %name, slot, "local run ended");
                 return;
             };
             let bound = inner.options.store_timeout;
-            match status {
-                Some(status) => {
+            match end {
+                End::Finish(status) => {
                     let finish = store.finish(&name, slot, &token, status.clone());
                     if let Err(error) = bounded(bound, "finish", finish).await {
                         tracing::warn!(job = %name, slot, %error, "could not record the end of the run");
@@ -174,12 +355,13 @@ impl Scheduler {
                         }
                     }
                 }
-                None => {
+                End::Release => {
                     let release = store.release(&name, slot, &token);
                     if let Err(error) = bounded(bound, "release", release).await {
                         tracing::warn!(job = %name, slot, %error, "could not release the lease on shutdown");
                     }
                 }
+                End::NotOwner => inner.wake.notify_one(),
             }
         });
         let mut tasks = self.inner.tasks.lock().unwrap_or_else(|e| e.into_inner());

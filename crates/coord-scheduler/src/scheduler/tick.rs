@@ -269,7 +269,7 @@ impl Scheduler {
             tick.event(slot, TickAction::LocalOverlap);
             return;
         }
-        self.spawn_run(tick.entry.clone(), slot, None, 0, Instant::now());
+        self.spawn_run(tick.entry.clone(), slot, None, (0, 1), Instant::now());
         tick.event(
             slot,
             TickAction::Started {
@@ -312,7 +312,8 @@ impl Scheduler {
             ttl,
         )
         .with_allow_overlap(opts.allow_overlap)
-        .with_takeover(takeover);
+        .with_takeover(takeover)
+        .with_max_attempts(opts.retry.map(|r| r.max_attempts));
         // The lease counts from when the claim was sent, not answered.
         let sent = Instant::now();
         // Bounded by store_timeout only: on a saturated store, cancelling
@@ -362,7 +363,8 @@ impl Scheduler {
                 st.pending.remove(&slot);
                 st.local_running.insert(slot);
                 drop(st);
-                self.spawn_run(entry.clone(), slot, Some(token), claim.takeovers, sent);
+                let counts = (claim.takeovers, claim.attempts.max(1));
+                self.spawn_run(entry.clone(), slot, Some(token), counts, sent);
                 tick.event(
                     slot,
                     TickAction::Started {

@@ -722,7 +722,7 @@ fn runs_table(id: &str, runs: &[RunView]) -> Markup {
             table id=(id) {
                 tr {
                     th { "Slot" } th { "Instance" } th { "Status" } th { "Started" }
-                    th { "Duration" } th { "Takeovers" } th { "Message" }
+                    th { "Duration" } th { "Takeovers" } th { "Attempts" } th { "Message" }
                 }
                 @for r in runs {
                     tr {
@@ -742,6 +742,7 @@ fn runs_table(id: &str, runs: &[RunView]) -> Markup {
                             }
                         }
                         td.num { (r.takeovers) }
+                        td.num { (r.attempts) }
                         td { (r.message.as_deref().unwrap_or("")) }
                     }
                 }

@@ -30,7 +30,10 @@ pub(crate) struct RunView {
     pub(crate) started: String,
     pub(crate) duration_ms: Option<u64>,
     pub(crate) takeovers: u32,
-    /// The failure message, when there is one.
+    /// Attempts the slot started: 1 + retries + takeovers (0 for a skipped slot).
+    pub(crate) attempts: u32,
+    /// The failure message, when there is one (while a run is retried: the
+    /// last attempt's failure).
     pub(crate) message: Option<String>,
 }
 
@@ -111,6 +114,7 @@ fn run_view(r: &RunRecord, active: &[ActiveRun], tz: Option<Tz>) -> RunView {
         started: crate::cron::fmt_time(r.started_ms, tz),
         duration_ms: r.duration_ms,
         takeovers: r.takeovers,
+        attempts: r.attempts,
         message: r.message.clone(),
     }
 }
