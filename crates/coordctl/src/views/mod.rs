@@ -61,7 +61,10 @@ pub(crate) use semaphores::{semaphores, SemaphoresView};
 pub(crate) use side_effects::{
     resources, side_effects, InspectView, ResourcesView, SideEffectsView, UncertainKind,
 };
-pub(crate) use tasks::{queues, task_page, tasks, TaskPageView, TasksView};
+pub(crate) use tasks::{
+    dead_tasks, queues, task, task_page, tasks, DeadTasksView, QueuesView, TaskPageView, TaskView,
+    TasksView,
+};
 
 /// The largest `limit` a listing accepts (the console refuses more with 400).
 pub(crate) const MAX_LIMIT: usize = 500;

@@ -4,7 +4,7 @@
 //! belong to the application and are not shown; a task listed but gone by
 //! the time it is read is left out.
 
-use coord_adapters::board::{Board, BoardError, Task, TaskState};
+use coord_adapters::board::{Board, BoardError, DeadTask, Task, TaskState};
 use coord_backend::Error;
 use serde::Serialize;
 
@@ -93,6 +93,15 @@ pub(crate) async fn tasks(stores: &Stores, page: &Page) -> Result<TasksView, Err
     .await
 }
 
+/// One task by id (`None`: no such task), as a row of [`tasks`] shows it.
+pub(crate) async fn task(stores: &Stores, id: &str) -> Result<Option<TaskView>, Error> {
+    match stores.board.get(id).await {
+        Ok(task) => Ok(Some(task_view(task))),
+        Err(BoardError::NotFound { .. }) => Ok(None),
+        Err(e) => Err(board_error(e)),
+    }
+}
+
 /// A dead task of a queue.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct DeadTaskView {
@@ -163,14 +172,7 @@ pub(crate) async fn queues(stores: &Stores, page: &Page) -> Result<QueuesView, E
             oldest_ready_age_ms: depth
                 .oldest_ready_age
                 .map(|age| u64::try_from(age.as_millis()).unwrap_or(u64::MAX)),
-            dead_tasks: dead
-                .tasks
-                .into_iter()
-                .map(|d| DeadTaskView {
-                    died_ms: ms(d.died_at),
-                    task: task_view(d.task),
-                })
-                .collect(),
+            dead_tasks: dead_views(dead.tasks),
             dead_tasks_more: dead.more,
             queue,
         });
@@ -180,6 +182,48 @@ pub(crate) async fn queues(stores: &Stores, page: &Page) -> Result<QueuesView, E
         now_ms: now_ms(),
         queues,
         truncated: names.more,
+    })
+}
+
+/// `dead` as rows.
+fn dead_views(dead: Vec<DeadTask>) -> Vec<DeadTaskView> {
+    dead.into_iter()
+        .map(|d| DeadTaskView {
+            died_ms: ms(d.died_at),
+            task: task_view(d.task),
+        })
+        .collect()
+}
+
+/// One queue's dead tasks (`coordctl board dead`): the first `limit`,
+/// longest dead first, as [`QueueView::dead_tasks`] lists them.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct DeadTasksView {
+    pub(crate) namespace: String,
+    pub(crate) now_ms: u64,
+    pub(crate) queue: String,
+    pub(crate) dead_tasks: Vec<DeadTaskView>,
+    /// More dead tasks than listed.
+    pub(crate) dead_tasks_more: bool,
+}
+
+/// The first `limit` dead tasks of `queue`.
+pub(crate) async fn dead_tasks(
+    stores: &Stores,
+    queue: &str,
+    limit: usize,
+) -> Result<DeadTasksView, Error> {
+    let dead = stores
+        .board
+        .dead_tasks(queue, limit)
+        .await
+        .map_err(board_error)?;
+    Ok(DeadTasksView {
+        namespace: stores.backend.namespace().to_owned(),
+        now_ms: now_ms(),
+        queue: queue.to_owned(),
+        dead_tasks: dead_views(dead.tasks),
+        dead_tasks_more: dead.more,
     })
 }
 
