@@ -1,7 +1,9 @@
 //! `coordctl`: run the demo, check a store against every contract suite,
-//! benchmark it, and (for operators) inspect and reconcile side effects.
+//! benchmark it, and (for operators) inspect and reconcile side effects and
+//! watch, retry and cancel work-queue tasks.
 
 mod bench;
+mod board_cmd;
 mod conformance;
 mod console;
 mod crash;
@@ -42,6 +44,8 @@ enum Command {
     Inspect(sideeffect_cmd::InspectArgs),
     /// Resolve an uncertain side-effect key after checking downstream facts.
     Reconcile(sideeffect_cmd::ReconcileArgs),
+    /// Work queues and tasks: `queues`, `list`, `show`, `dead`; writes: `retry` (a dead task), `cancel`, `add`.
+    Board(board_cmd::BoardArgs),
     /// Run the config's shell-command jobs as a cluster cron daemon (`cron history JOB`: recent runs).
     Cron(cron::CronArgs),
     /// Serve the web console: locks, tasks, side-effect keys, scheduler jobs and a JSON API.
@@ -94,6 +98,7 @@ fn main() -> ExitCode {
             Command::Bench(args) => bench::run(args).await,
             Command::Inspect(args) => sideeffect_cmd::inspect(args).await,
             Command::Reconcile(args) => sideeffect_cmd::reconcile(args).await,
+            Command::Board(args) => board_cmd::run(args).await,
             Command::Cron(args) => cron::run(args).await,
             Command::Serve(args) => console::run(args).await,
             Command::Gc(args) => gc::run(args).await,

@@ -6,6 +6,12 @@
 //!
 //! `coordctl demo` (worker processes racing on one store) runs here too: its
 //! totals must match on SQLite (its default) and on every server given.
+//!
+//! `coordctl board` runs here too, on a SQLite board seeded through the
+//! adapter (a dead task, a ready one, one in another queue): its reads agree
+//! with the adapter, `retry` and `cancel` change exactly what they say (checked
+//! through the adapter), refusals exit 3 and change nothing, bad input exits 2,
+//! and a store that is down is an error.
 
 use coord_backend::StoreUrl;
 use serde_json::Value;
@@ -588,6 +594,247 @@ fn demo_totals_match() {
     for var in ["COORD_TEST_REDIS_URL", "COORD_TEST_POSTGRES_URL"] {
         if let Some(base) = coord_conformance::server_env(var) {
             demo(Some(&base));
+        }
+    }
+}
+
+/// `coordctl board ARGS --store url`: (exit code, stdout, stderr).
+fn board(url: &str, args: &[&str]) -> (i32, String, String) {
+    let mut all = vec!["board"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--store", url]);
+    let out = coordctl(&all);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `coordctl board ARGS --json` (which must succeed), parsed.
+fn board_json(url: &str, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let (code, out, err) = board(url, &all);
+    assert_eq!(code, 0, "board {args:?} failed: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("board {args:?}: {e}: {out}"))
+}
+
+/// The ids of a `list --json` answer.
+fn listed(view: &Value) -> Vec<&str> {
+    view["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect()
+}
+
+#[test]
+fn board_reads_retries_and_cancels() {
+    use coord_adapters::board::{Board, BoardAdapter, RetryPolicy, TaskSpec, TaskState};
+    use std::time::Duration;
+    let scratch = Scratch::new("board");
+    let url = scratch.sqlite_url("c.db", Some(&unique("board")));
+    let error = "550 mailbox unavailable";
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let adapter = runtime.block_on(async {
+        let board = BoardAdapter::new(coord::connect(&url).await.unwrap());
+        board
+            .add_many(vec![
+                TaskSpec::new("bounce-1", b"secret payload".to_vec())
+                    .in_queue("emails")
+                    .with_retry(RetryPolicy::attempts(1))
+                    .with_priority(1),
+                TaskSpec::new("mail-ok", b"".to_vec()).in_queue("emails"),
+                TaskSpec::new("report-1", b"".to_vec()).in_queue("reports"),
+            ])
+            .await
+            .unwrap();
+        let claim = board
+            .claim_next("emails", "w", Duration::from_secs(600))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(claim.id, "bounce-1");
+        board.fail("bounce-1", &claim.token, error).await.unwrap();
+        board
+    });
+    let get = |id: &str| runtime.block_on(adapter.get(id)).unwrap();
+
+    // queues: the counts the adapter keeps, text and JSON alike.
+    let queues = board_json(&url, &["queues"]);
+    let emails = &queues["queues"][0];
+    assert_eq!(emails["queue"], "emails", "{queues}");
+    let counts = |q: &Value| ["depth", "ready", "timed", "dead"].map(|f| q[f].as_u64().unwrap());
+    assert_eq!(counts(emails), [1, 1, 0, 1], "{queues}");
+    assert_eq!(queues["queues"][1]["queue"], "reports");
+    assert_eq!(counts(&queues["queues"][1]), [1, 1, 0, 0], "{queues}");
+    let (code, text, _) = board(&url, &["queues"]);
+    assert_eq!(code, 0);
+    assert!(
+        text.contains("emails") && text.contains("reports"),
+        "{text}"
+    );
+
+    // list: a page, a queue, a state, and paging past what does not match.
+    let all = board_json(&url, &["list"]);
+    assert_eq!(listed(&all), ["bounce-1", "mail-ok", "report-1"], "{all}");
+    let first = board_json(&url, &["list", "--limit", "1"]);
+    assert_eq!(
+        (listed(&first), &first["next_after"]),
+        (vec!["bounce-1"], &Value::from("bounce-1"))
+    );
+    let emails = board_json(&url, &["list", "--queue", "emails"]);
+    assert_eq!(listed(&emails), ["bounce-1", "mail-ok"], "{emails}");
+    let dead = board_json(&url, &["list", "--queue", "emails", "--state", "dead"]);
+    assert_eq!(listed(&dead), ["bounce-1"], "{dead}");
+    let reports = board_json(&url, &["list", "--queue", "reports", "--limit", "1"]);
+    assert_eq!(listed(&reports), ["report-1"], "{reports}");
+    let (code, text, _) = board(&url, &["list", "--queue", "emails"]);
+    assert_eq!(code, 0);
+    assert!(
+        text.contains("bounce-1") && !text.contains("report-1"),
+        "{text}"
+    );
+    assert!(!text.contains("secret payload"), "{text}");
+
+    // show and dead: the error of the last attempt, never the payload.
+    let shown = board_json(&url, &["show", "bounce-1"]);
+    assert_eq!(
+        (
+            &shown["state"],
+            &shown["attempts"],
+            &shown["max_attempts"],
+            &shown["last_error"]
+        ),
+        (
+            &Value::from("dead"),
+            &Value::from(1),
+            &Value::from(1),
+            &Value::from(error)
+        ),
+        "{shown}"
+    );
+    let (code, text, _) = board(&url, &["show", "bounce-1"]);
+    assert_eq!(code, 0);
+    assert!(
+        text.contains(error) && !text.contains("secret payload"),
+        "{text}"
+    );
+    let dead = board_json(&url, &["dead", "emails"]);
+    let row = &dead["dead_tasks"][0];
+    assert_eq!(
+        (&row["id"], &row["last_error"]),
+        (&Value::from("bounce-1"), &Value::from(error)),
+        "{dead}"
+    );
+    assert!(row["died_ms"].as_u64().unwrap() > 0, "{dead}");
+    assert_eq!(dead["dead_tasks"].as_array().unwrap().len(), 1);
+    let (code, text, _) = board(&url, &["dead", "emails"]);
+    assert_eq!(code, 0);
+    assert!(text.contains("bounce-1") && text.contains(error), "{text}");
+    let (code, _, err) = board(&url, &["show", "nope"]);
+    assert_eq!(code, 3, "{err}");
+
+    // retry of a task that is not dead: refused, nothing changed.
+    let before = get("mail-ok");
+    let (code, out, err) = board(&url, &["retry", "mail-ok"]);
+    assert_eq!(code, 3, "{out}{err}");
+    assert!(err.contains("not dead"), "{err}");
+    assert_eq!(get("mail-ok"), before);
+
+    // retry of the dead task: ready again, attempts from zero.
+    let (code, out, err) = board(&url, &["retry", "bounce-1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("retried task \"bounce-1\"") && out.contains(error),
+        "{out}"
+    );
+    let task = get("bounce-1");
+    assert_eq!(
+        (&task.state, task.attempts),
+        (&TaskState::Open, 0),
+        "{task:?}"
+    );
+    let depth = runtime
+        .block_on(adapter.queue_depth("emails", 100))
+        .unwrap();
+    assert_eq!((depth.ready.count, depth.dead.count), (2, 0), "{depth:?}");
+    let (code, _, err) = board(&url, &["retry", "bounce-1"]);
+    assert_eq!(code, 3, "a second retry: {err}");
+
+    // cancel: a ready task is cancelled; again, or a completed one: refused.
+    let (code, out, err) = board(&url, &["cancel", "report-1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("cancelled task \"report-1\""), "{out}");
+    assert_eq!(get("report-1").state, TaskState::Cancelled);
+    let (code, _, err) = board(&url, &["cancel", "report-1"]);
+    assert_eq!(code, 3, "{err}");
+    let done = runtime.block_on(async {
+        let claim = adapter
+            .claim("mail-ok", "w", Duration::from_secs(600))
+            .await
+            .unwrap();
+        adapter
+            .complete("mail-ok", &claim.token, b"ok".to_vec())
+            .await
+            .unwrap();
+        adapter.get("mail-ok").await.unwrap()
+    });
+    let (code, _, err) = board(&url, &["cancel", "mail-ok"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("completed"), "{err}");
+    assert_eq!(get("mail-ok"), done);
+
+    // add: a task in a queue, due later.
+    let (code, _, err) = board(
+        &url,
+        &[
+            "add",
+            "later-1",
+            "--queue",
+            "reports",
+            "--max-attempts",
+            "2",
+            "--run-at",
+            "+1h",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let task = get("later-1");
+    assert_eq!(
+        (task.queue.as_deref(), task.max_attempts),
+        (Some("reports"), Some(2))
+    );
+    assert!(task.not_before.is_some(), "{task:?}");
+
+    // Bad input: clap's usage error, before the store.
+    for args in [
+        &["list", "--limit", "0"][..],
+        &["list", "--limit", "501"],
+        &["list", "--state", "asleep"],
+        &["show", ""],
+        &["retry", ""],
+        &["dead", "a/b"],
+        &["add", "x", "--queue", "q", "--run-at", "tomorrow"],
+    ] {
+        let (code, out, err) = board(&url, args);
+        assert_eq!(code, 2, "{args:?}: {out}{err}");
+        assert!(out.is_empty() && !err.is_empty(), "{args:?}: {out}{err}");
+    }
+
+    // A store that is down: an error, never an empty answer.
+    for down in ["redis://127.0.0.1:1", "postgres://postgres@127.0.0.1:1/x"] {
+        for args in [
+            &["queues"][..],
+            &["list"],
+            &["retry", "bounce-1"],
+            &["cancel", "x"],
+        ] {
+            let (code, out, err) = board(down, args);
+            assert_eq!(code, 1, "{down} {args:?}: {out}{err}");
+            assert!(out.is_empty(), "{down} {args:?}: {out}");
         }
     }
 }
