@@ -32,7 +32,9 @@ use coord_adapters::board::{
 use coord_backend::Error;
 
 use crate::cron::fmt_time;
-use crate::views::{self, shorten, DeadTasksView, Page, QueuesView, Stores, TaskView, TasksView};
+use crate::views::{
+    self, shorten, span, DeadTasksView, Page, QueuesView, Stores, TaskView, TasksView,
+};
 
 /// The most tasks one `list --queue/--state` reads looking for matches.
 const SCAN_LIMIT: usize = 10_000;
@@ -245,16 +247,6 @@ fn refused(what: &str, e: BoardError) -> Result<ExitCode, Error> {
         BoardError::Store(e) => Err(e),
         BoardError::NotFound { id } => refuse(what, format!("no task {id:?} on the board")),
         other => refuse(what, format!("{other}; nothing changed")),
-    }
-}
-
-/// "1h 2m", "9m 53s", "4.2s".
-fn span(ms: u64) -> String {
-    let s = ms / 1000;
-    match s {
-        0..=59 => format!("{:.1}s", ms as f64 / 1000.0),
-        60..=3599 => format!("{}m {}s", s / 60, s % 60),
-        _ => format!("{}h {}m", s / 3600, s % 3600 / 60),
     }
 }
 

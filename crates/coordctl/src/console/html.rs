@@ -8,8 +8,9 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use crate::cron::fmt_time;
 use crate::views::{
-    ElectionsView, FairLocksView, JobsView, Listing, LockView, LocksView, ResourcesView, RunView,
-    RunsView, RwLocksView, SemaphoresView, SideEffectsView, TaskPageView, TasksView, UncertainKind,
+    span, ElectionsView, FairLocksView, JobsView, Listing, LockView, LocksView, ResourcesView,
+    RunView, RunsView, RwLocksView, SemaphoresView, SideEffectsView, TaskPageView, TasksView,
+    UncertainKind,
 };
 
 /// `text` for a query-string value (`?after=…`).
@@ -26,16 +27,6 @@ fn path_segment(text: &str) -> String {
 /// A shell word in single quotes (for the `coordctl reconcile` command shown).
 fn shell_word(text: &str) -> String {
     format!("'{}'", text.replace('\'', r"'\''"))
-}
-
-/// "1h 2m", "9m 53s", "4.2s".
-fn span(ms: u64) -> String {
-    let s = ms / 1000;
-    match s {
-        0..=59 => format!("{:.1}s", ms as f64 / 1000.0),
-        60..=3599 => format!("{}m {}s", s / 60, s % 60),
-        _ => format!("{}h {}m", s / 3600, s % 3600 / 60),
-    }
 }
 
 /// "2026-01-02T03:04:05.678Z (in 9m 53s)" / "(expired 4.2s ago)" or "-".

@@ -303,6 +303,16 @@ impl Stores {
     }
 }
 
+/// A length of time in ms as the tables show it: "1h 2m", "9m 53s", "4.2s".
+pub(crate) fn span(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..=59 => format!("{:.1}s", ms as f64 / 1000.0),
+        60..=3599 => format!("{}m {}s", s / 60, s % 60),
+        _ => format!("{}h {}m", s / 3600, s % 3600 / 60),
+    }
+}
+
 /// A string cut to `max` characters, ending in `…` when cut.
 pub(crate) fn shorten(text: &str, max: usize) -> String {
     if text.chars().count() <= max {
