@@ -112,7 +112,7 @@ fn queue_name(text: &str) -> Result<String, String> {
 struct QueuesArgs {
     #[command(flatten)]
     store: StoreArg,
-    /// At most this many queues (by name), and in `--json` this many dead tasks each.
+    /// At most this many queues (by name; 1 to 500), and in `--json` this many dead tasks each.
     #[arg(long, default_value = "100", value_parser = limit)]
     limit: usize,
     /// Print one JSON document (the `/api/queues` answer, docs/console.md).
@@ -130,7 +130,7 @@ struct ListArgs {
     /// Only tasks in this state (pages past the others, reading at most 10,000 tasks).
     #[arg(long, value_parser = STATES)]
     state: Option<String>,
-    /// At most this many tasks.
+    /// At most this many tasks (1 to 500).
     #[arg(long, default_value = "100", value_parser = limit)]
     limit: usize,
     /// Only tasks whose id sorts after this one (the `next_after` of the previous page).
@@ -160,7 +160,7 @@ struct DeadArgs {
     queue: String,
     #[command(flatten)]
     store: StoreArg,
-    /// At most this many dead tasks.
+    /// At most this many dead tasks (1 to 500).
     #[arg(long, default_value = "100", value_parser = limit)]
     limit: usize,
     /// Print one JSON document (`dead_tasks` as `/api/queues` lists them).
