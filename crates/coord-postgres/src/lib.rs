@@ -42,10 +42,12 @@
 //!
 //! A txn is one call of the plpgsql function `coord_txn`, which
 //!
-//! 1. takes `pg_advisory_xact_lock` on every involved key (asserted, put or
-//!    deleted; existing or not), in the order of their sorted 64-bit hashes,
-//!    so racing txns never deadlock and a key that does not exist yet is
-//!    locked as well as one that does;
+//! 1. takes an advisory lock on every involved key (existing or not), in the
+//!    order of their sorted 64-bit hashes, so racing txns never deadlock and a
+//!    key that does not exist yet is locked as well as one that does: exclusive
+//!    (`pg_advisory_xact_lock`) on a key it puts or deletes, shared
+//!    (`pg_advisory_xact_lock_shared`, schema r11) on a key it only asserts, so
+//!    txns that assert one key without writing it do not wait for each other;
 //! 2. checks every assert (a missing key or a tombstone is version 0), and on a
 //!    mismatch returns the current entries of the asserted keys and writes nothing;
 //! 3. upserts each put with `version + 1`, and turns each delete into a
@@ -56,8 +58,9 @@
 //!    (schema r10; reported as [`TxnOutcome::written`]).
 //!
 //! The function runs at READ COMMITTED. That is enough here because every
-//! writer of a key holds that key's advisory lock until it commits, a lock is
-//! released only after its holder's commit is visible, and each statement of
+//! writer of a key holds that key's advisory lock exclusive until it commits
+//! (so it waits for every txn holding the lock shared, and they for it), a
+//! lock is released only after its holder's commit is visible, and each statement of
 //! the function takes a new snapshot *after* the locks are held: the check
 //! reads the latest committed version of every involved key, and nobody can
 //! change one of them before this txn commits.

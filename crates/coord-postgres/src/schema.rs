@@ -86,7 +86,18 @@ const SCHEMA_LOCK: i64 = 0x636f_6f72_645f_7631;
 /// unchanged on r10; an r10 client on r9 (the two reinstall their
 /// revisions in turn as above) gets the one row and reports no version,
 /// which costs the CAS engine a guess, never correctness.
-pub(crate) const SCHEMA_TAG: &str = "coord schema r10";
+///
+/// r11: `coord_txn` takes the advisory lock of a key it only asserts
+/// shared (`pg_advisory_xact_lock_shared`), and exclusive as before for a
+/// key it puts or deletes. Txns that assert one hot key without writing it
+/// (every completion of a task asserts its board's retention cursor) no
+/// longer wait for each other's commits; a writer of the key still waits
+/// for them and they for it, so every assert still holds until commit.
+/// Same signature and results. An r10 body takes every lock exclusive,
+/// which conflicts with an r11 body's shared lock as it must: clients of
+/// both revisions on one database stay correct (the slower one costs
+/// throughput, never safety).
+pub(crate) const SCHEMA_TAG: &str = "coord schema r11";
 
 /// The full signature of the txn function (for `to_regprocedure`).
 const TXN_SIGNATURE: &str = "coord_txn(text,text[],bigint[],text[],bytea[],text[])";
@@ -258,6 +269,7 @@ CREATE OR REPLACE FUNCTION coord_txn(
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
     hashes bigint[];
+    exclusive boolean[];
     h bigint;
     mismatches bigint;
 BEGIN
@@ -273,22 +285,36 @@ BEGIN
 
     -- Lock every involved key, existing or not, in one global order (sorted
     -- 64-bit hashes), so two txns can never wait on each other in a cycle.
-    -- The two-int4 form keeps these locks apart from single-bigint advisory
-    -- locks (pg_advisory_lock(hashtext(..)) of lock backends). A hash
-    -- collision only serialises two unrelated keys; it never breaks a txn.
-    SELECT array_agg(DISTINCT hashtextextended(p_ns || '/' || x, 0)
-                     ORDER BY hashtextextended(p_ns || '/' || x, 0))
-      INTO hashes
-      FROM unnest(p_assert_keys || p_put_keys || p_delete_keys) AS x;
+    -- A key this txn writes takes the lock exclusive; a key it only asserts
+    -- takes it shared: txns that assert one key (a retention cursor every
+    -- completion reads) do not queue behind each other, while a writer of
+    -- that key waits for them and they for it. A hash shared by a written
+    -- and an asserted key is locked exclusive. The two-int4 form keeps these
+    -- locks apart from single-bigint advisory locks
+    -- (pg_advisory_lock(hashtext(..)) of lock backends). A hash collision
+    -- only serialises two unrelated keys; it never breaks a txn.
+    SELECT array_agg(t.h ORDER BY t.h), array_agg(t.w ORDER BY t.h)
+      INTO hashes, exclusive
+      FROM (SELECT hashtextextended(p_ns || '/' || x.key, 0) AS h, bool_or(x.w) AS w
+              FROM (SELECT a AS key, false AS w FROM unnest(p_assert_keys) AS a
+                    UNION ALL
+                    SELECT u, true FROM unnest(p_put_keys || p_delete_keys) AS u) AS x
+             GROUP BY 1) AS t;
     IF hashes IS NOT NULL THEN
-        FOREACH h IN ARRAY hashes LOOP
-            PERFORM pg_advisory_xact_lock((h >> 32)::int4,
-                                          ((h & 4294967295) - 2147483648)::int4);
+        FOR i IN 1 .. cardinality(hashes) LOOP
+            h := hashes[i];
+            IF exclusive[i] THEN
+                PERFORM pg_advisory_xact_lock((h >> 32)::int4,
+                                              ((h & 4294967295) - 2147483648)::int4);
+            ELSE
+                PERFORM pg_advisory_xact_lock_shared((h >> 32)::int4,
+                                                     ((h & 4294967295) - 2147483648)::int4);
+            END IF;
         END LOOP;
     END IF;
 
-    -- Every writer of these keys holds the same locks until it commits, and a
-    -- lock is released only after its commit is visible; each statement below
+    -- Every writer of these keys holds their locks exclusive until it
+    -- commits, and a lock is released only after its commit is visible; each statement below
     -- takes a fresh READ COMMITTED snapshot, so it sees the latest committed
     -- state of every locked key and nobody can change it before we commit.
     IF cardinality(p_assert_keys) > 0 THEN
@@ -336,7 +362,7 @@ BEGIN
 END
 $fn$;
 
-COMMENT ON FUNCTION coord_txn(text, text[], bigint[], text[], bytea[], text[]) IS 'coord schema r10';
+COMMENT ON FUNCTION coord_txn(text, text[], bigint[], text[], bytea[], text[]) IS 'coord schema r11';
 "#;
 
 /// Create the table and the function unless this revision is already installed.
