@@ -46,7 +46,8 @@
 //! a random one among the first `width` otherwise, `width` doubling with
 //! each race lost (up to 1,024) and shrinking with each first try won. It then claims
 //! from that window, one txn per claim, until the window is used up or
-//! 250 ms old, and lists again. One worker gets strict priority-then-FIFO
+//! 250 ms old, or an entry of it turns out taken by another client (the
+//! rest of it is as stale), and lists again. One worker gets strict priority-then-FIFO
 //! order (a task added ahead of its window waits at most 8 of its claims or
 //! 250 ms); 32 workers spread over the head instead of all colliding on it.
 //! Timed entries are read too when nothing is ready, and at most once a
@@ -65,7 +66,6 @@ use super::record::{BackoffRecord, DeadRecord, TaskRecord};
 use super::{BoardError, RetryPolicy};
 use crate::cas::{whole_millis, Record};
 
-/// How many entries of a queue's head one listing reads (keys only).
 /// How many entries of a queue's head one listing reads (keys only), at
 /// least: a client that keeps losing races reads as far as it aims, up to
 /// [`MAX_HEAD`].
@@ -86,8 +86,11 @@ const FRESH: Duration = Duration::from_millis(250);
 /// How often a busy queue's timed entries are read.
 const TIMED_EVERY: Duration = Duration::from_secs(1);
 
-/// Lists of the head that lose every race before a claim gives up.
-const ROUNDS: usize = 16;
+/// Races a claim may lose (each one: an entry another client took first,
+/// then a fresh listing) before it gives up. Every race lost is a task
+/// another client claimed, so only a queue drained this fast by others
+/// ends here.
+const ROUNDS: usize = 64;
 
 /// Numbers ready entries of this process, so that tasks made ready in one
 /// millisecond keep their order.
@@ -270,11 +273,11 @@ impl ClaimSpread {
         self.width.store(width, Ordering::Relaxed);
     }
 
-    /// The rest of `queue`'s window, if it is fresh.
-    fn take_window(&self, queue: &str) -> Option<Vec<Candidate>> {
+    /// The rest of `queue`'s window and when it was listed, if it is fresh.
+    fn take_window(&self, queue: &str) -> Option<(Vec<Candidate>, tokio::time::Instant)> {
         let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
         let (window, at) = windows.remove(queue)?;
-        (at.elapsed() < FRESH && !window.is_empty()).then_some(window)
+        (at.elapsed() < FRESH && !window.is_empty()).then_some((window, at))
     }
 
     fn keep_window(&self, queue: &str, window: Vec<Candidate>, at: tokio::time::Instant) {
@@ -670,34 +673,36 @@ impl BoardAdapter {
         // Any id will do: the checks are of the agent and the TTL.
         super::validate_claim("-", agent, ttl)?;
         for _ in 0..ROUNDS {
-            let (mut window, listed) = match self.spread.take_window(queue) {
-                Some(window) => (window, false),
-                None => (self.list_window(queue).await?, true),
+            let (mut window, listed_at, listed) = match self.spread.take_window(queue) {
+                Some((window, at)) => (window, at, false),
+                None => {
+                    let window = self.list_window(queue).await?;
+                    (window, tokio::time::Instant::now(), true)
+                }
             };
             if window.is_empty() {
                 return Ok(None);
             }
-            let listed_at = tokio::time::Instant::now();
-            let mut tries = 0;
-            while !window.is_empty() {
-                let candidate = window.remove(0);
-                let claimed = self
-                    .claim_entry(&candidate.id, &candidate.key, agent, ttl)
-                    .await?;
-                if let Some(task) = claimed {
-                    self.spread.claims.fetch_add(1, Ordering::Relaxed);
-                    if tries == 0 && listed {
-                        self.spread.won_first_try();
-                    }
-                    self.spread.keep_window(queue, window, listed_at);
-                    return Ok(Some(task));
+            let candidate = window.remove(0);
+            let claimed = self
+                .claim_entry(&candidate.id, &candidate.key, agent, ttl)
+                .await?;
+            if let Some(task) = claimed {
+                self.spread.claims.fetch_add(1, Ordering::Relaxed);
+                if listed {
+                    self.spread.won_first_try();
                 }
-                tries += 1;
-                self.spread.lost_race();
+                // The window keeps the time it was listed: it ages out after
+                // FRESH however many of its entries are left.
+                self.spread.keep_window(queue, window, listed_at);
+                return Ok(Some(task));
             }
+            // Taken by another client since the listing: the rest of this
+            // window is as old, and likely taken too. Aim again, further.
+            self.spread.lost_race();
         }
         Err(BoardError::Store(Error::ConflictRetriesExhausted {
-            attempts: (ROUNDS * HEAD) as u32,
+            attempts: ROUNDS as u32,
         }))
     }
 
@@ -1014,5 +1019,71 @@ mod tests {
             let wait = backoff_ms(policy, attempts);
             assert!(wait >= full / 2 && wait <= full, "{attempts}: {wait}");
         }
+    }
+
+    /// A window ages from its listing, not from its last use: a worker
+    /// that claims slowly still sees a task added ahead of its window
+    /// within FRESH (on tokio's paused clock: no real waiting).
+    #[tokio::test(start_paused = true)]
+    async fn a_window_ages_from_its_listing() {
+        use std::sync::Arc;
+
+        use super::super::{Board, TaskSpec};
+
+        let backend = Arc::new(coord_memory::SingleProcessMemoryBackend::new("w").unwrap());
+        let board = BoardAdapter::new(backend);
+        let ttl = Duration::from_secs(600);
+        let low: Vec<TaskSpec> = (0..10)
+            .map(|i| TaskSpec::new(format!("low-{i}"), Vec::new()).in_queue("q"))
+            .collect();
+        board.add_many(low).await.unwrap();
+        let first = board.claim_next("q", "w", ttl).await.unwrap().unwrap();
+        assert_eq!(first.id, "low-0");
+        tokio::time::sleep(FRESH * 3 / 5).await;
+        // From the window listed a moment ago.
+        let second = board.claim_next("q", "w", ttl).await.unwrap().unwrap();
+        assert_eq!(second.id, "low-1");
+        board
+            .add(
+                TaskSpec::new("urgent", Vec::new())
+                    .in_queue("q")
+                    .with_priority(10),
+            )
+            .await
+            .unwrap();
+        // FRESH has passed since the listing (not since the last claim).
+        tokio::time::sleep(FRESH * 3 / 5).await;
+        let third = board.claim_next("q", "w", ttl).await.unwrap().unwrap();
+        assert_eq!(third.id, "urgent");
+    }
+
+    /// A race lost on one entry of a window drops the rest of it (listed
+    /// at the same moment, so as stale): one lost race, then a fresh
+    /// listing, not one per stale entry.
+    #[tokio::test]
+    async fn a_lost_race_drops_the_window() {
+        use std::sync::Arc;
+
+        use super::super::{Board, TaskSpec};
+
+        let backend = Arc::new(coord_memory::SingleProcessMemoryBackend::new("l").unwrap());
+        let slow = BoardAdapter::new(backend.clone());
+        let fast = BoardAdapter::new(backend);
+        let ttl = Duration::from_secs(600);
+        let tasks: Vec<TaskSpec> = (0..10)
+            .map(|i| TaskSpec::new(format!("t-{i}"), Vec::new()).in_queue("q"))
+            .collect();
+        slow.add_many(tasks).await.unwrap();
+        // `slow` lists t-0..t-7 and claims t-0; `fast` then takes t-1..t-3.
+        assert_eq!(
+            slow.claim_next("q", "slow", ttl).await.unwrap().unwrap().id,
+            "t-0"
+        );
+        for i in 1..=3 {
+            fast.claim(&format!("t-{i}"), "fast", ttl).await.unwrap();
+        }
+        let next = slow.claim_next("q", "slow", ttl).await.unwrap().unwrap();
+        assert_eq!(next.id, "t-4");
+        assert_eq!(slow.queue_stats().lost_races, 1);
     }
 }
