@@ -109,14 +109,19 @@ pub struct BoundedCount {
 }
 
 impl BoundedCount {
-    /// `keys` listed with a limit of `limit` (asked for `limit + 1`, so one
-    /// more says that the limit cut the listing).
-    fn of(listed: usize, limit: usize) -> Self {
+    /// The count of a [`Bounded`] listing.
+    fn of<T>(listed: &Bounded<T>) -> Self {
         BoundedCount {
-            count: listed.min(limit),
-            more: listed > limit,
+            count: listed.items.len(),
+            more: listed.more,
         }
     }
+}
+
+/// At most `limit` items of a listing, and whether it went on past them.
+struct Bounded<T> {
+    items: Vec<T>,
+    more: bool,
 }
 
 impl std::fmt::Display for BoundedCount {
@@ -342,6 +347,20 @@ impl BoardAdapter {
         }
     }
 
+    /// The first `limit` keys under `prefix` (one store listing of
+    /// `limit + 1`: the one past them says the listing went on).
+    async fn bounded_keys(&self, prefix: &str, limit: usize) -> Result<Bounded<String>, Error> {
+        let mut items = self
+            .space
+            .engine()
+            .backend()
+            .first_keys(prefix, limit + 1)
+            .await?;
+        let more = items.len() > limit;
+        items.truncate(limit);
+        Ok(Bounded { items, more })
+    }
+
     /// The queue names ever used by a queued add (sorted), the first
     /// `limit` (1 to [`MAX_READ_LIMIT`]). One listing of
     /// `<prefix>queues/`: an add of a queued task registers its queue's name
@@ -352,19 +371,16 @@ impl BoardAdapter {
     pub async fn queues(&self, limit: usize) -> Result<QueueNames, BoardError> {
         check_limit(limit)?;
         let prefix = self.queues_prefix();
-        let keys = self
-            .space
-            .engine()
-            .backend()
-            .first_keys(&prefix, limit + 1)
-            .await?;
-        let more = keys.len() > limit;
+        let keys = self.bounded_keys(&prefix, limit).await?;
         let names = keys
+            .items
             .into_iter()
-            .take(limit)
             .filter_map(|k| k.strip_prefix(&prefix).map(str::to_owned))
             .collect();
-        Ok(QueueNames { names, more })
+        Ok(QueueNames {
+            names,
+            more: keys.more,
+        })
     }
 
     /// Read the numbers of the first `max_queues` queues ([`Self::queues`],
@@ -402,20 +418,15 @@ impl BoardAdapter {
     pub async fn queue_depth(&self, queue: &str, limit: usize) -> Result<QueueDepth, BoardError> {
         super::validate_queue(queue)?;
         check_limit(limit)?;
-        let backend = self.space.engine().backend();
         let ready_prefix = self.ready_prefix(queue);
-        let ready = backend.first_keys(&ready_prefix, limit + 1).await?;
-        let timed = backend
-            .first_keys(&self.timed_prefix(queue), limit + 1)
-            .await?;
-        let dead = backend
-            .first_keys(&self.dead_prefix(queue), limit + 1)
-            .await?;
+        let ready = self.bounded_keys(&ready_prefix, limit).await?;
+        let timed = self.bounded_keys(&self.timed_prefix(queue), limit).await?;
+        let dead = self.bounded_keys(&self.dead_prefix(queue), limit).await?;
         // `r/<rank>/<since><seq>/<id>`: the oldest is the least `since`
         // over every rank.
         let oldest = ready
+            .items
             .iter()
-            .take(limit)
             .filter_map(|key| {
                 let rest = key.strip_prefix(&ready_prefix)?;
                 let (_rank, rest) = rest.split_once('/')?;
@@ -425,9 +436,9 @@ impl BoardAdapter {
         let now = self.space.now_millis();
         Ok(QueueDepth {
             queue: queue.to_owned(),
-            ready: BoundedCount::of(ready.len(), limit),
-            timed: BoundedCount::of(timed.len(), limit),
-            dead: BoundedCount::of(dead.len(), limit),
+            ready: BoundedCount::of(&ready),
+            timed: BoundedCount::of(&timed),
+            dead: BoundedCount::of(&dead),
             oldest_ready_since: oldest.map(crate::cas::record::time_at),
             oldest_ready_age: oldest.map(|since| Duration::from_millis(now.saturating_sub(since))),
         })
@@ -442,16 +453,11 @@ impl BoardAdapter {
         super::validate_queue(queue)?;
         check_limit(limit)?;
         let prefix = self.dead_prefix(queue);
-        let keys = self
-            .space
-            .engine()
-            .backend()
-            .first_keys(&prefix, limit + 1)
-            .await?;
-        let more = keys.len() > limit;
+        let keys = self.bounded_keys(&prefix, limit).await?;
+        let more = keys.more;
         let listed: Vec<(String, String, u64)> = keys
+            .items
             .into_iter()
-            .take(limit)
             .filter_map(|key| {
                 let (at, id) = key.strip_prefix(&prefix)?.split_once('/')?;
                 let at = u64::from_str_radix(at, 16).ok()?;
