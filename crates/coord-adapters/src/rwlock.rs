@@ -574,8 +574,15 @@ impl GenericRwLock {
             // A queued writer refreshes its queue entry when it polls: poll
             // well inside its TTL so the entry never lapses while it waits.
             let max = self.max_poll.min(ttl / 4).max(Duration::from_millis(1));
-            wake.until((now + fallback_pause(attempts, max)).min(deadline))
-                .await;
+            if let Err(refused) = wake
+                .until((now + fallback_pause(attempts, max)).min(deadline))
+                .await
+            {
+                if let Some(waiter) = &waiter {
+                    let _ = self.leave_queue(key, waiter).await;
+                }
+                return Err(refused.into());
+            }
         }
     }
 

@@ -7,6 +7,13 @@
 //! start and a watch that breaks all degrade to plain sleeps until the
 //! caller's deadline (the fallback poll), so a lost notification costs
 //! latency, never correctness.
+//!
+//! One watch error is not degraded: [`coord_backend::Error::Unsupported`]
+//! says the backend cannot wait at all (a backend bound to a caller's SQL
+//! transaction, which holds locks the awaited change would need). Every
+//! wait on such a [`Wake`] fails with that error, so a call that would have
+//! to wait is refused instead of sleeping out its timeout; a call that
+//! succeeds at once never waits and still works.
 
 use std::future::Future;
 use std::time::Duration;
@@ -21,15 +28,29 @@ use tokio::time::Instant;
 #[derive(Debug, Default)]
 pub struct Wake {
     watch: Option<Box<dyn ChangeWatch>>,
+    /// Why this backend cannot wait, when it said so.
+    refused: Option<WaitRefused>,
+}
+
+/// What a backend said when it refused to wait: kept to answer every wait.
+#[derive(Debug)]
+struct WaitRefused {
+    what: &'static str,
+    store: &'static str,
 }
 
 impl Wake {
     /// Watch keys under `prefix` when `backend` offers change notifications;
     /// otherwise (or when the watch cannot start) waits are plain sleeps.
     pub async fn watch(backend: &dyn Backend, prefix: &str) -> Wake {
+        let mut refused = None;
         let watch = match backend.changes() {
             Some(changes) => match changes.watch(prefix).await {
                 Ok(watch) => Some(watch),
+                Err(coord_backend::Error::Unsupported { what, store }) => {
+                    refused = Some(WaitRefused { what, store });
+                    None
+                }
                 Err(error) => {
                     tracing::debug!(%error, "change watch failed to start: polling instead");
                     None
@@ -37,12 +58,15 @@ impl Wake {
             },
             None => None,
         };
-        Wake { watch }
+        Wake { watch, refused }
     }
 
     /// No watch: every wait sleeps until its deadline.
     pub fn polling() -> Wake {
-        Wake { watch: None }
+        Wake {
+            watch: None,
+            refused: None,
+        }
     }
 
     /// Whether a live watch backs the waits.
@@ -50,13 +74,21 @@ impl Wake {
         self.watch.is_some()
     }
 
-    /// Sleep until the watch reports a change (`true`) or until `deadline`
-    /// (`false`), whichever comes first. A watch that breaks is dropped and
-    /// this call sleeps out its deadline; later calls are plain sleeps.
-    pub async fn until(&mut self, deadline: Instant) -> bool {
+    /// Sleep until the watch reports a change (`Ok(true)`) or until
+    /// `deadline` (`Ok(false)`), whichever comes first. A watch that breaks
+    /// is dropped and this call sleeps out its deadline; later calls are
+    /// plain sleeps. A backend that refused to wait (see the module docs):
+    /// its [`coord_backend::Error::Unsupported`] at once, no sleep.
+    pub async fn until(&mut self, deadline: Instant) -> coord_backend::Result<bool> {
+        if let Some(refused) = &self.refused {
+            return Err(coord_backend::Error::Unsupported {
+                what: refused.what,
+                store: refused.store,
+            });
+        }
         let Some(watch) = self.watch.as_mut() else {
             tokio::time::sleep_until(deadline).await;
-            return false;
+            return Ok(false);
         };
         // Biased: a change that arrived by the deadline is reported (and
         // consumed) rather than left for the next wait; and a random pick
@@ -64,15 +96,15 @@ impl Wake {
         tokio::select! {
             biased;
             changed = watch.changed() => match changed {
-                Ok(()) => true,
+                Ok(()) => Ok(true),
                 Err(error) => {
                     tracing::debug!(%error, "change watch broke: polling instead");
                     self.watch = None;
                     tokio::time::sleep_until(deadline).await;
-                    false
+                    Ok(false)
                 }
             },
-            () = tokio::time::sleep_until(deadline) => false,
+            () = tokio::time::sleep_until(deadline) => Ok(false),
         }
     }
 }
@@ -166,7 +198,8 @@ impl Wake {
     /// watch or `pause(n)`, whichever comes first. The last attempt happens
     /// at the deadline, not a pause after it; then `timed_out(waited)`.
     /// Contention ([`WaitError::is_contention`]) is a refusal; any other
-    /// error of `attempt` ends the wait at once.
+    /// error of `attempt` ends the wait at once, as does a backend that
+    /// refuses to wait (its error, after the first refusal).
     pub async fn retry<T, E, Fut>(
         &mut self,
         deadline: Deadline,
@@ -175,7 +208,7 @@ impl Wake {
         timed_out: impl FnOnce(Duration) -> E,
     ) -> Result<T, E>
     where
-        E: WaitError,
+        E: WaitError + From<coord_backend::Error>,
         Fut: Future<Output = Result<Option<T>, E>>,
     {
         let mut refusals = 0u32;
@@ -192,7 +225,7 @@ impl Wake {
             }
             refusals += 1;
             self.until(later(now, pause(refusals)).min(deadline.at))
-                .await;
+                .await?;
         }
     }
 }
@@ -207,7 +240,7 @@ mod tests {
         let mut wake = Wake::polling();
         assert!(!wake.is_watching());
         let deadline = Instant::now() + Duration::from_millis(20);
-        assert!(!wake.until(deadline).await);
+        assert!(!wake.until(deadline).await.unwrap());
         assert!(Instant::now() >= deadline);
     }
 
@@ -216,6 +249,13 @@ mod tests {
         Busy,
         Broken,
         TimedOut(Duration),
+        Refused(String),
+    }
+
+    impl From<coord_backend::Error> for Probe {
+        fn from(error: coord_backend::Error) -> Self {
+            Probe::Refused(error.to_string())
+        }
     }
 
     impl WaitError for Probe {
@@ -270,5 +310,71 @@ mod tests {
         assert!(
             matches!(never, Err(Probe::TimedOut(waited)) if waited >= Duration::from_millis(30))
         );
+    }
+
+    /// A memory store whose change watches refuse: what a backend bound to
+    /// a caller's transaction says.
+    #[derive(Debug)]
+    struct RefusesWaits(coord_memory::SingleProcessMemoryBackend);
+
+    #[async_trait::async_trait]
+    impl coord_backend::Changes for RefusesWaits {
+        async fn watch(&self, _prefix: &str) -> coord_backend::Result<Box<dyn ChangeWatch>> {
+            Err(coord_backend::Error::Unsupported {
+                what: "waiting in this test",
+                store: "refuses-waits",
+            })
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Backend for RefusesWaits {
+        fn namespace(&self) -> &str {
+            self.0.namespace()
+        }
+        fn changes(&self) -> Option<&dyn coord_backend::Changes> {
+            Some(self)
+        }
+        async fn raw_snapshot(
+            &self,
+            keys: &[&str],
+        ) -> coord_backend::Result<Vec<coord_backend::Entry>> {
+            self.0.raw_snapshot(keys).await
+        }
+        async fn raw_txn(
+            &self,
+            asserts: &[coord_backend::Assert],
+            mutations: &[coord_backend::Mutation],
+        ) -> coord_backend::Result<coord_backend::TxnOutcome> {
+            self.0.raw_txn(asserts, mutations).await
+        }
+        async fn raw_keys(&self, prefix: &str) -> coord_backend::Result<Vec<String>> {
+            self.0.raw_keys(prefix).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_backend_that_refuses_to_wait_refuses_the_first_wait_only() {
+        let store =
+            RefusesWaits(coord_memory::SingleProcessMemoryBackend::new("wake-refusal").unwrap());
+        let mut wake = Wake::watch(&store, "k").await;
+        let long = Deadline::after(Duration::from_secs(60));
+        let pause = |_| Duration::from_secs(10);
+        // An answer at once: no wait, no refusal.
+        let at_once: Result<u32, Probe> = wake
+            .retry(long, pause, || async { Ok(Some(7)) }, Probe::TimedOut)
+            .await;
+        assert_eq!(at_once, Ok(7));
+        // A refusal would need a wait: the backend's error, at once.
+        let started = Instant::now();
+        let waited: Result<u32, Probe> = wake
+            .retry(long, pause, || async { Ok(None) }, Probe::TimedOut)
+            .await;
+        assert!(
+            matches!(&waited, Err(Probe::Refused(why)) if why.contains("waiting in this test")),
+            "{waited:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(wake.until(long.at).await.is_err());
     }
 }

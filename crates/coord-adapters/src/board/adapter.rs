@@ -639,7 +639,7 @@ impl BoardAdapter {
                 return Ok(None);
             }
             wake.until(crate::wake::later(now, poll).min(deadline.at))
-                .await;
+                .await?;
         }
     }
 }

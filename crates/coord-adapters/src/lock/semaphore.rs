@@ -568,8 +568,12 @@ impl Semaphore for GenericSemaphore {
             refusals += 1;
             // A third of the TTL at most: the place is renewed from half of it on.
             let pause = wait.pause(refusals).min(ttl / 3);
-            wake.until(crate::wake::later(now, pause).min(deadline))
-                .await;
+            if let Err(refused) = wake
+                .until(crate::wake::later(now, pause).min(deadline))
+                .await
+            {
+                break Err(refused.into());
+            }
         };
         if outcome.is_err() {
             // Best effort: a place left behind runs out with its lease.

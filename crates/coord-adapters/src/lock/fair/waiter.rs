@@ -539,7 +539,7 @@ impl FairLock {
                     if let Some(expires_ms) = held {
                         until = until.min(self.instant_of(expires_ms));
                     }
-                    wake.until(until).await;
+                    wake.until(until).await?;
                     *next = Next::Look;
                     continue;
                 }
