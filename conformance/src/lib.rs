@@ -35,6 +35,7 @@ pub mod fault_model;
 pub mod faults;
 pub mod golden;
 pub mod lock;
+pub mod outbox;
 pub mod queue;
 pub mod reclaim;
 pub mod retention;
@@ -57,7 +58,7 @@ pub mod __private {
 }
 
 /// Every suite of this crate for one store: a module per suite (`backend`,
-/// `lock`, `board`, `queue`, `sideeffect`, `scheduler`, `rwlock`, `election`, `fair_lock`,
+/// `lock`, `board`, `queue`, `outbox`, `sideeffect`, `scheduler`, `rwlock`, `election`, `fair_lock`,
 /// `semaphore`, `fault_model`, `changes`, `reclaim`, `retention`), each case one `#[tokio::test]`.
 ///
 /// The factory expression is evaluated inside those modules, which import
@@ -83,6 +84,7 @@ macro_rules! __every_suite {
             lock: lock_suite, lock_tests;
             board: board_suite, board_tests;
             queue: queue_suite, queue_tests;
+            outbox: outbox_suite, outbox_tests;
             sideeffect: sideeffect_suite, sideeffect_tests;
             scheduler: scheduler_suite, scheduler_tests;
             rwlock: rwlock_suite, rwlock_tests;

@@ -601,6 +601,13 @@ struct QueueBugs {
     add_many_one_by_one: bool,
     /// `cancel` does nothing.
     cancel_ignored: bool,
+    /// `add` forgets that a task runs at most once.
+    drops_at_most_once: bool,
+    /// `mark_uncertain` fails the attempt instead (retried later).
+    uncertain_fails: bool,
+    /// `add` of an id that exists with other content overwrites nothing
+    /// but says it added it.
+    add_swallows_conflicts: bool,
     /// The dead index is not maintained: the store drops every write that
     /// would create a queue's dead entry (see [`DeadIndexDropped`]).
     dead_entries_not_written: bool,
@@ -733,6 +740,9 @@ impl BrokenQueue {
         if self.bugs.dependents_unqueued && !spec.deps.is_empty() {
             spec.queue = None;
         }
+        if self.bugs.drops_at_most_once {
+            spec.at_most_once = false;
+        }
         spec
     }
 }
@@ -740,7 +750,17 @@ impl BrokenQueue {
 #[async_trait]
 impl Board for BrokenQueue {
     async fn add(&self, task: TaskSpec) -> Result<(), BoardError> {
-        self.inner.add(self.spec(task)).await
+        match self.inner.add(self.spec(task)).await {
+            Err(BoardError::AlreadyExists { .. }) if self.bugs.add_swallows_conflicts => Ok(()),
+            other => other,
+        }
+    }
+
+    async fn mark_uncertain(&self, id: &str, token: &str, error: &str) -> Result<(), BoardError> {
+        if self.bugs.uncertain_fails {
+            return self.inner.fail(id, token, error).await.map(|_| ());
+        }
+        self.inner.mark_uncertain(id, token, error).await
     }
 
     async fn add_many(&self, tasks: Vec<TaskSpec>) -> Result<(), BoardError> {
@@ -898,6 +918,45 @@ async fn queue_suite_red_on_each_bug() {
         (
             |b| b.dead_entries_not_removed = true,
             &["dead_index_follows_death"],
+        ),
+    ];
+    red_on_each_bug(&checks, BrokenQueue::env, reds).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn outbox_suite_red_on_each_bug() {
+    use coord_conformance::outbox as outbox_suite;
+    let checks = outbox_suite::checks();
+    all_pass(
+        outbox_suite::checks(),
+        || BrokenQueue::env(QueueBugs::default()),
+        "bug-free BrokenQueue, outbox",
+    )
+    .await;
+    let reds: &[Red<'_, QueueBugs>] = &[
+        (
+            |b| b.hands_out_twice = true,
+            &["committed_runs_exactly_once"],
+        ),
+        (
+            |b| b.drops_at_most_once = true,
+            &["killed_mid_run_is_uncertain"],
+        ),
+        (
+            |b| b.uncertain_fails = true,
+            &["unknown_outcome_is_uncertain"],
+        ),
+        (
+            |b| b.fail_releases = true,
+            &["not_applied_retried_after_backoff"],
+        ),
+        (
+            |b| b.drops_retry_policy = true,
+            &["not_applied_retried_after_backoff"],
+        ),
+        (
+            |b| b.add_swallows_conflicts = true,
+            &["same_key_deduplicated"],
         ),
     ];
     red_on_each_bug(&checks, BrokenQueue::env, reds).await;

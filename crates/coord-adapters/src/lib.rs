@@ -26,6 +26,7 @@ pub mod guard;
 pub mod jitter;
 pub mod lock;
 pub mod maintenance;
+pub mod outbox;
 pub mod retention;
 pub mod runs;
 pub mod rwlock;

@@ -538,7 +538,8 @@ async fn retry(args: WriteArgs) -> Result<ExitCode, Error> {
     let Some(task) = views::task(&stores, id).await? else {
         return refuse("retry", format!("no task {id:?} on the board"));
     };
-    if task.state != "dead" {
+    // An uncertain task is retried on the operator's word that it did not run.
+    if task.state != "dead" && task.state != "uncertain" {
         return refuse(
             "retry",
             format!(

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use coord_backend::{Backend, Error, InvalidInput, Mutation};
 
-use super::record::{BackoffRecord, ClaimRecord, DoneRecord, TaskRecord};
+use super::record::{BackoffRecord, ClaimRecord, Death, DoneRecord, TaskRecord};
 use super::{
     validate_claim, validate_spec, validate_task_id, validate_ttl, Board, BoardError, ClaimedTask,
     Failed, RetryPolicy, Task, TaskSpec,
@@ -468,6 +468,7 @@ fn same_content(record: &TaskRecord, spec: &TaskSpec) -> bool {
         && record.priority == spec.priority
         && record.max_attempts == spec.retry.max_attempts
         && record.backoff == stored_backoff(spec)
+        && record.at_most_once == spec.at_most_once
 }
 
 impl BoardAdapter {
@@ -526,6 +527,7 @@ impl BoardAdapter {
             awaited: awaited || awaited_here.contains(&spec.id),
             indexed: None,
             dead_entry: None,
+            at_most_once: spec.at_most_once,
             nonce: Nonce::default(),
         };
         unviewed.extend(self.reindex(&mut record, now));
@@ -976,7 +978,7 @@ impl Board for BoardAdapter {
                     .is_some_and(|max| failed.attempts >= max)
                 {
                     return Ok(self
-                        .finish(view, &key, failed, now, false)?
+                        .finish(view, &key, failed, now, Death::OutOfAttempts)?
                         .map(|()| Failed::Dead));
                 }
                 let backoff = failed
@@ -998,6 +1000,25 @@ impl Board for BoardAdapter {
             .await
     }
 
+    async fn mark_uncertain(&self, id: &str, token: &str, error: &str) -> Result<(), BoardError> {
+        validate_task_id(id)?;
+        let key = self.task_key(id);
+        let now = self.space.now_millis();
+        let error = error.to_owned();
+        self.space
+            .engine()
+            .decide::<(), BoardError, _>(std::slice::from_ref(&key), |view| {
+                let record = self.read(view, id)?;
+                let record = self.holder_check(record.as_ref(), id, token, now)?.clone();
+                let unknown = TaskRecord {
+                    last_error: Some(format!("outcome unknown: {error}")),
+                    ..record
+                };
+                self.finish(view, &key, unknown, now, Death::Uncertain)
+            })
+            .await
+    }
+
     async fn cancel(&self, id: &str) -> Result<(), BoardError> {
         validate_task_id(id)?;
         let key = self.task_key(id);
@@ -1014,7 +1035,7 @@ impl Board for BoardAdapter {
                 if record.dead.as_ref().is_some_and(|d| d.cancelled) {
                     return Ok(Decision::Return(()));
                 }
-                self.finish(view, &key, record, now, true)
+                self.finish(view, &key, record, now, Death::Cancelled)
             })
             .await
     }

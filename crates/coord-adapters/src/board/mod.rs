@@ -101,6 +101,10 @@ pub struct TaskSpec {
     pub run_at: Option<SystemTime>,
     /// Failed attempts allowed, and the wait after each one.
     pub retry: RetryPolicy,
+    /// Run at most once: a claim whose lease ran out is not taken over,
+    /// the task becomes [`TaskState::Uncertain`] instead (see
+    /// [`TaskSpec::at_most_once`]).
+    pub at_most_once: bool,
 }
 
 /// How a task is retried after a failed attempt ([`Board::fail`], or a
@@ -212,6 +216,9 @@ impl Debug for TaskState {
                 .field("result", &Bytes(result))
                 .finish(),
             TaskState::Dead { error } => f.debug_struct("Dead").field("error", error).finish(),
+            TaskState::Uncertain { error } => {
+                f.debug_struct("Uncertain").field("error", error).finish()
+            }
             TaskState::Cancelled => f.write_str("Cancelled"),
         }
     }
@@ -228,7 +235,21 @@ impl TaskSpec {
             priority: 0,
             run_at: None,
             retry: RetryPolicy::default(),
+            at_most_once: false,
         }
+    }
+
+    /// The same task, run at most once: a holder whose claim runs out may
+    /// have run it, so nobody takes it over; the next claim attempt makes
+    /// it [`TaskState::Uncertain`] (as does [`Board::mark_uncertain`]),
+    /// which only an operator's verdict ends ([`Board::retry_dead`]: it
+    /// did not run; [`Board::cancel`]: leave it). A [`Board::fail`] still
+    /// says "it did not take effect", so it is retried as its
+    /// [`RetryPolicy`] says. What the side-effect `Runner` promises per
+    /// key, on a queued task (the outbox runs on it).
+    pub fn at_most_once(mut self) -> Self {
+        self.at_most_once = true;
+        self
     }
 
     /// The same task in `queue` (non-empty, no `/`), so
@@ -329,6 +350,14 @@ pub enum TaskState {
     },
     /// Cancelled ([`Board::cancel`]): never claimed again.
     Cancelled,
+    /// An at-most-once task whose last attempt's outcome is unknown (its
+    /// claim ran out, or its holder said so with [`Board::mark_uncertain`]):
+    /// never claimed again until [`Board::retry_dead`] (it did not run) or
+    /// [`Board::cancel`] (leave it).
+    Uncertain {
+        /// Why its outcome is unknown.
+        error: Option<String>,
+    },
 }
 
 /// A successful claim (or renewal): the credentials for renew / release / complete.
@@ -638,6 +667,17 @@ pub trait Board: Send + Sync + Debug {
         Err(BoardError::Unsupported { what: "fail" })
     }
 
+    /// The holder of `token` does not know whether its attempt took effect
+    /// (`error` says why): the task becomes [`TaskState::Uncertain`], never
+    /// claimed again until an operator's verdict (see
+    /// [`TaskSpec::at_most_once`]).
+    async fn mark_uncertain(&self, id: &str, token: &str, error: &str) -> Result<(), BoardError> {
+        let _ = (id, token, error);
+        Err(BoardError::Unsupported {
+            what: "mark_uncertain",
+        })
+    }
+
     /// Cancel a task that is not completed: never claimed again. A live
     /// claim's holder finds its lease lost.
     async fn cancel(&self, id: &str) -> Result<(), BoardError> {
@@ -645,7 +685,8 @@ pub trait Board: Send + Sync + Debug {
         Err(BoardError::Unsupported { what: "cancel" })
     }
 
-    /// Make a dead task claimable again, its attempts counted from zero.
+    /// Make a dead (or uncertain) task claimable again, its attempts
+    /// counted from zero.
     async fn retry_dead(&self, id: &str) -> Result<(), BoardError> {
         let _ = id;
         Err(BoardError::Unsupported { what: "retry_dead" })

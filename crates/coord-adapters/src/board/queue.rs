@@ -796,6 +796,16 @@ impl BoardAdapter {
         now: u64,
     ) -> Result<crate::cas::Decision<Option<super::ClaimedTask>>, BoardError> {
         if let Some(expired) = record.claim.take() {
+            if record.at_most_once {
+                // Its holder may have run it: never again without a verdict.
+                record.last_error = Some(format!(
+                    "outcome unknown: the claim of {:?} ran out before it completed or failed",
+                    expired.agent
+                ));
+                return self
+                    .finish(view, key, record, now, super::record::Death::Uncertain)
+                    .map(|d| d.map(|()| None));
+            }
             record.last_error = Some(format!("the lease of {:?} ran out", expired.agent));
             if record
                 .max_attempts
@@ -840,19 +850,20 @@ impl BoardAdapter {
         record: TaskRecord,
         now: u64,
     ) -> Result<crate::cas::Decision<()>, BoardError> {
-        self.finish(view, key, record, now, false)
+        self.finish(view, key, record, now, super::record::Death::OutOfAttempts)
     }
 
-    /// `record` made dead (`cancelled`: by an operator) at `now`, indexed
-    /// for retention like a completion.
+    /// `record` stopped for good at `now` (`death` says why), indexed for
+    /// retention like a completion.
     pub(super) fn finish(
         &self,
         view: &crate::cas::View,
         key: &str,
         record: TaskRecord,
         now: u64,
-        cancelled: bool,
+        death: super::record::Death,
     ) -> Result<crate::cas::Decision<()>, BoardError> {
+        use super::record::Death;
         let index = self.done_index();
         if !view.contains(&index.cursor()) {
             return Ok(crate::cas::Decision::Expand(vec![index.cursor()]));
@@ -861,7 +872,8 @@ impl BoardAdapter {
             claim: None,
             dead: Some(DeadRecord {
                 at_ms: now,
-                cancelled,
+                cancelled: death == Death::Cancelled,
+                uncertain: death == Death::Uncertain,
             }),
             nonce: crate::cas::Nonce::default(),
             ..record

@@ -69,6 +69,10 @@ pub(super) struct TaskRecord {
     /// `indexed` (see `queue.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) dead_entry: Option<String>,
+    /// At most once: a claim that ran out is not taken over, the task
+    /// becomes uncertain instead (see [`super::TaskSpec::at_most_once`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) at_most_once: bool,
     /// Fresh per write, so an indeterminate txn can be told apart from
     /// someone else's identical write.
     pub(super) nonce: Nonce,
@@ -99,6 +103,21 @@ pub(super) struct DeadRecord {
     /// Cancelled by an operator rather than out of attempts.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(super) cancelled: bool,
+    /// Stopped with its last attempt's outcome unknown (an at-most-once
+    /// task whose claim ran out, or whose holder said so): it may have run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) uncertain: bool,
+}
+
+/// How a task stops for good short of completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Death {
+    /// Its last allowed attempt failed.
+    OutOfAttempts,
+    /// Its last attempt's outcome is unknown (see [`DeadRecord::uncertain`]).
+    Uncertain,
+    /// An operator cancelled it.
+    Cancelled,
 }
 
 // No `Debug`: it holds a token or stored bytes; see coord_backend::redact.
@@ -178,6 +197,9 @@ impl TaskRecord {
                 result: done.result.clone(),
             },
             (None, _) if self.dead.as_ref().is_some_and(|d| d.cancelled) => TaskState::Cancelled,
+            (None, _) if self.dead.as_ref().is_some_and(|d| d.uncertain) => TaskState::Uncertain {
+                error: self.last_error.clone(),
+            },
             (None, _) if self.dead.is_some() => TaskState::Dead {
                 error: self.last_error.clone(),
             },
@@ -261,6 +283,7 @@ mod tests {
             awaited: false,
             indexed: None,
             dead_entry: None,
+            at_most_once: false,
             nonce: Nonce::default(),
         };
         let bytes = record.to_bytes();

@@ -62,6 +62,7 @@ fn task_view(task: Task) -> TaskView {
         TaskState::Completed { agent, .. } => ("completed", Some(agent), None),
         TaskState::Dead { .. } => ("dead", None, None),
         TaskState::Cancelled => ("cancelled", None, None),
+        TaskState::Uncertain { .. } => ("uncertain", None, None),
         _ => ("unknown", None, None),
     };
     TaskView {
