@@ -334,6 +334,94 @@ pub(super) async fn queue_actor(actor: Actor) {
     }
 }
 
+/// An outbox dispatcher: enqueues an intent of its own now and then (once:
+/// an error is an answer in doubt, never retried), and dispatches, its
+/// handler working 50 ms to 5 s (past its 3 s lease at times) and answering
+/// "applied" (8 in 10), "nothing took effect" or "unknown"; sometimes it
+/// walks away mid-run, as a killed process does.
+pub(super) async fn outbox_actor(actor: Actor) {
+    use coord_adapters::outbox::{HandlerError, Outbox};
+    let (inst, log, shared, mut rng, end) = actor.parts();
+    let board = BoardAdapter::with_options(
+        inst.backend(),
+        BoardOptions::default()
+            .with_clock(inst.clock.clone())
+            .with_key_prefix(OUTBOX_PREFIX),
+    );
+    let outbox = Outbox::over(Arc::new(board), OUTBOX).expect("the outbox");
+    let who = inst.name.clone();
+    let dispatcher = outbox.dispatcher(&who).with_ttl(LOCK_TTL);
+    let mut enqueued = 0u32;
+    while Instant::now() < end {
+        inst.wait_running().await;
+        if rng.random_bool(0.3) {
+            let key = format!("{who}-{enqueued}");
+            enqueued += 1;
+            let added = outbox.enqueue(&key, who.clone().into_bytes()).await;
+            log.event(
+                &who,
+                format!("enqueue {key}: {}", said(added.as_ref().map(|_| ()))),
+            );
+            if added.is_ok() {
+                facts(&shared).outbox_enqueued.insert(key);
+            }
+        }
+        let work = Duration::from_millis(rng.random_range(50..5000));
+        let roll = rng.random_range(0..10);
+        let walk_away = rng.random_bool(0.05);
+        let (me, shared2, inst2) = (who.clone(), shared.clone(), inst.clone());
+        let run = dispatcher.dispatch_next(move |intent| async move {
+            let index = {
+                let mut f = facts(&shared2);
+                f.clock += 1;
+                let started = f.clock;
+                let runs = f.outbox_runs.entry(intent.key.clone()).or_default();
+                runs.push(OutboxRun {
+                    who: me.clone(),
+                    started,
+                    answered: None,
+                    declined: false,
+                });
+                runs.len() - 1
+            };
+            tokio::time::sleep(work).await;
+            inst2.wait_running().await;
+            let declined = roll == 8;
+            {
+                let mut f = facts(&shared2);
+                f.clock += 1;
+                let at = f.clock;
+                let run = &mut f.outbox_runs.get_mut(&intent.key).expect("recorded")[index];
+                run.answered = Some(at);
+                run.declined = declined;
+            }
+            match roll {
+                8 => Err(HandlerError::not_applied("simulated refusal")),
+                9 => Err(HandlerError::unknown("simulated timeout")),
+                _ => Ok(me.into_bytes()),
+            }
+        });
+        let done = if walk_away {
+            // Killed mid-run: the future is dropped, its claim runs out.
+            tokio::time::timeout(Duration::from_millis(30), run)
+                .await
+                .ok()
+        } else {
+            Some(run.await)
+        };
+        match done {
+            Some(Ok(Some(dispatched))) => {
+                count(&shared, "outbox dispatches");
+                log.event(&who, format!("dispatched {dispatched:?}"));
+            }
+            Some(Ok(None)) => {}
+            Some(Err(e)) => log.event(&who, format!("dispatch: {}", kind(&e.to_string()))),
+            None => log.event(&who, "walked away mid-dispatch".to_owned()),
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(20..300))).await;
+    }
+}
+
 pub(super) async fn runner_actor(actor: Actor) {
     let (inst, log, shared, mut rng, end) = actor.parts();
     let runner = Runner::new(Arc::new(SideEffectAdapter::with_clock(

@@ -11,8 +11,8 @@ use coord_backend::{Backend, Clock};
 
 use super::recipes::{check_all_free, check_holdings, check_recipe_grants_reached};
 use super::{
-    read_counter, Facts, Grant, LockKind, SlotRun, ACTIONS, EPOCH_MS, LOCK_TTL, QUEUE, QUEUED,
-    SCHEDULER_JOB, SCHEDULER_WINDOW, TASKS,
+    read_counter, Facts, Grant, LockKind, OutboxRun, SlotRun, ACTIONS, EPOCH_MS, LOCK_TTL, OUTBOX,
+    OUTBOX_PREFIX, QUEUE, QUEUED, SCHEDULER_JOB, SCHEDULER_WINDOW, TASKS,
 };
 
 /// One lock's invariants: unique fences; validity windows in fence order
@@ -193,6 +193,7 @@ pub(super) async fn check(
         }
     }
     check_queue_drains(f, store, clock.as_ref(), violations).await;
+    check_outbox(f, store, clock.as_ref(), violations).await;
     // Scheduler: at most one run per slot.
     // A slot runs again only as a takeover, after the earlier run stopped
     // acting on it (its lease lost or its work done).
@@ -287,6 +288,95 @@ async fn check_queue_drains(
                     "queued task {id} was completed (answered Ok) and claimed again by the drain"
                 ));
             }
+        }
+    }
+}
+
+/// Outbox: no intent runs twice, none committed is lost. 90 minutes later
+/// (every lease and backoff over, yet within the hour the final retention
+/// check leaves a completion), a clean dispatcher drains the outbox;
+/// then every intent whose enqueue was answered Ok is completed, dead or
+/// uncertain (or was pruned once final), and for every key each run after
+/// the first started only after the one before it answered "nothing took
+/// effect".
+async fn check_outbox(
+    f: &Facts,
+    store: &Arc<dyn Backend>,
+    clock: &dyn Clock,
+    violations: &mut Vec<String>,
+) {
+    use coord_adapters::outbox::{HandlerError, Outbox};
+    let later = Arc::new(coord_backend::ManualClock::at_millis(
+        clock.now_millis() + 90 * 60_000,
+    ));
+    let board = BoardAdapter::with_options(
+        store.clone(),
+        BoardOptions::default()
+            .with_clock(later)
+            .with_key_prefix(OUTBOX_PREFIX),
+    );
+    let outbox = Outbox::over(Arc::new(board), OUTBOX).expect("the outbox");
+    let dispatcher = outbox.dispatcher("checker");
+    let drained: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    loop {
+        let seen = drained.clone();
+        let step = dispatcher
+            .dispatch_next(move |intent| {
+                seen.lock().unwrap().push(intent.key);
+                std::future::ready(Ok::<_, HandlerError>(b"checker".to_vec()))
+            })
+            .await;
+        match step {
+            Ok(Some(_)) => {}
+            Ok(None) => break,
+            Err(e) => {
+                violations.push(format!("outbox drain: {e}"));
+                return;
+            }
+        }
+    }
+    let drained = drained.lock().unwrap().clone();
+    let final_event = u64::MAX;
+    for (key, runs) in &f.outbox_runs {
+        let mut runs: Vec<&OutboxRun> = runs.iter().collect();
+        let drain_run = OutboxRun {
+            who: "checker".to_owned(),
+            started: final_event,
+            answered: Some(final_event),
+            declined: false,
+        };
+        if drained.contains(key) {
+            runs.push(&drain_run);
+        }
+        for pair in runs.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            let followed_a_decline = a.declined && a.answered.is_some_and(|at| at < b.started);
+            if !followed_a_decline {
+                violations.push(format!(
+                    "outbox intent {key} ran twice: {} (from event {}, answered {:?}, declined {}) \
+                     then {} (from event {})",
+                    a.who, a.started, a.answered, a.declined, b.who, b.started
+                ));
+            }
+        }
+    }
+    for key in &f.outbox_enqueued {
+        let ran = f.outbox_runs.contains_key(key) || drained.contains(key);
+        match outbox.status(key).await {
+            Ok(task) => match &task.state {
+                TaskState::Completed { .. }
+                | TaskState::Dead { .. }
+                | TaskState::Uncertain { .. } => {}
+                state => violations.push(format!(
+                    "outbox intent {key} is neither completed, dead nor uncertain after the drain: \
+                     {state:?}"
+                )),
+            },
+            Err(BoardError::NotFound { .. }) if ran => {}
+            Err(BoardError::NotFound { .. }) => violations.push(format!(
+                "outbox intent {key} was committed, never ran, and is gone"
+            )),
+            Err(e) => violations.push(format!("outbox intent {key} unreadable at the end: {e}")),
         }
     }
 }

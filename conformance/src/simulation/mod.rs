@@ -90,7 +90,7 @@
 //!   claim and no running entry of the scheduler's job (a run whose finish
 //!   was lost and that nobody took over is forgotten too).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -111,8 +111,8 @@ mod check;
 mod recipes;
 
 use actors::{
-    behind_runner, board_actor, board_maintainer, lock_actor, queue_actor, reclaimer, runner_actor,
-    start_scheduler, Actor,
+    behind_runner, board_actor, board_maintainer, lock_actor, outbox_actor, queue_actor, reclaimer,
+    runner_actor, start_scheduler, Actor,
 };
 use check::check;
 use recipes::{election_actor, rwlock_actor, semaphore_actor, Holding};
@@ -332,7 +332,24 @@ struct Facts {
     lock_errors: BTreeMap<LockKind, u64>,
     /// slot → instances that ran it.
     slot_runs: BTreeMap<u64, Vec<SlotRun>>,
+    /// outbox intent key → each run of its handler, in start order.
+    outbox_runs: BTreeMap<String, Vec<OutboxRun>>,
+    /// Intent keys whose enqueue was answered Ok (committed).
+    outbox_enqueued: BTreeSet<String>,
     stats: BTreeMap<&'static str, u64>,
+}
+
+/// One run of an outbox handler.
+#[derive(Debug)]
+struct OutboxRun {
+    who: String,
+    /// Event numbers: when it started, and when it answered (`None`: it
+    /// never did, its dispatcher walked away or was dropped).
+    started: u64,
+    answered: Option<u64>,
+    /// It answered "nothing took effect" (the only run a later run may
+    /// follow).
+    declined: bool,
 }
 
 #[derive(Debug)]
@@ -366,6 +383,14 @@ const TASKS: usize = 6;
 /// 1-2 s backoff) and `qd<i>` waiting on each.
 const QUEUE: &str = "q";
 const QUEUED: usize = 6;
+/// The outbox the outbox dispatchers drain: `OUTBOX_SEEDED` intents
+/// committed before work, more enqueued by the dispatchers under faults.
+const OUTBOX: &str = "sim";
+const OUTBOX_SEEDED: usize = 8;
+/// The outbox's board lives under a prefix of its own: its completions
+/// would otherwise crowd the board maintainer's small prunes, and the
+/// tasks' next lives it exercises would become rare.
+const OUTBOX_PREFIX: &str = "obx/";
 const ACTIONS: usize = 40;
 
 async fn simulate(seed: u64, options: SimOptions) -> SimReport {
@@ -402,6 +427,7 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
     let fair_lockers: Vec<_> = (0..3).map(|i| make(format!("f{i}"), 50 + i)).collect();
     let workers: Vec<_> = (0..2).map(|i| make(format!("w{i}"), 20 + i)).collect();
     let queue_workers: Vec<_> = (0..3).map(|i| make(format!("q{i}"), 110 + i)).collect();
+    let dispatchers: Vec<_> = (0..3).map(|i| make(format!("o{i}"), 120 + i)).collect();
     let board_keeper = make("b0".to_owned(), 60);
     // Completes side effects on a clock two minutes behind everyone else's.
     let late_runner = make("r3".to_owned(), 33);
@@ -446,8 +472,28 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
             .expect("seeding the queue");
     }
 
+    let outbox = coord_adapters::outbox::Outbox::over(
+        Arc::new(BoardAdapter::with_options(
+            store.clone(),
+            BoardOptions::default().with_key_prefix(OUTBOX_PREFIX),
+        )),
+        OUTBOX,
+    )
+    .expect("the simulation's outbox");
+    for i in 0..OUTBOX_SEEDED {
+        let key = format!("seed-{i}");
+        outbox
+            .enqueue(&key, b"seeded".to_vec())
+            .await
+            .expect("seeding the outbox");
+        facts(&shared).outbox_enqueued.insert(key);
+    }
+
     let mut tasks = Vec::new();
     let actor = |inst: &Arc<Instance>, salt: u64| Actor::new(inst, &log, &shared, seed ^ salt, end);
+    for (i, inst) in dispatchers.iter().enumerate() {
+        tasks.push(tokio::spawn(outbox_actor(actor(inst, 1200 + i as u64))));
+    }
     for (i, inst) in queue_workers.iter().enumerate() {
         tasks.push(tokio::spawn(queue_actor(actor(inst, 1100 + i as u64))));
     }
@@ -486,6 +532,7 @@ async fn simulate(seed: u64, options: SimOptions) -> SimReport {
         .chain(&fair_lockers)
         .chain(&workers)
         .chain(&queue_workers)
+        .chain(&dispatchers)
         .chain(&runners)
         .chain([&board_keeper, &late_runner])
         .chain(&permit_takers)
