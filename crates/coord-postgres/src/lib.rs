@@ -128,6 +128,82 @@
 //! Snapshots and key listings never write, so their failures are always
 //! [`Error::Unavailable`].
 //!
+//! # In the caller's transaction
+//!
+//! [`InTransaction`] is a coord store bound to ONE open transaction of the
+//! caller's own `sqlx::PgPool`: adapters built over it
+//! (`BoardAdapter::new(in_tx.clone())`, `SideEffectAdapter`, `GenericLock`,
+//! `BackendFencedSink`, …) write their records in that transaction, so they
+//! commit or roll back with the caller's rows. [`InTransaction::begin`]
+//! opens the transaction (`BEGIN ISOLATION LEVEL READ COMMITTED`, whatever
+//! the database's default); [`InTransaction::from_transaction`] binds one
+//! the caller began; [`InTransaction::conn`] lends its connection for the
+//! caller's statements; [`InTransaction::commit`] / [`InTransaction::rollback`]
+//! end it. The statements are the pooled store's (same table, `coord_txn`,
+//! same fast path, same version, tombstone and floor rules); what differs:
+//!
+//! - **The schema must exist**: [`PostgresBackend::connect`] creates it, so
+//!   connect one once per database (the process needs one anyway for
+//!   maintenance). A missing table or function is [`Error::Config`] naming
+//!   that fix. The pooled store also announces the process's storage format
+//!   (`coord_backend::reclaim`, "Mixed versions"); nothing is announced
+//!   inside the caller's transaction.
+//! - **Isolation**: `coord_txn` is correct at READ COMMITTED only
+//!   ("Atomicity boundary" above) and refuses any other level: a
+//!   transaction the caller began at REPEATABLE READ or SERIALIZABLE fails
+//!   every coord txn with [`Error::Config`] naming READ COMMITTED.
+//! - **Answers**: a txn whose asserts hold is applied *within the
+//!   transaction*: later calls through the same `InTransaction` see it,
+//!   other clients do not until COMMIT. A failed assert is a plain rejection
+//!   ([`TxnOutcome`] with `applied = false` and the current entries), as on
+//!   the pooled store. A call never answers [`Error::Indeterminate`]: nothing
+//!   commits before the caller's COMMIT, and a broken connection rolls the
+//!   whole transaction back, so a call that broke is [`Error::Unavailable`]
+//!   (the COMMIT then fails and decides). So are serialization failures and
+//!   deadlocks (SQLSTATE class 40): retry the WHOLE transaction.
+//! - **Any error aborts the transaction.** PostgreSQL refuses every
+//!   statement after one that failed (SQLSTATE 25P02) and turns the COMMIT
+//!   into a ROLLBACK; a coord call that failed (or was cancelled while its
+//!   statement ran) also marks the `InTransaction`: later calls through it
+//!   are refused and [`InTransaction::commit`] rolls back and answers
+//!   [`Error::Unavailable`]. It also notices a failed statement of the
+//!   caller's own (a `SELECT 1` before COMMIT, one round trip), which sqlx
+//!   would otherwise report as a successful commit.
+//! - **Commit**: [`Error::Unavailable`] when the server refused or rolled
+//!   back (nothing applied), [`Error::Indeterminate`] when COMMIT was sent
+//!   and its answer lost (it may have committed). After COMMIT or ROLLBACK
+//!   every call, and `conn`, is refused with [`Error::InvalidInput`] and
+//!   sends nothing. Dropping the last reference to an open one rolls back.
+//! - **Locks until COMMIT.** `coord_txn` and the fast path take advisory
+//!   *transaction* locks on every key they write (exclusive) or only assert
+//!   (shared), and here the transaction is the caller's: a coord record
+//!   written in a long transaction blocks every other writer of that record
+//!   until the caller commits or rolls back. Two callers' transactions
+//!   taking coord keys in different orders can deadlock; PostgreSQL detects
+//!   it and aborts one (40P01, [`Error::Unavailable`]: retry it). So do two
+//!   transactions deciding on the same coord record at once, usually: the
+//!   adapters' CAS engine confirms a guess with an assert-only txn, whose
+//!   shared lock is now held until COMMIT, and each then needs the lock
+//!   exclusive to write. One of them is aborted and retried, never both
+//!   granted.
+//! - **No waiting for other clients.** Because the transaction holds those
+//!   locks, waiting inside it for another client's commit (a lock wait, a
+//!   `claim_next_wait`, …) could wait on a client that needs the locks it
+//!   holds, until its timeout. So [`Backend::changes`] is a [`Changes`] whose
+//!   `watch` always fails with [`Error::Unsupported`] ("waiting for other
+//!   clients' commits inside a caller's transaction"), and the adapters
+//!   refuse every call that would have to wait; a call that succeeds at once
+//!   works. The writes notify the pooled stores' watchers when they commit.
+//! - **Maintenance** ([`Backend::reclaim`]) is refused
+//!   ([`Error::Unsupported`]): run it on the pooled [`PostgresBackend`].
+//! - **Prepared statements**: the statements are prepared on the caller's
+//!   connection at their first use there (sqlx caches them per connection).
+//!   Behind a transaction pooler the transaction is one server session, so
+//!   it works, provided the pooler keeps prepared statements apart per client
+//!   (PgBouncer 1.21+ `max_prepared_statements`), as any sqlx client's
+//!   prepared statements need; otherwise a call fails with [`Error::Config`]
+//!   saying so.
+//!
 //! # Several hosts
 //!
 //! A URL may name a primary and its standbys in libpq's form,
@@ -205,6 +281,7 @@
 mod changes;
 mod errors;
 mod fast;
+mod in_transaction;
 mod options;
 mod pooled;
 mod schema;
@@ -221,6 +298,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, Executor, PgConnection};
 use statements::Statement;
 
+pub use in_transaction::{InTransaction, TransactionConn};
 pub use options::PostgresOptions;
 pub use schema::SCHEMA_SQL;
 pub use servers::Servers;

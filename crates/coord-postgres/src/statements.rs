@@ -1,8 +1,9 @@
 //! The statements of the three primitives and the decoding of their rows,
 //! written once and run by every way this crate reaches the server: the
-//! store's own sessions ([`crate::PostgresBackend`], prepared statements)
-//! and a transaction pooler (`pooled.rs`, the same statements with their
-//! parameters inlined). Each of them is a [`Session`]: it runs a
+//! store's own sessions ([`crate::PostgresBackend`], prepared statements),
+//! a transaction pooler (`pooled.rs`, the same statements with their
+//! parameters inlined) and the caller's transaction
+//! ([`crate::InTransaction`]). Each of them is a [`Session`]: it runs a
 //! [`Statement`] and maps its own errors; the flow around the statements
 //! (the single-key fast path, then `coord_txn`) and the reading of their
 //! rows live here only.
