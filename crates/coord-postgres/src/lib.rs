@@ -204,6 +204,9 @@
 //!   prepared statements need; otherwise a call fails with [`Error::Config`]
 //!   saying so.
 //!
+//! [`fenced`] writes the caller's own rows only under a fencing token at
+//! least as high as the row has seen, in the same transaction.
+//!
 //! # Several hosts
 //!
 //! A URL may name a primary and its standbys in libpq's form,
@@ -281,6 +284,7 @@
 mod changes;
 mod errors;
 mod fast;
+pub mod fenced;
 mod in_transaction;
 mod options;
 mod pooled;
