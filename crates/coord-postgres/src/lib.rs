@@ -194,6 +194,11 @@
 //!   clients' commits inside a caller's transaction"), and the adapters
 //!   refuse every call that would have to wait; a call that succeeds at once
 //!   works. The writes notify the pooled stores' watchers when they commit.
+//!   A coord write also holds `ACCESS SHARE` on `coord_watch` until COMMIT,
+//!   and a pooled store's new change listener waits (up to 5 s) for every
+//!   transaction holding it before its first watch returns: a caller's
+//!   transaction left open longer makes that watch fail and its waiters
+//!   poll (latency, never correctness).
 //! - **Maintenance** ([`Backend::reclaim`]) is refused
 //!   ([`Error::Unsupported`]): run it on the pooled [`PostgresBackend`].
 //! - **Prepared statements**: the statements are prepared on the caller's
