@@ -135,6 +135,106 @@ pub(crate) fn txn(error: sqlx::Error, completed: bool) -> Error {
     }
 }
 
+/// SQLSTATEs `undefined_function` (42883) and `undefined_table` (42P01):
+/// the coord schema is not in this database (or not on the session's
+/// `search_path`).
+const SCHEMA_MISSING_CODES: [&str; 2] = ["42883", "42P01"];
+
+/// SQLSTATE `in_failed_sql_transaction`: an earlier statement of the
+/// transaction failed, so the server refuses every statement until ROLLBACK.
+pub(crate) const TRANSACTION_ABORTED: &str = "25P02";
+
+/// An error of a statement run inside the caller's transaction
+/// ([`crate::InTransaction`]). Never `Indeterminate`: whatever happened,
+/// nothing is committed before the caller's COMMIT, and a statement that
+/// failed aborted the transaction (the server refuses every later statement
+/// with 25P02 and turns its COMMIT into a ROLLBACK); a broken connection
+/// rolls it back. So the caller retries the whole transaction:
+/// - SQLSTATE class 40 (serialization failure, deadlock between two
+///   transactions taking coord keys in different orders):
+///   [`Error::Unavailable`];
+/// - `CO001` (`coord_txn` refuses an isolation level other than READ
+///   COMMITTED) and a missing schema (42883, 42P01): [`Error::Config`]
+///   naming the fix;
+/// - a prepared statement the session lacks or holds under another client's
+///   name (a transaction pooler): [`Error::Config`] (see [`shared_session`]);
+/// - anything else, a lost connection included: [`Error::Unavailable`].
+pub(crate) fn in_transaction(what: &str, error: sqlx::Error) -> Error {
+    if shows_shared_session(&error) {
+        return Error::Config(format!(
+            "{what} in the caller's transaction: {error}: a pooler shares server sessions \
+             between clients and this statement was prepared on another one: behind PgBouncer \
+             in pool_mode = transaction, set max_prepared_statements (PgBouncer 1.21+) or use \
+             pool_mode = session; the transaction is aborted"
+        ));
+    }
+    let code = match &error {
+        sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+        _ => None,
+    };
+    match code.as_deref() {
+        Some(c) if c.starts_with("40") => Error::unavailable(
+            format!(
+                "{what} in the caller's transaction: PostgreSQL rolled the transaction back \
+                 (serialization failure or deadlock); retry the whole transaction"
+            ),
+            error,
+        ),
+        Some(ISOLATION_REFUSED) => Error::Config(format!(
+            "{what} in the caller's transaction: {error}: coord_txn runs at READ COMMITTED only; \
+             begin the transaction with BEGIN ISOLATION LEVEL READ COMMITTED \
+             (InTransaction::begin does); the transaction is aborted"
+        )),
+        Some(c) if SCHEMA_MISSING_CODES.contains(&c) => Error::Config(format!(
+            "{what} in the caller's transaction: {error}: the coord schema is missing in this \
+             database (or not on the search_path): connect a PostgresBackend once to create \
+             the schema; the transaction is aborted"
+        )),
+        Some(TRANSACTION_ABORTED) => Error::unavailable(
+            format!(
+                "{what} in the caller's transaction: an earlier statement of the transaction \
+                 failed, so PostgreSQL refuses every statement until ROLLBACK; roll back and \
+                 retry the whole transaction"
+            ),
+            error,
+        ),
+        Some(_) => Error::unavailable(
+            format!(
+                "{what} in the caller's transaction failed; the transaction is aborted, \
+                 roll back and retry it"
+            ),
+            error,
+        ),
+        None => Error::unavailable(
+            format!(
+                "{what} in the caller's transaction: the connection failed, which rolls the \
+                 transaction back; retry the whole transaction"
+            ),
+            error,
+        ),
+    }
+}
+
+/// An error of the caller's COMMIT ([`crate::InTransaction::commit`]):
+/// an error response is the server refusing it (it rolled back:
+/// [`Error::Unavailable`]) unless it says the session went away
+/// ([`connection_gone`]); a lost connection after sending leaves the commit
+/// unknown: [`Error::Indeterminate`].
+pub(crate) fn commit(error: sqlx::Error) -> Error {
+    match error {
+        sqlx::Error::Database(db) if !connection_gone(db.code().as_deref()) => Error::unavailable(
+            "COMMIT refused by PostgreSQL: the transaction rolled back; nothing of it \
+                 was applied, retry the whole transaction",
+            db,
+        ),
+        other => Error::indeterminate(
+            "the connection failed after COMMIT was sent: the transaction may or may not \
+             have committed; re-read to learn which",
+            other,
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::connection_gone;

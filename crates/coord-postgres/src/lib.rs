@@ -128,6 +128,90 @@
 //! Snapshots and key listings never write, so their failures are always
 //! [`Error::Unavailable`].
 //!
+//! # In the caller's transaction
+//!
+//! [`InTransaction`] is a coord store bound to ONE open transaction of the
+//! caller's own `sqlx::PgPool`: adapters built over it
+//! (`BoardAdapter::new(in_tx.clone())`, `SideEffectAdapter`, `GenericLock`,
+//! `BackendFencedSink`, …) write their records in that transaction, so they
+//! commit or roll back with the caller's rows. [`InTransaction::begin`]
+//! opens the transaction (`BEGIN ISOLATION LEVEL READ COMMITTED`, whatever
+//! the database's default); [`InTransaction::from_transaction`] binds one
+//! the caller began; [`InTransaction::conn`] lends its connection for the
+//! caller's statements; [`InTransaction::commit`] / [`InTransaction::rollback`]
+//! end it. The statements are the pooled store's (same table, `coord_txn`,
+//! same fast path, same version, tombstone and floor rules); what differs:
+//!
+//! - **The schema must exist**: [`PostgresBackend::connect`] creates it, so
+//!   connect one once per database (the process needs one anyway for
+//!   maintenance). A missing table or function is [`Error::Config`] naming
+//!   that fix. The pooled store also announces the process's storage format
+//!   (`coord_backend::reclaim`, "Mixed versions"); nothing is announced
+//!   inside the caller's transaction.
+//! - **Isolation**: `coord_txn` is correct at READ COMMITTED only
+//!   ("Atomicity boundary" above) and refuses any other level: a
+//!   transaction the caller began at REPEATABLE READ or SERIALIZABLE fails
+//!   every coord txn with [`Error::Config`] naming READ COMMITTED.
+//! - **Answers**: a txn whose asserts hold is applied *within the
+//!   transaction*: later calls through the same `InTransaction` see it,
+//!   other clients do not until COMMIT. A failed assert is a plain rejection
+//!   ([`TxnOutcome`] with `applied = false` and the current entries), as on
+//!   the pooled store. A call never answers [`Error::Indeterminate`]: nothing
+//!   commits before the caller's COMMIT, and a broken connection rolls the
+//!   whole transaction back, so a call that broke is [`Error::Unavailable`]
+//!   (the COMMIT then fails and decides). So are serialization failures and
+//!   deadlocks (SQLSTATE class 40): retry the WHOLE transaction.
+//! - **Any error aborts the transaction.** PostgreSQL refuses every
+//!   statement after one that failed (SQLSTATE 25P02) and turns the COMMIT
+//!   into a ROLLBACK; a coord call that failed (or was cancelled while its
+//!   statement ran) also marks the `InTransaction`: later calls through it
+//!   are refused and [`InTransaction::commit`] rolls back and answers
+//!   [`Error::Unavailable`]. It also notices a failed statement of the
+//!   caller's own (a `SELECT 1` before COMMIT, one round trip), which sqlx
+//!   would otherwise report as a successful commit.
+//! - **Commit**: [`Error::Unavailable`] when the server refused or rolled
+//!   back (nothing applied), [`Error::Indeterminate`] when COMMIT was sent
+//!   and its answer lost (it may have committed). After COMMIT or ROLLBACK
+//!   every call, and `conn`, is refused with [`Error::InvalidInput`] and
+//!   sends nothing. Dropping the last reference to an open one rolls back.
+//! - **Locks until COMMIT.** `coord_txn` and the fast path take advisory
+//!   *transaction* locks on every key they write (exclusive) or only assert
+//!   (shared), and here the transaction is the caller's: a coord record
+//!   written in a long transaction blocks every other writer of that record
+//!   until the caller commits or rolls back. Two callers' transactions
+//!   taking coord keys in different orders can deadlock; PostgreSQL detects
+//!   it and aborts one (40P01, [`Error::Unavailable`]: retry it). So do two
+//!   transactions deciding on the same coord record at once, usually: the
+//!   adapters' CAS engine confirms a guess with an assert-only txn, whose
+//!   shared lock is now held until COMMIT, and each then needs the lock
+//!   exclusive to write. One of them is aborted and retried, never both
+//!   granted.
+//! - **No waiting for other clients.** Because the transaction holds those
+//!   locks, waiting inside it for another client's commit (a lock wait, a
+//!   `claim_next_wait`, …) could wait on a client that needs the locks it
+//!   holds, until its timeout. So [`Backend::changes`] is a [`Changes`] whose
+//!   `watch` always fails with [`Error::Unsupported`] ("waiting for other
+//!   clients' commits inside a caller's transaction"), and the adapters
+//!   refuse every call that would have to wait; a call that succeeds at once
+//!   works. The writes notify the pooled stores' watchers when they commit.
+//!   A coord write also holds `ACCESS SHARE` on `coord_watch` until COMMIT,
+//!   and a pooled store's new change listener waits (up to 5 s) for every
+//!   transaction holding it before its first watch returns: a caller's
+//!   transaction left open longer makes that watch fail and its waiters
+//!   poll (latency, never correctness).
+//! - **Maintenance** ([`Backend::reclaim`]) is refused
+//!   ([`Error::Unsupported`]): run it on the pooled [`PostgresBackend`].
+//! - **Prepared statements**: the statements are prepared on the caller's
+//!   connection at their first use there (sqlx caches them per connection).
+//!   Behind a transaction pooler the transaction is one server session, so
+//!   it works, provided the pooler keeps prepared statements apart per client
+//!   (PgBouncer 1.21+ `max_prepared_statements`), as any sqlx client's
+//!   prepared statements need; otherwise a call fails with [`Error::Config`]
+//!   saying so.
+//!
+//! [`fenced`] writes the caller's own rows only under a fencing token at
+//! least as high as the row has seen, in the same transaction.
+//!
 //! # Several hosts
 //!
 //! A URL may name a primary and its standbys in libpq's form,
@@ -205,24 +289,25 @@
 mod changes;
 mod errors;
 mod fast;
+pub mod fenced;
+mod in_transaction;
 mod options;
 mod pooled;
 mod schema;
 pub mod servers;
-
-use std::collections::{HashMap, HashSet};
+mod statements;
 
 use async_trait::async_trait;
 use coord_backend::reclaim::{self as floor, Announcer};
 use coord_backend::{
     validate_namespace, validate_prefix, Assert, Backend, ChangeWatch, Changes, Entry, Error,
-    Limits, Mutation, ReclaimOptions, Reclaimed, Result, StoreUrl, TxnOutcome, Version,
+    Limits, Mutation, ReclaimOptions, Reclaimed, Result, StoreUrl, TxnOutcome,
 };
-use futures_util::StreamExt;
-use pooled::Param;
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
-use sqlx::{Connection, Either, Executor, PgConnection, Row};
+use sqlx::{Connection, Executor, PgConnection};
+use statements::Statement;
 
+pub use in_transaction::{InTransaction, TransactionConn};
 pub use options::PostgresOptions;
 pub use schema::SCHEMA_SQL;
 pub use servers::Servers;
@@ -239,15 +324,7 @@ const FOLLOW_FIRST_PAUSE: std::time::Duration = std::time::Duration::from_millis
 /// The longest pause between two walks.
 const FOLLOW_MAX_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
 
-const SNAPSHOT_SQL: &str =
-    "SELECT key, version, value FROM coord_kv WHERE ns = $1 AND key = ANY($2) AND value IS NOT NULL";
-const TXN_SQL: &str = "SELECT applied, k, ver, val FROM coord_txn($1, $2, $3, $4, $5, $6)";
 const RECLAIM_SQL: &str = "SELECT removed, more FROM coord_reclaim($1, $2)";
-// `LIMIT NULL` is no limit.
-const KEYS_RANGE_SQL: &str = "SELECT key FROM coord_kv \
-     WHERE ns = $1 AND key >= $2 AND key < $3 AND value IS NOT NULL ORDER BY key LIMIT $4";
-const KEYS_FROM_SQL: &str = "SELECT key FROM coord_kv \
-     WHERE ns = $1 AND key >= $2 AND value IS NOT NULL ORDER BY key LIMIT $3";
 
 /// The PostgreSQL store: a pool of sqlx connections to one database, reading
 /// and writing one namespace. Cheap to clone (the pool is shared).
@@ -391,7 +468,7 @@ impl PostgresBackend {
                     // Parse once per connection, so a txn is Bind/Execute/Sync only:
                     // one round trip, and any failure inside it is after sending.
                     let prepared = async {
-                        conn.prepare(sqlx::SqlSafeStr::into_sql_str(TXN_SQL))
+                        conn.prepare(sqlx::SqlSafeStr::into_sql_str(statements::TXN_SQL))
                             .await?;
                         for sql in [fast::WRITE_IF_AT_SQL, fast::WRITE_IF_MISSING_SQL] {
                             conn.prepare(sqlx::SqlSafeStr::into_sql_str(sql)).await?;
@@ -454,50 +531,6 @@ impl PostgresBackend {
     /// Close every pooled connection; later calls fail with [`Error::Unavailable`].
     pub async fn close(&self) {
         self.pool.close().await;
-    }
-
-    /// Run one writing statement (a `coord_txn` call or a fast-path write)
-    /// on a pooled connection; its rows once it completed.
-    async fn run_txn_statement(
-        &self,
-        query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
-    ) -> Result<Vec<PgRow>> {
-        let mut conn = self.acquire("txn").await?;
-        let mut rows = Vec::new();
-        let mut completed = false;
-        let mut failure = None;
-        {
-            let mut stream = (&mut *conn).fetch_many(query);
-            while let Some(step) = stream.next().await {
-                match step {
-                    Ok(Either::Left(_)) => completed = true,
-                    Ok(Either::Right(row)) => rows.push(row),
-                    Err(error) => {
-                        failure = Some(error);
-                        break;
-                    }
-                }
-            }
-        }
-        if let Some(error) = failure {
-            self.after_failure(&mut conn, &error);
-            return Err(errors::txn(error, completed));
-        }
-        Ok(rows)
-    }
-
-    /// The rows of the snapshot statement, prepared on this client's session.
-    async fn snapshot_rows(&self, keys: &[&str]) -> Result<Vec<PgRow>> {
-        let mut conn = self.acquire("snapshot").await?;
-        let rows = sqlx::query(SNAPSHOT_SQL)
-            .bind(&self.namespace)
-            .bind(keys)
-            .fetch_all(&mut *conn)
-            .await;
-        rows.map_err(|error| {
-            self.after_failure(&mut conn, &error);
-            errors::read("snapshot", error)
-        })
     }
 
     /// One call behind a transaction pooler: `sql` (`None`: a text held a
@@ -661,39 +694,35 @@ impl Drop for Following<'_> {
     }
 }
 
-/// Decode one `(key, version, value)` row; a value with a version below 1 is malformed.
-fn entry_from(key: String, version: Option<i64>, value: Option<Vec<u8>>) -> Result<Entry> {
-    match (value, version) {
-        (None, _) => Ok(Entry::missing(key)),
-        (Some(value), Some(v)) if v >= 1 => Ok(Entry::present(key, Version(v as u64), value)),
-        (Some(_), v) => Err(Error::malformed(
-            key,
-            format!("stored value with version {v:?}; live values have version >= 1"),
-        )),
-    }
-}
-
-/// The smallest string above every string that starts with `prefix` (by
-/// bytes, i.e. by code points), or `None` when there is none.
-fn prefix_successor(prefix: &str) -> Option<String> {
-    let mut chars: Vec<char> = prefix.chars().collect();
-    while let Some(last) = chars.pop() {
-        let next = match last as u32 + 1 {
-            0xD800 => 0xE000, // skip the surrogate range: not chars
-            n => n,
+/// The store's own sessions: a prepared statement on a pooled session, or
+/// behind a transaction pooler the statement inlined in a transaction of
+/// its own (`pooled.rs`). A txn's lost reply is [`Error::Indeterminate`]
+/// (`errors::txn`), a read's failure [`Error::Unavailable`].
+#[async_trait]
+impl statements::Session for PostgresBackend {
+    async fn rows(&self, statement: &Statement<'_>) -> Result<Vec<PgRow>> {
+        let what = statement.what();
+        let map = |error, completed| {
+            if statement.writes() {
+                errors::txn(error, completed)
+            } else {
+                errors::read(what, error)
+            }
         };
-        if let Some(c) = char::from_u32(next) {
-            chars.push(c);
-            return Some(chars.into_iter().collect());
+        if self.pooled.is_some() {
+            return self
+                .pooled_call(what, statement.inline(&self.namespace), map)
+                .await;
+        }
+        let mut conn = self.acquire(what).await?;
+        match statements::fetch(&mut conn, statement.query(&self.namespace)).await {
+            Ok(rows) => Ok(rows),
+            Err((error, completed)) => {
+                self.after_failure(&mut conn, &error);
+                Err(map(error, completed))
+            }
         }
     }
-    None
-}
-
-/// Versions above `i64::MAX` can never be stored, so asserting one must fail:
-/// `-1` matches no row (stored versions are >= 0, missing keys are 0).
-fn version_param(version: Version) -> i64 {
-    i64::try_from(version.0).unwrap_or(-1)
 }
 
 /// `pg_notify` sent by `coord_txn` in the writing transaction (delivered only
@@ -729,121 +758,20 @@ impl Backend for PostgresBackend {
     }
 
     async fn raw_snapshot(&self, keys: &[&str]) -> Result<Vec<Entry>> {
-        let rows = if self.pooled.is_some() {
-            let sql = pooled::inline(
-                SNAPSHOT_SQL,
-                &[Param::Text(&self.namespace), Param::TextArray(keys)],
-            );
-            self.pooled_call("snapshot", sql, |e, _| errors::read("snapshot", e))
-                .await?
-        } else {
-            self.snapshot_rows(keys).await?
-        };
-        rows.into_iter()
-            .map(|row| {
-                let key: String = row.try_get(0).map_err(|e| errors::read("snapshot", e))?;
-                let version: i64 = row.try_get(1).map_err(|e| errors::read("snapshot", e))?;
-                let value: Option<Vec<u8>> =
-                    row.try_get(2).map_err(|e| errors::read("snapshot", e))?;
-                entry_from(key, Some(version), value)
-            })
-            .collect()
+        statements::snapshot(self, keys).await
     }
 
     async fn raw_txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
         self.announce().await?;
-        if let Some(single) = fast::single_key(asserts, mutations, version_param) {
-            let rows = if self.pooled.is_some() {
-                let mut params = vec![
-                    Param::Text(&self.namespace),
-                    Param::Text(single.key),
-                    Param::Bytea(single.value),
-                ];
-                if single.version != 0 {
-                    params.push(Param::Int(single.version));
-                }
-                let sql = pooled::inline(single.sql(), &params);
-                self.pooled_call("txn", sql, errors::txn).await?
-            } else {
-                let query = sqlx::query(single.sql())
-                    .bind(&self.namespace)
-                    .bind(single.key)
-                    .bind(single.value);
-                let query = match single.version {
-                    0 => query,
-                    version => query.bind(version),
-                };
-                self.run_txn_statement(query).await?
-            };
-            if let Some(row) = rows.first() {
-                // The version the statement stored; reported for a put.
-                let stored: Option<i64> = row.try_get(0).ok();
-                let written = match (single.value, stored) {
-                    (Some(_), Some(version)) if version > 0 => {
-                        vec![(single.key.to_owned(), Version(version.unsigned_abs()))]
-                    }
-                    _ => Vec::new(),
-                };
-                return Ok(TxnOutcome::applied_at(written));
-            }
-            // The condition failed (or the session is not at READ
-            // COMMITTED): nothing was written. `coord_txn` decides again
-            // under the lock and answers the current entry.
-        }
-        let mut seen = HashSet::new();
-        let mut assert_keys: Vec<&str> = Vec::with_capacity(asserts.len());
-        let mut assert_versions: Vec<i64> = Vec::with_capacity(asserts.len());
-        for assert in asserts {
-            if seen.insert(assert.key.as_str()) {
-                assert_keys.push(&assert.key);
-                assert_versions.push(version_param(assert.version));
-            }
-        }
-        let mut put_keys: Vec<&str> = Vec::new();
-        let mut put_values: Vec<&[u8]> = Vec::new();
-        let mut delete_keys: Vec<&str> = Vec::new();
-        for mutation in mutations {
-            match mutation {
-                Mutation::Put { key, value } => {
-                    put_keys.push(key);
-                    put_values.push(value);
-                }
-                Mutation::Delete { key } => delete_keys.push(key),
-            }
-        }
-
-        let rows = if self.pooled.is_some() {
-            let sql = pooled::inline(
-                TXN_SQL,
-                &[
-                    Param::Text(&self.namespace),
-                    Param::TextArray(&assert_keys),
-                    Param::IntArray(&assert_versions),
-                    Param::TextArray(&put_keys),
-                    Param::ByteaArray(&put_values),
-                    Param::TextArray(&delete_keys),
-                ],
-            );
-            self.pooled_call("txn", sql, errors::txn).await?
-        } else {
-            let query = sqlx::query(TXN_SQL)
-                .bind(&self.namespace)
-                .bind(&assert_keys)
-                .bind(&assert_versions)
-                .bind(&put_keys)
-                .bind(&put_values)
-                .bind(&delete_keys);
-            self.run_txn_statement(query).await?
-        };
-        decode_txn_rows(rows, &assert_keys)
+        statements::txn(self, asserts, mutations).await
     }
 
     async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>> {
-        self.list_keys(prefix, None).await
+        statements::keys(self, prefix, None).await
     }
 
     async fn raw_first_keys(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
-        self.list_keys(prefix, Some(limit)).await
+        statements::keys(self, prefix, Some(limit)).await
     }
 
     /// `coord_reclaim` (see `schema.rs`) in batches of at most
@@ -873,71 +801,6 @@ impl Backend for PostgresBackend {
                 return Ok(Reclaimed::new(removed, more));
             }
         }
-    }
-}
-
-impl PostgresBackend {
-    /// The keys under `prefix`, the first `limit` of them (`None`: all).
-    async fn list_keys(&self, prefix: &str, limit: Option<usize>) -> Result<Vec<String>> {
-        let limit = limit.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
-        let successor = prefix_successor(prefix);
-        if self.pooled.is_some() {
-            let namespace = Param::Text(&self.namespace);
-            let sql = match &successor {
-                Some(successor) => pooled::inline(
-                    KEYS_RANGE_SQL,
-                    &[
-                        namespace,
-                        Param::Text(prefix),
-                        Param::Text(successor),
-                        Param::Int(limit.unwrap_or(i64::MAX)),
-                    ],
-                ),
-                None => pooled::inline(
-                    KEYS_FROM_SQL,
-                    &[
-                        namespace,
-                        Param::Text(prefix),
-                        Param::Int(limit.unwrap_or(i64::MAX)),
-                    ],
-                ),
-            };
-            let rows = self
-                .pooled_call("keys", sql, |e, _| errors::read("keys", e))
-                .await?;
-            return rows
-                .iter()
-                .map(|row| row.try_get(0).map_err(|e| errors::read("keys", e)))
-                .collect();
-        }
-        let mut conn = self.acquire("keys").await?;
-        let rows: std::result::Result<Vec<(String,)>, sqlx::Error> = match successor {
-            Some(successor) => {
-                sqlx::query_as(KEYS_RANGE_SQL)
-                    .bind(&self.namespace)
-                    .bind(prefix)
-                    .bind(successor)
-                    .bind(limit)
-                    .fetch_all(&mut *conn)
-                    .await
-            }
-            None => {
-                sqlx::query_as(KEYS_FROM_SQL)
-                    .bind(&self.namespace)
-                    .bind(prefix)
-                    .bind(limit)
-                    .fetch_all(&mut *conn)
-                    .await
-            }
-        };
-        let rows = match rows {
-            Ok(rows) => rows,
-            Err(error) => {
-                self.after_failure(&mut conn, &error);
-                return Err(errors::read("keys", error));
-            }
-        };
-        Ok(rows.into_iter().map(|(k,)| k).collect())
     }
 }
 
@@ -1096,90 +959,3 @@ const ANNOUNCE_CLIENT_SQL: &str =
 
 /// Most tombstones one `coord_reclaim` transaction removes (and locks).
 const RECLAIM_BATCH: usize = 256;
-
-/// Turn the rows of `coord_txn` into an outcome. The statement has completed
-/// and committed here, so rows we cannot read leave the outcome unknown.
-fn decode_txn_rows(rows: Vec<PgRow>, assert_keys: &[&str]) -> Result<TxnOutcome> {
-    let unreadable = |reason: String| Error::Indeterminate {
-        message: format!("coord_txn answered rows that cannot be read: {reason}"),
-        source: None,
-    };
-    let first = rows
-        .first()
-        .ok_or_else(|| unreadable("no row".to_owned()))?;
-    let applied: bool = first.try_get(0).map_err(|e| unreadable(e.to_string()))?;
-    if applied {
-        // Schema r10: a row per key put, at the version it stored (r9 and
-        // before: one row without a key, nothing to report). The txn
-        // applied: a row that cannot be read is left unreported.
-        let written = rows
-            .iter()
-            .filter_map(|row| {
-                let key: String = row.try_get(1).ok()?;
-                let version: i64 = row.try_get(2).ok().filter(|v| *v > 0)?;
-                Some((key, Version(version.unsigned_abs())))
-            })
-            .collect();
-        return Ok(TxnOutcome::applied_at(written));
-    }
-    let mut current = HashMap::with_capacity(rows.len());
-    for row in rows {
-        let key: String = row.try_get(1).map_err(|e| unreadable(e.to_string()))?;
-        let version: Option<i64> = row.try_get(2).map_err(|e| unreadable(e.to_string()))?;
-        let value: Option<Vec<u8>> = row.try_get(3).map_err(|e| unreadable(e.to_string()))?;
-        let entry = entry_from(key.clone(), version, value)?;
-        current.insert(key, entry);
-    }
-    assert_keys
-        .iter()
-        .map(|k| {
-            current
-                .remove(*k)
-                .ok_or_else(|| unreadable(format!("no current entry for asserted key {k:?}")))
-        })
-        .collect::<Result<Vec<_>>>()
-        .map(TxnOutcome::rejected)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn successor_bounds_exactly_the_prefix() {
-        assert_eq!(prefix_successor(""), None);
-        assert_eq!(prefix_successor("a/").as_deref(), Some("a0"));
-        assert_eq!(prefix_successor("a%").as_deref(), Some("a&"));
-        assert_eq!(prefix_successor("\u{D7FF}").as_deref(), Some("\u{E000}"));
-        assert_eq!(prefix_successor("x\u{10FFFF}").as_deref(), Some("y"));
-        assert_eq!(prefix_successor("\u{10FFFF}"), None);
-        for (prefix, inside, outside) in [
-            ("é", "éa", "ê"),
-            ("a_", "a_\u{10FFFF}", "a`"),
-            ("k\u{FFFF}", "k\u{FFFF}\u{FFFF}", "k\u{10000}"),
-        ] {
-            let succ = prefix_successor(prefix).unwrap();
-            assert!(inside.as_bytes() < succ.as_bytes() && inside.starts_with(prefix));
-            assert!(outside.as_bytes() >= succ.as_bytes());
-        }
-    }
-
-    #[test]
-    fn versions_beyond_i64_never_match() {
-        assert_eq!(version_param(Version(7)), 7);
-        assert_eq!(version_param(Version(u64::MAX)), -1);
-    }
-
-    #[test]
-    fn entries_are_checked() {
-        assert!(!entry_from("k".into(), Some(3), None).unwrap().exists());
-        assert_eq!(
-            entry_from("k".into(), Some(3), Some(b"v".to_vec())).unwrap(),
-            Entry::present("k", Version(3), b"v".to_vec())
-        );
-        assert!(matches!(
-            entry_from("k".into(), Some(0), Some(b"v".to_vec())),
-            Err(Error::MalformedRecord { .. })
-        ));
-    }
-}

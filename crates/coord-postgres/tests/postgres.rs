@@ -4,7 +4,8 @@
 //! default to REPEATABLE READ and SERIALIZABLE), a cross-process race, a lost
 //! reply, a commit that completes after the client's connection was cut
 //! (under the store and under `GenericLock`), rollbacks at COMMIT, a server
-//! that is down, concurrent schema creation, TLS modes and malformed rows.
+//! that is down, concurrent schema creation, TLS modes and malformed rows;
+//! `InTransaction` and the `fenced` helper (`mod in_transaction`).
 //! Without the variable every test prints SKIPPED and returns (or fails when
 //! `COORD_REQUIRE_SERVERS=1`).
 
@@ -2427,5 +2428,838 @@ async fn a_namespace_of_format_3_is_read_by_this_release() {
     restore_namespace(&mut conn, &namespace, &dump).await;
     if let Err(failure) = coord_conformance::golden::read_back(&store).await {
         panic!("{}", failure.message);
+    }
+}
+
+// ---------------------------------------------------------------- in the caller's transaction
+
+/// `InTransaction` (crate docs, "In the caller's transaction") and the
+/// `fenced` helper, on the real server; plus every suite but `reclaim`
+/// through a backend that opens an `InTransaction` per call and commits
+/// right after it.
+mod in_transaction {
+    use super::*;
+    use coord_adapters::board::TaskSpec;
+    use coord_adapters::{Board, BoardAdapter, BoardError};
+    use coord_backend::{InvalidInput, ReclaimOptions};
+    use coord_postgres::fenced::{FencedTable, FencedWrite};
+    use coord_postgres::InTransaction;
+    use sqlx::postgres::{PgPool, PgPoolOptions};
+
+    /// The server for these tests (`None`: SKIPPED), a fresh namespace, a
+    /// pooled store in it (which creates the schema), and a plain pool.
+    async fn setup(label: &str) -> Option<(String, String, PostgresBackend, PgPool)> {
+        let base = suite_base()?;
+        let namespace = unique_namespace(label);
+        let pooled = connect(&base, &namespace, PostgresOptions::default()).await;
+        let pool = pool(&base, 4).await;
+        Some((base, namespace, pooled, pool))
+    }
+
+    async fn pool(url: &str, max: u32) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(max)
+            .connect(url)
+            .await
+            .unwrap()
+    }
+
+    /// Whether an answered txn applied (an error fails the test).
+    #[track_caller]
+    fn applied(result: Result<TxnOutcome, Error>) -> bool {
+        match result {
+            Ok(outcome) => outcome.applied,
+            Err(error) => panic!("{error:?}"),
+        }
+    }
+
+    fn put(key: &str, value: &str) -> Mutation {
+        Mutation::put(key, value.as_bytes().to_vec())
+    }
+
+    async fn value(store: &dyn Backend, key: &str) -> Option<Vec<u8>> {
+        store.get(key).await.unwrap().value
+    }
+
+    #[track_caller]
+    fn assert_finished<T: std::fmt::Debug>(result: &Result<T, Error>) {
+        assert!(
+            matches!(result, Err(Error::InvalidInput(InvalidInput::Argument(m))) if m.contains("finished")),
+            "{result:?}"
+        );
+    }
+
+    /// A table of the caller's own rows.
+    async fn orders_table(base: &str, label: &str) -> String {
+        let table = format!("intx_{}", unique_namespace(label).replace('-', "_"));
+        exec(
+            &mut admin(base).await,
+            format!(
+                "CREATE TABLE {table} (id text PRIMARY KEY, status text NOT NULL, fence bigint)"
+            ),
+        )
+        .await;
+        table
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_are_seen_inside_only_until_commit_and_never_after_rollback() {
+        let Some((_, namespace, pooled, pool)) = setup("intx_visibility").await else {
+            return;
+        };
+        // Rolled back: a coord_txn (two keys) and a fast-path write (one).
+        let tx = InTransaction::begin(&pool, &namespace).await.unwrap();
+        assert_eq!(tx.store_name(), "postgres-in-transaction");
+        assert!(applied(tx.txn(&[], &[put("a", "1"), put("b", "1")]).await));
+        assert!(applied(
+            tx.txn(&[Assert::missing("c")], &[put("c", "1")]).await
+        ));
+        assert_eq!(value(&*tx, "a").await.as_deref(), Some(&b"1"[..]));
+        assert_eq!(tx.get("c").await.unwrap().version, Version(1));
+        assert_eq!(tx.keys("").await.unwrap(), ["a", "b", "c"]);
+        assert_eq!(tx.first_keys("", 2).await.unwrap(), ["a", "b"]);
+        assert!(pooled.keys("").await.unwrap().is_empty());
+        assert_eq!(value(&pooled, "a").await, None);
+        tx.rollback().await.unwrap();
+        assert!(pooled.keys("").await.unwrap().is_empty());
+
+        // Committed: visible to the pooled store, versions as it would give them.
+        let tx = InTransaction::begin(&pool, &namespace).await.unwrap();
+        assert!(applied(tx.txn(&[], &[put("a", "2"), put("b", "2")]).await));
+        assert!(applied(
+            tx.txn(&[Assert::missing("c")], &[put("c", "2")]).await
+        ));
+        // A rejected assert is a plain rejection with the current entry.
+        let rejected = tx
+            .txn(&[Assert::missing("c")], &[put("c", "3")])
+            .await
+            .unwrap();
+        assert!(!rejected.applied);
+        assert_eq!(
+            rejected.current,
+            [Entry::present("c", Version(1), b"2".to_vec())]
+        );
+        assert!(pooled.keys("").await.unwrap().is_empty());
+        tx.commit().await.unwrap();
+        assert_eq!(pooled.keys("").await.unwrap(), ["a", "b", "c"]);
+        assert_eq!(
+            pooled.get("c").await.unwrap(),
+            Entry::present("c", Version(1), b"2".to_vec())
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn business_rows_and_board_tasks_commit_and_roll_back_together() {
+        let Some((base, namespace, pooled, pool)) = setup("intx_board").await else {
+            return;
+        };
+        let table = orders_table(&base, "orders").await;
+        let board = BoardAdapter::new(Arc::new(pooled.clone()));
+        for (id, commit) in [("o1", false), ("o2", true)] {
+            let tx = InTransaction::begin(&pool, &namespace).await.unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO {table} (id, status) VALUES ($1, 'new')"
+            )))
+            .bind(id)
+            .execute(&mut *tx.conn().await.unwrap())
+            .await
+            .unwrap();
+            let in_tx = BoardAdapter::new(tx.clone());
+            in_tx
+                .add(TaskSpec::new(format!("ship-{id}"), id))
+                .await
+                .unwrap();
+            // Seen inside, not outside.
+            assert_eq!(
+                in_tx.get(&format!("ship-{id}")).await.unwrap().payload,
+                id.as_bytes()
+            );
+            assert!(matches!(
+                board.get(&format!("ship-{id}")).await,
+                Err(BoardError::NotFound { .. })
+            ));
+            if commit {
+                tx.commit().await.unwrap();
+            } else {
+                tx.rollback().await.unwrap();
+            }
+        }
+        assert!(matches!(
+            board.get("ship-o1").await,
+            Err(BoardError::NotFound { .. })
+        ));
+        assert_eq!(board.get("ship-o2").await.unwrap().payload, b"o2");
+        let ids: Vec<String> =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT id FROM {table}")))
+                .fetch_all(&mut admin(&base).await)
+                .await
+                .unwrap();
+        assert_eq!(ids, ["o2"]);
+        exec(&mut admin(&base).await, format!("DROP TABLE {table}")).await;
+    }
+
+    /// Two transactions race to create the same record: the second waits
+    /// for the first's advisory lock; after the first commits it sees a
+    /// plain rejection with the winner's entry, and both commit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn racing_transactions_create_one_record() {
+        let Some((_, namespace, pooled, pool)) = setup("intx_race").await else {
+            return;
+        };
+        let first = InTransaction::begin(&pool, &namespace).await.unwrap();
+        let second = InTransaction::begin(&pool, &namespace).await.unwrap();
+        assert!(applied(
+            first
+                .txn(&[Assert::missing("r")], &[put("r", "first")])
+                .await
+        ));
+        let racing = {
+            let second = second.clone();
+            tokio::spawn(async move {
+                second
+                    .txn(&[Assert::missing("r")], &[put("r", "second")])
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !racing.is_finished(),
+            "the second txn must wait for the first's lock"
+        );
+        first.commit().await.unwrap();
+        let lost = racing.await.unwrap().unwrap();
+        assert!(!lost.applied);
+        assert_eq!(
+            lost.current,
+            [Entry::present("r", Version(1), b"first".to_vec())]
+        );
+        second.commit().await.unwrap();
+        assert_eq!(
+            pooled.get("r").await.unwrap(),
+            Entry::present("r", Version(1), b"first".to_vec())
+        );
+    }
+
+    /// Two transactions claim the same board task at once: exactly one
+    /// claim commits. The other is aborted by PostgreSQL's deadlock
+    /// detection (`Unavailable` with 40P01; its transaction rolls back):
+    /// each engine confirmed its first guess ("missing") with an assert-only
+    /// txn, which locks the record shared until COMMIT, and then both need
+    /// it exclusive to claim. (Had only one of them taken the shared lock,
+    /// the other would wait for the winner's COMMIT and find the task
+    /// `AlreadyClaimed`: also accepted.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn racing_claims_grant_one() {
+        let Some((_, namespace, pooled, pool)) = setup("intx_claims").await else {
+            return;
+        };
+        let board = BoardAdapter::new(Arc::new(pooled.clone()));
+        board.add(TaskSpec::new("job", "x")).await.unwrap();
+        let txs = [
+            InTransaction::begin(&pool, &namespace).await.unwrap(),
+            InTransaction::begin(&pool, &namespace).await.unwrap(),
+        ];
+        let mut claims = tokio::task::JoinSet::new();
+        for (i, tx) in txs.iter().enumerate() {
+            let tx = tx.clone();
+            claims.spawn(async move {
+                let claimed = BoardAdapter::new(tx)
+                    .claim("job", &format!("agent-{i}"), Duration::from_secs(60))
+                    .await;
+                (i, claimed)
+            });
+        }
+        let mut winners = Vec::new();
+        let mut losses = Vec::new();
+        while let Some(done) = claims.join_next().await {
+            let (i, claimed) = done.unwrap();
+            match claimed {
+                Ok(claimed) => {
+                    txs[i].commit().await.unwrap();
+                    winners.push((i, claimed));
+                }
+                Err(BoardError::AlreadyClaimed { agent, .. }) => {
+                    losses.push(format!("already claimed by {agent}"));
+                    txs[i].commit().await.unwrap();
+                }
+                Err(BoardError::Store(error @ Error::Unavailable { .. }))
+                    if format!("{error:?}").contains("40P01") =>
+                {
+                    losses.push("deadlock".to_owned());
+                    assert_unavailable(&txs[i].commit().await);
+                }
+                Err(other) => panic!("agent-{i}: {other:?}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "{losses:?}");
+        let (winner, claimed) = winners.pop().unwrap();
+        if let [loss] = &losses[..] {
+            assert!(
+                loss == "deadlock" || *loss == format!("already claimed by agent-{winner}"),
+                "{loss}"
+            );
+        }
+        let task = board.get("job").await.unwrap();
+        assert_eq!(task.fence, claimed.fence);
+        assert!(
+            matches!(task.state, coord_adapters::board::TaskState::Claimed { agent, .. } if agent == format!("agent-{winner}"))
+        );
+    }
+
+    /// Two transactions taking two coord keys in opposite orders deadlock;
+    /// PostgreSQL aborts one (40P01): `Unavailable`, and its commit is
+    /// refused; the other applies and commits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn crossing_transactions_deadlock_into_unavailable() {
+        let Some((_, namespace, pooled, pool)) = setup("intx_deadlock").await else {
+            return;
+        };
+        let one = InTransaction::begin(&pool, &namespace).await.unwrap();
+        let two = InTransaction::begin(&pool, &namespace).await.unwrap();
+        assert!(applied(one.txn(&[], &[put("x", "one")]).await));
+        assert!(applied(two.txn(&[], &[put("y", "two")]).await));
+        let crossing = |tx: Arc<InTransaction>, key: &'static str, v: &'static str| {
+            tokio::spawn(async move { tx.txn(&[], &[put(key, v)]).await })
+        };
+        let a = crossing(one.clone(), "y", "one");
+        let b = crossing(two.clone(), "x", "two");
+        let (a, b) = (a.await.unwrap(), b.await.unwrap());
+        let (survivor, victim, victim_result, survivor_result) = match (&a, &b) {
+            (Err(_), Ok(_)) => (two, one, a, b),
+            (Ok(_), Err(_)) => (one, two, b, a),
+            other => panic!("exactly one must lose the deadlock: {other:?}"),
+        };
+        assert_unavailable(&victim_result);
+        assert!(
+            format!("{victim_result:?}").contains("40P01"),
+            "{victim_result:?}"
+        );
+        assert!(applied(survivor_result));
+        assert_unavailable(&victim.commit().await);
+        survivor.commit().await.unwrap();
+        let x = value(&pooled, "x").await.unwrap();
+        let y = value(&pooled, "y").await.unwrap();
+        assert_eq!(x, y, "the survivor wrote both keys");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn calls_after_commit_or_rollback_are_refused_and_send_nothing() {
+        let Some((base, namespace, _, _)) = setup("intx_finished").await else {
+            return;
+        };
+        // One connection: the finished transaction must have given it back.
+        let pool = pool(&base, 1).await;
+        for end in ["commit", "rollback"] {
+            let tx = InTransaction::begin(&pool, &namespace).await.unwrap();
+            assert!(applied(tx.txn(&[], &[put(end, "1")]).await));
+            match end {
+                "commit" => tx.commit().await.unwrap(),
+                _ => tx.rollback().await.unwrap(),
+            }
+            assert_finished(&tx.txn(&[], &[put("k", "1")]).await);
+            assert_finished(&tx.snapshot(&["k".to_owned()]).await);
+            assert_finished(&tx.keys("").await);
+            assert_finished(&tx.first_keys("", 1).await);
+            assert_finished(&tx.conn().await.map(|_| ()));
+            assert_finished(&tx.commit().await);
+            assert_finished(&tx.rollback().await);
+            // The only connection is free: the finished one holds none.
+            let other = tokio::time::timeout(Duration::from_secs(5), pool.begin())
+                .await
+                .expect("the pool's one connection was given back")
+                .unwrap();
+            other.rollback().await.unwrap();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn watch_and_reclaim_are_refused() {
+        let Some((_, namespace, _, pool)) = setup("intx_watch").await else {
+            return;
+        };
+        let tx = InTransaction::begin(&pool, &namespace).await.unwrap();
+        let changes = tx.changes().expect("a Changes that refuses");
+        match changes.watch("").await {
+            Err(Error::Unsupported { what, store }) => {
+                assert_eq!(
+                    what,
+                    "waiting for other clients' commits inside a caller's transaction"
+                );
+                assert_eq!(store, "postgres-in-transaction");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            tx.reclaim(&ReclaimOptions::default()).await,
+            Err(Error::Unsupported { .. })
+        ));
+        // Neither touched the transaction.
+        assert!(applied(tx.txn(&[], &[put("k", "1")]).await));
+        tx.commit().await.unwrap();
+    }
+
+    /// A transaction the caller began at REPEATABLE READ: every coord txn
+    /// (fast path and coord_txn) is `Config` naming READ COMMITTED, and the
+    /// transaction can no longer commit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_repeatable_read_transaction_is_refused_with_a_config_error() {
+        let Some((_, namespace, pooled, pool)) = setup("intx_rr").await else {
+            return;
+        };
+        for shape in ["single", "multi"] {
+            let raw = pool
+                .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                .await
+                .unwrap();
+            let tx = InTransaction::from_transaction(raw, &namespace).unwrap();
+            // Reads work at any level.
+            assert!(tx.get("k").await.unwrap().version.is_missing());
+            let result = match shape {
+                "single" => tx.txn(&[Assert::missing("k")], &[put("k", "1")]).await,
+                _ => tx.txn(&[], &[put("k", "1"), put("l", "1")]).await,
+            };
+            assert!(
+                matches!(&result, Err(Error::Config(m)) if m.contains("READ COMMITTED")),
+                "{shape}: {result:?}"
+            );
+            assert_unavailable(&tx.get("k").await);
+            assert_unavailable(&tx.commit().await);
+        }
+        assert!(pooled.keys("").await.unwrap().is_empty());
+    }
+
+    /// `begin` runs at READ COMMITTED on a database whose sessions default
+    /// to REPEATABLE READ.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn begin_is_read_committed_whatever_the_database_default() {
+        let Some(base) = suite_base() else { return };
+        let url = isolation_database_once(&base, "coord_rr", "repeatable read")
+            .await
+            .unwrap();
+        let namespace = unique_namespace("intx_rr_default");
+        let pooled = connect(&url, &namespace, PostgresOptions::default()).await;
+        let pool = pool(&url, 2).await;
+        let tx = InTransaction::begin(&pool, &namespace).await.unwrap();
+        let level: String = sqlx::query_scalar("SHOW transaction_isolation")
+            .fetch_one(&mut *tx.conn().await.unwrap())
+            .await
+            .unwrap();
+        assert_eq!(level, "read committed");
+        assert!(applied(
+            tx.txn(&[Assert::missing("k")], &[put("k", "1")]).await
+        ));
+        assert!(applied(tx.txn(&[], &[put("k", "2"), put("l", "2")]).await));
+        tx.commit().await.unwrap();
+        assert_eq!(pooled.get("k").await.unwrap().version, Version(2));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_missing_schema_is_a_config_error_naming_the_fix() {
+        let Some(base) = suite_base() else { return };
+        let (schema, scoped, mut conn) = private_schema(&base, "intx_noschema").await;
+        let pool = pool(&scoped, 1).await;
+        for call in ["snapshot", "txn"] {
+            let tx = InTransaction::begin(&pool, "ns").await.unwrap();
+            let result = match call {
+                "snapshot" => tx.get("k").await.map(|_| ()),
+                _ => tx.txn(&[], &[put("k", "1")]).await.map(|_| ()),
+            };
+            assert!(
+                matches!(&result, Err(Error::Config(m)) if m.contains("connect a PostgresBackend once")),
+                "{call}: {result:?}"
+            );
+            tx.rollback().await.unwrap();
+        }
+        pool.close().await;
+        exec(&mut conn, format!("DROP SCHEMA {schema} CASCADE")).await;
+    }
+
+    /// A failed statement of the caller's own aborts the transaction: sqlx
+    /// would report its COMMIT (a silent ROLLBACK) as a success; `commit`
+    /// says `Unavailable`, and nothing of it is applied.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_statement_of_the_caller_makes_commit_unavailable() {
+        let Some((_, namespace, pooled, pool)) = setup("intx_aborted").await else {
+            return;
+        };
+        let tx = InTransaction::begin(&pool, &namespace).await.unwrap();
+        assert!(applied(tx.txn(&[], &[put("k", "1")]).await));
+        let failed = sqlx::query("SELECT 1 / 0")
+            .execute(&mut *tx.conn().await.unwrap())
+            .await;
+        assert!(failed.is_err());
+        // Every later coord call is refused by the server (25P02)…
+        assert_unavailable(&tx.get("k").await);
+        let tx2 = InTransaction::begin(&pool, &namespace).await.unwrap();
+        assert!(applied(tx2.txn(&[], &[put("m", "1")]).await));
+        let failed = sqlx::query("SELECT 1 / 0")
+            .execute(&mut *tx2.conn().await.unwrap())
+            .await;
+        assert!(failed.is_err());
+        // …and a commit is refused, with or without a coord call after the failure.
+        assert_unavailable(&tx.commit().await);
+        assert_unavailable(&tx2.commit().await);
+        assert!(pooled.keys("").await.unwrap().is_empty());
+    }
+
+    /// A call whose connection is cut (the statement sent, its reply lost):
+    /// `Unavailable`, never `Indeterminate`; the transaction rolled back.
+    /// A COMMIT whose reply is lost: `Indeterminate`, and it did commit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cut_call_is_unavailable_and_a_cut_commit_indeterminate() {
+        let Some((base, namespace, pooled, _)) = setup("intx_cut").await else {
+            return;
+        };
+        let proxy = FaultProxy::start(upstream(&base).await).await.unwrap();
+        let pool = pool(&via(&base, proxy.addr()), 2).await;
+
+        let tx = InTransaction::begin(&pool, &namespace).await.unwrap();
+        let marker = format!("marker-{}", unique_namespace("m"));
+        proxy.cut_next_reply(marker.as_bytes());
+        let cut = tx.txn(&[Assert::missing("k")], &[put("k", &marker)]).await;
+        assert_eq!(proxy.cuts(), 1);
+        assert_unavailable(&cut);
+        assert_unavailable(&tx.commit().await);
+        assert_eq!(value(&pooled, "k").await, None);
+
+        // A read cut the same way.
+        let tx = InTransaction::begin(&pool, &namespace).await.unwrap();
+        assert!(applied(tx.txn(&[], &[put("k2", "1")]).await));
+        let key = format!("read-{}", unique_namespace("r"));
+        proxy.cut_next_reply(key.as_bytes());
+        let cut = tx.snapshot(&[key]).await;
+        assert_eq!(proxy.cuts(), 2);
+        assert_unavailable(&cut);
+        assert_unavailable(&tx.commit().await);
+        assert_eq!(value(&pooled, "k2").await, None);
+
+        let tx = InTransaction::begin(&pool, &namespace).await.unwrap();
+        assert!(applied(
+            tx.txn(&[Assert::missing("k")], &[put("k", "landed")]).await
+        ));
+        proxy.cut_next_reply(b"COMMIT");
+        let commit = tx.commit().await;
+        assert_eq!(proxy.cuts(), 3);
+        assert!(
+            matches!(commit, Err(Error::Indeterminate { .. })),
+            "{commit:?}"
+        );
+        let landed = wait_for("the cut commit", || async { value(&pooled, "k").await }).await;
+        assert_eq!(landed, b"landed");
+    }
+
+    /// A coord call dropped while its statement waits for a lock: the
+    /// statement may still apply in the transaction, and nobody learned
+    /// its outcome, so the transaction refuses later calls and its commit
+    /// (`Unavailable`); nothing of it is applied.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_cancelled_mid_statement_dooms_the_transaction() {
+        let Some((base, namespace, pooled, pool)) = setup("intx_cancel").await else {
+            return;
+        };
+        let mut holder = admin(&base).await;
+        hold_txn_lock(&mut holder, &namespace, "k").await;
+        let tx = InTransaction::begin(&pool, &namespace).await.unwrap();
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(300),
+            tx.txn(&[Assert::missing("k")], &[put("k", "1")]),
+        )
+        .await;
+        assert!(cancelled.is_err(), "the txn waits for the held lock");
+        free_txn_lock(&mut holder, &namespace, "k").await;
+        assert_unavailable(&tx.get("k").await);
+        assert_unavailable(&tx.commit().await);
+        assert_eq!(value(&pooled, "k").await, None);
+    }
+
+    // ------------------------------------------------------------ fenced writes
+
+    async fn fenced_setup(label: &str) -> Option<(String, String, PgPool, FencedTable)> {
+        let base = suite_base()?;
+        let table_name = orders_table(&base, label).await;
+        exec(
+            &mut admin(&base).await,
+            format!("INSERT INTO {table_name} (id, status, fence) VALUES ('o', 'new', 5), ('n', 'new', NULL)"),
+        )
+        .await;
+        let pool = pool(&base, 4).await;
+        let table = FencedTable::new(&table_name, "id", "fence").unwrap();
+        Some((base, table_name, pool, table))
+    }
+
+    async fn row(base: &str, table: &str, id: &str) -> (String, Option<i64>) {
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT status, fence FROM {table} WHERE id = $1"
+        )))
+        .bind(id)
+        .fetch_one(&mut admin(base).await)
+        .await
+        .unwrap()
+    }
+
+    async fn fenced_write(
+        conn: &mut PgConnection,
+        table: &FencedTable,
+        id: &str,
+        fence: u64,
+        status: &str,
+    ) -> FencedWrite {
+        table
+            .update(id, fence)
+            .unwrap()
+            .set("status", status)
+            .unwrap()
+            .execute(conn)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fenced_writes_refuse_lower_fences_and_roll_back_with_the_transaction() {
+        let Some((base, name, pool, table)) = fenced_setup("fenced").await else {
+            return;
+        };
+        let mut conn = pool.acquire().await.unwrap();
+        // Lower: refused, nothing written.
+        assert_eq!(
+            fenced_write(&mut conn, &table, "o", 4, "stale").await,
+            FencedWrite::Stale { highest: 5 }
+        );
+        assert_eq!(row(&base, &name, "o").await, ("new".to_owned(), Some(5)));
+        // Equal, then higher: written.
+        assert_eq!(
+            fenced_write(&mut conn, &table, "o", 5, "equal").await,
+            FencedWrite::Written
+        );
+        assert_eq!(row(&base, &name, "o").await, ("equal".to_owned(), Some(5)));
+        assert_eq!(
+            fenced_write(&mut conn, &table, "o", 6, "higher").await,
+            FencedWrite::Written
+        );
+        assert_eq!(row(&base, &name, "o").await, ("higher".to_owned(), Some(6)));
+        // No fence yet: any fence writes. No row: Missing.
+        assert_eq!(
+            fenced_write(&mut conn, &table, "n", 1, "first").await,
+            FencedWrite::Written
+        );
+        assert_eq!(row(&base, &name, "n").await, ("first".to_owned(), Some(1)));
+        assert_eq!(
+            fenced_write(&mut conn, &table, "none", 9, "x").await,
+            FencedWrite::Missing
+        );
+        drop(conn);
+
+        // In an InTransaction: rolled back with it.
+        let tx = InTransaction::begin(&pool, "fenced").await.unwrap();
+        assert_eq!(
+            fenced_write(&mut tx.conn().await.unwrap(), &table, "o", 7, "rolled back").await,
+            FencedWrite::Written
+        );
+        tx.rollback().await.unwrap();
+        assert_eq!(row(&base, &name, "o").await, ("higher".to_owned(), Some(6)));
+        // A bad column is a typed error before anything is sent.
+        assert!(matches!(
+            table
+                .update("o", 8)
+                .unwrap()
+                .set("status; DROP TABLE x", "y"),
+            Err(Error::InvalidInput(InvalidInput::Argument(_)))
+        ));
+        exec(&mut admin(&base).await, format!("DROP TABLE {name}")).await;
+    }
+
+    /// Two transactions write the same row with different fences; the one
+    /// that writes second waits for the first's row lock. Whichever order,
+    /// the row ends with the higher fence's values.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn racing_fenced_writers_end_with_the_higher() {
+        let Some((base, name, pool, table)) = fenced_setup("fenced_race").await else {
+            return;
+        };
+        for (first, second) in [(10_u64, 20_u64), (40, 30)] {
+            let one = pool.begin().await.unwrap();
+            let two = pool.begin().await.unwrap();
+            let mut one = one;
+            assert_eq!(
+                fenced_write(&mut one, &table, "o", first, &format!("by {first}")).await,
+                FencedWrite::Written
+            );
+            let table2 = table.clone();
+            let racing = tokio::spawn(async move {
+                let mut two = two;
+                let outcome =
+                    fenced_write(&mut two, &table2, "o", second, &format!("by {second}")).await;
+                two.commit().await.unwrap();
+                outcome
+            });
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(
+                !racing.is_finished(),
+                "the second writer waits for the row lock"
+            );
+            one.commit().await.unwrap();
+            let outcome = racing.await.unwrap();
+            let high = first.max(second);
+            if second > first {
+                assert_eq!(outcome, FencedWrite::Written);
+            } else {
+                assert_eq!(outcome, FencedWrite::Stale { highest: first });
+            }
+            assert_eq!(
+                row(&base, &name, "o").await,
+                (format!("by {high}"), Some(high as i64))
+            );
+        }
+        exec(&mut admin(&base).await, format!("DROP TABLE {name}")).await;
+    }
+
+    // ------------------------------------------------------------ the suites, autocommitted
+
+    /// Every raw call in an `InTransaction` of its own, committed right
+    /// after it: the suites then run the in-transaction statements.
+    #[derive(Debug)]
+    struct Autocommit {
+        pool: PgPool,
+        namespace: String,
+    }
+
+    impl Autocommit {
+        async fn begin(&self) -> Result<Arc<InTransaction>, Error> {
+            InTransaction::begin(&self.pool, &self.namespace).await
+        }
+    }
+
+    /// Commit after an answer, roll back after an error.
+    async fn finish<T>(tx: Arc<InTransaction>, answer: Result<T, Error>) -> Result<T, Error> {
+        match answer {
+            Ok(answer) => tx.commit().await.map(|()| answer),
+            Err(error) => {
+                tx.rollback().await?;
+                Err(error)
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Backend for Autocommit {
+        fn namespace(&self) -> &str {
+            &self.namespace
+        }
+
+        fn store_name(&self) -> &'static str {
+            "postgres-autocommitted-in-transaction"
+        }
+
+        async fn raw_snapshot(&self, keys: &[&str]) -> Result<Vec<Entry>, Error> {
+            let tx = self.begin().await?;
+            let answer = tx.raw_snapshot(keys).await;
+            finish(tx, answer).await
+        }
+
+        async fn raw_txn(
+            &self,
+            asserts: &[Assert],
+            mutations: &[Mutation],
+        ) -> Result<TxnOutcome, Error> {
+            let tx = self.begin().await?;
+            let answer = tx.raw_txn(asserts, mutations).await;
+            finish(tx, answer).await
+        }
+
+        async fn raw_keys(&self, prefix: &str) -> Result<Vec<String>, Error> {
+            let tx = self.begin().await?;
+            let answer = tx.raw_keys(prefix).await;
+            finish(tx, answer).await
+        }
+
+        async fn raw_first_keys(&self, prefix: &str, limit: usize) -> Result<Vec<String>, Error> {
+            let tx = self.begin().await?;
+            let answer = tx.raw_first_keys(prefix, limit).await;
+            finish(tx, answer).await
+        }
+    }
+
+    fn autocommit_factory() -> Option<BackendFactory> {
+        let base = suite_base()?;
+        Some(coord_conformance::factory(move |namespace| {
+            let base = base.clone();
+            async move {
+                // Creates the schema.
+                drop(suite_store(&base, &namespace).await?);
+                let pool = PgPoolOptions::new()
+                    .max_connections(8)
+                    .connect(&base)
+                    .await
+                    .map_err(|e| Error::unavailable("test pool", e))?;
+                Ok(Arc::new(Autocommit { pool, namespace }) as Arc<dyn Backend>)
+            }
+        }))
+    }
+
+    // Every suite but `reclaim`: maintenance is refused inside a caller's
+    // transaction (it runs on the pooled store). About 25 s in all.
+    mod backend_suite {
+        use super::*;
+        coord_conformance::backend_tests!(autocommit_factory());
+    }
+
+    mod lock_suite {
+        use super::*;
+        coord_conformance::lock_tests!(autocommit_factory());
+    }
+
+    mod board_suite {
+        use super::*;
+        coord_conformance::board_tests!(autocommit_factory());
+    }
+
+    mod queue_suite {
+        use super::*;
+        coord_conformance::queue_tests!(autocommit_factory());
+    }
+
+    mod sideeffect_suite {
+        use super::*;
+        coord_conformance::sideeffect_tests!(autocommit_factory());
+    }
+
+    mod scheduler_suite {
+        use super::*;
+        coord_conformance::scheduler_tests!(autocommit_factory());
+    }
+
+    mod rwlock_suite {
+        use super::*;
+        coord_conformance::rwlock_tests!(autocommit_factory());
+    }
+
+    mod election_suite {
+        use super::*;
+        coord_conformance::election_tests!(autocommit_factory());
+    }
+
+    mod fair_lock_suite {
+        use super::*;
+        coord_conformance::fair_lock_tests!(autocommit_factory());
+    }
+
+    mod semaphore_suite {
+        use super::*;
+        coord_conformance::semaphore_tests!(autocommit_factory());
+    }
+
+    mod fault_model_suite {
+        use super::*;
+        coord_conformance::fault_model_tests!(autocommit_factory());
+    }
+
+    mod changes_suite {
+        use super::*;
+        coord_conformance::changes_tests!(autocommit_factory());
+    }
+
+    mod retention_suite {
+        use super::*;
+        coord_conformance::retention_tests!(autocommit_factory());
     }
 }
