@@ -183,12 +183,12 @@ impl Call<'_> {
         self.ended = true;
         let result = result.map_err(in_transaction_error);
         if let Err(Error::Unavailable { .. }) = &result {
-            self.to_broken(format!("a coord {} failed in this transaction", self.what));
+            self.mark_broken(format!("a coord {} failed in this transaction", self.what));
         }
         result
     }
 
-    fn to_broken(&mut self, why: String) {
+    fn mark_broken(&mut self, why: String) {
         let state = std::mem::replace(&mut *self.state, State::Finished("broken"));
         *self.state = match state {
             State::Open(tx) => State::Broken { tx, why },
@@ -200,7 +200,7 @@ impl Call<'_> {
 impl Drop for Call<'_> {
     fn drop(&mut self) {
         if !self.ended {
-            self.to_broken(format!(
+            self.mark_broken(format!(
                 "a coord {} was cancelled before it finished",
                 self.what
             ));
