@@ -724,7 +724,7 @@ mod in_transaction {
         Assert, Backend, BackendExt, Error, InvalidInput, Mutation, ReclaimOptions, Version,
     };
     use coord_conformance::BackendFactory;
-    use coord_sqlite::fenced::{FencedRow, FencedWrite};
+    use coord_sqlite::fenced::{FencedTable, FencedWrite};
     use coord_sqlite::{InTransaction, SqliteBackend};
     use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
 
@@ -1096,18 +1096,20 @@ mod in_transaction {
         balance: i64,
         fence: u64,
     ) -> FencedWrite {
-        FencedRow::new("accounts", "id", "fence")
+        FencedTable::new("accounts", "id", "fence")
+            .unwrap()
+            .update(id, fence)
             .unwrap()
             .set("balance", balance)
             .unwrap()
-            .update(conn, id, fence)
+            .execute(conn)
             .await
             .unwrap()
     }
 
     /// A lower fence is refused and writes nothing; an equal or higher one
-    /// writes; a missing row is `Missing`; all inside the transaction, and
-    /// rolled back with it.
+    /// writes; a missing row is `Missing` (and is not created); all inside
+    /// the transaction, and rolled back with it.
     #[tokio::test]
     async fn fenced_writes_refuse_lower_fences_and_roll_back_with_the_transaction() {
         let (store, pool) = setup("intx_fenced").await;
@@ -1148,31 +1150,11 @@ mod in_transaction {
                     .await
                     .unwrap();
             assert_eq!((balance, fence), (4, 7));
-            // The upsert inserts a missing row, and is fenced like the update.
-            let upsert = |balance: i64| {
-                FencedRow::new("accounts", "id", "fence")
-                    .unwrap()
-                    .set("balance", balance)
-                    .unwrap()
-            };
-            assert_eq!(
-                upsert(10).upsert(&mut conn, "b", 3).await.unwrap(),
-                FencedWrite::Written
-            );
-            assert_eq!(
-                upsert(11).upsert(&mut conn, "b", 2).await.unwrap(),
-                FencedWrite::Stale { highest: 3 }
-            );
-            assert_eq!(
-                upsert(12).upsert(&mut conn, "b", 3).await.unwrap(),
-                FencedWrite::Written
-            );
         }
         // Not visible outside, and gone after the rollback.
         assert_eq!(account(&pool, "a").await, Some((100, 5)));
         tx.rollback().await.unwrap();
         assert_eq!(account(&pool, "a").await, Some((100, 5)));
-        assert_eq!(account(&pool, "b").await, None);
         // On the caller's own transaction, committed.
         let mut own = pool.begin().await.unwrap();
         assert_eq!(
@@ -1232,7 +1214,8 @@ mod in_transaction {
         store.close().await;
     }
 
-    /// Names are validated and quoted, never interpolated.
+    /// Names are validated and quoted, never interpolated; a table or
+    /// column that is not there is a configuration error.
     #[tokio::test]
     async fn fenced_identifiers_are_validated() {
         for (table, key, fence) in [
@@ -1243,26 +1226,44 @@ mod in_transaction {
             ("a.b.c", "id", "fence"),
             ("accounts", "id", "id"),
         ] {
-            let err = FencedRow::new(table, key, fence).unwrap_err();
+            let err = FencedTable::new(table, key, fence).unwrap_err();
             assert!(
                 matches!(err, Error::InvalidInput(InvalidInput::Argument(_))),
                 "{table} {key} {fence}: {err:?}"
             );
         }
-        let row = FencedRow::new("main.accounts", "id", "fence").unwrap();
+        let accounts = FencedTable::new("main.accounts", "id", "fence").unwrap();
         for column in ["balance = 0 --", "id", "fence"] {
             assert!(matches!(
-                FencedRow::new("accounts", "id", "fence")
-                    .unwrap()
-                    .set(column, 1_i64),
+                accounts.update("a", 1).unwrap().set(column, 1_i64),
                 Err(Error::InvalidInput(InvalidInput::Argument(_)))
             ));
         }
-        let twice = row.set("balance", 1_i64).unwrap().set("balance", 2_i64);
-        assert!(matches!(
-            twice,
-            Err(Error::InvalidInput(InvalidInput::Argument(_)))
-        ));
+        let (store, pool) = setup("intx_fenced_names").await;
+        let mut conn = pool.acquire().await.unwrap();
+        for (table, column) in [("nothing", "balance"), ("accounts", "nothing")] {
+            let err = FencedTable::new(table, "id", "fence")
+                .unwrap()
+                .update("a", 1)
+                .unwrap()
+                .set(column, 1_i64)
+                .unwrap()
+                .execute(&mut conn)
+                .await
+                .unwrap_err();
+            assert!(matches!(err, Error::Config(_)), "{err:?}");
+        }
+        // The quoted name of a real table works, with its schema.
+        assert_eq!(
+            accounts
+                .update("a", 1)
+                .unwrap()
+                .execute(&mut conn)
+                .await
+                .unwrap(),
+            FencedWrite::Missing
+        );
+        store.close().await;
     }
 
     /// A backend that opens an `InTransaction` per raw call and commits
