@@ -2,9 +2,11 @@
 //! caller's pool (see the crate docs, "In the caller's transaction").
 
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use coord_backend::reclaim as floor;
 use coord_backend::{
     validate_namespace, Assert, Backend, ChangeWatch, Changes, Entry, Error, InvalidInput, Limits,
     Mutation, ReclaimOptions, Reclaimed, Result, TxnOutcome,
@@ -13,7 +15,7 @@ use sqlx::sqlite::{SqliteConnection, SqlitePool};
 use sqlx::{Sqlite, Transaction};
 use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 
-use crate::{apply_txn, is_busy, list_keys, read_entries, Attempt};
+use crate::{apply_txn, is_busy, list_keys, read_entries, required_format, Attempt};
 
 /// The [`Backend::store_name`] of an [`InTransaction`].
 const STORE_NAME: &str = "sqlite-in-transaction";
@@ -60,6 +62,8 @@ const NO_WAITING: &str = "waiting for other clients' commits inside a caller's t
 pub struct InTransaction {
     namespace: String,
     state: Mutex<State>,
+    /// Whether a txn already read the namespace's required storage format.
+    format_checked: AtomicBool,
 }
 
 /// Where the bound transaction is.
@@ -251,6 +255,7 @@ impl InTransaction {
         Arc::new(InTransaction {
             namespace: namespace.to_owned(),
             state: Mutex::new(State::Open(tx)),
+            format_checked: AtomicBool::new(false),
         })
     }
 
@@ -381,9 +386,26 @@ impl Backend for InTransaction {
     /// The statements of [`SqliteBackend`](crate::SqliteBackend)'s txn
     /// without its `BEGIN IMMEDIATE` / `COMMIT` and busy retries: applied
     /// inside the caller's transaction.
+    ///
+    /// The first txn also reads (never writes) the namespace's required
+    /// storage format: a namespace that a newer coord reclaimed refuses
+    /// this client's writes ([`Error::FormatMismatch`]), as the pooled
+    /// store's announcement does (see `coord_backend::reclaim`, "Mixed versions").
     async fn raw_txn(&self, asserts: &[Assert], mutations: &[Mutation]) -> Result<TxnOutcome> {
         let mut call = self.call("txn").await?;
-        let result = apply_txn(call.conn(), &self.namespace, asserts, mutations).await;
+        let result = async {
+            let conn = call.conn();
+            if !self.format_checked.load(Ordering::Relaxed) {
+                let required = required_format(&mut *conn, &self.namespace).await?;
+                floor::check_announce(
+                    floor::STORAGE_FORMAT,
+                    required.map_or(0, |r| u32::try_from(r).unwrap_or(u32::MAX)),
+                )?;
+                self.format_checked.store(true, Ordering::Relaxed);
+            }
+            apply_txn(conn, &self.namespace, asserts, mutations).await
+        }
+        .await;
         call.end(result)
     }
 

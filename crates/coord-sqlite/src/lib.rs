@@ -150,7 +150,10 @@
 //!   storage-format announcement is written inside the caller's
 //!   transaction: the process's [`SqliteBackend`] (opened once anyway for
 //!   the schema) announces before its txns (see `coord_backend::reclaim`,
-//!   "Mixed versions").
+//!   "Mixed versions"). The first txn through an [`InTransaction`] reads
+//!   the namespace's required format, and refuses
+//!   ([`Error::FormatMismatch`]) when a newer coord requires more than this
+//!   crate writes.
 //! - [`Backend::store_name`] is `"sqlite-in-transaction"`.
 //!
 //! [`fenced`] writes the caller's own rows only while the caller's fence
@@ -626,12 +629,12 @@ impl SqliteBackend {
 /// The namespace's required storage format (the row of client `''`), if
 /// an announcement wrote it yet.
 async fn required_format(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    conn: &mut SqliteConnection,
     namespace: &str,
 ) -> std::result::Result<Option<i64>, Attempt> {
     sqlx::query_scalar("SELECT format FROM coord_clients WHERE ns = ?1 AND client = ''")
         .bind(namespace)
-        .fetch_optional(&mut **tx)
+        .fetch_optional(&mut *conn)
         .await
         .map_err(|e| before_commit("reading the required format", e))
 }

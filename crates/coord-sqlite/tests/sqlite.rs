@@ -1024,6 +1024,29 @@ mod in_transaction {
         panic!("no txn was still running after its first poll");
     }
 
+    /// A namespace that requires a newer storage format than this crate
+    /// writes refuses txns inside a transaction too (it is read, not
+    /// announced, there), and the transaction is not broken by it.
+    #[tokio::test]
+    async fn a_namespace_requiring_a_newer_format_refuses_txns() {
+        let (store, pool) = setup("intx_format").await;
+        store.txn(&[], &[put("k", "v")]).await.unwrap();
+        sqlx::query("UPDATE coord_clients SET format = 999 WHERE ns = ?1 AND client = ''")
+            .bind(NS)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let tx = InTransaction::begin(&pool, NS).await.unwrap();
+        let err = tx.txn(&[], &[put("k", "w")]).await.unwrap_err();
+        assert!(
+            matches!(err, Error::FormatMismatch { theirs: 999, .. }),
+            "{err:?}"
+        );
+        assert_eq!(tx.get("k").await.unwrap().value.as_deref(), Some(&b"v"[..]));
+        tx.commit().await.unwrap();
+        store.close().await;
+    }
+
     /// Waiting is refused (the watch), and so is maintenance.
     #[tokio::test]
     async fn watch_and_reclaim_are_refused() {
