@@ -119,7 +119,9 @@
 //!   rejection (`applied = false` with the current entries). There is no
 //!   [`Error::Indeterminate`] from a call (nothing is committed by it):
 //!   `SQLITE_BUSY` / `SQLITE_LOCKED` and every other failed statement are
-//!   [`Error::Unavailable`], after which the transaction is *broken*: later
+//!   [`Error::Unavailable`] (a missing schema is [`Error::Config`], a row
+//!   coord did not write [`Error::MalformedRecord`]: neither changed
+//!   anything), after which the transaction is *broken*: later
 //!   calls and [`InTransaction::conn`] are refused with
 //!   [`Error::Unavailable`] and [`InTransaction::commit`] rolls back and
 //!   says so (SQLite may already have rolled the transaction back on its
