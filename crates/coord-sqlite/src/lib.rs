@@ -86,6 +86,82 @@
 //! - [`Limits::DEFAULT`] unless [`SqliteOptions::limits`] says otherwise.
 //! - Needs a tokio runtime with the time driver (retries sleep).
 //!
+//! # In the caller's transaction
+//!
+//! [`InTransaction`] is a coord store bound to ONE open transaction of the
+//! application's own [`SqlitePool`]: every coord write made through it
+//! (a board task added, a side effect recorded, a lock taken) commits or
+//! rolls back with the application's own rows. It runs the very statements
+//! of [`SqliteBackend`]'s txn (the `SELECT` of the asserted keys, the
+//! checks, the multi-row upsert with the same version, tombstone and floor
+//! rules) without its `BEGIN IMMEDIATE` / `COMMIT` and without its busy
+//! retries: those belong to the caller's transaction.
+//!
+//! - **One file.** The application's pool must open the coord store's file
+//!   ([`pool_options`] gives coord's own connection settings, and does not
+//!   create the file); the schema is created by [`SqliteBackend::open`] /
+//!   [`SqliteBackend::connect`], which must have run once on that file (a
+//!   missing table is [`Error::Config`] naming that fix). WAL mode is the
+//!   file's (set by that open); `busy_timeout` and `synchronous` are the
+//!   pool's options: keep `synchronous = FULL` (the default) when the store
+//!   hands out fences, and a `busy_timeout` of seconds (5 s in
+//!   [`pool_options`]).
+//! - **Begin.** [`InTransaction::begin`] opens `BEGIN IMMEDIATE`: the whole
+//!   database's write lock is taken at once (waiting up to `busy_timeout`),
+//!   so no write inside can meet `SQLITE_BUSY`.
+//!   [`InTransaction::from_transaction`] binds a transaction the caller
+//!   began; a `DEFERRED` one (sqlx's `begin()`) takes the lock at its first
+//!   write, which fails with `SQLITE_BUSY` when another connection committed
+//!   since the transaction's first read.
+//! - **Answers.** A txn whose asserts hold is applied *within the
+//!   transaction*: later calls through the same [`InTransaction`] see it,
+//!   other connections do not until `COMMIT`. A rejected assert is a plain
+//!   rejection (`applied = false` with the current entries). There is no
+//!   [`Error::Indeterminate`] from a call (nothing is committed by it):
+//!   `SQLITE_BUSY` / `SQLITE_LOCKED` and every other failed statement are
+//!   [`Error::Unavailable`] (a missing schema is [`Error::Config`], a row
+//!   coord did not write [`Error::MalformedRecord`]: neither changed
+//!   anything), after which the transaction is *broken*: later
+//!   calls and [`InTransaction::conn`] are refused with
+//!   [`Error::Unavailable`] and [`InTransaction::commit`] rolls back and
+//!   says so (SQLite may already have rolled the transaction back on its
+//!   own after `SQLITE_BUSY`). A call cancelled half way (its future
+//!   dropped) breaks it too. Roll back and retry the WHOLE transaction.
+//! - **Commit.** [`InTransaction::commit`]: [`Error::Unavailable`] when
+//!   nothing was committed (`SQLITE_BUSY` at `COMMIT`, which SQLite leaves
+//!   uncommitted and coord rolls back), [`Error::Indeterminate`] when
+//!   `COMMIT` failed otherwise (it may have committed). After `commit` or
+//!   [`rollback`](InTransaction::rollback), every call and `conn` is refused
+//!   with [`InvalidInput::Argument`](coord_backend::InvalidInput::Argument)
+//!   and nothing reaches SQLite.
+//! - **Nothing is real before `COMMIT`.** A fence, token or version an
+//!   adapter got inside the transaction exists only once `commit` returned
+//!   `Ok`: after a rollback the same versions (and so fences) are handed out
+//!   again by later txns, which is safe because no other client could read
+//!   them. Do not use them outside the transaction before it committed.
+//! - **No waiting.** [`Backend::changes`] is `Some`, but every
+//!   [`Changes::watch`] fails with [`Error::Unsupported`] (`what`: "waiting
+//!   for other clients' commits inside a caller's transaction"), and the
+//!   adapters refuse every call that would have to wait (a lock wait,
+//!   `claim_next_wait`, …); a call that succeeds at once works. Why: the
+//!   transaction holds the whole database's write lock (a `DEFERRED` one
+//!   reads one snapshot), so another client's commit cannot arrive while it
+//!   is open, and a waiter would wait out its timeout.
+//! - **Maintenance and announcements stay on the pooled store.**
+//!   [`Backend::reclaim`] is refused ([`Error::Unsupported`]), and no
+//!   storage-format announcement is written inside the caller's
+//!   transaction: the process's [`SqliteBackend`] (opened once anyway for
+//!   the schema) announces before its txns (see `coord_backend::reclaim`,
+//!   "Mixed versions"). The first txn through an [`InTransaction`] reads
+//!   the namespace's required format, and refuses
+//!   ([`Error::FormatMismatch`]) when a newer coord requires more than this
+//!   crate writes.
+//! - [`Backend::store_name`] is `"sqlite-in-transaction"`.
+//!
+//! [`fenced`] writes the caller's own rows only while the caller's fence
+//! (from a coord lock or claim) is at least the highest the row has seen,
+//! in the same transaction.
+//!
 //! # Example
 //!
 //! ```
@@ -109,6 +185,8 @@
 //! ```
 
 mod changes;
+pub mod fenced;
+mod in_transaction;
 mod options;
 mod schema;
 
@@ -129,6 +207,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{AssertSqlSafe, Connection, Row};
 
+pub use in_transaction::{InTransaction, TransactionConn};
 pub use options::{Durability, SqliteOptions};
 
 /// A coord store in one SQLite file: atomic across the processes of one
@@ -175,10 +254,32 @@ pub(crate) fn is_busy(error: &sqlx::Error) -> bool {
     }
 }
 
+/// Whether `error` says the coord schema (or part of it) is not in the
+/// database: a file [`SqliteBackend::open`] never prepared, or an older
+/// revision of it (a caller's pool opened on another file, see
+/// [`InTransaction`]).
+fn schema_missing(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => {
+            let message = db.message();
+            ["no such table: coord_", "no such index: coord_"]
+                .iter()
+                .any(|start| message.starts_with(start))
+        }
+        _ => false,
+    }
+}
+
 /// Classify an error raised before `COMMIT` was sent: nothing was written.
 fn before_commit(what: &str, error: sqlx::Error) -> Attempt {
     if is_busy(&error) {
         Attempt::Busy(error)
+    } else if schema_missing(&error) {
+        Attempt::Failed(Error::Config(format!(
+            "sqlite: {what}: {error}; the coord schema is missing from this database \
+             (open it once with coord_sqlite::SqliteBackend::open or connect, which creates \
+             it, and make sure the connection's file is the coord store's)"
+        )))
     } else {
         Attempt::Failed(Error::unavailable(format!("sqlite: {what}"), error))
     }
@@ -194,6 +295,33 @@ fn connect_options(path: &Path, options: &SqliteOptions) -> SqliteConnectOptions
             Durability::Full => SqliteSynchronous::Full,
             Durability::Normal => SqliteSynchronous::Normal,
         })
+}
+
+/// Connection options for the application's own pool on the coord store's
+/// file at `path`, for [`InTransaction`]: what coord's own connections
+/// use with the default [`SqliteOptions`] (`busy_timeout` 5 s, `synchronous
+/// = FULL`, see [`Durability::Full`]), except that the file is never created
+/// (it must be one [`SqliteBackend::open`] prepared: the schema and WAL mode
+/// are its) and foreign keys stay on (sqlx's default; coord's tables have
+/// none). Chain more settings as usual:
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), sqlx::Error> {
+/// use sqlx::sqlite::SqlitePoolOptions;
+///
+/// let pool = SqlitePoolOptions::new()
+///     .max_connections(8)
+///     .connect_with(coord_sqlite::pool_options("data/app.db").busy_timeout(std::time::Duration::from_secs(10)))
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub fn pool_options(path: impl AsRef<Path>) -> SqliteConnectOptions {
+    let defaults = SqliteOptions::default();
+    SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(false)
+        .busy_timeout(defaults.busy_timeout)
+        .synchronous(SqliteSynchronous::Full)
 }
 
 /// `?2, ?3, …` for `count` parameters starting at `?first`.
@@ -270,6 +398,44 @@ async fn read_entries(
         .iter()
         .map(|k| found.remove(*k).unwrap_or_else(|| Entry::missing(*k)))
         .collect())
+}
+
+/// The live keys of `namespace` under `prefix` on `conn`, sorted, the first
+/// `limit` of them (`None`: all).
+async fn list_keys(
+    conn: &mut SqliteConnection,
+    namespace: &str,
+    prefix: &str,
+    limit: Option<usize>,
+) -> std::result::Result<Vec<String>, Attempt> {
+    // SQLite reads a negative LIMIT as none.
+    let limit = limit.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
+    let rows = match successor(prefix) {
+        Some(end) => sqlx::query(
+            "SELECT key FROM coord_kv INDEXED BY coord_kv_live \
+             WHERE ns = ?1 AND key >= ?2 AND key < CAST(?3 AS TEXT) \
+             AND value IS NOT NULL ORDER BY key LIMIT ?4",
+        )
+        .bind(namespace)
+        .bind(prefix)
+        .bind(end)
+        .bind(limit),
+        None => sqlx::query(
+            "SELECT key FROM coord_kv INDEXED BY coord_kv_live \
+             WHERE ns = ?1 AND value IS NOT NULL ORDER BY key LIMIT ?2",
+        )
+        .bind(namespace)
+        .bind(limit),
+    }
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| before_commit("listing keys", e))?;
+    rows.iter()
+        .map(|row| {
+            row.try_get::<String, _>("key")
+                .map_err(|e| Attempt::Failed(Error::malformed("?", format!("unreadable key: {e}"))))
+        })
+        .collect()
 }
 
 impl SqliteBackend {
@@ -387,35 +553,12 @@ impl SqliteBackend {
         prefix: &str,
         limit: Option<usize>,
     ) -> std::result::Result<Vec<String>, Attempt> {
-        // SQLite reads a negative LIMIT as none.
-        let limit = limit.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
-        let rows = match successor(prefix) {
-            Some(end) => sqlx::query(
-                "SELECT key FROM coord_kv INDEXED BY coord_kv_live \
-                 WHERE ns = ?1 AND key >= ?2 AND key < CAST(?3 AS TEXT) \
-                 AND value IS NOT NULL ORDER BY key LIMIT ?4",
-            )
-            .bind(&self.namespace)
-            .bind(prefix)
-            .bind(end)
-            .bind(limit),
-            None => sqlx::query(
-                "SELECT key FROM coord_kv INDEXED BY coord_kv_live \
-                 WHERE ns = ?1 AND value IS NOT NULL ORDER BY key LIMIT ?2",
-            )
-            .bind(&self.namespace)
-            .bind(limit),
-        }
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|e| before_commit("listing keys", e))?;
-        rows.iter()
-            .map(|row| {
-                row.try_get::<String, _>("key").map_err(|e| {
-                    Attempt::Failed(Error::malformed("?", format!("unreadable key: {e}")))
-                })
-            })
-            .collect()
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| before_commit("acquiring a connection", e))?;
+        list_keys(&mut conn, &self.namespace, prefix, limit).await
     }
 
     /// The writer connection, for a write; failing to get it wrote nothing.
@@ -488,12 +631,12 @@ impl SqliteBackend {
 /// The namespace's required storage format (the row of client `''`), if
 /// an announcement wrote it yet.
 async fn required_format(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    conn: &mut SqliteConnection,
     namespace: &str,
 ) -> std::result::Result<Option<i64>, Attempt> {
     sqlx::query_scalar("SELECT format FROM coord_clients WHERE ns = ?1 AND client = ''")
         .bind(namespace)
-        .fetch_optional(&mut **tx)
+        .fetch_optional(&mut *conn)
         .await
         .map_err(|e| before_commit("reading the required format", e))
 }
@@ -657,8 +800,80 @@ async fn reclaim_on(
     }
 }
 
-/// One attempt of a txn on `conn`; also says whether `conn` was left
-/// outside any transaction (a failed ROLLBACK may leave it unknown).
+/// The statements of one txn on `conn`, which must already be inside a
+/// write-capable transaction (shared by [`SqliteBackend`], which wraps them
+/// in its own `BEGIN IMMEDIATE` … `COMMIT`, and [`InTransaction`], where
+/// the caller's transaction does): one `SELECT` of the asserted keys, every
+/// assert checked, then, when they all hold, one multi-row upsert
+/// `RETURNING` the versions it stored. A rejected txn wrote nothing.
+async fn apply_txn(
+    conn: &mut SqliteConnection,
+    namespace: &str,
+    asserts: &[Assert],
+    mutations: &[Mutation],
+) -> std::result::Result<TxnOutcome, Attempt> {
+    let asserted = distinct_keys(asserts.iter().map(|a| a.key.as_str()));
+    let current = read_entries(&mut *conn, namespace, &asserted).await?;
+    let holds = asserts.iter().all(|a| {
+        current
+            .iter()
+            .find(|e| e.key == a.key)
+            .is_some_and(|e| e.version == a.version)
+    });
+    if !holds {
+        return Ok(TxnOutcome::rejected(current));
+    }
+    if mutations.is_empty() {
+        return Ok(TxnOutcome::applied_at(Vec::new()));
+    }
+    let rows = (0..mutations.len())
+        .map(|i| {
+            format!(
+                "(?1, ?{}, (SELECT n FROM floor), ?{})",
+                2 + 2 * i,
+                3 + 2 * i
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    // A key without a row starts at the namespace's floor + 1 (see
+    // `coord_backend::reclaim`). Inside a caller's transaction that is rolled
+    // back, the versions handed out here are handed out again by a later
+    // txn: that is safe, because no one outside the transaction could read
+    // them (SQLite shows other connections only committed rows), so no
+    // version is ever observed twice by anyone who could compare them.
+    let sql = format!(
+        "WITH floor(n) AS (SELECT coalesce(max(floor), 0) + 1 FROM coord_floor WHERE ns = ?1) \
+         INSERT INTO coord_kv (ns, key, version, value) VALUES {rows} \
+         ON CONFLICT (ns, key) DO UPDATE SET version = version + 1, value = excluded.value \
+         RETURNING key, version, value IS NOT NULL"
+    );
+    // Only numbered placeholders are formatted into the SQL; keys and values are bound.
+    let mut query = sqlx::query_as(AssertSqlSafe(sql)).bind(namespace);
+    for mutation in mutations {
+        query = match mutation {
+            Mutation::Put { key, value } => query.bind(key).bind(Some(value.as_slice())),
+            Mutation::Delete { key } => query.bind(key).bind(None::<&[u8]>),
+        };
+    }
+    // The version each row holds after the upsert (its floor + 1 when
+    // created, one past its tombstone's): reported for the puts.
+    let rows: Vec<(String, i64, bool)> = query
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| before_commit("writing", e))?;
+    // A row coord did not write (a version not positive) reports nothing.
+    Ok(TxnOutcome::applied_at(
+        rows.into_iter()
+            .filter(|(_, version, live)| *live && *version > 0)
+            .map(|(key, version, _)| (key, Version(version.unsigned_abs())))
+            .collect(),
+    ))
+}
+
+/// One attempt of a txn on `conn` in a transaction of its own; also says
+/// whether `conn` was left outside any transaction (a failed ROLLBACK may
+/// leave it unknown).
 async fn txn_on(
     conn: &mut SqliteConnection,
     namespace: &str,
@@ -669,63 +884,17 @@ async fn txn_on(
         Ok(tx) => tx,
         Err(e) => return (Err(before_commit("BEGIN IMMEDIATE", e)), true),
     };
-    let asserted = distinct_keys(asserts.iter().map(|a| a.key.as_str()));
-    let current = match read_entries(&mut tx, namespace, &asserted).await {
-        Ok(current) => current,
+    let outcome = match apply_txn(&mut tx, namespace, asserts, mutations).await {
+        Ok(outcome) => outcome,
         Err(attempt) => return (Err(attempt), true),
     };
-    let holds = asserts.iter().all(|a| {
-        current
-            .iter()
-            .find(|e| e.key == a.key)
-            .is_some_and(|e| e.version == a.version)
-    });
-    if !holds {
+    if !outcome.applied {
         // Nothing was written, so the answer stands even if ROLLBACK fails.
         let clean = tx.rollback().await.is_ok();
-        return (Ok(TxnOutcome::rejected(current)), clean);
-    }
-    let mut written = Vec::new();
-    if !mutations.is_empty() {
-        let rows = (0..mutations.len())
-            .map(|i| {
-                format!(
-                    "(?1, ?{}, (SELECT n FROM floor), ?{})",
-                    2 + 2 * i,
-                    3 + 2 * i
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
-        let sql = format!(
-            "WITH floor(n) AS (SELECT coalesce(max(floor), 0) + 1 FROM coord_floor WHERE ns = ?1) \
-             INSERT INTO coord_kv (ns, key, version, value) VALUES {rows} \
-             ON CONFLICT (ns, key) DO UPDATE SET version = version + 1, value = excluded.value \
-             RETURNING key, version, value IS NOT NULL"
-        );
-        // Only numbered placeholders are formatted into the SQL; keys and values are bound.
-        let mut query = sqlx::query_as(AssertSqlSafe(sql)).bind(namespace);
-        for mutation in mutations {
-            query = match mutation {
-                Mutation::Put { key, value } => query.bind(key).bind(Some(value.as_slice())),
-                Mutation::Delete { key } => query.bind(key).bind(None::<&[u8]>),
-            };
-        }
-        // The version each row holds after the upsert (its floor + 1 when
-        // created, one past its tombstone's): reported for the puts.
-        let rows: Vec<(String, i64, bool)> = match query.fetch_all(&mut *tx).await {
-            Ok(rows) => rows,
-            Err(e) => return (Err(before_commit("writing", e)), true),
-        };
-        // A row coord did not write (a version not positive) reports nothing.
-        written = rows
-            .into_iter()
-            .filter(|(_, version, live)| *live && *version > 0)
-            .map(|(key, version, _)| (key, Version(version.unsigned_abs())))
-            .collect();
+        return (Ok(outcome), clean);
     }
     match tx.commit().await {
-        Ok(()) => (Ok(TxnOutcome::applied_at(written)), true),
+        Ok(()) => (Ok(outcome), true),
         // SQLite keeps the txn open and uncommitted after a busy COMMIT;
         // dropping it rolled it back, so retrying is safe.
         Err(e) if is_busy(&e) => (Err(Attempt::Busy(e)), true),

@@ -708,3 +708,691 @@ async fn a_database_of_format_3_is_read_by_this_release() {
     store.close().await;
     std::fs::remove_file(&copy).unwrap();
 }
+
+/// `coord_sqlite::InTransaction` (a backend bound to the caller's
+/// transaction) and `coord_sqlite::fenced` (see the crate docs, "In the
+/// caller's transaction"). Each test has a file of its own: a transaction
+/// begun with `BEGIN IMMEDIATE` locks the whole file.
+mod in_transaction {
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::task::Poll;
+    use std::time::Duration;
+
+    use coord_adapters::board::{Board, BoardAdapter, BoardError, TaskSpec};
+    use coord_backend::{
+        Assert, Backend, BackendExt, Error, InvalidInput, Mutation, ReclaimOptions, Version,
+    };
+    use coord_conformance::BackendFactory;
+    use coord_sqlite::fenced::{FencedTable, FencedWrite};
+    use coord_sqlite::{InTransaction, SqliteBackend};
+    use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
+
+    use super::{private_file, put};
+
+    const NS: &str = "app";
+    const TTL: Duration = Duration::from_secs(60);
+
+    /// The coord store (which creates the schema) and the application's
+    /// own pool on the same file, with the application's tables.
+    async fn setup(label: &str) -> (SqliteBackend, SqlitePool) {
+        let path = private_file(label);
+        let store = SqliteBackend::open(&path, NS).await.unwrap();
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(coord_sqlite::pool_options(&path))
+            .await
+            .unwrap();
+        for table in [
+            "CREATE TABLE orders (id TEXT PRIMARY KEY, item TEXT NOT NULL)",
+            "CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL, \
+             fence INTEGER NOT NULL DEFAULT 0)",
+        ] {
+            sqlx::query(table).execute(&pool).await.unwrap();
+        }
+        (store, pool)
+    }
+
+    async fn orders(pool: &SqlitePool) -> Vec<String> {
+        sqlx::query_scalar("SELECT id FROM orders ORDER BY id")
+            .fetch_all(pool)
+            .await
+            .unwrap()
+    }
+
+    async fn insert_order(tx: &InTransaction, id: &str) {
+        sqlx::query("INSERT INTO orders (id, item) VALUES (?1, 'book')")
+            .bind(id)
+            .execute(&mut *tx.conn().await.unwrap())
+            .await
+            .unwrap();
+    }
+
+    fn finished(error: Error) {
+        assert!(
+            matches!(&error, Error::InvalidInput(InvalidInput::Argument(m)) if m.contains("finished")),
+            "{error:?}"
+        );
+    }
+
+    /// The caller's row and a board task (added through the adapter over
+    /// the transaction) roll back together, then commit together; reads
+    /// through the transaction see its own writes, the pooled store does not.
+    #[tokio::test]
+    async fn business_rows_and_coord_records_commit_and_roll_back_together() {
+        let (store, pool) = setup("intx_together").await;
+        let pooled = BoardAdapter::new(Arc::new(store.clone()));
+        for commit in [false, true] {
+            let tx = InTransaction::begin(&pool, NS).await.unwrap();
+            insert_order(&tx, "o1").await;
+            let board = BoardAdapter::new(tx.clone());
+            board
+                .add(TaskSpec::new("ship-o1", b"o1".to_vec()))
+                .await
+                .unwrap();
+            // Its own writes, inside; nothing outside.
+            assert_eq!(board.get("ship-o1").await.unwrap().payload, b"o1");
+            assert_eq!(
+                tx.keys("board/task/").await.unwrap(),
+                ["board/task/ship-o1"]
+            );
+            assert!(matches!(
+                pooled.get("ship-o1").await,
+                Err(BoardError::NotFound { .. })
+            ));
+            assert!(store.keys("board/").await.unwrap().is_empty());
+            assert!(orders(&pool).await.is_empty());
+            if commit {
+                tx.commit().await.unwrap();
+            } else {
+                tx.rollback().await.unwrap();
+                assert!(orders(&pool).await.is_empty());
+                assert!(store.keys("").await.unwrap().is_empty());
+                assert!(matches!(
+                    pooled.get("ship-o1").await,
+                    Err(BoardError::NotFound { .. })
+                ));
+            }
+        }
+        assert_eq!(orders(&pool).await, ["o1"]);
+        assert_eq!(pooled.get("ship-o1").await.unwrap().payload, b"o1");
+        store.close().await;
+    }
+
+    /// Raw txns inside: the versions follow the pooled store's rules (a new
+    /// row at floor + 1, +1 per write), a rejected assert is a plain
+    /// rejection with the current entries, and the transaction goes on.
+    #[tokio::test]
+    async fn txns_inside_follow_the_stores_rules() {
+        let (store, pool) = setup("intx_rules").await;
+        store.txn(&[], &[put("a", "1")]).await.unwrap();
+        let tx = InTransaction::begin(&pool, NS).await.unwrap();
+        let a = tx.get("a").await.unwrap();
+        assert_eq!(
+            (a.version, a.value.as_deref()),
+            (Version(1), Some(&b"1"[..]))
+        );
+        let out = tx
+            .txn(
+                &[Assert::at("a", Version(1))],
+                &[put("a", "2"), put("b", "1")],
+            )
+            .await
+            .unwrap();
+        assert!(out.applied);
+        assert_eq!(
+            out.written,
+            [("a".to_owned(), Version(2)), ("b".to_owned(), Version(1))]
+        );
+        let rejected = tx
+            .txn(
+                &[Assert::at("a", Version(1)), Assert::missing("b")],
+                &[put("c", "x")],
+            )
+            .await
+            .unwrap();
+        assert!(!rejected.applied);
+        assert_eq!(rejected.current.len(), 2);
+        assert_eq!(rejected.current[0].version, Version(2));
+        assert_eq!(rejected.current[1].version, Version(1));
+        assert_eq!(tx.keys("").await.unwrap(), ["a", "b"]);
+        assert_eq!(tx.first_keys("", 1).await.unwrap(), ["a"]);
+        // Uncommitted: the pooled store still reads version 1 and no `b`.
+        assert_eq!(store.get("a").await.unwrap().version, Version(1));
+        assert_eq!(store.keys("").await.unwrap(), ["a"]);
+        tx.txn(&[], &[Mutation::delete("b")]).await.unwrap();
+        tx.commit().await.unwrap();
+        let a = store.get("a").await.unwrap();
+        assert_eq!(
+            (a.version, a.value.as_deref()),
+            (Version(2), Some(&b"2"[..]))
+        );
+        assert_eq!(store.keys("").await.unwrap(), ["a"]);
+        // `b`'s tombstone keeps its count.
+        let out = store.txn(&[], &[put("b", "again")]).await.unwrap();
+        assert_eq!(out.written, [("b".to_owned(), Version(3))]);
+        store.close().await;
+    }
+
+    /// Two transactions begun with `BEGIN IMMEDIATE` race to claim one
+    /// task: the second waits for the first's lock, then sees its commit,
+    /// so exactly one claim exists after both committed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_immediate_transactions_race_for_one_claim() {
+        let (store, pool) = setup("intx_race").await;
+        BoardAdapter::new(Arc::new(store.clone()))
+            .add(TaskSpec::new("job", b"".to_vec()))
+            .await
+            .unwrap();
+        let first = InTransaction::begin(&pool, NS).await.unwrap();
+        let second = {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let tx = InTransaction::begin(&pool, NS).await.unwrap();
+                let claim = BoardAdapter::new(tx.clone())
+                    .claim("job", "second", TTL)
+                    .await;
+                tx.commit().await.unwrap();
+                claim
+            })
+        };
+        // The second is waiting for the write lock the first holds.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!second.is_finished());
+        let won = BoardAdapter::new(first.clone())
+            .claim("job", "first", TTL)
+            .await
+            .unwrap();
+        first.commit().await.unwrap();
+        let lost = second.await.unwrap();
+        assert!(
+            matches!(&lost, Err(BoardError::AlreadyClaimed { agent, .. }) if agent == "first"),
+            "{lost:?}"
+        );
+        let task = BoardAdapter::new(Arc::new(store.clone()))
+            .get("job")
+            .await
+            .unwrap();
+        assert_eq!(task.fence, won.fence);
+        store.close().await;
+    }
+
+    /// Two DEFERRED transactions (the caller's own `pool.begin()`) read the
+    /// same missing record and both create it: the first commits, the
+    /// second's write meets SQLITE_BUSY (its snapshot is stale), which is
+    /// `Unavailable`; its transaction is broken (its own row included) and
+    /// its COMMIT rolls back.
+    #[tokio::test]
+    async fn deferred_transactions_racing_one_record_one_wins_one_is_unavailable() {
+        let (store, pool) = setup("intx_deferred").await;
+        let one = InTransaction::from_transaction(pool.begin().await.unwrap(), NS).unwrap();
+        let two = InTransaction::from_transaction(pool.begin().await.unwrap(), NS).unwrap();
+        assert!(one.get("rec").await.unwrap().value.is_none());
+        assert!(two.get("rec").await.unwrap().value.is_none());
+        let create = |who: &str| (vec![Assert::missing("rec")], vec![put("rec", who)]);
+        let (asserts, mutations) = create("one");
+        assert!(one.txn(&asserts, &mutations).await.unwrap().applied);
+        insert_order(&one, "o-one").await;
+        one.commit().await.unwrap();
+        let (asserts, mutations) = create("two");
+        let err = two.txn(&asserts, &mutations).await.unwrap_err();
+        assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+        // Broken: refused until rolled back; its COMMIT rolls back.
+        assert!(matches!(two.conn().await, Err(Error::Unavailable { .. })));
+        assert!(matches!(
+            two.get("rec").await,
+            Err(Error::Unavailable { .. })
+        ));
+        let err = two.commit().await.unwrap_err();
+        assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+        finished(two.get("rec").await.unwrap_err());
+        let rec = store.get("rec").await.unwrap();
+        assert_eq!(rec.value.as_deref(), Some(&b"one"[..]));
+        assert_eq!(orders(&pool).await, ["o-one"]);
+        store.close().await;
+    }
+
+    /// After commit or rollback every call is refused before reaching
+    /// SQLite: the pool's only connection is held elsewhere, and every
+    /// call still answers at once.
+    #[tokio::test]
+    async fn calls_after_commit_or_rollback_are_refused_and_send_nothing() {
+        let (store, _) = setup("intx_finished").await;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(coord_sqlite::pool_options(store.path()))
+            .await
+            .unwrap();
+        for commit in [true, false] {
+            let tx = InTransaction::begin(&pool, NS).await.unwrap();
+            tx.txn(&[], &[put("k", "v")]).await.unwrap();
+            if commit {
+                tx.commit().await.unwrap();
+            } else {
+                tx.rollback().await.unwrap();
+            }
+            let _only = pool.acquire().await.unwrap();
+            let calls = async {
+                finished(tx.txn(&[], &[put("k", "w")]).await.unwrap_err());
+                finished(tx.get("k").await.unwrap_err());
+                finished(tx.keys("").await.unwrap_err());
+                finished(tx.first_keys("", 1).await.unwrap_err());
+                finished(tx.conn().await.unwrap_err());
+                finished(tx.commit().await.unwrap_err());
+                finished(tx.rollback().await.unwrap_err());
+            };
+            tokio::time::timeout(Duration::from_secs(5), calls)
+                .await
+                .expect("a call on a finished transaction waited for a connection");
+        }
+        let k = store.get("k").await.unwrap();
+        assert_eq!(
+            (k.version, k.value.as_deref()),
+            (Version(1), Some(&b"v"[..]))
+        );
+        store.close().await;
+    }
+
+    /// A coord call cancelled half way (its future dropped while its
+    /// statement runs) breaks the transaction: nothing of it commits.
+    #[tokio::test]
+    async fn a_cancelled_call_breaks_the_transaction() {
+        let (store, pool) = setup("intx_cancelled").await;
+        // SQLite's worker thread may answer before the first poll looks:
+        // then the call finished, and the case is tried again.
+        for _ in 0..50 {
+            let tx = InTransaction::begin(&pool, NS).await.unwrap();
+            insert_order(&tx, "o1").await;
+            let cancelled = {
+                let (asserts, mutations) = ([Assert::missing("k")], [put("k", "v")]);
+                let call = tx.txn(&asserts, &mutations);
+                let mut call = std::pin::pin!(call);
+                std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx).is_pending())).await
+            };
+            if !cancelled {
+                tx.rollback().await.unwrap();
+                continue;
+            }
+            assert!(matches!(tx.get("k").await, Err(Error::Unavailable { .. })));
+            assert!(matches!(tx.commit().await, Err(Error::Unavailable { .. })));
+            assert!(orders(&pool).await.is_empty());
+            assert!(store.get("k").await.unwrap().value.is_none());
+            store.close().await;
+            return;
+        }
+        panic!("no txn was still running after its first poll");
+    }
+
+    /// A namespace that requires a newer storage format than this crate
+    /// writes refuses txns inside a transaction too (it is read, not
+    /// announced, there), and the transaction is not broken by it.
+    #[tokio::test]
+    async fn a_namespace_requiring_a_newer_format_refuses_txns() {
+        let (store, pool) = setup("intx_format").await;
+        store.txn(&[], &[put("k", "v")]).await.unwrap();
+        sqlx::query("UPDATE coord_clients SET format = 999 WHERE ns = ?1 AND client = ''")
+            .bind(NS)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let tx = InTransaction::begin(&pool, NS).await.unwrap();
+        let err = tx.txn(&[], &[put("k", "w")]).await.unwrap_err();
+        assert!(
+            matches!(err, Error::FormatMismatch { theirs: 999, .. }),
+            "{err:?}"
+        );
+        assert_eq!(tx.get("k").await.unwrap().value.as_deref(), Some(&b"v"[..]));
+        tx.commit().await.unwrap();
+        store.close().await;
+    }
+
+    /// Waiting is refused (the watch), and so is maintenance.
+    #[tokio::test]
+    async fn watch_and_reclaim_are_refused() {
+        let (store, pool) = setup("intx_watch").await;
+        let tx = InTransaction::begin(&pool, NS).await.unwrap();
+        assert_eq!(tx.store_name(), "sqlite-in-transaction");
+        let changes = tx.changes().expect("changes() is Some");
+        match changes.watch("").await {
+            Err(Error::Unsupported { what, store }) => {
+                assert_eq!(
+                    what,
+                    "waiting for other clients' commits inside a caller's transaction"
+                );
+                assert_eq!(store, "sqlite-in-transaction");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            tx.reclaim(&ReclaimOptions::default()).await,
+            Err(Error::Unsupported { .. })
+        ));
+        // Neither broke the transaction.
+        tx.txn(&[], &[put("k", "v")]).await.unwrap();
+        tx.commit().await.unwrap();
+        assert!(store.get("k").await.unwrap().value.is_some());
+        store.close().await;
+    }
+
+    /// A pool on a file coord never prepared: a typed configuration error
+    /// naming the fix.
+    #[tokio::test]
+    async fn a_database_without_the_schema_is_a_config_error() {
+        let path = private_file("intx_no_schema");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let pool =
+            SqlitePool::connect_with(coord_sqlite::pool_options(&path).create_if_missing(true))
+                .await
+                .unwrap();
+        let tx = InTransaction::begin(&pool, NS).await.unwrap();
+        for result in [
+            tx.txn(&[], &[put("k", "v")]).await.map(|_| ()),
+            tx.get("k").await.map(|_| ()),
+            tx.keys("").await.map(|_| ()),
+        ] {
+            match result {
+                Err(Error::Config(message)) => {
+                    assert!(message.contains("SqliteBackend::open"), "{message}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        tx.rollback().await.unwrap();
+        assert!(matches!(
+            InTransaction::begin(&pool, "").await,
+            Err(Error::InvalidInput(InvalidInput::Namespace { .. }))
+        ));
+    }
+
+    async fn account(pool: &SqlitePool, id: &str) -> Option<(i64, i64)> {
+        sqlx::query_as("SELECT balance, fence FROM accounts WHERE id = ?1")
+            .bind(id)
+            .fetch_optional(pool)
+            .await
+            .unwrap()
+    }
+
+    async fn fenced_update(
+        conn: &mut sqlx::SqliteConnection,
+        id: &str,
+        balance: i64,
+        fence: u64,
+    ) -> FencedWrite {
+        FencedTable::new("accounts", "id", "fence")
+            .unwrap()
+            .update(id, fence)
+            .unwrap()
+            .set("balance", balance)
+            .unwrap()
+            .execute(conn)
+            .await
+            .unwrap()
+    }
+
+    /// A lower fence is refused and writes nothing; an equal or higher one
+    /// writes; a missing row is `Missing` (and is not created); all inside
+    /// the transaction, and rolled back with it.
+    #[tokio::test]
+    async fn fenced_writes_refuse_lower_fences_and_roll_back_with_the_transaction() {
+        let (store, pool) = setup("intx_fenced").await;
+        sqlx::query("INSERT INTO accounts (id, balance, fence) VALUES ('a', 100, 5)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let tx = InTransaction::begin(&pool, NS).await.unwrap();
+        {
+            let mut conn = tx.conn().await.unwrap();
+            assert_eq!(
+                fenced_update(&mut conn, "a", 1, 4).await,
+                FencedWrite::Stale { highest: 5 }
+            );
+            assert_eq!(
+                fenced_update(&mut conn, "a", 2, 5).await,
+                FencedWrite::Written
+            );
+            assert_eq!(
+                fenced_update(&mut conn, "a", 3, 5).await,
+                FencedWrite::Written
+            );
+            assert_eq!(
+                fenced_update(&mut conn, "a", 4, 7).await,
+                FencedWrite::Written
+            );
+            assert_eq!(
+                fenced_update(&mut conn, "a", 5, 6).await,
+                FencedWrite::Stale { highest: 7 }
+            );
+            assert_eq!(
+                fenced_update(&mut conn, "nobody", 1, 9).await,
+                FencedWrite::Missing
+            );
+            let (balance, fence): (i64, i64) =
+                sqlx::query_as("SELECT balance, fence FROM accounts WHERE id = 'a'")
+                    .fetch_one(&mut *conn)
+                    .await
+                    .unwrap();
+            assert_eq!((balance, fence), (4, 7));
+        }
+        // Not visible outside, and gone after the rollback.
+        assert_eq!(account(&pool, "a").await, Some((100, 5)));
+        tx.rollback().await.unwrap();
+        assert_eq!(account(&pool, "a").await, Some((100, 5)));
+        // On the caller's own transaction, committed.
+        let mut own = pool.begin().await.unwrap();
+        assert_eq!(
+            fenced_update(&mut own, "a", 6, 6).await,
+            FencedWrite::Written
+        );
+        own.commit().await.unwrap();
+        assert_eq!(account(&pool, "a").await, Some((6, 6)));
+        store.close().await;
+    }
+
+    /// Two holders race to write one row, each in a transaction of its own,
+    /// in both orders: the row ends with the higher fence's write.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn racing_fenced_writers_end_with_the_higher_fence() {
+        let (store, pool) = setup("intx_fenced_race").await;
+        for (round, first_is_higher) in [(0, true), (1, false), (2, true), (3, false)] {
+            let id = format!("acct{round}");
+            sqlx::query("INSERT INTO accounts (id, balance, fence) VALUES (?1, 0, 1)")
+                .bind(&id)
+                .execute(&pool)
+                .await
+                .unwrap();
+            let (low, high) = (10 * round + 2, 10 * round + 3);
+            let order = if first_is_higher {
+                [high, low]
+            } else {
+                [low, high]
+            };
+            let writers: Vec<_> = order
+                .into_iter()
+                .map(|fence| {
+                    let (pool, id) = (pool.clone(), id.clone());
+                    tokio::spawn(async move {
+                        let tx = InTransaction::begin(&pool, NS).await.unwrap();
+                        let out = {
+                            let mut conn = tx.conn().await.unwrap();
+                            fenced_update(&mut conn, &id, fence as i64, fence).await
+                        };
+                        tx.commit().await.unwrap();
+                        (fence, out)
+                    })
+                })
+                .collect();
+            let mut results = Vec::new();
+            for writer in writers {
+                results.push(writer.await.unwrap());
+            }
+            assert_eq!(
+                account(&pool, &id).await,
+                Some((high as i64, high as i64)),
+                "{results:?}"
+            );
+            let high_result = results.iter().find(|(f, _)| *f == high).unwrap().1;
+            assert_eq!(high_result, FencedWrite::Written, "{results:?}");
+        }
+        store.close().await;
+    }
+
+    /// Names are validated and quoted, never interpolated; a table or
+    /// column that is not there is a configuration error.
+    #[tokio::test]
+    async fn fenced_identifiers_are_validated() {
+        for (table, key, fence) in [
+            ("accounts; DROP TABLE accounts", "id", "fence"),
+            ("accounts", "id\"", "fence"),
+            ("accounts", "id", ""),
+            ("1accounts", "id", "fence"),
+            ("a.b.c", "id", "fence"),
+            ("accounts", "id", "id"),
+        ] {
+            let err = FencedTable::new(table, key, fence).unwrap_err();
+            assert!(
+                matches!(err, Error::InvalidInput(InvalidInput::Argument(_))),
+                "{table} {key} {fence}: {err:?}"
+            );
+        }
+        let accounts = FencedTable::new("main.accounts", "id", "fence").unwrap();
+        for column in ["balance = 0 --", "id", "fence"] {
+            assert!(matches!(
+                accounts.update("a", 1).unwrap().set(column, 1_i64),
+                Err(Error::InvalidInput(InvalidInput::Argument(_)))
+            ));
+        }
+        let (store, pool) = setup("intx_fenced_names").await;
+        let mut conn = pool.acquire().await.unwrap();
+        for (table, column) in [("nothing", "balance"), ("accounts", "nothing")] {
+            let err = FencedTable::new(table, "id", "fence")
+                .unwrap()
+                .update("a", 1)
+                .unwrap()
+                .set(column, 1_i64)
+                .unwrap()
+                .execute(&mut conn)
+                .await
+                .unwrap_err();
+            assert!(matches!(err, Error::Config(_)), "{err:?}");
+        }
+        // The quoted name of a real table works, with its schema.
+        assert_eq!(
+            accounts
+                .update("a", 1)
+                .unwrap()
+                .execute(&mut conn)
+                .await
+                .unwrap(),
+            FencedWrite::Missing
+        );
+        store.close().await;
+    }
+
+    /// A backend that opens an `InTransaction` per raw call and commits
+    /// right after it: the conformance suites through the in-transaction
+    /// statements. `begin` is retried while the file is busy (nothing began,
+    /// as a caller would).
+    #[derive(Debug)]
+    struct AutoCommit {
+        pool: SqlitePool,
+        namespace: String,
+    }
+
+    impl AutoCommit {
+        async fn begin(&self) -> coord_backend::Result<Arc<InTransaction>> {
+            let mut tries = 0;
+            loop {
+                match InTransaction::begin(&self.pool, &self.namespace).await {
+                    Err(Error::Unavailable { .. }) if tries < 5 => tries += 1,
+                    other => return other,
+                }
+            }
+        }
+
+        async fn finish<T>(
+            tx: Arc<InTransaction>,
+            result: coord_backend::Result<T>,
+        ) -> coord_backend::Result<T> {
+            match result {
+                Ok(value) => tx.commit().await.map(|()| value),
+                Err(error) => {
+                    let _ = tx.rollback().await;
+                    Err(error)
+                }
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Backend for AutoCommit {
+        fn namespace(&self) -> &str {
+            &self.namespace
+        }
+
+        async fn raw_snapshot(
+            &self,
+            keys: &[&str],
+        ) -> coord_backend::Result<Vec<coord_backend::Entry>> {
+            let tx = self.begin().await?;
+            let result = tx.raw_snapshot(keys).await;
+            Self::finish(tx, result).await
+        }
+
+        async fn raw_txn(
+            &self,
+            asserts: &[Assert],
+            mutations: &[Mutation],
+        ) -> coord_backend::Result<coord_backend::TxnOutcome> {
+            let tx = self.begin().await?;
+            let result = tx.raw_txn(asserts, mutations).await;
+            Self::finish(tx, result).await
+        }
+
+        async fn raw_keys(&self, prefix: &str) -> coord_backend::Result<Vec<String>> {
+            let tx = self.begin().await?;
+            let result = tx.raw_keys(prefix).await;
+            Self::finish(tx, result).await
+        }
+
+        async fn raw_first_keys(
+            &self,
+            prefix: &str,
+            limit: usize,
+        ) -> coord_backend::Result<Vec<String>> {
+            let tx = self.begin().await?;
+            let result = tx.raw_first_keys(prefix, limit).await;
+            Self::finish(tx, result).await
+        }
+    }
+
+    /// One file for every autocommit client of this binary (so namespaces
+    /// share a store, as the suites expect).
+    fn autocommit() -> BackendFactory {
+        coord_conformance::factory(|namespace| async move {
+            let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+                .join("coord-sqlite")
+                .join("in-transaction.db");
+            SqliteBackend::open(&path, &namespace).await?.close().await;
+            let pool = SqlitePoolOptions::new()
+                .max_connections(2)
+                .connect_with(coord_sqlite::pool_options(&path))
+                .await
+                .map_err(|e| Error::unavailable("pool", e))?;
+            Ok(Arc::new(AutoCommit { pool, namespace }) as Arc<dyn Backend>)
+        })
+    }
+
+    mod autocommit_backend {
+        use super::*;
+        coord_conformance::backend_tests!(autocommit());
+    }
+    mod autocommit_board {
+        use super::*;
+        coord_conformance::board_tests!(autocommit());
+    }
+    mod autocommit_sideeffect {
+        use super::*;
+        coord_conformance::sideeffect_tests!(autocommit());
+    }
+}
