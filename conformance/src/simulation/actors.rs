@@ -416,7 +416,7 @@ pub(super) async fn outbox_actor(actor: Actor) {
             }
             Some(Ok(None)) => {}
             Some(Err(e)) => log.event(&who, format!("dispatch: {}", kind(&e.to_string()))),
-            None => log.event(&who, "walked away mid-dispatch".to_owned()),
+            None => log.event(&who, "walked away mid-dispatch"),
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(20..300))).await;
     }
