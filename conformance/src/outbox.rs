@@ -19,9 +19,10 @@
 //! - [`unknown_outcome_is_uncertain`]: a handler that says its outcome is
 //!   unknown leaves the intent uncertain, never run again without a verdict.
 //!
-//! What needs a caller's SQL transaction (an intent rolled back with the
-//! caller's rows never runs) is checked by each SQL store's own tests, over
-//! its `InTransaction`.
+//! What needs a caller's SQL transaction is [`in_transactions`], which each
+//! SQL store's tests run over its `InTransaction` (a [`CallerTransaction`]):
+//! an intent rolled back with the caller's rows never runs, one committed
+//! runs once, and a key enqueued by two transactions is one intent.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -29,7 +30,7 @@ use std::time::Duration;
 
 use coord_adapters::board::{BoardError, RetryPolicy, TaskState};
 use coord_adapters::outbox::{Dispatched, HandlerError, Outbox, Verdict};
-use coord_backend::Clock;
+use coord_backend::{Backend, Clock};
 
 use crate::board::BoardEnv;
 use crate::clients::Ctx;
@@ -315,6 +316,175 @@ pub async fn unknown_outcome_is_uncertain(env: BoardEnv) -> CheckResult {
     ensure!(
         matches!(&task.state, TaskState::Uncertain { error: Some(e) } if e.contains("timed out")),
         "expected uncertain with the handler's error, got {task:?}"
+    );
+    Ok(())
+}
+
+/// A caller's SQL transaction with a coord backend bound to it (what a
+/// store's `InTransaction` is), for [`in_transactions`].
+#[coord_adapters::async_trait]
+pub trait CallerTransaction: Send + Sync {
+    /// The coord backend whose writes commit or roll back with it.
+    fn backend(&self) -> Arc<dyn Backend>;
+    /// COMMIT.
+    async fn commit(&self) -> coord_backend::Result<()>;
+    /// ROLLBACK.
+    async fn rollback(&self) -> coord_backend::Result<()>;
+}
+
+/// Opens a [`CallerTransaction`] on one namespace.
+pub type BeginTransaction = Arc<
+    dyn Fn() -> crate::BoxFuture<'static, coord_backend::Result<Arc<dyn CallerTransaction>>>
+        + Send
+        + Sync,
+>;
+
+/// Enqueue `key` with `payload` through a new caller transaction (not
+/// committed yet).
+async fn enqueue_in(
+    begin: &BeginTransaction,
+    key: &str,
+    payload: &[u8],
+) -> Result<(Arc<dyn CallerTransaction>, Result<(), BoardError>), Failure> {
+    let tx = begin().await.ctx("beginning a transaction")?;
+    let outbox = Outbox::new(tx.backend(), NAME).ctx("Outbox::new")?;
+    let enqueued = outbox.enqueue(key, payload.to_vec()).await;
+    Ok((tx, enqueued))
+}
+
+/// The outbox inside callers' transactions (`begin` opens one on the
+/// namespace of `pooled`, the store's ordinary backend):
+///
+/// - an intent enqueued in a transaction that rolls back never exists and
+///   never runs;
+/// - one enqueued in a transaction is invisible to dispatchers until the
+///   COMMIT, then 3 racing dispatchers run it exactly once;
+/// - a key enqueued again in a later transaction with the same payload is
+///   the same intent (deduplicated), with another payload refused;
+/// - two transactions enqueueing one key at once: after both end, one
+///   intent, run once (the second one deduplicated, or refused as
+///   unavailable when the store aborted it).
+pub async fn in_transactions(begin: BeginTransaction, pooled: Arc<dyn Backend>) -> CheckResult {
+    let outside = Outbox::new(pooled.clone(), NAME).ctx("Outbox::new")?;
+    let runs: Runs = Arc::default();
+    let drain = |who: &'static str| {
+        let runs = runs.clone();
+        let pooled = pooled.clone();
+        async move {
+            let mut dispatchers = Vec::new();
+            for d in 0..3 {
+                let dispatcher = Outbox::new(pooled.clone(), NAME)
+                    .ctx("Outbox::new")?
+                    .dispatcher(&format!("{who}-{d}"));
+                let handler = counting(&runs, sent);
+                dispatchers.push(tokio::spawn(async move {
+                    while dispatcher.dispatch_next(handler.clone()).await?.is_some() {}
+                    Ok::<_, BoardError>(())
+                }));
+            }
+            for dispatcher in dispatchers {
+                crate::joined(dispatcher, "a dispatcher")
+                    .await?
+                    .ctx("dispatcher")?;
+            }
+            Ok::<_, Failure>(())
+        }
+    };
+
+    // Rolled back: never there.
+    let (tx, enqueued) = enqueue_in(&begin, "rolled-back", b"x").await?;
+    enqueued.ctx("enqueue in a transaction")?;
+    tx.rollback().await.ctx("rollback")?;
+    drain("after-rollback").await?;
+    ensure!(
+        count(&runs, "rolled-back") == 0,
+        "an intent enqueued in a rolled-back transaction ran"
+    );
+    match outside.status("rolled-back").await {
+        Err(BoardError::NotFound { .. }) => {}
+        other => {
+            return Err(Failure::new(format!(
+                "an intent enqueued in a rolled-back transaction is there: {other:?}"
+            )))
+        }
+    }
+
+    // Committed: invisible until the COMMIT, then run once.
+    let (tx, enqueued) = enqueue_in(&begin, "committed", b"x").await?;
+    enqueued.ctx("enqueue in a transaction")?;
+    let early = outside.dispatcher("early");
+    let seen_early = early
+        .dispatch_next(counting(&runs, sent))
+        .await
+        .ctx("dispatch before the COMMIT")?;
+    ensure!(
+        seen_early.is_none(),
+        "a dispatcher ran an intent before its transaction committed: {seen_early:?}"
+    );
+    tx.commit().await.ctx("commit")?;
+    drain("after-commit").await?;
+    ensure!(
+        count(&runs, "committed") == 1,
+        "a committed intent ran {} times",
+        count(&runs, "committed")
+    );
+
+    // The same key in later transactions.
+    let (tx, enqueued) = enqueue_in(&begin, "committed", b"x").await?;
+    enqueued.ctx("enqueue of a done key with the same payload")?;
+    tx.commit().await.ctx("commit")?;
+    let (tx, enqueued) = enqueue_in(&begin, "committed", b"other").await?;
+    let refused = matches!(enqueued, Err(BoardError::AlreadyExists { .. }));
+    let _ = tx.rollback().await;
+    ensure!(
+        refused,
+        "a key enqueued again with another payload: expected AlreadyExists, got {enqueued:?}"
+    );
+
+    // Two transactions at once on one key.
+    let (first, enqueued) = enqueue_in(&begin, "raced", b"x").await?;
+    enqueued.ctx("enqueue in the first transaction")?;
+    let second = {
+        let begin = begin.clone();
+        tokio::spawn(async move {
+            // A store that locks the whole database (SQLite) may refuse the
+            // BEGIN itself while the first transaction holds it.
+            let tx = match begin().await {
+                Ok(tx) => tx,
+                Err(e) => return Ok::<_, Failure>(Err(BoardError::from(e))),
+            };
+            let enqueued = Outbox::new(tx.backend(), NAME)
+                .ctx("Outbox::new")?
+                .enqueue("raced", b"x".to_vec())
+                .await;
+            let ended = match enqueued {
+                Ok(()) => tx.commit().await,
+                Err(e) => {
+                    let _ = tx.rollback().await;
+                    return Ok(Err(e));
+                }
+            };
+            Ok(ended.map_err(BoardError::from))
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    first
+        .commit()
+        .await
+        .ctx("commit of the first transaction")?;
+    let second = crate::joined(second, "the second transaction").await??;
+    ensure!(
+        matches!(
+            &second,
+            Ok(()) | Err(BoardError::Store(coord_backend::Error::Unavailable { .. }))
+        ),
+        "the second transaction on one key: expected deduplicated or unavailable, got {second:?}"
+    );
+    drain("after-race").await?;
+    ensure!(
+        count(&runs, "raced") == 1,
+        "a key enqueued by two transactions ran {} times",
+        count(&runs, "raced")
     );
     Ok(())
 }

@@ -2456,6 +2456,59 @@ mod in_transaction {
         Some((base, namespace, pooled, pool))
     }
 
+    /// A caller's transaction for the outbox's in-transaction checks.
+    struct Caller(Arc<InTransaction>);
+
+    #[coord_adapters::async_trait]
+    impl coord_conformance::outbox::CallerTransaction for Caller {
+        fn backend(&self) -> Arc<dyn Backend> {
+            self.0.clone()
+        }
+        async fn commit(&self) -> coord_backend::Result<()> {
+            self.0.commit().await
+        }
+        async fn rollback(&self) -> coord_backend::Result<()> {
+            self.0.rollback().await
+        }
+    }
+
+    /// The outbox's in-transaction checks on the database at `url`.
+    async fn outbox_in_transactions_at(url: &str, label: &str) {
+        use coord_conformance::outbox::{in_transactions, BeginTransaction, CallerTransaction};
+        let namespace = unique_namespace(label);
+        let pooled = connect(url, &namespace, PostgresOptions::default()).await;
+        let pool = pool(url, 8).await;
+        let begin: BeginTransaction = Arc::new(move || {
+            let (pool, namespace) = (pool.clone(), namespace.clone());
+            Box::pin(async move {
+                let tx = InTransaction::begin(&pool, &namespace).await?;
+                Ok(Arc::new(Caller(tx)) as Arc<dyn CallerTransaction>)
+            })
+        });
+        in_transactions(begin, Arc::new(pooled))
+            .await
+            .unwrap_or_else(|f| panic!("outbox in PostgreSQL transactions ({label}): {f}"));
+    }
+
+    /// The outbox in callers' transactions: rolled back never runs,
+    /// committed runs once, one key enqueued by two transactions is one
+    /// intent; also on databases whose sessions default to REPEATABLE READ
+    /// and SERIALIZABLE (`begin` opens READ COMMITTED whatever the default).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn outbox_in_transactions() {
+        let Some(base) = suite_base() else { return };
+        outbox_in_transactions_at(&base, "outbox-tx").await;
+        for (name, isolation) in [
+            ("coord_rr", "repeatable read"),
+            ("coord_ser", "serializable"),
+        ] {
+            let url = isolation_database_once(&base, name, isolation)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            outbox_in_transactions_at(&url, &format!("outbox-tx-{name}")).await;
+        }
+    }
+
     async fn pool(url: &str, max: u32) -> PgPool {
         PgPoolOptions::new()
             .max_connections(max)

@@ -753,6 +753,40 @@ mod in_transaction {
         (store, pool)
     }
 
+    /// A caller's transaction for the outbox's in-transaction checks.
+    struct Caller(Arc<InTransaction>);
+
+    #[coord_adapters::async_trait]
+    impl coord_conformance::outbox::CallerTransaction for Caller {
+        fn backend(&self) -> Arc<dyn Backend> {
+            self.0.clone()
+        }
+        async fn commit(&self) -> coord_backend::Result<()> {
+            self.0.commit().await
+        }
+        async fn rollback(&self) -> coord_backend::Result<()> {
+            self.0.rollback().await
+        }
+    }
+
+    /// The outbox in callers' transactions: rolled back never runs,
+    /// committed runs once, one key enqueued by two transactions is one intent.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn outbox_in_transactions() {
+        use coord_conformance::outbox::{in_transactions, BeginTransaction, CallerTransaction};
+        let (store, pool) = setup("outbox-in-tx").await;
+        let begin: BeginTransaction = Arc::new(move || {
+            let pool = pool.clone();
+            Box::pin(async move {
+                let tx = InTransaction::begin(&pool, NS).await?;
+                Ok(Arc::new(Caller(tx)) as Arc<dyn CallerTransaction>)
+            })
+        });
+        in_transactions(begin, Arc::new(store))
+            .await
+            .unwrap_or_else(|f| panic!("outbox in SQLite transactions: {f}"));
+    }
+
     async fn orders(pool: &SqlitePool) -> Vec<String> {
         sqlx::query_scalar("SELECT id FROM orders ORDER BY id")
             .fetch_all(pool)
