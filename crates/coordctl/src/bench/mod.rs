@@ -13,6 +13,7 @@
 //! that namespace (stores keep tombstones).
 
 mod measure;
+mod outbox;
 mod queue;
 mod sideeffect;
 mod subjects;
@@ -70,17 +71,29 @@ pub(crate) struct BenchArgs {
     /// write at the same concurrency (JSON: `{"store", "namespace", "queue": [rows]}`).
     #[arg(long)]
     queue: bool,
-    /// Tasks per worker count (with `--queue`).
-    #[arg(long, default_value_t = 10_000, requires = "queue")]
+    /// Measure the transactional outbox instead: `--tasks` intents drained
+    /// by each number of dispatchers in `--workers`, beside the store's
+    /// conditional write at the same concurrency; on PostgreSQL also a
+    /// caller's transaction with and without an enqueue (JSON:
+    /// `{"store", "namespace", "enqueue", "dispatch": [rows]}`).
+    #[arg(long, conflicts_with = "queue")]
+    outbox: bool,
+    /// Tasks (intents) per worker (dispatcher) count (with `--queue` or `--outbox`).
+    #[arg(long, default_value_t = 10_000)]
     tasks: usize,
     /// Worker counts (with `--queue`), comma-separated.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "1,8,32",
-        requires = "queue"
-    )]
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
     workers: Vec<usize>,
+}
+
+/// What `--outbox --json` prints.
+#[derive(Debug, Serialize)]
+struct OutboxReport {
+    store: String,
+    namespace: String,
+    /// PostgreSQL only: the caller's transaction with and without an enqueue.
+    enqueue: Option<outbox::EnqueueCost>,
+    dispatch: Vec<outbox::DispatchRow>,
 }
 
 /// What `--queue --json` prints.
@@ -243,6 +256,32 @@ pub(crate) async fn run(args: BenchArgs) -> Result<ExitCode, Error> {
     let store = coord::connect(&given.with_namespace(&namespace)).await?;
     // Some clients connect lazily (etcd): one read proves the store answers.
     store.snapshot(&["bench/probe".to_owned()]).await?;
+
+    if args.outbox {
+        if args.tasks == 0 || args.workers.contains(&0) {
+            return Err(Error::Config(
+                "--tasks and every --workers count must be at least 1".into(),
+            ));
+        }
+        let progress = |what: &str| eprintln!("coordctl bench: {what}");
+        let enqueue = if matches!(url.scheme(), "postgres" | "postgresql") {
+            postgres_enqueue_cost(&url, budget, &progress).await?
+        } else {
+            None
+        };
+        let dispatch =
+            outbox::measure_dispatch(&store, args.tasks, &args.workers, progress).await?;
+        let report = OutboxReport {
+            store: shown(&given),
+            namespace,
+            enqueue,
+            dispatch,
+        };
+        crate::views::print_report(&report, args.json, |r: &OutboxReport| {
+            outbox::print(&r.store, &r.dispatch, r.enqueue.as_ref())
+        })?;
+        return Ok(ExitCode::SUCCESS);
+    }
 
     if args.queue {
         if args.tasks == 0 || args.workers.contains(&0) {
@@ -457,6 +496,35 @@ fn print_table(report: &Report) {
         "ratio = µs/op of the operation / µs of its baseline (× times); RT/op = store round trips \
          counted by coord's CAS engine. Numbers from one run on this machine, not a promise."
     );
+}
+
+/// The enqueue's cost in a caller's PostgreSQL transaction, in `budget`
+/// (time: split in [`SLICES`] slices per kind; a count of calls: one slice
+/// of a second per thousand).
+#[cfg(feature = "postgres")]
+async fn postgres_enqueue_cost(
+    url: &StoreUrl,
+    budget: Budget,
+    progress: &impl Fn(&str),
+) -> Result<Option<outbox::EnqueueCost>, Error> {
+    progress("outbox: a caller's transaction, without and with an enqueue");
+    let total = match budget {
+        Budget::Time(t) => t,
+        Budget::Calls(n) => Duration::from_millis(n.max(1)),
+    };
+    outbox::measure_enqueue_postgres(url, total / SLICES, SLICES)
+        .await
+        .map(Some)
+}
+
+/// Without the `postgres` feature there is no caller's PostgreSQL pool.
+#[cfg(not(feature = "postgres"))]
+async fn postgres_enqueue_cost(
+    _url: &StoreUrl,
+    _budget: Budget,
+    _progress: &impl Fn(&str),
+) -> Result<Option<outbox::EnqueueCost>, Error> {
+    Ok(None)
 }
 
 #[cfg(test)]

@@ -22,10 +22,26 @@ use serde::Serialize;
 
 /// Counts the store calls under the adapters (all workers of one run).
 #[derive(Debug)]
-struct Counted {
+pub(super) struct Counted {
     inner: Arc<dyn Backend>,
-    calls: AtomicU64,
+    pub(super) calls: AtomicU64,
     rejected: AtomicU64,
+}
+
+impl Counted {
+    pub(super) fn new(inner: Arc<dyn Backend>) -> Self {
+        Counted {
+            inner,
+            calls: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+        }
+    }
+
+    /// Count from zero again.
+    pub(super) fn reset(&self) {
+        self.calls.store(0, Ordering::Relaxed);
+        self.rejected.store(0, Ordering::Relaxed);
+    }
 }
 
 #[async_trait]
@@ -106,11 +122,7 @@ pub(crate) async fn measure(
     let mut rows = Vec::new();
     for &n in workers {
         progress(&format!("queue, {n} workers"));
-        let counted = Arc::new(Counted {
-            inner: store.clone(),
-            calls: AtomicU64::new(0),
-            rejected: AtomicU64::new(0),
-        });
+        let counted = Arc::new(Counted::new(store.clone()));
         let options = BoardOptions::default().with_key_prefix(format!("bench-queue-{n}/"));
         let setup = BoardAdapter::with_options(counted.clone(), options.clone());
         // As many per add_many as one txn takes (each task: its record, its
@@ -124,8 +136,7 @@ pub(crate) async fn measure(
                 .collect();
             setup.add_many(specs).await.map_err(board_error)?;
         }
-        counted.calls.store(0, Ordering::Relaxed);
-        counted.rejected.store(0, Ordering::Relaxed);
+        counted.reset();
         let boards: Vec<BoardAdapter> = (0..n)
             .map(|_| BoardAdapter::with_options(counted.clone(), options.clone()))
             .collect();
@@ -181,7 +192,7 @@ pub(crate) async fn measure(
 
 /// Conditional writes per second by `callers` at once, each on its own key,
 /// for `during`.
-async fn raw_writes(
+pub(super) async fn raw_writes(
     store: &Arc<dyn Backend>,
     callers: usize,
     during: Duration,
@@ -229,7 +240,7 @@ async fn raw_writes(
     Ok(writes as f64 / started.elapsed().as_secs_f64())
 }
 
-fn board_error(error: coord_adapters::board::BoardError) -> Error {
+pub(super) fn board_error(error: coord_adapters::board::BoardError) -> Error {
     match error {
         coord_adapters::board::BoardError::Store(e) => e,
         other => Error::Config(format!("queue bench: {other}")),
