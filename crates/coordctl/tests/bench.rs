@@ -838,3 +838,60 @@ fn board_reads_retries_and_cancels() {
         }
     }
 }
+
+/// `bench --outbox --json` on `url`: one dispatch row per dispatcher count,
+/// every intent dispatched, store calls per intent in a sane range; the
+/// caller's-transaction figures only on PostgreSQL.
+fn outbox_bench(url: &str, postgres: bool) {
+    let out = coordctl(&[
+        "bench",
+        "--store",
+        url,
+        "--outbox",
+        "--tasks",
+        "20",
+        "--workers",
+        "1,3",
+        "--seconds",
+        "0.4",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = report["dispatch"].as_array().expect("dispatch rows");
+    assert_eq!(rows.len(), 2, "{report}");
+    for (row, n) in rows.iter().zip([1, 3]) {
+        assert_eq!(row["dispatchers"], n, "{report}");
+        assert_eq!(row["intents"], 20, "{report}");
+        let calls = positive(row, "round_trips_per_intent", "dispatch");
+        assert!(
+            (2.0..6.0).contains(&calls),
+            "{calls} calls per intent: {report}"
+        );
+        positive(row, "raw_writes_per_sec", "dispatch");
+    }
+    if postgres {
+        let cost = &report["enqueue"];
+        positive(cost, "plain_ms", "enqueue");
+        positive(cost, "with_enqueue_ms", "enqueue");
+        positive(cost, "transactions", "enqueue");
+    } else {
+        assert!(report["enqueue"].is_null(), "{report}");
+    }
+}
+
+#[test]
+fn outbox_bench_json() {
+    let scratch = Scratch::new("outbox-bench");
+    outbox_bench(&scratch.sqlite_url("o.db", Some("app")), false);
+    if let Some(base) = coord_conformance::server_env("COORD_TEST_POSTGRES_URL") {
+        let url = StoreUrl::parse(&base)
+            .unwrap()
+            .with_namespace(&unique("outbox-bench"));
+        outbox_bench(&url, true);
+    }
+}
