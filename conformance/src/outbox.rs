@@ -229,15 +229,28 @@ pub async fn killed_mid_run_is_uncertain(env: BoardEnv) -> CheckResult {
     outbox.enqueue("b", b"y".to_vec()).await.ctx("enqueue")?;
     let runs: Runs = Arc::default();
     // Two dispatchers each start a run and die in it.
-    for d in 0..2 {
+    for d in 0..2u32 {
         let dying = outbox.dispatcher(&format!("dying-{d}")).with_ttl(ttl);
         let started = runs.clone();
-        let run = dying.dispatch_next(move |intent| {
-            *started.lock().unwrap().entry(intent.key).or_default() += 1;
-            std::future::pending::<Result<Vec<u8>, HandlerError>>()
+        let run = tokio::spawn(async move {
+            dying
+                .dispatch_next(move |intent| {
+                    *started.lock().unwrap().entry(intent.key).or_default() += 1;
+                    std::future::pending::<Result<Vec<u8>, HandlerError>>()
+                })
+                .await
         });
-        // The process dies: its future is dropped mid-run.
-        let _ = tokio::time::timeout(Duration::from_millis(50), run).await;
+        // Once its handler runs, the process dies: its task is dropped mid-run.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while runs.lock().unwrap().values().sum::<u32>() <= d {
+            ensure!(
+                tokio::time::Instant::now() < deadline && !run.is_finished(),
+                "dispatcher {d} never started a handler"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        run.abort();
+        let _ = run.await;
     }
     ensure!(
         count(&runs, "a") == 1 && count(&runs, "b") == 1,
