@@ -217,7 +217,8 @@ async fn enqueue(args: EnqueueArgs) -> Result<ExitCode, Error> {
         (Some(text), _) => text.clone().into_bytes(),
         (None, Some(path)) if path.as_os_str() == "-" => {
             let mut bytes = Vec::new();
-            std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes).map_err(|e| Error::Config(format!("cannot read stdin: {e}")))?;
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes)
+                .map_err(|e| Error::Config(format!("cannot read stdin: {e}")))?;
             bytes
         }
         (None, Some(path)) => std::fs::read(path)
@@ -279,7 +280,7 @@ async fn dispatch(args: RunArgs) -> Result<ExitCode, Error> {
     let command = Arc::new(args.command);
     eprintln!(
         "coordctl outbox run: dispatching outbox {name:?} as {agent:?} to {:?}",
-        command.as_slice()
+        command[0]
     );
     let handler = |intent: Intent| run_command(command.clone(), name.clone(), intent);
     let mut pause = Duration::from_millis(100);
@@ -378,9 +379,10 @@ async fn run_command(
         }
     }
     let _ = writer.await;
-    let status = child.wait().await.map_err(|e| {
-        HandlerError::unknown(format!("lost track of {:?}: {e}", command[0]))
-    })?;
+    let status = child
+        .wait()
+        .await
+        .map_err(|e| HandlerError::unknown(format!("lost track of {:?}: {e}", command[0])))?;
     match status.code() {
         Some(0) => Ok(out),
         Some(EX_TEMPFAIL) => Err(HandlerError::not_applied(
