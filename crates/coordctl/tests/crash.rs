@@ -439,6 +439,18 @@ fn outbox_killed_idle(url: &str) {
     let first = OutboxRunner::start(url, "idle", "30s", &log, &scratch.0.join("1.out"));
     outbox_enqueue(url, "idle", "before-kill");
     outbox_wait_for("the first intent", || counter_lines(&log).len() == 1);
+    // Idle for a few of its one-second claim waits: it must still be up,
+    // and take the next intent.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    outbox_enqueue(url, "idle", "while-idle");
+    outbox_wait_for("the intent sent while idle", || {
+        counter_lines(&log).len() == 2
+    });
+    let mut first = first;
+    assert!(
+        first.child.try_wait().unwrap().is_none(),
+        "the idle dispatcher exited"
+    );
     first.kill();
     let keys: Vec<String> = (0..10).map(|i| format!("idle-{i}")).collect();
     for key in &keys {
@@ -451,6 +463,7 @@ fn outbox_killed_idle(url: &str) {
     second.stop();
     let runs = counter_lines(&log);
     assert_eq!(runs.get("before-kill"), Some(&1), "{runs:?}");
+    assert_eq!(runs.get("while-idle"), Some(&1), "{runs:?}");
     for key in &keys {
         assert_eq!(runs.get(key), Some(&1), "{runs:?}");
     }
