@@ -94,7 +94,7 @@ fn intent_key(text: &str) -> Result<String, String> {
 struct RunArgs {
     #[command(flatten)]
     outbox: OutboxArg,
-    /// This dispatcher's name in its claims (default: coordctl-<host>-<pid>).
+    /// This dispatcher's name in its claims (default: `coordctl-HOST-PID`, HOST from `$HOSTNAME`).
     #[arg(long)]
     agent: Option<String>,
     /// The lease of each claim, renewed every third of it while the command runs.

@@ -21,6 +21,10 @@
 //!   4 another reconciler holds or took the key (nothing changed),
 //!   5 invalid input, 1 the store failed (2 is clap's usage error).
 //!   [`resolve`] is that path; the web console's reconcile form calls it too.
+//! - `reconcile --outbox NAME KEY` records the verdict on an outbox intent
+//!   instead (docs/outbox.md), through `Outbox::resolve`, the path of
+//!   `coordctl outbox resolve`: exit 0 resolved, 3 no such intent or not
+//!   uncertain/dead, 5 an invalid outbox name, 1 the store failed.
 
 use std::process::ExitCode;
 use std::time::Duration;
