@@ -57,10 +57,21 @@ pub use coord_http as http;
 /// and PostgreSQL advisory locks, with fencing tokens.
 #[cfg(feature = "native-locks")]
 pub use coord_locks_native as native_locks;
+/// The PostgreSQL store (feature `postgres`, on by default), for what
+/// `connect` does not cover: `coord::postgres::InTransaction`, a coord
+/// store bound to your own sqlx transaction (an outbox intent or a board
+/// task that commits with your rows; docs/outbox.md).
+#[cfg(feature = "postgres")]
+pub use coord_postgres as postgres;
 /// Cron and interval jobs run once per `(job, slot)` across instances
 /// (feature `scheduler`, on by default).
 #[cfg(feature = "scheduler")]
 pub use coord_scheduler as scheduler;
+/// The SQLite store (feature `sqlite`, on by default), for what `connect`
+/// does not cover: `coord::sqlite::InTransaction` (as `coord::postgres`'s),
+/// `SqliteBackend::open`, `pool_options` for your own pool on the same file.
+#[cfg(feature = "sqlite")]
+pub use coord_sqlite as sqlite;
 
 use coord_backend::{Backend, Error, Result, StoreUrl};
 

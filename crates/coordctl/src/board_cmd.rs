@@ -447,7 +447,7 @@ async fn show(args: ShowArgs) -> Result<ExitCode, Error> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_task(t: &TaskView, now: u64) {
+pub(crate) fn print_task(t: &TaskView, now: u64) {
     let lease = |label: &str| println!("{label:<14}{}", when(t.lease_expires_ms, now));
     println!("{:<14}{}", "id", t.id);
     println!("{:<14}{}", "state", t.state);

@@ -294,7 +294,7 @@ fn init_logging() {
 
 /// SIGINT and SIGTERM, registered before the scheduler starts so an early
 /// signal is never the default (immediate) death.
-struct Signals {
+pub(crate) struct Signals {
     #[cfg(unix)]
     term: tokio::signal::unix::Signal,
     #[cfg(unix)]
@@ -302,7 +302,7 @@ struct Signals {
 }
 
 impl Signals {
-    fn register() -> Result<Self, Error> {
+    pub(crate) fn register() -> Result<Self, Error> {
         #[cfg(unix)]
         {
             use tokio::signal::unix::{signal, SignalKind};
@@ -316,7 +316,7 @@ impl Signals {
         Ok(Signals {})
     }
 
-    async fn next(&mut self) -> &'static str {
+    pub(crate) async fn next(&mut self) -> &'static str {
         #[cfg(unix)]
         {
             tokio::select! {

@@ -11,6 +11,7 @@ mod cron;
 mod demo;
 mod gc;
 mod metrics;
+mod outbox_cmd;
 mod progress;
 mod scale;
 mod shell_jobs;
@@ -42,10 +43,12 @@ enum Command {
     DemoWorker(demo::WorkerArgs),
     /// List uncertain keys, in-flight side-effect intents and resource leases with their fences.
     Inspect(sideeffect_cmd::InspectArgs),
-    /// Resolve an uncertain side-effect key after checking downstream facts.
+    /// Resolve an uncertain side-effect key (or, with --outbox, an outbox intent) after checking downstream facts.
     Reconcile(sideeffect_cmd::ReconcileArgs),
     /// Work queues and tasks: `queues`, `list`, `show`, `dead`; writes: `retry` (a dead task), `cancel`, `add`.
     Board(board_cmd::BoardArgs),
+    /// Transactional outbox: `run` (dispatch intents to a command), `enqueue`, `status`, `resolve`.
+    Outbox(outbox_cmd::OutboxArgs),
     /// Run the config's shell-command jobs as a cluster cron daemon (`cron history JOB`: recent runs).
     Cron(cron::CronArgs),
     /// Serve the web console: locks, tasks, side-effect keys, scheduler jobs and a JSON API.
@@ -100,6 +103,7 @@ fn main() -> ExitCode {
             Command::Reconcile(args) => sideeffect_cmd::reconcile(args).await,
             Command::Board(args) => board_cmd::run(args).await,
             Command::Cron(args) => cron::run(args).await,
+            Command::Outbox(args) => outbox_cmd::run(args).await,
             Command::Serve(args) => console::run(args).await,
             Command::Gc(args) => gc::run(args).await,
             Command::Scale(args) => scale::run(args).await,

@@ -30,14 +30,19 @@ pub(crate) fn command_handler(command: impl Into<String>) -> Handler {
             if status.success() {
                 Ok(())
             } else {
-                Err(match status.code() {
-                    Some(code) => format!("command exited with status {code}"),
-                    None => "command was killed by a signal".to_owned(),
-                }
-                .into())
+                Err(exit_description(status).into())
             }
         }
     })
+}
+
+/// How a command that did not succeed ended, for a run's error (shared
+/// with `coordctl outbox run`).
+pub(crate) fn exit_description(status: std::process::ExitStatus) -> String {
+    match status.code() {
+        Some(code) => format!("command exited with status {code}"),
+        None => "command was killed by a signal".to_owned(),
+    }
 }
 
 /// Every job of `config` with its command as its work; refused, naming

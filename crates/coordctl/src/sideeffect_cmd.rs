@@ -21,6 +21,10 @@
 //!   4 another reconciler holds or took the key (nothing changed),
 //!   5 invalid input, 1 the store failed (2 is clap's usage error).
 //!   [`resolve`] is that path; the web console's reconcile form calls it too.
+//! - `reconcile --outbox NAME KEY` records the verdict on an outbox intent
+//!   instead (docs/outbox.md), through `Outbox::resolve`, the path of
+//!   `coordctl outbox resolve`: exit 0 resolved, 3 no such intent or not
+//!   uncertain/dead, 5 an invalid outbox name, 1 the store failed.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -71,9 +75,15 @@ pub(crate) struct ReconcileArgs {
     #[arg(long, requires = "applied", default_value = "")]
     result: String,
     /// The evidence behind the verdict: stored with an `--applied` verdict,
-    /// echoed here and in the adapter's log for `--not-applied`.
-    #[arg(long)]
-    reason: String,
+    /// echoed here and in the adapter's log for `--not-applied` (required
+    /// but with `--outbox`, where it is only echoed).
+    #[arg(long, required_unless_present = "outbox")]
+    reason: Option<String>,
+    /// KEY is an intent of this outbox (`coordctl outbox`), not a
+    /// side-effect key: `--applied` closes it for good, `--not-applied` runs
+    /// it again (exit 3: not uncertain or dead).
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["result", "resource"])]
+    outbox: Option<String>,
     /// The action's resource; default: the one of the key's open intent, if any.
     /// Resolutions check no fence, so it only has to be a valid resource name.
     #[arg(long)]
@@ -317,6 +327,10 @@ pub(crate) async fn resolve(
 
 /// `coordctl reconcile`: claim the key, record the verdict, print the outcome.
 pub(crate) async fn reconcile(args: ReconcileArgs) -> Result<ExitCode, Error> {
+    let reason = args.reason.clone().unwrap_or_default();
+    if let Some(name) = &args.outbox {
+        return reconcile_outbox(&args, name, &reason).await;
+    }
     if args.claim_ttl_ms == 0 {
         return refuse(5, "--claim-ttl-ms must be at least 1".into());
     }
@@ -333,7 +347,7 @@ pub(crate) async fn reconcile(args: ReconcileArgs) -> Result<ExitCode, Error> {
         &args.key,
         args.resource.clone(),
         &verdict,
-        &args.reason,
+        &reason,
         Duration::from_millis(args.claim_ttl_ms),
     )
     .await?;
@@ -353,8 +367,36 @@ pub(crate) async fn reconcile(args: ReconcileArgs) -> Result<ExitCode, Error> {
         ),
         Err(refused) => return refuse(refused.code, refused.message),
     }
-    println!("reason: {}", args.reason);
+    println!("reason: {reason}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// `coordctl reconcile --outbox NAME KEY`: the verdict through
+/// `Outbox::resolve` (the path of `coordctl outbox resolve`).
+async fn reconcile_outbox(
+    args: &ReconcileArgs,
+    name: &str,
+    reason: &str,
+) -> Result<ExitCode, Error> {
+    let board: std::sync::Arc<dyn coord_adapters::board::Board> = std::sync::Arc::new(
+        coord_adapters::board::BoardAdapter::new(coord::connect(&args.store).await?),
+    );
+    let outbox = match coord_adapters::outbox::Outbox::over(board, name) {
+        Ok(outbox) => outbox,
+        Err(e) => return refuse(5, format!("invalid input: {e}")),
+    };
+    let verdict = if args.applied {
+        coord_adapters::outbox::Verdict::Applied
+    } else {
+        coord_adapters::outbox::Verdict::NotApplied
+    };
+    let code =
+        crate::outbox_cmd::resolve_verdict(&outbox, &args.key, verdict, "coordctl reconcile")
+            .await?;
+    if code == ExitCode::SUCCESS && !reason.is_empty() {
+        println!("reason: {reason}");
+    }
+    Ok(code)
 }
 
 /// A refusal with the reason an operator needs; store failures stay errors.

@@ -257,7 +257,7 @@ fn lock_error(e: LockError) -> Error {
     }
 }
 
-fn board_error(e: BoardError) -> Error {
+pub(crate) fn board_error(e: BoardError) -> Error {
     match e {
         BoardError::Store(e) => e,
         other => Error::Config(other.to_string()),
