@@ -362,6 +362,11 @@ impl Dispatcher {
     /// [`Dispatcher::dispatch_next_wait`] does, waiting up to a second at a
     /// time; a store error is logged and retried after a pause (a
     /// dispatcher outlives an outage). `on_dispatch` sees every outcome.
+    ///
+    /// `stop` is honoured between dispatches only, never in the middle of
+    /// one: a dispatch cut short would leave its claim (perhaps already
+    /// committed) to run out, and its intent uncertain. So stopping takes
+    /// up to a second of waiting plus the handler that is running.
     pub async fn run<H, Fut>(
         &self,
         handler: H,
@@ -374,11 +379,15 @@ impl Dispatcher {
         tokio::pin!(stop);
         let mut pause = Duration::from_millis(100);
         loop {
-            let step = tokio::select! {
+            // Between dispatches: stop now if asked, without waiting.
+            tokio::select! {
                 biased;
                 () = &mut stop => return,
-                step = self.dispatch_next_wait(Duration::from_secs(1), &handler) => step,
-            };
+                () = std::future::ready(()) => {}
+            }
+            let step = self
+                .dispatch_next_wait(Duration::from_secs(1), &handler)
+                .await;
             match step {
                 Ok(Some(done)) => {
                     pause = Duration::from_millis(100);

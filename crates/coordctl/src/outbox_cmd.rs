@@ -283,34 +283,13 @@ async fn dispatch(args: RunArgs) -> Result<ExitCode, Error> {
         command[0]
     );
     let handler = |intent: Intent| run_command(command.clone(), name.clone(), intent);
-    let mut pause = Duration::from_millis(100);
-    // Between dispatches only (see the module docs): a signal that arrives
-    // meanwhile is kept by the registered stream and seen at the next turn.
-    let stopped = loop {
-        let stop = tokio::select! {
-            biased;
-            why = signals.next() => Some(why),
-            () = std::future::ready(()) => None,
-        };
-        if let Some(why) = stop {
-            break why;
-        }
-        match dispatcher
-            .dispatch_next_wait(Duration::from_secs(1), &handler)
-            .await
-        {
-            Ok(Some(done)) => {
-                pause = Duration::from_millis(100);
-                report(&done);
-            }
-            Ok(None) => {}
-            Err(e) => {
-                eprintln!("coordctl outbox run: dispatch failed: {e}; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(5));
-            }
-        }
+    // `Dispatcher::run` looks at `stop` between dispatches only: a signal
+    // lets the running command finish and its answer be recorded.
+    let mut stopped = "";
+    let stop = async {
+        stopped = signals.next().await;
     };
+    dispatcher.run(handler, report, stop).await;
     eprintln!("coordctl outbox run: {stopped}: stopped");
     Ok(ExitCode::SUCCESS)
 }
