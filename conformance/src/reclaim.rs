@@ -26,6 +26,7 @@
 use std::sync::Arc;
 
 use coord_backend::{Assert, Backend, Entry, Mutation, ReclaimOptions, Version};
+use tokio::sync::watch;
 
 use crate::backend::{applied as apply, created};
 use crate::{ensure, unique_namespace, BackendFactory, CheckResult, Failure};
@@ -240,6 +241,12 @@ pub async fn reclaim_is_bounded(factory: BackendFactory) -> CheckResult {
 /// Reclaims race creates and deletes of the very keys they reclaim, each
 /// from its own client: every create lands above every version its key had,
 /// and whatever order the store picked, an old version never passes again.
+///
+/// Each create is released at its own point of the reclaim's progress (as
+/// a call starts, after it returned, or at once), and the points rotate
+/// from round to round. Left to the scheduler, a loaded machine could run
+/// every create before the first reclaim call, and the race would never
+/// happen: the check then passed a store that forgets its floor.
 pub async fn reclaim_races_create(factory: BackendFactory) -> CheckResult {
     const ROUNDS: usize = 12;
     const KEYS: usize = 6;
@@ -257,21 +264,46 @@ pub async fn reclaim_races_create(factory: BackendFactory) -> CheckResult {
             let writes = 1 + (i as u64 % 3);
             had.push(churn(&*setup, &key, writes).await?);
         }
+        // Progress of the reclaim: 2k-1 as call k starts, 2k once it
+        // returned, `usize::MAX` when the reclaimer stopped (done or failed).
+        let (progress, _) = watch::channel(0usize);
+        let progress = Arc::new(progress);
         let reclaimer = clients[KEYS].clone();
+        let reported = progress.clone();
         let reclaim = tokio::spawn(async move {
             let options = ReclaimOptions::DEFAULT.with_max_tombstones(2);
-            for _ in 0..KEYS * 4 {
-                if !reclaimer.reclaim(&options).await?.more {
-                    break;
+            let mut outcome = Ok(());
+            for call in 1..=KEYS * 4 {
+                reported.send_replace(2 * call - 1);
+                match reclaimer.reclaim(&options).await {
+                    Ok(reclaimed) => {
+                        reported.send_replace(2 * call);
+                        // Let the creates released by this call run before
+                        // the next one starts.
+                        tokio::task::yield_now().await;
+                        if !reclaimed.more {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        outcome = Err(e);
+                        break;
+                    }
                 }
             }
-            Ok::<_, coord_backend::Error>(())
+            reported.send_replace(usize::MAX);
+            outcome
         });
         let mut creates = Vec::new();
         for (i, client) in clients.iter().take(KEYS).enumerate() {
             let client = client.clone();
             let key = format!("r{round}/{i}");
+            // 0: at once; then the start and the end of each of the first
+            // three calls (six tombstones, two per call).
+            let release = (round + i) % (KEYS + 1);
+            let mut watching = progress.subscribe();
             creates.push(tokio::spawn(async move {
+                let _ = watching.wait_for(|&at| at >= release).await;
                 // Odd keys are deleted once more first (a delete of a
                 // missing key also writes its counter) while the reclaim runs.
                 if i % 2 == 1 {
