@@ -156,6 +156,7 @@ impl FencedTable {
             table: self.clone(),
             sql,
             columns: Vec::new(),
+            unprepared: false,
         })
     }
 }
@@ -167,6 +168,8 @@ pub struct FencedUpdate {
     sql: QueryBuilder<Postgres>,
     /// The quoted columns assigned so far.
     columns: Vec<String>,
+    /// Sent as an unnamed statement (see [`FencedUpdate::unprepared`]).
+    unprepared: bool,
 }
 
 impl std::fmt::Debug for FencedUpdate {
@@ -206,6 +209,19 @@ impl FencedUpdate {
         Ok(self)
     }
 
+    /// Send the statement unnamed instead of prepared and cached on the
+    /// connection (sqlx's `.persistent(false)`: one more round trip). For a
+    /// transaction behind a pooler that lends a server session per
+    /// transaction and keeps no prepared statements per client (PgBouncer
+    /// `pool_mode = transaction` before 1.21): the transaction keeps its
+    /// session, but a cached statement would be looked for on another
+    /// session in a later one. Outside a transaction such a pooler may
+    /// switch sessions within the statement: use it inside one.
+    pub fn unprepared(mut self) -> Self {
+        self.unprepared = true;
+        self
+    }
+
     /// Run the write on `conn`, in one statement.
     ///
     /// The statement first locks the row (`SELECT … FOR NO KEY UPDATE`),
@@ -220,10 +236,11 @@ impl FencedUpdate {
     /// row ends with the higher one's values; the fence read is the one the
     /// decision was made on.
     ///
-    /// Errors: a statement the server refused (SQLSTATE class 40, a missing
-    /// table or column, a wrong type, …) is [`Error::Unavailable`] (inside a
-    /// transaction the server aborted it; undefined tables and columns are
-    /// [`Error::Config`]); a connection lost after sending is
+    /// Errors: a statement the server refused (SQLSTATE class 40, a wrong
+    /// type, …) is [`Error::Unavailable`] (inside a transaction the server
+    /// aborted it); undefined tables and columns, and a prepared statement
+    /// a transaction pooler lost (see [`FencedUpdate::unprepared`]), are
+    /// [`Error::Config`]; a connection lost after sending is
     /// [`Error::Indeterminate`] on an autocommit connection (the write may
     /// have committed; inside a transaction it rolled back).
     pub async fn execute(mut self, conn: &mut PgConnection) -> Result<FencedWrite> {
@@ -235,7 +252,13 @@ impl FencedUpdate {
             fence = self.table.fence,
             key = self.table.key,
         ));
-        let row = self.sql.build().fetch_one(conn).await.map_err(failed)?;
+        let row = self
+            .sql
+            .build()
+            .persistent(!self.unprepared)
+            .fetch_one(conn)
+            .await
+            .map_err(failed)?;
         let read = |e: sqlx::Error| Error::malformed("<fenced write row>", e.to_string());
         let found: bool = row.try_get(0).map_err(read)?;
         let highest: Option<i64> = row.try_get(1).map_err(read)?;
@@ -257,6 +280,15 @@ fn failed(error: sqlx::Error) -> Error {
             if matches!(db.code().as_deref(), Some("42P01" | "42703" | "3F000")) =>
         {
             Error::Config(format!("fenced write: {db}"))
+        }
+        // A prepared statement's name met on a server session shared with
+        // other clients: nothing ran.
+        sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("26000" | "42P05")) => {
+            Error::Config(format!(
+                "fenced write: {db}: a pooler shares server sessions between clients; behind \
+                 PgBouncer in pool_mode = transaction before 1.21, send it `unprepared()` inside \
+                 a transaction"
+            ))
         }
         sqlx::Error::Database(_) => Error::unavailable(
             "fenced write refused by PostgreSQL; nothing was written",

@@ -56,7 +56,33 @@ const BEGIN_SQL: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 pub struct InTransaction {
     namespace: String,
     limits: Limits,
+    options: TransactionOptions,
     state: tokio::sync::Mutex<State>,
+}
+
+/// How an [`InTransaction`] sends its statements (default: prepared, cached
+/// on the caller's connection as sqlx does).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TransactionOptions {
+    /// Each statement as one simple-protocol query, parameters as literals.
+    inline: bool,
+}
+
+impl TransactionOptions {
+    /// The caller's pool goes through a pooler that lends a server session
+    /// per transaction and does not keep prepared statements apart per
+    /// client (PgBouncer `pool_mode = transaction` before 1.21, or without
+    /// `max_prepared_statements`): each coord statement is then sent as one
+    /// simple-protocol query with its parameters written as literals, as
+    /// the pooled store does behind such a pooler, so nothing stays
+    /// prepared on a server session the pooler later lends to another
+    /// client. Still one round trip per statement. Your own statements in
+    /// the transaction need the same care (`.persistent(false)` in sqlx).
+    pub fn behind_transaction_pooler(mut self) -> Self {
+        self.inline = true;
+        self
+    }
 }
 
 /// The transaction (`None` once finished) and why it may no longer commit.
@@ -140,12 +166,21 @@ impl InTransaction {
     /// session is [`Error::Unavailable`]; an invalid namespace is refused
     /// before anything is sent.
     pub async fn begin(pool: &PgPool, namespace: &str) -> Result<Arc<InTransaction>> {
+        Self::begin_with(pool, namespace, TransactionOptions::default()).await
+    }
+
+    /// [`InTransaction::begin`] with `options` (see [`TransactionOptions`]).
+    pub async fn begin_with(
+        pool: &PgPool,
+        namespace: &str,
+        options: TransactionOptions,
+    ) -> Result<Arc<InTransaction>> {
         validate_namespace(namespace)?;
         let tx = pool
             .begin_with(BEGIN_SQL)
             .await
             .map_err(|e| errors::before_sending("beginning a transaction", e))?;
-        Self::from_transaction(tx, namespace)
+        Self::from_transaction_with(tx, namespace, options)
     }
 
     /// Bind a transaction the caller already began, to `namespace`.
@@ -158,10 +193,21 @@ impl InTransaction {
         tx: Transaction<'static, Postgres>,
         namespace: &str,
     ) -> Result<Arc<InTransaction>> {
+        Self::from_transaction_with(tx, namespace, TransactionOptions::default())
+    }
+
+    /// [`InTransaction::from_transaction`] with `options` (see
+    /// [`TransactionOptions`]).
+    pub fn from_transaction_with(
+        tx: Transaction<'static, Postgres>,
+        namespace: &str,
+        options: TransactionOptions,
+    ) -> Result<Arc<InTransaction>> {
         validate_namespace(namespace)?;
         Ok(Arc::new(InTransaction {
             namespace: namespace.to_owned(),
             limits: Limits::DEFAULT,
+            options,
             state: tokio::sync::Mutex::new(State {
                 tx: Some(tx),
                 finished: "open",
@@ -261,7 +307,16 @@ impl Session for InTransaction {
         // Stays if this future is dropped while the statement runs: it may
         // have written, and nobody learned whether.
         state.failed = Some(format!("a coord {what} was cancelled while it ran"));
-        match statements::fetch(tx, statement.query(&self.namespace)).await {
+        let fetched = if self.options.inline {
+            let Some(sql) = statement.inline(&self.namespace) else {
+                state.failed = None;
+                return Err(Error::InvalidInput(InvalidInput::NulByte(what.to_owned())));
+            };
+            statements::fetch(tx, sqlx::raw_sql(sqlx::AssertSqlSafe(sql))).await
+        } else {
+            statements::fetch(tx, statement.query(&self.namespace)).await
+        };
+        match fetched {
             Ok(rows) => {
                 state.failed = None;
                 Ok(rows)

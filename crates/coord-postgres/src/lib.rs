@@ -203,11 +203,15 @@
 //!   ([`Error::Unsupported`]): run it on the pooled [`PostgresBackend`].
 //! - **Prepared statements**: the statements are prepared on the caller's
 //!   connection at their first use there (sqlx caches them per connection).
-//!   Behind a transaction pooler the transaction is one server session, so
-//!   it works, provided the pooler keeps prepared statements apart per client
-//!   (PgBouncer 1.21+ `max_prepared_statements`), as any sqlx client's
-//!   prepared statements need; otherwise a call fails with [`Error::Config`]
-//!   saying so.
+//!   Behind a transaction pooler that works only when the pooler keeps
+//!   prepared statements apart per client (PgBouncer 1.21+
+//!   `max_prepared_statements`), as any sqlx client's prepared statements
+//!   need; otherwise a call fails with [`Error::Config`] saying so. With
+//!   [`TransactionOptions::behind_transaction_pooler`]
+//!   ([`InTransaction::begin_with`]) every coord statement is one
+//!   simple-protocol query with its parameters as literals instead, which
+//!   any pooler passes (tested through PgBouncer 1.18 in transaction
+//!   pooling); your own statements then need `.persistent(false)`.
 //!
 //! [`fenced`] writes the caller's own rows only under a fencing token at
 //! least as high as the row has seen, in the same transaction.
@@ -307,7 +311,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, Executor, PgConnection};
 use statements::Statement;
 
-pub use in_transaction::{InTransaction, TransactionConn};
+pub use in_transaction::{InTransaction, TransactionConn, TransactionOptions};
 pub use options::PostgresOptions;
 pub use schema::SCHEMA_SQL;
 pub use servers::Servers;

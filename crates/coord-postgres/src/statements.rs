@@ -202,9 +202,9 @@ pub(crate) trait Session: Send + Sync {
 /// Run `query` on `conn`: its rows, or the error and whether the statement
 /// had completed (its CommandComplete arrived: for an autocommit statement
 /// the error then arose at the implicit COMMIT, see `errors::txn`).
-pub(crate) async fn fetch(
+pub(crate) async fn fetch<'q>(
     conn: &mut PgConnection,
-    query: sqlx::query::Query<'static, Postgres, PgArguments>,
+    query: impl sqlx::Execute<'q, Postgres> + 'q,
 ) -> std::result::Result<Vec<PgRow>, (sqlx::Error, bool)> {
     let mut rows = Vec::new();
     let mut completed = false;

@@ -2443,7 +2443,7 @@ mod in_transaction {
     use coord_adapters::{Board, BoardAdapter, BoardError};
     use coord_backend::{InvalidInput, ReclaimOptions};
     use coord_postgres::fenced::{FencedTable, FencedWrite};
-    use coord_postgres::InTransaction;
+    use coord_postgres::{InTransaction, TransactionOptions};
     use sqlx::postgres::{PgPool, PgPoolOptions};
 
     /// The server for these tests (`None`: SKIPPED), a fresh namespace, a
@@ -2474,6 +2474,11 @@ mod in_transaction {
 
     /// The outbox's in-transaction checks on the database at `url`.
     async fn outbox_in_transactions_at(url: &str, label: &str) {
+        outbox_in_transactions_with(url, label, TransactionOptions::default()).await;
+    }
+
+    /// [`outbox_in_transactions_at`], each transaction begun with `options`.
+    async fn outbox_in_transactions_with(url: &str, label: &str, options: TransactionOptions) {
         use coord_conformance::outbox::{in_transactions, BeginTransaction, CallerTransaction};
         let namespace = unique_namespace(label);
         let pooled = connect(url, &namespace, PostgresOptions::default()).await;
@@ -2481,7 +2486,7 @@ mod in_transaction {
         let begin: BeginTransaction = Arc::new(move || {
             let (pool, namespace) = (pool.clone(), namespace.clone());
             Box::pin(async move {
-                let tx = InTransaction::begin(&pool, &namespace).await?;
+                let tx = InTransaction::begin_with(&pool, &namespace, options).await?;
                 Ok(Arc::new(Caller(tx)) as Arc<dyn CallerTransaction>)
             })
         });
@@ -2506,6 +2511,24 @@ mod in_transaction {
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             outbox_in_transactions_at(&url, &format!("outbox-tx-{name}")).await;
+        }
+    }
+
+    /// The same through PgBouncer (scripts/ha), in session pooling and in
+    /// transaction pooling: there (PgBouncer 1.18, no prepared statements
+    /// kept per client) the transactions are begun
+    /// `behind_transaction_pooler`, the pooled store declared
+    /// `pooler=transaction`. Without the option the first coord statement
+    /// fails: "prepared statement "sqlx_s_1" does not exist".
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn outbox_in_transactions_through_pgbouncer() {
+        if let Some(url) = coord_conformance::server_env("COORD_HA_PGBOUNCER_SESSION_URL") {
+            outbox_in_transactions_at(&url, "outbox-tx-bouncer-session").await;
+        }
+        if let Some(url) = coord_conformance::server_env("COORD_HA_PGBOUNCER_TX_URL") {
+            let url = with_params(&url, "pooler=transaction");
+            let options = TransactionOptions::default().behind_transaction_pooler();
+            outbox_in_transactions_with(&url, "outbox-tx-bouncer-tx", options).await;
         }
     }
 
@@ -3067,6 +3090,68 @@ mod in_transaction {
             .unwrap()
     }
 
+    /// Through PgBouncer in transaction pooling (scripts/ha, 1.18: no
+    /// prepared statements kept per client): 4 callers × 8 transactions,
+    /// each a coord txn and an `unprepared` fenced write; every write lands.
+    /// Prepared (the default), a later transaction on another server
+    /// session fails: "prepared statement … does not exist".
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fenced_writes_behind_a_transaction_pooler() {
+        // Setup and checks through the session-pooling port (same server).
+        let (Some(ha), Some(bouncer)) = (
+            coord_conformance::server_env("COORD_HA_PGBOUNCER_SESSION_URL"),
+            coord_conformance::server_env("COORD_HA_PGBOUNCER_TX_URL"),
+        ) else {
+            return;
+        };
+        let bouncer = with_params(&bouncer, "pooler=transaction");
+        let namespace = unique_namespace("fenced-bouncer");
+        drop(connect(&bouncer, &namespace, PostgresOptions::default()).await);
+        let name = orders_table(&ha, "fenced_bouncer").await;
+        exec(
+            &mut admin(&ha).await,
+            format!("INSERT INTO {name} (id, status, fence) SELECT 'c' || g, 'new', 0 FROM generate_series(0, 3) g"),
+        )
+        .await;
+        let table = FencedTable::new(&name, "id", "fence").unwrap();
+        let pool = pool(&bouncer, 4).await;
+        let options = TransactionOptions::default().behind_transaction_pooler();
+        let mut callers = Vec::new();
+        for c in 0..4 {
+            let (pool, table, namespace) = (pool.clone(), table.clone(), namespace.clone());
+            callers.push(tokio::spawn(async move {
+                for fence in 1..=8u64 {
+                    let tx = InTransaction::begin_with(&pool, &namespace, options).await?;
+                    let key = format!("c{c}/{fence}");
+                    tx.txn(
+                        &[Assert::missing(key.as_str())],
+                        &[Mutation::put(key.as_str(), "x")],
+                    )
+                    .await?;
+                    let written = table
+                        .update(format!("c{c}"), fence)?
+                        .set("status", format!("by {fence}"))?
+                        .unprepared()
+                        .execute(&mut *tx.conn().await?)
+                        .await?;
+                    assert_eq!(written, FencedWrite::Written);
+                    tx.commit().await?;
+                }
+                Ok::<_, Error>(())
+            }));
+        }
+        for caller in callers {
+            caller.await.unwrap().unwrap();
+        }
+        for c in 0..4 {
+            assert_eq!(
+                row(&ha, &name, &format!("c{c}")).await,
+                ("by 8".to_owned(), Some(8))
+            );
+        }
+        exec(&mut admin(&ha).await, format!("DROP TABLE {name}")).await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn fenced_writes_refuse_lower_fences_and_roll_back_with_the_transaction() {
         let Some((base, name, pool, table)) = fenced_setup("fenced").await else {
@@ -3174,11 +3259,12 @@ mod in_transaction {
     struct Autocommit {
         pool: PgPool,
         namespace: String,
+        options: TransactionOptions,
     }
 
     impl Autocommit {
         async fn begin(&self) -> Result<Arc<InTransaction>, Error> {
-            InTransaction::begin(&self.pool, &self.namespace).await
+            InTransaction::begin_with(&self.pool, &self.namespace, self.options).await
         }
     }
 
@@ -3233,7 +3319,11 @@ mod in_transaction {
     }
 
     fn autocommit_factory() -> Option<BackendFactory> {
-        let base = suite_base()?;
+        autocommit_factory_at(suite_base()?, TransactionOptions::default())
+    }
+
+    /// Autocommitted `InTransaction`s begun with `options` on `base`.
+    fn autocommit_factory_at(base: String, options: TransactionOptions) -> Option<BackendFactory> {
         Some(coord_conformance::factory(move |namespace| {
             let base = base.clone();
             async move {
@@ -3244,9 +3334,36 @@ mod in_transaction {
                     .connect(&base)
                     .await
                     .map_err(|e| Error::unavailable("test pool", e))?;
-                Ok(Arc::new(Autocommit { pool, namespace }) as Arc<dyn Backend>)
+                Ok(Arc::new(Autocommit {
+                    pool,
+                    namespace,
+                    options,
+                }) as Arc<dyn Backend>)
             }
         }))
+    }
+
+    /// Through PgBouncer in transaction pooling (scripts/ha), every
+    /// statement inlined (`behind_transaction_pooler`).
+    fn through_transaction_pooler() -> Option<BackendFactory> {
+        let url = coord_conformance::server_env("COORD_HA_PGBOUNCER_TX_URL")?;
+        autocommit_factory_at(
+            with_params(&url, "pooler=transaction"),
+            TransactionOptions::default().behind_transaction_pooler(),
+        )
+    }
+
+    /// The primitives' suite with every statement inlined, through the
+    /// pooler that needs it.
+    mod backend_suite_behind_transaction_pooler {
+        use super::*;
+        coord_conformance::backend_tests!(through_transaction_pooler());
+    }
+
+    /// The board's, whose txns are the outbox's.
+    mod board_suite_behind_transaction_pooler {
+        use super::*;
+        coord_conformance::board_tests!(through_transaction_pooler());
     }
 
     // Every suite but `reclaim`: maintenance is refused inside a caller's
