@@ -330,10 +330,7 @@ impl Dispatcher {
             .board
             .claim_next(&self.outbox.queue, &self.agent, self.ttl)
             .await?;
-        match claimed {
-            Some(task) => self.run_claimed(task, handler).await.map(Some),
-            None => Ok(None),
-        }
+        self.run_if_claimed(claimed, handler).await
     }
 
     /// [`Dispatcher::dispatch_next`], waiting up to `timeout` for an intent
@@ -352,6 +349,19 @@ impl Dispatcher {
             .board
             .claim_next_wait(&self.outbox.queue, &self.agent, self.ttl, timeout)
             .await?;
+        self.run_if_claimed(claimed, handler).await
+    }
+
+    /// [`Dispatcher::run_claimed`] when a claim was made.
+    async fn run_if_claimed<H, Fut>(
+        &self,
+        claimed: Option<ClaimedTask>,
+        handler: H,
+    ) -> Result<Option<Dispatched>, BoardError>
+    where
+        H: FnOnce(Intent) -> Fut,
+        Fut: Future<Output = Result<Vec<u8>, HandlerError>>,
+    {
         match claimed {
             Some(task) => self.run_claimed(task, handler).await.map(Some),
             None => Ok(None),

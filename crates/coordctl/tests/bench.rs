@@ -878,6 +878,8 @@ fn outbox_bench(url: &str, postgres: bool) {
         let cost = &report["enqueue"];
         positive(cost, "plain_ms", "enqueue");
         positive(cost, "with_enqueue_ms", "enqueue");
+        positive(cost, "with_bare_insert_ms", "enqueue");
+        positive(cost, "bare_insert_ratio", "enqueue");
         positive(cost, "transactions", "enqueue");
     } else {
         assert!(report["enqueue"].is_null(), "{report}");

@@ -11,7 +11,11 @@
 //!   one business row (`BEGIN; INSERT; COMMIT` on a pool of the caller's
 //!   own) against the same transaction that also enqueues an intent through
 //!   `coord_postgres::InTransaction`, one caller, alternating slices of the
-//!   same length; the ratio of their times per transaction.
+//!   same length; the ratio of their times per transaction. A third kind
+//!   adds a bare `INSERT` of two rows of the same sizes (the intent's task
+//!   record and its index entry) to a table of its own instead: what any
+//!   one more statement costs, the floor of an enqueue that is not sent
+//!   with the COMMIT.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -50,6 +54,11 @@ pub(crate) struct EnqueueCost {
     pub(crate) with_enqueue_ms: f64,
     /// with_enqueue_ms / plain_ms.
     pub(crate) ratio: f64,
+    /// Mean milliseconds per transaction inserting one row, then two rows
+    /// of an intent's sizes with one bare INSERT (no coord).
+    pub(crate) with_bare_insert_ms: f64,
+    /// with_bare_insert_ms / plain_ms.
+    pub(crate) bare_insert_ratio: f64,
 }
 
 /// Drain `intents` intents with each count of `dispatchers`.
@@ -146,31 +155,52 @@ pub(crate) async fn measure_enqueue_postgres(
     let table = format!("coord_bench_orders_{}", &coord_adapters::mint_token()[..8]);
     // The table's name is ours (a fixed prefix and hex digits).
     let safe = |sql: String| sqlx::AssertSqlSafe(sql);
-    sqlx::query(safe(format!(
-        "CREATE TABLE {table} (id text PRIMARY KEY, item text NOT NULL)"
-    )))
-    .execute(&pool)
-    .await
-    .map_err(|e| sql_error("creating the business table", e))?;
+    let rows = format!("{table}_rows");
+    for sql in [
+        format!("CREATE TABLE {table} (id text PRIMARY KEY, item text NOT NULL)"),
+        format!("CREATE TABLE {rows} (id text PRIMARY KEY, value bytea NOT NULL)"),
+    ] {
+        sqlx::query(safe(sql))
+            .execute(&pool)
+            .await
+            .map_err(|e| sql_error("creating the business tables", e))?;
+    }
     let insert = format!("INSERT INTO {table} (id, item) VALUES ($1, 'book')");
+    let insert_rows = format!("INSERT INTO {rows} (id, value) VALUES ($1, $2), ($3, $4)");
+    // The sizes of an intent's two records (its task, its index entry).
+    let record = vec![b'x'; 220];
     let outbox_name = "bench-tx";
     let (mut plain, mut with) = ((Duration::ZERO, 0u64), (Duration::ZERO, 0u64));
+    let mut bare = (Duration::ZERO, 0u64);
     let mut next = 0u64;
     let result = async {
         for _ in 0..slices {
-            let slice = Instant::now();
-            while slice.elapsed() < per_slice {
-                next += 1;
-                let started = Instant::now();
-                let mut tx = pool.begin().await.map_err(|e| sql_error("BEGIN", e))?;
-                sqlx::query(safe(insert.clone()))
-                    .bind(format!("o{next}"))
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| sql_error("INSERT", e))?;
-                tx.commit().await.map_err(|e| sql_error("COMMIT", e))?;
-                plain.0 += started.elapsed();
-                plain.1 += 1;
+            for with_rows in [false, true] {
+                let slice = Instant::now();
+                while slice.elapsed() < per_slice {
+                    next += 1;
+                    let started = Instant::now();
+                    let mut tx = pool.begin().await.map_err(|e| sql_error("BEGIN", e))?;
+                    sqlx::query(safe(insert.clone()))
+                        .bind(format!("o{next}"))
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| sql_error("INSERT", e))?;
+                    if with_rows {
+                        sqlx::query(safe(insert_rows.clone()))
+                            .bind(format!("task/o{next}"))
+                            .bind(&record)
+                            .bind(format!("index/o{next}"))
+                            .bind(&b"o"[..])
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(|e| sql_error("INSERT", e))?;
+                    }
+                    tx.commit().await.map_err(|e| sql_error("COMMIT", e))?;
+                    let kind = if with_rows { &mut bare } else { &mut plain };
+                    kind.0 += started.elapsed();
+                    kind.1 += 1;
+                }
             }
             let slice = Instant::now();
             while slice.elapsed() < per_slice {
@@ -195,17 +225,20 @@ pub(crate) async fn measure_enqueue_postgres(
         Ok::<(), Error>(())
     }
     .await;
-    let _ = sqlx::query(safe(format!("DROP TABLE {table}")))
+    let _ = sqlx::query(safe(format!("DROP TABLE {table}, {rows}")))
         .execute(&pool)
         .await;
     result?;
-    let plain_ms = plain.0.as_secs_f64() * 1000.0 / plain.1.max(1) as f64;
-    let with_enqueue_ms = with.0.as_secs_f64() * 1000.0 / with.1.max(1) as f64;
+    let mean_ms = |(total, n): (Duration, u64)| total.as_secs_f64() * 1000.0 / n.max(1) as f64;
+    let (plain_ms, with_enqueue_ms, with_bare_insert_ms) =
+        (mean_ms(plain), mean_ms(with), mean_ms(bare));
     Ok(EnqueueCost {
-        transactions: plain.1.min(with.1),
+        transactions: plain.1.min(with.1).min(bare.1),
         plain_ms,
         with_enqueue_ms,
         ratio: with_enqueue_ms / plain_ms.max(f64::EPSILON),
+        with_bare_insert_ms,
+        bare_insert_ratio: with_bare_insert_ms / plain_ms.max(f64::EPSILON),
     })
 }
 
@@ -214,15 +247,21 @@ pub(crate) fn print(store: &str, rows: &[DispatchRow], enqueue: Option<&EnqueueC
     if let Some(cost) = enqueue {
         println!(
             "coordctl bench --outbox: {store}; a caller's transaction inserting one row, \
-             without and with an enqueue (one caller, alternating slices)"
+             without and with an enqueue, and with a bare INSERT of two rows of an intent's \
+             sizes instead (one caller, alternating slices)"
         );
         println!(
-            "{:>12} {:>12} {:>18} {:>7}",
-            "transactions", "plain ms", "with enqueue ms", "ratio"
+            "{:>12} {:>10} {:>16} {:>7} {:>15} {:>7}",
+            "transactions", "plain ms", "with enqueue ms", "ratio", "bare INSERT ms", "ratio"
         );
         println!(
-            "{:>12} {:>12.3} {:>18.3} {:>7.2}",
-            cost.transactions, cost.plain_ms, cost.with_enqueue_ms, cost.ratio
+            "{:>12} {:>10.3} {:>16.3} {:>7.2} {:>15.3} {:>7.2}",
+            cost.transactions,
+            cost.plain_ms,
+            cost.with_enqueue_ms,
+            cost.ratio,
+            cost.with_bare_insert_ms,
+            cost.bare_insert_ratio
         );
         println!();
     }
