@@ -8,6 +8,7 @@ use coord_backend::{
     validate_namespace, Assert, Backend, ChangeWatch, Changes, Entry, Error, InvalidInput, Limits,
     Mutation, ReclaimOptions, Reclaimed, Result, TxnOutcome,
 };
+use futures_util::StreamExt;
 use sqlx::postgres::PgRow;
 use sqlx::{Executor, PgConnection, PgPool, Postgres, Transaction};
 
@@ -226,14 +227,17 @@ impl InTransaction {
         Ok(TransactionConn { state })
     }
 
-    /// COMMIT the caller's rows and the coord writes together.
+    /// COMMIT the caller's rows and the coord writes together, in one
+    /// round trip.
     ///
     /// - [`Error::Unavailable`]: nothing was committed, the transaction
     ///   rolled back: a coord call through it had failed, a statement of the
     ///   caller's had failed (PostgreSQL aborts the transaction and would
-    ///   answer COMMIT with a silent ROLLBACK; a `SELECT 1` sent first, one
-    ///   round trip, finds that out), or the server refused the COMMIT
-    ///   (serialization failure, deferred constraint).
+    ///   answer a bare COMMIT with a silent ROLLBACK, which sqlx reports as a
+    ///   success: the COMMIT is sent behind a `SELECT 1`, which fails in an
+    ///   aborted transaction and keeps the COMMIT from running), or the
+    ///   server refused the COMMIT (serialization failure, deferred
+    ///   constraint).
     /// - [`Error::Indeterminate`]: COMMIT was sent and its answer lost: it
     ///   may have committed; re-read to learn which.
     ///
@@ -250,23 +254,50 @@ impl InTransaction {
             let _ = tx.rollback().await;
             return Err(doomed(&failure));
         }
-        if let Err(error) = tx.execute(sqlx::raw_sql("SELECT 1")).await {
-            state.finished = "rolled back";
-            let _ = tx.rollback().await;
-            return Err(match &error {
-                sqlx::Error::Database(db)
-                    if db.code().as_deref() == Some(errors::TRANSACTION_ABORTED) =>
-                {
-                    Error::unavailable(
-                        "not committed: a statement of the transaction failed, which aborted \
-                         it; it was rolled back, retry the whole transaction",
-                        error,
-                    )
+        // One message: the check, the COMMIT, and an empty transaction for
+        // sqlx to end. sqlx's `Transaction` cannot be told that a COMMIT it
+        // did not send ended it: dropped, it queues a ROLLBACK (sent when
+        // the pool takes the connection back, off this call's path), which
+        // then ends that empty transaction instead of warning "there is no
+        // transaction in progress".
+        let mut completed = 0;
+        let mut failure = None;
+        {
+            let mut replies = tx.fetch_many(sqlx::raw_sql("SELECT 1; COMMIT; BEGIN"));
+            while let Some(reply) = replies.next().await {
+                match reply {
+                    Ok(sqlx::Either::Left(_)) => completed += 1,
+                    Ok(sqlx::Either::Right(_)) => {}
+                    Err(error) => {
+                        failure = Some(error);
+                        break;
+                    }
                 }
-                _ => errors::in_transaction("COMMIT", error),
-            });
+            }
         }
-        tx.commit().await.map_err(errors::commit)
+        match (failure, completed) {
+            // COMMIT's CommandComplete arrived: committed, whatever followed.
+            (_, 2..) | (None, _) => Ok(()),
+            // The check failed, so the server skipped the COMMIT.
+            (Some(sqlx::Error::Database(db)), 0) => {
+                state.finished = "rolled back";
+                let _ = tx.rollback().await;
+                Err(
+                    if db.code().as_deref() == Some(errors::TRANSACTION_ABORTED) {
+                        Error::unavailable(
+                            "not committed: a statement of the transaction failed, which aborted \
+                         it; it was rolled back, retry the whole transaction",
+                            db,
+                        )
+                    } else {
+                        errors::in_transaction("COMMIT", sqlx::Error::Database(db))
+                    },
+                )
+            }
+            // The COMMIT itself failed, or the connection did once the
+            // message was sent (the COMMIT in it may have run).
+            (Some(error), _) => Err(errors::commit(error)),
+        }
     }
 
     /// ROLLBACK: nothing of the transaction is applied. A connection that

@@ -167,8 +167,10 @@
 //!   statement ran) also marks the `InTransaction`: later calls through it
 //!   are refused and [`InTransaction::commit`] rolls back and answers
 //!   [`Error::Unavailable`]. It also notices a failed statement of the
-//!   caller's own (a `SELECT 1` before COMMIT, one round trip), which sqlx
-//!   would otherwise report as a successful commit.
+//!   caller's own, which sqlx would otherwise report as a successful
+//!   commit: the COMMIT goes in one message behind a `SELECT 1`, which
+//!   fails in an aborted transaction and keeps the COMMIT from running (so
+//!   a commit costs one round trip, as sqlx's own does).
 //! - **Commit**: [`Error::Unavailable`] when the server refused or rolled
 //!   back (nothing applied), [`Error::Indeterminate`] when COMMIT was sent
 //!   and its answer lost (it may have committed). After COMMIT or ROLLBACK

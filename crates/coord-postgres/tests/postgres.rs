@@ -2978,6 +2978,41 @@ mod in_transaction {
         assert!(pooled.keys("").await.unwrap().is_empty());
     }
 
+    /// A COMMIT the server refuses (a deferred unique constraint checked at
+    /// COMMIT): `Unavailable`, and neither the caller's rows nor the coord
+    /// writes are applied.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_the_server_refuses_is_unavailable() {
+        let Some((base, namespace, pooled, pool)) = setup("intx_refused").await else {
+            return;
+        };
+        let table = format!("intx_{}", unique_namespace("deferred").replace('-', "_"));
+        exec(
+            &mut admin(&base).await,
+            format!(
+                "CREATE TABLE {table} (v int, CONSTRAINT {table}_v UNIQUE (v) DEFERRABLE \
+                 INITIALLY DEFERRED)"
+            ),
+        )
+        .await;
+        let tx = InTransaction::begin(&pool, &namespace).await.unwrap();
+        assert!(applied(tx.txn(&[], &[put("k", "1")]).await));
+        exec(
+            &mut tx.conn().await.unwrap(),
+            format!("INSERT INTO {table} VALUES (1), (1)"),
+        )
+        .await;
+        assert_unavailable(&tx.commit().await);
+        assert_eq!(value(&pooled, "k").await, None);
+        let rows: i64 =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+                .fetch_one(&mut admin(&base).await)
+                .await
+                .unwrap();
+        assert_eq!(rows, 0);
+        exec(&mut admin(&base).await, format!("DROP TABLE {table}")).await;
+    }
+
     /// A call whose connection is cut (the statement sent, its reply lost):
     /// `Unavailable`, never `Indeterminate`; the transaction rolled back.
     /// A COMMIT whose reply is lost: `Indeterminate`, and it did commit.
