@@ -1213,7 +1213,7 @@ async fn an_r9_schema_is_upgraded_to_report_versions() {
         .await
         .unwrap();
     assert!(matches!(refused, Err(Error::Config(_))), "{refused:?}");
-    assert_eq!(after.as_deref(), Some("coord schema r11"));
+    assert_eq!(after.as_deref(), Some("coord schema r12"));
     let mut written = outcome.unwrap().written;
     written.sort();
     assert_eq!(
