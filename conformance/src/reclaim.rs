@@ -114,6 +114,12 @@ pub async fn reclaim_keeps_versions_unique(factory: BackendFactory) -> CheckResu
     let backend = &*backend;
     let deep = churn(backend, "deep", 3).await?;
     let shallow = churn(backend, "shallow", 1).await?;
+    // Re-created below by one txn of two keys: a store may create keys in a
+    // multi-key txn by another path than in a single-key one.
+    let pair = [
+        ("pair-a", churn(backend, "pair-a", 2).await?),
+        ("pair-b", churn(backend, "pair-b", 1).await?),
+    ];
     // A delete of a key that never existed leaves a counter too.
     apply(
         backend,
@@ -140,7 +146,7 @@ pub async fn reclaim_keeps_versions_unique(factory: BackendFactory) -> CheckResu
         live_after == live_before,
         "reclaim changed a live key: {live_before:?} became {live_after:?}"
     );
-    for key in ["deep", "shallow", "ghost"] {
+    for key in ["deep", "shallow", "ghost", "pair-a", "pair-b"] {
         let entry = get(backend, key).await?;
         ensure!(
             entry == Entry::missing(key),
@@ -187,6 +193,26 @@ pub async fn reclaim_keeps_versions_unique(factory: BackendFactory) -> CheckResu
             next == Version(recreated.0 + 1),
             "a put on {key} at {recreated} gave {next} (expected +1 per write)"
         );
+    }
+    apply(
+        backend,
+        &[Assert::missing("pair-a"), Assert::missing("pair-b")],
+        &[
+            Mutation::put("pair-a", "again"),
+            Mutation::put("pair-b", "again"),
+        ],
+        "re-create of pair-a and pair-b in one txn after reclaim",
+    )
+    .await?;
+    for (key, had) in &pair {
+        let highest = highest(had);
+        let recreated = get(backend, key).await?.version;
+        ensure!(
+            recreated > highest,
+            "{key} had version {highest} before its delete; re-created after reclaim by a txn \
+             of two keys it got {recreated}: a version was handed out twice"
+        );
+        refuses_old(backend, key, had, "after reclaim and a two-key re-create").await?;
     }
     // A key never written starts at 1 or above, like any key.
     created(backend, "fresh", "x", "create of a never-written key").await?;
