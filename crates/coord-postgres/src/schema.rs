@@ -289,6 +289,14 @@ BEGIN
               USING ERRCODE = 'CO001',
                     HINT = 'SET TRANSACTION ISOLATION LEVEL READ COMMITTED before calling it';
     END IF;
+    -- A NULL array is an empty one (a caller's own SQL may pass one): it
+    -- must not turn the writes' guard below into NULL, a txn answered as
+    -- applied that wrote nothing.
+    p_assert_keys := coalesce(p_assert_keys, '{}');
+    p_assert_versions := coalesce(p_assert_versions, '{}');
+    p_put_keys := coalesce(p_put_keys, '{}');
+    p_put_values := coalesce(p_put_values, '{}');
+    p_delete_keys := coalesce(p_delete_keys, '{}');
 
     -- Lock every involved key, existing or not, in one global order (sorted
     -- 64-bit hashes), so two txns can never wait on each other in a cycle.

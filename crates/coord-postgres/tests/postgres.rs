@@ -583,6 +583,60 @@ async fn coord_txn_refuses_other_isolation_levels() {
     );
 }
 
+/// A caller's own SQL may pass NULL for an empty list: `coord_txn` takes
+/// it as empty, and never answers "applied" for writes it skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coord_txn_takes_null_arrays_as_empty() {
+    let Some(base) = base_url() else { return };
+    let (schema, scoped, mut conn) = private_schema(&base, "nulls").await;
+    drop(connect(&scoped, "nulls", PostgresOptions::default()).await);
+    // The function's tables are those of the caller's search_path.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("SET search_path = {schema}")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let call =
+        |args: &str| format!("SELECT applied, k, ver FROM coord_txn('nulls', {args}) ORDER BY k");
+    let mut answers = Vec::new();
+    for args in [
+        "NULL, NULL, ARRAY['a', 'b'], ARRAY['x'::bytea, 'y'::bytea], NULL",
+        "ARRAY['a'], ARRAY[1::bigint], NULL, NULL, ARRAY['a']",
+    ] {
+        let rows: Vec<(bool, Option<String>, Option<i64>)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(call(args)))
+                .fetch_all(&mut conn)
+                .await
+                .unwrap();
+        answers.push(rows);
+    }
+    let stored: Vec<(String, i64, Option<Vec<u8>>)> =
+        sqlx::query_as("SELECT key, version, value FROM coord_kv WHERE ns = 'nulls' ORDER BY key")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        answers,
+        vec![
+            vec![
+                (true, Some("a".to_owned()), Some(1)),
+                (true, Some("b".to_owned()), Some(1)),
+            ],
+            vec![(true, None, None)],
+        ]
+    );
+    assert_eq!(
+        stored,
+        vec![
+            ("a".to_owned(), 2, None),
+            ("b".to_owned(), 1, Some(b"y".to_vec())),
+        ]
+    );
+}
+
 // -------------------------------- a commit that completes after the client's connection was cut
 
 /// `(ns, key)` → the two-int4 advisory lock `coord_txn` takes for it (see `SCHEMA_SQL`).
