@@ -1933,6 +1933,8 @@ async fn reclaim_refuses_beside_an_older_client() {
         "{refused:?}"
     );
     assert!(!newer.get("n").await.unwrap().exists());
+    drop((store, legacy, newer));
+    exec(&mut conn, format!("DROP SCHEMA {schema} CASCADE")).await;
 }
 
 // ---------------------------------------------------------------- several hosts
